@@ -1,0 +1,35 @@
+# Entry points for developers and CI. Everything runs from the project virtualenv (.venv),
+# which `make setup` creates and keeps in sync with requirements.txt / requirements.lock.
+SHELL := /bin/bash
+VENV := $(CURDIR)/.venv
+PYTHON := $(VENV)/bin/python
+LAKEHOUSE := $(VENV)/bin/lakehouse
+
+# Spark's Python workers (and the driver) must use the venv interpreter, not the system
+# python3 that lacks pyarrow & co.
+export PYSPARK_PYTHON := $(PYTHON)
+export PYSPARK_DRIVER_PYTHON := $(PYTHON)
+
+.PHONY: setup demo test stack-up stack-down clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(PYTHON) scripts/demo.py
+
+# pytest exits 5 when it collects no tests: that is a failure, said plainly.
+test: setup
+	@rc=0; $(PYTHON) -m pytest -q tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit code 5)" >&2; fi; \
+	exit $$rc
+
+stack-up: setup
+	$(LAKEHOUSE) stack up
+
+stack-down:
+	$(LAKEHOUSE) stack down
+
+clean:
+	@if [ -x $(LAKEHOUSE) ]; then $(LAKEHOUSE) stack down --purge; fi
+	rm -rf .lakehouse

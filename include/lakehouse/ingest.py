@@ -1,0 +1,429 @@
+"""The ingest job: Kafka offset ranges -> decoded rows -> one atomic Iceberg commit per table.
+
+One batch, top to bottom:
+1. progress  read each table's committed positions from its snapshot summaries;
+2. plan      find the log end per partition, plan `[position, end)` within the batch budget;
+3. read      Spark tasks read exactly those ranges and decode/validate every record;
+4. route     valid rows to their table, rejected records to the dead-letter table;
+5. commit    per table, only offsets past that table's own position, in one commit
+             whose summary carries the ranges and new positions (data tables first);
+6. publish   commit the consumer group's offsets, for monitoring tools only.
+
+A crash anywhere leaves each table either with the whole batch or none of it,
+and the next run starts from what the tables say.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlparse
+
+from confluent_kafka import Consumer, TopicPartition
+
+from lakehouse import config, faults, offsets, sparkenv, tables
+from lakehouse.kafka_source import BatchPlan, batch_schema, make_reader, plan_batch, topic_state
+from lakehouse.offsets import TableProgress
+from lakehouse.spec import PipelineSpec, load_spec
+
+log = logging.getLogger("lakehouse.ingest")
+COMMIT_ATTEMPTS = 6
+RETRYABLE_COMMIT_ERRORS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException")
+
+
+class IngestError(RuntimeError):
+    """The batch could not be committed; the message says why."""
+
+
+@dataclass
+class TableCommit:
+    table: str
+    rows: int
+    snapshot_id: int | None
+    attempts: int
+    skipped: bool = False  # the table already held this batch (a retried or resumed commit)
+
+
+@dataclass
+class BatchReceipt:
+    """What one batch read and where it went."""
+
+    pipeline: str
+    batch_id: str
+    ranges: dict[int, tuple[int, int]]
+    records: int
+    rows_by_table: dict[str, int]
+    dead_letters: int
+    commits: list[TableCommit] = field(default_factory=list)
+    max_event_time: datetime | None = None
+    gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def commit_retries(self) -> int:
+        return sum(c.attempts - 1 for c in self.commits)
+
+    def to_json(self) -> dict:
+        return {
+            "pipeline": self.pipeline, "batch_id": self.batch_id,
+            "ranges": {str(p): list(r) for p, r in self.ranges.items()},
+            "records": self.records, "rows_by_table": self.rows_by_table, "dead_letters": self.dead_letters,
+            "commit_retries": self.commit_retries,
+            "max_event_time": self.max_event_time.isoformat() if self.max_event_time else None,
+            "gaps": {str(p): list(r) for p, r in self.gaps.items()}, "seconds": round(self.seconds, 3),
+        }
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(name in text for name in RETRYABLE_COMMIT_ERRORS)
+
+
+def event_time_field(spec: PipelineSpec) -> str | None:
+    """The column whose maximum tells freshness: the time-partition column, else the first timestamp."""
+    for p in spec.target.partition_by:
+        if p.transform in ("year", "month", "day", "hour"):
+            return p.column
+    for f in spec.contract.fields:
+        if f.type == "timestamp":
+            return f.name
+    return None
+
+
+class IngestJob:
+    """Runs batches of one pipeline against the platform's Kafka and catalog."""
+
+    def __init__(self, spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark=None,
+                 accept_gap: bool = False):
+        self.platform = platform or config.load()
+        self.spec = spec
+        self.accept_gap = accept_gap
+        self.spark = spark or sparkenv.session(self.platform, [spec.catalog], f"lakehouse-ingest-{spec.name}")
+        self.catalog = offsets.open_catalog(self.platform, spec.catalog)
+        self.kafka_conf = self.platform.kafka()
+        self.fault = faults.configured()
+        self._spec_mtime = self._mtime()
+        self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
+        self._stop = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _mtime(self) -> float:
+        try:
+            return Path(self.spec.path).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def reload_spec_if_changed(self) -> bool:
+        """Pick up an edited spec between batches (additive evolution without stopping)."""
+        mtime = self._mtime()
+        if mtime == self._spec_mtime:
+            return False
+        spec = load_spec(self.spec.path)
+        if (spec.name, spec.source.topic, spec.target.tables, spec.dead_letter_table) != \
+                (self.spec.name, self.spec.source.topic, self.spec.target.tables, self.spec.dead_letter_table):
+            raise IngestError(f"{spec.path}: pipeline name, topic or tables changed while running; restart it")
+        self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
+        self.spec, self._spec_mtime = spec, mtime
+        log.info("reloaded spec %s", spec.path)
+        return True
+
+    def request_stop(self, *_args) -> None:
+        self._stop.set()
+
+    def run_once(self, on_batch=None) -> list[BatchReceipt]:
+        """Catch up to the log end of every partition as found at the start, then return."""
+        receipts = []
+        target = {p: ps.end for p, ps in self.topic_state().partitions.items()}
+        while not self._stop.is_set():
+            state = self.topic_state()
+            capped = {p: replace(ps, end=min(ps.end, target.get(p, ps.end))) for p, ps in state.partitions.items()}
+            receipt = self.run_batch(final=True, state=replace(state, partitions=capped))
+            if receipt is None:
+                break
+            receipts.append(receipt)
+            if on_batch:
+                on_batch(receipt)
+        return receipts
+
+    def run_continuous(self, interval_s: float | None = None, on_batch=None, max_batches: int | None = None) -> int:
+        """Commit one batch per trigger until SIGTERM/SIGINT; the batch in flight finishes first."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.request_stop)
+        batches = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.reload_spec_if_changed()
+            receipt = self.run_batch(final=False)
+            if receipt is not None:
+                batches += 1
+                if on_batch:
+                    on_batch(receipt)
+            if max_batches is not None and batches >= max_batches:
+                break
+            interval = self.spec.trigger.interval_s if interval_s is None else interval_s
+            self._stop.wait(max(0.0, interval - (time.monotonic() - started)))
+        return batches
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def topic_state(self, progress: list[TableProgress] | None = None):
+        progress = progress if progress is not None else self.progress()
+        starts = {}
+        for tp in progress:
+            for p, pos in tp.positions.items():
+                starts[p] = max(starts.get(p, 0), pos)
+        return topic_state(self.kafka_conf, self.spec.source.topic, starts)
+
+    def _tables(self) -> list[str]:
+        return [*self.spec.target.tables, self.spec.dead_letter_table]
+
+    def progress(self) -> list[TableProgress]:
+        return [offsets.read_progress(self.catalog, t, self.spec.name) for t in self._tables()]
+
+    def run_batch(self, final: bool = False, state=None) -> BatchReceipt | None:
+        """Plan, read, route and commit one batch; None when there is nothing to do."""
+        started = time.monotonic()
+        progress = self.progress()
+        state = state or self.topic_state(progress)
+        plan = plan_batch(self.spec, state, progress, self.spec.trigger.max_records_per_batch, self.accept_gap)
+        if not plan.ranges:
+            return None
+        batch_id = uuid.uuid4().hex
+        df = self.read_plan(plan)
+        df.persist()
+        try:
+            receipt = self._commit_all(df, plan, progress, batch_id, final)
+        finally:
+            df.unpersist()
+        if faults.claim(self.platform.home, self.spec.name, "before_group_commit"):
+            faults.kill_process()
+        self._commit_group(plan)
+        receipt.seconds = time.monotonic() - started
+        return receipt
+
+    def read_plan(self, plan: BatchPlan):
+        schema, ddl = batch_schema(self.spec)
+        rows = [(r.topic, r.partition, r.start, r.end) for r in plan.ranges]
+        plan_df = self.spark.createDataFrame(rows, "topic string, partition int, start long, end long") \
+            .repartition(len(rows))
+        reader = make_reader(
+            self.spec, self.kafka_conf, self.quarantined,
+            ingested_at_us=int(time.time() * 1_000_000),
+            fault_point=self.fault if self.fault in ("during_read", "task_failure") else None,
+            fault_dir=str(faults.marker_dir(self.platform.home, self.spec.name)) if self.fault else None,
+            driver_pid=os.getpid(),
+        )
+        return plan_df.mapInArrow(reader, ddl)
+
+    def _summarise(self, df) -> tuple[dict[str, int], int, datetime | None]:
+        from pyspark.sql import functions as F
+
+        ev = event_time_field(self.spec)
+        agg = [F.count(F.lit(1)).alias("n")]
+        agg.append(F.max(ev).alias("ev") if ev else F.lit(None).alias("ev"))
+        rows = df.groupBy("_route").agg(*agg).collect()
+        counts = {r["_route"]: r["n"] for r in rows}
+        dead = counts.pop(None, 0)
+        times = [r["ev"] for r in rows if r["_route"] is not None and r["ev"] is not None]
+        newest = max(times) if times else None
+        if newest is not None and newest.tzinfo is None:
+            newest = newest.replace(tzinfo=timezone.utc)
+        return counts, dead, newest
+
+    def _commit_all(self, df, plan: BatchPlan, progress: list[TableProgress], batch_id: str,
+                    final: bool) -> BatchReceipt:
+        counts, dead, newest = self._summarise(df)
+        receipt = BatchReceipt(pipeline=self.spec.name, batch_id=batch_id, ranges=plan.range_map(),
+                               records=plan.record_count, rows_by_table={t: counts.get(t, 0)
+                                                                         for t in self.spec.target.tables},
+                               dead_letters=dead, max_event_time=newest, gaps=plan.gaps)
+        by_table = {tp.table: tp for tp in progress}
+        for table in self.spec.target.tables:
+            rows = counts.get(table, 0)
+            if self._worth_committing(by_table[table], plan, rows, final):
+                receipt.commits.append(self._commit_table(table, df, plan, batch_id, newest, rows))
+        if faults.claim(self.platform.home, self.spec.name, "after_table_commit"):
+            faults.kill_process()
+        if self._worth_committing(by_table[self.spec.dead_letter_table], plan, dead, final):
+            receipt.commits.append(
+                self._commit_table(self.spec.dead_letter_table, df, plan, batch_id, None, dead))
+        return receipt
+
+    def _worth_committing(self, tp: TableProgress, plan: BatchPlan, rows: int, final: bool) -> bool:
+        """Tables with rows always commit; an idle table records its position when it falls a batch behind.
+
+        That bounds what a restart re-reads without an empty snapshot per trigger.
+        """
+        if rows > 0 or final or plan.gaps:
+            return True
+        behind = sum(end - tp.positions.get(p, 0) for p, end in plan.ends.items())
+        return behind >= self.spec.trigger.max_records_per_batch
+
+    def _commit_table(self, table: str, df, plan: BatchPlan, batch_id: str, newest: datetime | None,
+                      row_count: int) -> TableCommit:
+        """One atomic commit of this batch's rows for `table`, retried on conflicts with other writers."""
+        dead_letter = table == self.spec.dead_letter_table
+        last_error: BaseException | None = None
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            tp = offsets.read_progress(self.catalog, table, self.spec.name)
+            if all(tp.positions.get(p, -1) >= end for p, (_, end) in plan.range_map().items()):
+                return TableCommit(table, 0, tp.snapshot_id, attempt, skipped=True)  # already committed
+            positions = dict(tp.positions)
+            for p, (_, end) in plan.range_map().items():
+                positions[p] = end
+            summary = {
+                offsets.K_PIPELINE: self.spec.name,
+                offsets.K_KIND: "ingest",
+                offsets.K_TOPIC: plan.topic,
+                offsets.K_TOPIC_ID: plan.topic_id or "",
+                offsets.K_RANGES: offsets.encode_ranges(
+                    {p: (max(s, tp.positions.get(p, s)), e) for p, (s, e) in plan.range_map().items()}),
+                offsets.K_POSITIONS: offsets.encode_positions(positions),
+                offsets.K_BATCH: batch_id,
+            }
+            if newest is not None:
+                summary[offsets.K_MAX_EVENT_TIME] = newest.isoformat()
+            if plan.gaps:
+                summary[offsets.K_GAPS] = offsets.encode_ranges(plan.gaps)
+            rows = self.rows_for(table, df, tp, dead_letter)
+            try:
+                with self._files_watch(table):
+                    if faults.claim(self.platform.home, self.spec.name, "concurrent_commit") and not dead_letter:
+                        self._concurrent_commit(table)
+                    if self.spec.target.mode == "upsert" and not dead_letter:
+                        self.merge_upsert(table, rows, summary)
+                    else:
+                        writer = rows.writeTo(self.spec.qualified(table))
+                        for key, value in summary.items():
+                            writer = writer.option(f"snapshot-property.{key}", value)
+                        writer.append()
+            except Exception as exc:  # py4j wraps Iceberg's exceptions
+                if not _is_retryable(exc):
+                    raise IngestError(f"commit to {table} failed: {exc}") from exc
+                last_error = exc
+                log.warning("commit to %s conflicted (attempt %d): %s", table, attempt, str(exc)[:300])
+                time.sleep(min(2.0, 0.1 * 2 ** attempt))
+                continue
+            committed = offsets.read_progress(self.catalog, table, self.spec.name)
+            return TableCommit(table, row_count, committed.snapshot_id, attempt)
+        raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts: {last_error}")
+
+    def rows_for(self, table: str, df, tp: TableProgress, dead_letter: bool):
+        """The batch's rows for `table`, minus offsets the table already holds, in the table's columns."""
+        from pyspark.sql import functions as F
+
+        if dead_letter:
+            rows = df.where(F.col("_route").isNull()).select(
+                "_kafka", F.col("_dlq_key").alias("key"), F.col("_dlq_value").alias("value"),
+                F.col("_dlq_headers").alias("headers"), F.col("_dlq_error_kind").alias("error_kind"),
+                F.col("_dlq_error_detail").alias("error_detail"), F.lit(self.spec.name).alias("pipeline"),
+                "_ingested_at")
+        else:
+            rows = df.where(F.col("_route") == table)
+        if tp.positions:
+            done = F.lit(False)
+            for p, pos in tp.positions.items():
+                done = done | ((F.col("_kafka.partition") == p) & (F.col("_kafka.offset") < pos))
+            rows = rows.where(~done)
+        if dead_letter:
+            return rows
+        target = self.spark.table(self.spec.qualified(table)).schema
+        keep = ["_op"] if self.spec.target.mode == "upsert" else []
+        cols = []
+        for f in target.fields:
+            if f.name in rows.columns and f.name not in self.quarantined:
+                cols.append(F.col(f.name).cast(f.dataType).alias(f.name) if f.name not in ("_kafka",)
+                            else F.col(f.name))
+            else:
+                cols.append(F.lit(None).cast(f.dataType).alias(f.name))
+        return rows.select(*cols, *keep)
+
+    def merge_upsert(self, table: str, rows, summary: dict[str, str]) -> None:
+        """Upsert: the latest record per key wins, within the batch and against the table."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        keys = list(self.spec.target.key)
+        # within a partition the higher offset is newer; across partitions, the later Kafka timestamp
+        per_partition = Window.partitionBy(*keys, "_kafka.partition").orderBy(F.col("_kafka.offset").desc())
+        across = Window.partitionBy(*keys).orderBy(F.col("_kafka.timestamp").desc(),
+                                                   F.col("_kafka.partition").desc())
+        latest = (rows.withColumn("_rn", F.row_number().over(per_partition)).where("_rn = 1").drop("_rn")
+                  .withColumn("_rn", F.row_number().over(across)).where("_rn = 1").drop("_rn"))
+        view = f"lakehouse_upsert_{uuid.uuid4().hex}"
+        latest.createOrReplaceTempView(view)
+        columns = [c for c in latest.columns if c != "_op"]
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+        newer = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t._kafka.offset) OR "
+                 "(s._kafka.partition <> t._kafka.partition AND s._kafka.timestamp >= t._kafka.timestamp))")
+        sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
+        names = ", ".join(f"`{c}`" for c in columns)
+        values = ", ".join(f"s.`{c}`" for c in columns)
+        sql = (f"MERGE INTO {self.spec.qualified(table)} t USING {view} s ON {on} "
+               f"WHEN MATCHED AND s._op = 'delete' AND {newer} THEN DELETE "
+               f"WHEN MATCHED AND s._op = 'upsert' AND {newer} THEN UPDATE SET {sets} "
+               f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})")
+        try:
+            sparkenv.with_commit_properties(self.spark, summary, lambda: self.spark.sql(sql))
+        finally:
+            self.spark.catalog.dropTempView(view)
+
+    def _concurrent_commit(self, table: str) -> None:
+        """Fault injection: another writer commits to the table just before this commit."""
+        other = offsets.open_catalog(self.platform, self.spec.catalog).load_table(table)
+        with other.transaction() as tx:
+            tx.set_properties({"lakehouse.test.concurrent-writer": str(time.time())})
+
+    def _files_watch(self, table: str):
+        """With LAKEHOUSE_FAULT=after_files: kill -9 once the commit's data files exist, before it lands."""
+        job = self
+
+        class Watch:
+            def __enter__(self):
+                self.stop = threading.Event()
+                if faults.configured() != "after_files" or table == job.spec.dead_letter_table:
+                    return self
+                location = urlparse(job.catalog.load_table(table).location()).path
+                data_dir = Path(location) / "data"
+                before = set(data_dir.rglob("*.parquet")) if data_dir.exists() else set()
+
+                def watch():
+                    while not self.stop.is_set():
+                        if data_dir.exists() and set(data_dir.rglob("*.parquet")) - before:
+                            if faults.claim(job.platform.home, job.spec.name, "after_files"):
+                                faults.kill_process()
+                            return
+                        time.sleep(0.002)
+
+                threading.Thread(target=watch, daemon=True).start()
+                return self
+
+            def __exit__(self, *exc):
+                self.stop.set()
+                return False
+
+        return Watch()
+
+    def _commit_group(self, plan: BatchPlan) -> None:
+        """Consumer-group offsets follow the tables, for lag monitors; never read back for resume."""
+        consumer = Consumer({**self.kafka_conf, "group.id": self.spec.consumer_group, "enable.auto.commit": False})
+        try:
+            consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.end) for r in plan.ranges],
+                            asynchronous=False)
+        except Exception as exc:  # monitoring only: never fail a committed batch over it
+            log.warning("consumer group commit for %s failed: %s", self.spec.consumer_group, exc)
+        finally:
+            consumer.close()
+
+
+def receipt_line(receipt: BatchReceipt) -> str:
+    return json.dumps(receipt.to_json(), separators=(",", ":"))

@@ -1,0 +1,435 @@
+"""Kafka side of a batch: find the log's end, plan offset ranges, read them in Spark tasks.
+
+The driver plans one `OffsetRange` per partition from the positions committed in
+the tables; each Spark task reads exactly its range with confluent-kafka (so a
+retried task reads the same records) and hands Arrow batches to the JVM.
+
+The end of a partition is where a consumer's fetch reports end-of-partition,
+probed from the ListOffsets high watermark. On Apache Kafka that probe returns at
+once at the high watermark; on a broker whose ListOffsets answer lags (the
+embedded one reports one batch short) it finds the records past it, so a producer
+that stops sees all its records land.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from lakehouse import faults
+from lakehouse.offsets import OffsetRange, TableProgress
+from lakehouse.records import RecordValidator, Rejected
+from lakehouse.spec import PipelineSpec
+
+
+class SourceError(RuntimeError):
+    """Kafka cannot serve what the pipeline needs; the message says what and why."""
+
+
+class TopicMissingError(SourceError):
+    pass
+
+
+class OffsetGapError(SourceError):
+    """Records the pipeline has not ingested were deleted from Kafka (retention)."""
+
+
+class TopicRecreatedError(SourceError):
+    """The topic's offsets went backwards or its id changed: it was deleted and recreated."""
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    partition: int
+    earliest: int
+    end: int  # one past the last fetchable record
+
+
+@dataclass(frozen=True)
+class TopicState:
+    topic: str
+    topic_id: str | None
+    partitions: dict[int, PartitionState]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    topic: str
+    topic_id: str | None
+    ranges: tuple[OffsetRange, ...]
+    ends: dict[int, int]                      # log end per partition when planned
+    gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def record_count(self) -> int:
+        return sum(r.count for r in self.ranges)
+
+    def range_map(self) -> dict[int, tuple[int, int]]:
+        return {r.partition: (r.start, r.end) for r in self.ranges}
+
+
+def _consumer(kafka_conf: dict, group: str, **extra) -> Consumer:
+    conf = {
+        **kafka_conf,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+        **extra,
+    }
+    return Consumer(conf)
+
+
+def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = None,
+                timeout: float = 15.0) -> TopicState:
+    """Earliest offset and log end of every partition of `topic`, plus its topic id.
+
+    `starts` (partition -> offset) lets the end probe begin past the high
+    watermark; a start beyond the log's end raises TopicRecreatedError.
+    """
+    from confluent_kafka import TopicCollection
+
+    admin = AdminClient(kafka_conf)
+    try:
+        described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result()
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            raise TopicMissingError(f"topic {topic!r} does not exist on {kafka_conf.get('bootstrap.servers')}") \
+                from None
+        raise SourceError(f"cannot describe topic {topic!r}: {err.str()}") from None
+    topic_id = str(described.topic_id) if getattr(described, "topic_id", None) else None
+    partitions = sorted(p.id for p in described.partitions)
+    starts = starts or {}
+    consumer = _consumer(kafka_conf, "lakehouse-planner", **{"fetch.wait.max.ms": 10})
+    try:
+        earliest, probe_from = {}, {}
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            earliest[p] = low
+            probe_from[p] = max(high, starts.get(p, 0), low)
+        ends = _probe_ends(consumer, topic, probe_from, timeout)
+    finally:
+        consumer.close()
+    return TopicState(topic, topic_id, {p: PartitionState(p, earliest[p], ends[p]) for p in partitions})
+
+
+def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], timeout: float) -> dict[int, int]:
+    """Fetch from each start until end-of-partition; the EOF offset is the log end."""
+    ends = dict(probe_from)
+    pending = set(probe_from)
+    consumer.assign([TopicPartition(topic, p, o) for p, o in probe_from.items()])
+    deadline = time.monotonic() + timeout
+    while pending:
+        if time.monotonic() > deadline:
+            raise SourceError(f"topic {topic!r}: no end-of-partition from partitions {sorted(pending)} "
+                              f"within {timeout:.0f}s; is the broker healthy?")
+        for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+            p = msg.partition()
+            err = msg.error()
+            if err is None:
+                ends[p] = max(ends[p], msg.offset() + 1)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                ends[p] = max(ends[p], msg.offset())
+                pending.discard(p)
+            elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                raise TopicRecreatedError(
+                    f"topic {topic!r} partition {p}: the committed position {probe_from[p]} is beyond the "
+                    f"end of the log; offsets went backwards, so the topic was deleted and recreated. "
+                    f"The table holds records of the old topic; reset the pipeline's tables or ingest "
+                    f"the new topic into new tables.")
+            else:
+                raise SourceError(f"topic {topic!r} partition {p}: {err.str()}")
+    return ends
+
+
+def plan_batch(spec: PipelineSpec, state: TopicState, progress: Iterable[TableProgress],
+               max_records: int, accept_gap: bool = False) -> BatchPlan:
+    """The next batch's offset ranges, from the slowest table's position per partition.
+
+    Raises TopicRecreatedError when the topic id changed or a position is past
+    the log end, and OffsetGapError when a position is below the earliest
+    retained offset (unless `accept_gap`, which records the gap in the plan).
+    """
+    topic = spec.source.topic
+    progress = list(progress)
+    for tp in progress:
+        if tp.topic_id and state.topic_id and tp.topic_id != state.topic_id:
+            raise TopicRecreatedError(
+                f"topic {topic!r} now has id {state.topic_id} but table {tp.table} was written from "
+                f"id {tp.topic_id}: the topic was deleted and recreated. Its offsets restart, so resuming "
+                f"would skip or mix records; reset the pipeline's tables or write the new topic to new tables.")
+        gone = sorted(set(tp.positions) - set(state.partitions))
+        if gone:
+            raise TopicRecreatedError(
+                f"table {tp.table} holds offsets of partitions {gone} that topic {topic!r} no longer has: "
+                f"the topic was recreated with fewer partitions.")
+    starts: dict[int, int] = {}
+    gaps: dict[int, tuple[int, int]] = {}
+    for p, ps in state.partitions.items():
+        positions = [tp.positions.get(p) for tp in progress]
+        start = ps.earliest if not progress or any(pos is None for pos in positions) else min(positions)
+        if start > ps.end:
+            raise TopicRecreatedError(
+                f"topic {topic!r} partition {p}: tables hold offsets up to {start} but the log ends at "
+                f"{ps.end}; offsets went backwards, so the topic was recreated.")
+        if start < ps.earliest:
+            if not accept_gap:
+                raise OffsetGapError(
+                    f"topic {topic!r} partition {p}: offsets [{start}, {ps.earliest}) aged out of Kafka "
+                    f"before they were ingested ({ps.earliest - start} records lost to retention). "
+                    f"Replay them from another source if you have one, then rerun with --accept-gap to "
+                    f"record the gap in the table and continue from offset {ps.earliest}. Raise "
+                    f"retention.ms on the topic to cover the worst writer outage.")
+            gaps[p] = (start, ps.earliest)
+            start = ps.earliest
+        starts[p] = start
+    ranges = _budget(topic, starts, {p: ps.end for p, ps in state.partitions.items()}, max_records)
+    return BatchPlan(topic=topic, topic_id=state.topic_id, ranges=tuple(ranges),
+                     ends={p: ps.end for p, ps in state.partitions.items()}, gaps=gaps)
+
+
+def _budget(topic: str, starts: dict[int, int], ends: dict[int, int], max_records: int) -> list[OffsetRange]:
+    """Split `max_records` fairly across partitions with lag; unused shares go to the others."""
+    lag = {p: ends[p] - starts[p] for p in starts if ends[p] > starts[p]}
+    take = {p: 0 for p in lag}
+    budget = max_records
+    while budget > 0 and any(take[p] < lag[p] for p in lag):
+        open_parts = [p for p in lag if take[p] < lag[p]]
+        share = max(1, budget // len(open_parts))
+        for p in open_parts:
+            more = min(share, lag[p] - take[p], budget)
+            take[p] += more
+            budget -= more
+            if budget == 0:
+                break
+    return [OffsetRange(topic, p, starts[p], starts[p] + take[p]) for p in sorted(take) if take[p] > 0]
+
+
+def offsets_for_time(kafka_conf: dict, topic: str, partitions: Iterable[int], ts_ms: int,
+                     ends: dict[int, int], timeout: float = 15.0) -> dict[int, int]:
+    """First offset per partition whose timestamp is >= ts_ms (the log end if none)."""
+    consumer = _consumer(kafka_conf, "lakehouse-planner")
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, p, ts_ms) for p in partitions], timeout=timeout)
+    finally:
+        consumer.close()
+    out = {}
+    for tp in found:
+        if tp.error:
+            raise SourceError(f"offsets_for_times {topic}[{tp.partition}]: {tp.error}")
+        out[tp.partition] = ends[tp.partition] if tp.offset in (-1, OFFSET_END) else tp.offset
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Executor side
+
+
+KAFKA_STRUCT = pa.struct([
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("key", pa.string()),
+])
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+ARROW_TYPES = {
+    "string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64(),
+    "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32(),
+}
+SPARK_KAFKA_STRUCT = "struct<topic:string,partition:int,offset:bigint,timestamp:timestamp,key:string>"
+SPARK_HEADERS = "array<struct<key:string,value:binary>>"
+
+
+def batch_schema(spec: PipelineSpec) -> tuple[pa.Schema, str]:
+    """Arrow schema and matching Spark DDL of a decoded batch (table rows and dead letters).
+
+    `_route` names the target table (null for a dead letter); `_op` is `upsert` or
+    `delete`; `_dlq_*` columns are set on dead letters only.
+    """
+    fields = [("_route", pa.string(), "string"), ("_op", pa.string(), "string")]
+    fields += [(f.name, ARROW_TYPES[f.type], f.spark_type) for f in spec.contract.fields]
+    fields += [
+        ("_kafka", KAFKA_STRUCT, SPARK_KAFKA_STRUCT),
+        ("_ingested_at", pa.timestamp("us", tz="UTC"), "timestamp"),
+        ("_dlq_key", pa.binary(), "binary"),
+        ("_dlq_value", pa.binary(), "binary"),
+        ("_dlq_headers", HEADERS, SPARK_HEADERS),
+        ("_dlq_error_kind", pa.string(), "string"),
+        ("_dlq_error_detail", pa.string(), "string"),
+    ]
+    schema = pa.schema([(n, t) for n, t, _ in fields])
+    ddl = ", ".join(f"`{n}` {s}" for n, _, s in fields)
+    return schema, ddl
+
+
+class BatchBuilder:
+    """Accumulates decoded records column by column and emits Arrow record batches."""
+
+    def __init__(self, spec: PipelineSpec, validator: RecordValidator, ingested_at_us: int):
+        self.schema, _ = batch_schema(spec)
+        self.names = self.schema.names
+        self.validator = validator
+        self.contract = spec.contract.names
+        self.default_table = spec.target.table
+        fanout = spec.target.fanout
+        self.route_field = fanout.field if fanout else None
+        self.routes = fanout.routes if fanout else {}
+        self.ingested_at = ingested_at_us
+        self.reset()
+
+    def reset(self) -> None:
+        self.cols: dict[str, list] = {n: [] for n in self.names}
+        self.size = 0
+
+    def add(self, topic: str, partition: int, offset: int, ts_ms: int | None,
+            key: bytes | None, value: bytes | None, headers) -> None:
+        c = self.cols
+        key_text = None
+        try:
+            key_text = self.validator.check_key(key)
+            row = self.validator.check(key_text, value)
+        except Rejected as rej:
+            row, rejected = None, rej
+        else:
+            rejected = None
+        if rejected is None:
+            if row is None:  # tombstone on an upsert pipeline: delete the key
+                row = {self.validator.key_field: key_text}
+                c["_op"].append("delete")
+                c["_route"].append(self.default_table)
+            else:
+                c["_op"].append("upsert")
+                routed = row.get(self.route_field) if self.route_field else None
+                c["_route"].append(self.routes.get(str(routed), self.default_table)
+                                   if routed is not None else self.default_table)
+            for name in self.contract:
+                c[name].append(row.get(name))
+            for n in ("_dlq_key", "_dlq_value", "_dlq_headers", "_dlq_error_kind", "_dlq_error_detail"):
+                c[n].append(None)
+        else:
+            c["_route"].append(None)
+            c["_op"].append(None)
+            for name in self.contract:
+                c[name].append(None)
+            c["_dlq_key"].append(key)
+            c["_dlq_value"].append(value)
+            c["_dlq_headers"].append(
+                [{"key": k, "value": v if v is None or isinstance(v, bytes) else bytes(v)} for k, v in headers]
+                if headers else [])
+            c["_dlq_error_kind"].append(rejected.kind)
+            c["_dlq_error_detail"].append(rejected.detail)
+        c["_kafka"].append({"topic": topic, "partition": partition, "offset": offset,
+                            "timestamp": None if ts_ms is None else ts_ms * 1000, "key": key_text})
+        c["_ingested_at"].append(self.ingested_at)
+        self.size += 1
+
+    def flush(self) -> pa.RecordBatch:
+        arrays = [pa.array(self.cols[n], type=self.schema.field(n).type) for n in self.names]
+        self.reset()
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batch_rows: int,
+               stall_timeout: float, fault=None) -> Iterator[pa.RecordBatch]:
+    """Decoded Arrow batches of exactly the records in `rng`."""
+    if rng.count <= 0:
+        return
+    consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+    last_progress = time.monotonic()
+    position = rng.start
+    halfway = rng.start + rng.count // 2
+    while position < rng.end:
+        msgs = consumer.consume(num_messages=min(10_000, batch_rows), timeout=0.5)
+        if not msgs and time.monotonic() - last_progress > stall_timeout:
+            raise SourceError(f"{rng}: no records past offset {position} for {stall_timeout:.0f}s "
+                              f"although they were planned; broker stalled?")
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= rng.end:  # the range ends in control records (transactions)
+                        position = rng.end
+                    continue
+                if err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                    raise OffsetGapError(f"{rng}: offset {position} was deleted from Kafka while the batch "
+                                         f"was being read (retention); rerun to plan again")
+                raise SourceError(f"{rng}: {err.str()}")
+            offset = msg.offset()
+            if offset >= rng.end:
+                position = rng.end
+                break
+            ts_type, ts = msg.timestamp()
+            builder.add(rng.topic, rng.partition, offset, ts if ts_type != 0 else None,
+                        msg.key(), msg.value(), msg.headers())
+            position = offset + 1
+            last_progress = time.monotonic()
+            if fault is not None and offset == halfway:
+                fault("during_read")
+            if builder.size >= batch_rows:
+                yield builder.flush()
+    if builder.size:
+        yield builder.flush()
+
+
+def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
+                batch_rows: int = 10_000, stall_timeout: float = 60.0, fault_point: str | None = None,
+                fault_dir: str | None = None, driver_pid: int | None = None):
+    """The function mapInArrow runs in each task: plan rows in, decoded batches out."""
+
+    def fault(point: str) -> None:
+        if fault_point != point or fault_dir is None:
+            return
+        marker = os.path.join(fault_dir, f"fired-{point}")
+        if os.path.exists(marker):
+            return  # a fault fires once, so the retry or the rerun can succeed
+        open(marker, "w").close()
+        if point == "task_failure":
+            raise RuntimeError("injected task failure (LAKEHOUSE_FAULT=task_failure)")
+        faults.kill_process(driver_pid)
+
+    def read(plan_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        validator = RecordValidator(spec, quarantined)
+        builder = BatchBuilder(spec, validator, ingested_at_us)
+        consumer = _consumer(kafka_conf, f"lakehouse-reader-{spec.name}",
+                             **{"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
+                                "queued.max.messages.kbytes": 262_144})
+        try:
+            for plan in plan_batches:
+                for row in plan.to_pylist():
+                    fault("task_failure")
+                    rng = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
+                    yield from read_range(consumer, rng, builder, batch_rows, stall_timeout,
+                                          fault if fault_point == "during_read" else None)
+        finally:
+            consumer.close()
+
+    return read
+
+
+def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_us: int):
+    """The mapInArrow function that decodes dead letters again (after a contract fix)."""
+
+    def redecode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        builder = BatchBuilder(spec, RecordValidator(spec, quarantined), ingested_at_us)
+        for batch in batches:
+            for row in batch.to_pylist():
+                k = row["_kafka"]
+                ts = k["timestamp"]
+                ts_ms = None if ts is None else int(ts.timestamp() * 1000)
+                headers = [(h["key"], h["value"]) for h in row["headers"] or []]
+                builder.add(k["topic"], k["partition"], k["offset"], ts_ms, row["key"], row["value"], headers)
+                if builder.size >= 10_000:
+                    yield builder.flush()
+        if builder.size:
+            yield builder.flush()
+
+    return redecode

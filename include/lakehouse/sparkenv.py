@@ -1,0 +1,107 @@
+"""The Spark session every job uses: Iceberg SQL extensions and the JDBC catalog(s)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterable
+
+from lakehouse.config import ConfigError, PlatformConfig
+
+LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str) -> dict[str, str]:
+    """Spark properties for `catalogs` (Iceberg JDBC catalogs sharing the platform's database)."""
+    if not platform.jars:
+        raise ConfigError("no Iceberg Spark runtime jar found: run `make setup` or set LAKEHOUSE_JARS")
+    master = platform.spark_master
+    if master.startswith("local[") and "," not in master:
+        # local mode gives a task one attempt unless told otherwise; allow retries like a cluster does
+        master = master[:-1] + ",4]"
+    conf = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.jars": ",".join(platform.jars),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": os.environ.get("LAKEHOUSE_SHUFFLE_PARTITIONS", "4"),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+        "spark.ui.enabled": os.environ.get("LAKEHOUSE_SPARK_UI", "false"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J}",
+        "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J}",
+        "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+    }
+    for name in catalogs:
+        jdbc_url, props = platform.catalog(name).jdbc()
+        prefix = f"spark.sql.catalog.{name}"
+        conf.update({
+            prefix: "org.apache.iceberg.spark.SparkCatalog",
+            f"{prefix}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+            f"{prefix}.uri": jdbc_url,
+            f"{prefix}.jdbc.schema-version": "V1",
+            f"{prefix}.warehouse": platform.warehouse,
+            # another writer (compaction, a replay) may commit between batches: always load fresh
+            f"{prefix}.cache-enabled": "false",
+        })
+        for key, value in props.items():
+            conf[f"{prefix}.jdbc.{key}"] = value
+    return conf
+
+
+def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
+    """Get or create the SparkSession, with the Python workers on this interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if platform.spark_master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback in local mode
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in spark_conf(platform, catalogs, app_name).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "ERROR"))
+    return spark
+
+
+class _Callable:
+    """A Python function the JVM can call as java.util.concurrent.Callable (py4j callback)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.error: BaseException | None = None
+
+    def call(self):
+        try:
+            self.fn()
+        except BaseException as exc:  # surfaced again on the Python side
+            self.error = exc
+            raise
+        return None
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+def with_commit_properties(spark, properties: dict[str, str], fn) -> None:
+    """Run `fn` (SQL such as MERGE INTO) so its Iceberg commit carries `properties` in the summary.
+
+    DataFrame writes take `snapshot-property.*` options; SQL statements need
+    Iceberg's CommitMetadata, which holds the properties in a JVM thread-local.
+    PySpark's pinned-thread mode runs the callback on the calling JVM thread.
+    """
+    jvm = spark.sparkContext._jvm
+    props = jvm.java.util.HashMap()
+    for key, value in properties.items():
+        props.put(key, value)
+    callable_ = _Callable(fn)
+    try:
+        jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
+            props, callable_, jvm.java.lang.RuntimeException().getClass())
+    except Exception:
+        if callable_.error is not None:
+            raise callable_.error from None
+        raise

@@ -1,0 +1,208 @@
+"""Shared fixtures: the platform started the way users start it, one broker per test session.
+
+    lakehouse_home     (session, autouse) a private LAKEHOUSE_HOME and a free LAKEHOUSE_BROKER_PORT;
+                       variables that would point tests at a real cluster are removed meanwhile
+    stack              (session) `stack.up()` in that home, yields its status; `stack.down(purge=True)` after
+    platform           `config.load()` once the stack runs
+    make_spec          factory: make_spec(**overrides) -> PipelineSpec with unique name, topic and tables
+    unique_topic_spec  make_spec() with no overrides
+    consume_all        consume_all(topic, platform) -> list[Message], read with assign until partition EOF
+    free_tcp_port      a TCP port nobody listens on
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from lakehouse import config, spec as spec_module, stack as stack_module
+
+# Variables that would send tests to a user's real cluster, catalog or warehouse.
+_ISOLATED_PREFIXES = ("LAKEHOUSE_BOOTSTRAP_SERVERS", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE",
+                      "LAKEHOUSE_KAFKA_", "LAKEHOUSE_FAULT")
+TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def free_tcp_port() -> int:
+    """A TCP port nobody listens on right now."""
+    return free_port()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lakehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private LAKEHOUSE_HOME and broker port for the whole session; the environment is restored after."""
+    home = tmp_path_factory.mktemp("lakehouse-home")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith(_ISOLATED_PREFIXES):
+                mp.delenv(name)
+        mp.setenv("LAKEHOUSE_HOME", str(home))
+        mp.setenv("LAKEHOUSE_BROKER_PORT", str(free_port()))
+        yield home
+
+
+@pytest.fixture(scope="session")
+def stack(lakehouse_home: Path) -> dict:
+    """The embedded stack, started with `stack.up()` as `lakehouse up` does; its status dict."""
+    status = stack_module.up()
+    yield status
+    stack_module.down(purge=True)
+
+
+@pytest.fixture
+def platform(stack: dict) -> config.PlatformConfig:
+    """The platform configuration a user's process would load once the stack is up."""
+    return config.load()
+
+
+def _merge(base: dict, overrides: dict) -> dict:
+    """Deep-merge `overrides` into a copy of `base`; a None value removes the key."""
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _substitute(value: Any, suffix: str) -> Any:
+    """Replace `{suffix}` in every string (plain replace: regex quantifiers like {3} stay intact)."""
+    if isinstance(value, str):
+        return value.replace("{suffix}", suffix)
+    if isinstance(value, list):
+        return [_substitute(v, suffix) for v in value]
+    if isinstance(value, dict):
+        return {k: _substitute(v, suffix) for k, v in value.items()}
+    return value
+
+
+# Shorthand keyword -> where it lives in the spec YAML.
+_SHORTHANDS = {
+    "partitions": ("source", "partitions"),
+    "retention_ms": ("source", "retention_ms"),
+    "max_value_bytes": ("source", "max_value_bytes"),
+    "key": ("source", "key"),
+    "mode": ("target", "mode"),
+    "table_key": ("target", "key"),
+    "partition_by": ("target", "partition_by"),
+    "fanout": ("target", "fanout"),
+    "fields": ("contract", "fields"),
+}
+
+
+@pytest.fixture
+def make_spec(tmp_path: Path) -> Callable[..., spec_module.PipelineSpec]:
+    """Factory for pipeline specs based on include/pipelines/orders.yaml, unique per call.
+
+    Each call writes `<tmp_path>/pipelines/<name>.yaml` and returns the loaded
+    PipelineSpec with name `orders_<suffix>`, topic `orders-<suffix>` and tables
+    `raw.orders_<suffix>` / `raw.orders_<suffix>_dlq`. Overrides:
+      - any top-level section as a dict, deep-merged: source={"partitions": 1},
+        target={...}, contract={"fields": [...]}, slo={...}; a None value deletes a key;
+      - shorthands: partitions, retention_ms, max_value_bytes, key, mode,
+        table_key (target.key), partition_by, fanout, fields (contract.fields);
+      - "{suffix}" inside any string is replaced by the call's suffix, e.g.
+        fanout={"field": "status", "routes": {"cancelled": "raw.orders_{suffix}_cancelled"}}.
+    `make_spec.directory` is the pipelines folder (for LAKEHOUSE_PIPELINES_DIR).
+    """
+    directory = tmp_path / "pipelines"
+    directory.mkdir(exist_ok=True)
+    template = yaml.safe_load(TEMPLATE_SPEC.read_text())
+
+    def factory(**overrides: Any) -> spec_module.PipelineSpec:
+        suffix = uuid.uuid4().hex[:10]
+        raw = _merge(template, {
+            "name": f"orders_{suffix}",
+            "source": {"topic": f"orders-{suffix}"},
+            "target": {"table": f"raw.orders_{suffix}"},
+            "dead_letter": {"table": f"raw.orders_{suffix}_dlq"},
+        })
+        sections: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key in _SHORTHANDS:
+                section, field = _SHORTHANDS[key]
+                sections.setdefault(section, {})[field] = value
+            elif isinstance(value, dict) and isinstance(sections.get(key), dict):
+                sections[key].update(copy.deepcopy(value))
+            else:
+                sections[key] = copy.deepcopy(value)  # a copy: shorthands are added into it
+        for key, value in sections.items():
+            value = _substitute(value, suffix)
+            if isinstance(value, dict) and isinstance(raw.get(key), dict):
+                raw[key] = _merge(raw[key], value)
+            elif value is None:
+                raw.pop(key, None)
+            else:
+                raw[key] = value
+        path = directory / f"{raw['name']}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+        return spec_module.load_spec(path)
+
+    factory.directory = directory  # type: ignore[attr-defined]
+    return factory
+
+
+@pytest.fixture
+def unique_topic_spec(make_spec) -> spec_module.PipelineSpec:
+    """The orders spec with a unique pipeline name, topic and tables."""
+    return make_spec()
+
+
+def consume_everything(topic: str, platform: config.PlatformConfig, timeout: float = 30.0) -> list:
+    """Every record of `topic`, read with assign from the beginning until each partition reports EOF.
+
+    EOF rather than the high watermark: the embedded broker reports its watermark
+    one batch short, while fetch-side EOF is the true end. Raises AssertionError
+    when a partition does not reach EOF within `timeout` seconds or the read fails.
+    """
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(platform.kafka(**{
+        "group.id": f"test-reader-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+    }))
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        pending, messages = set(partitions), []
+        deadline = time.monotonic() + timeout
+        while pending:
+            assert time.monotonic() < deadline, f"{topic}: no EOF from partitions {sorted(pending)} in {timeout}s"
+            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+                err = msg.error()
+                if err is None:
+                    messages.append(msg)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                else:
+                    raise AssertionError(f"{topic} partition {msg.partition()}: {err.str()}")
+        return messages
+    finally:
+        consumer.close()
+
+
+@pytest.fixture
+def consume_all() -> Callable[..., list]:
+    """consume_all(topic, platform, timeout=30.0) -> every record of the topic, in partition order."""
+    return consume_everything

@@ -1,0 +1,119 @@
+"""Helpers for end-to-end tests: run the CLI as users do, read tables, check exactly-once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from lakehouse import offsets
+from lakehouse.config import PlatformConfig
+from lakehouse.spec import PipelineSpec
+
+LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))
+
+
+def lakehouse(spec: PipelineSpec | None, *args: str, fault: str | None = None, timeout: float = 300,
+              **popen) -> subprocess.CompletedProcess:
+    """Run `lakehouse ARGS` in its own process group (so a kill -9 takes its JVM with it)."""
+    env = dict(os.environ)
+    env.pop("LAKEHOUSE_FAULT", None)
+    if spec is not None:
+        env["LAKEHOUSE_PIPELINES_DIR"] = str(Path(spec.path).parent)
+    if fault:
+        env["LAKEHOUSE_FAULT"] = fault
+    return subprocess.run([LAKEHOUSE, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          start_new_session=True, **popen)
+
+
+def spawn(spec: PipelineSpec, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent))
+    env.pop("LAKEHOUSE_FAULT", None)
+    return subprocess.Popen([LAKEHOUSE, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def receipts(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def table(platform: PlatformConfig, spec: PipelineSpec, name: str):
+    return offsets.open_catalog(platform, spec.catalog).load_table(name)
+
+
+def rows(platform: PlatformConfig, spec: PipelineSpec, name: str) -> list[dict]:
+    return table(platform, spec, name).scan().to_arrow().to_pylist()
+
+
+def coordinates(platform: PlatformConfig, spec: PipelineSpec) -> Counter:
+    """How often each (partition, offset) of the topic appears across data and dead-letter tables."""
+    seen: Counter = Counter()
+    for name in (*spec.target.tables, spec.dead_letter_table):
+        for row in rows(platform, spec, name):
+            seen[(row["_kafka"]["partition"], row["_kafka"]["offset"])] += 1
+    return seen
+
+
+def log_ends(platform: PlatformConfig, topic: str) -> dict[int, int]:
+    """The true end of each partition (reads to partition EOF, not the high watermark)."""
+    from lakehouse.kafka_source import topic_state
+
+    return {p: ps.end for p, ps in topic_state(platform.kafka(), topic).partitions.items()}
+
+
+def assert_exactly_once(platform: PlatformConfig, spec: PipelineSpec) -> int:
+    """Every offset in the topic is in exactly one of the pipeline's tables; returns the count."""
+    seen = coordinates(platform, spec)
+    duplicates = {c: n for c, n in seen.items() if n > 1}
+    assert not duplicates, f"duplicated offsets: {sorted(duplicates)[:10]}"
+    expected = {(p, o) for p, end in log_ends(platform, spec.source.topic).items() for o in range(end)}
+    missing = expected - set(seen)
+    assert not missing, f"{len(missing)} offsets missing, e.g. {sorted(missing)[:10]}"
+    assert set(seen) == expected
+    return len(expected)
+
+
+def committed_group_offsets(platform: PlatformConfig, spec: PipelineSpec) -> dict[int, int]:
+    consumer = Consumer(platform.kafka(**{"group.id": spec.consumer_group}))
+    try:
+        parts = [TopicPartition(spec.source.topic, p) for p in range(spec.source.partitions)]
+        return {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+    finally:
+        consumer.close()
+
+
+def send(platform: PlatformConfig, topic: str, records: list[tuple[bytes | None, bytes | None]],
+         partition: int | None = None, **conf) -> None:
+    """Produce (key, value) pairs and wait for every delivery."""
+    errors = []
+    producer = Producer(platform.kafka(**{"linger.ms": 5, **conf}))
+    for key, value in records:
+        kwargs = {} if partition is None else {"partition": partition}
+        producer.produce(topic, key=key, value=value, on_delivery=lambda e, m: e and errors.append(e), **kwargs)
+    producer.flush(30)
+    assert not errors, errors
+
+
+def summaries(platform: PlatformConfig, spec: PipelineSpec, name: str) -> list[dict]:
+    """Snapshot summaries of `name`, oldest first."""
+    t = table(platform, spec, name)
+    return [offsets.summary_properties(s) for s in sorted(t.snapshots(), key=lambda s: s.timestamp_ms)]
+
+
+@pytest.fixture
+def pipeline(make_spec, platform):
+    """Factory: make_spec(**overrides) with the pipeline's source topic created as `lakehouse topics` does."""
+    from lakehouse.topics import ensure_topics
+
+    def factory(**overrides) -> PipelineSpec:
+        spec = make_spec(**overrides)
+        ensure_topics([spec], platform)
+        return spec
+
+    return factory

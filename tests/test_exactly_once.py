@@ -1,0 +1,118 @@
+"""Exactly once across the data and dead-letter tables, whatever kills the ingest process.
+
+Each test runs `lakehouse ingest` as a user would, in its own process group, on
+the real embedded broker, Spark and the JDBC catalog; faults are injected with
+LAKEHOUSE_FAULT (see lakehouse.faults) and end in kill -9 of driver and JVM.
+"""
+
+import signal
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from e2e import (pipeline,  # noqa: F401 (fixture)
+                 assert_exactly_once, committed_group_offsets, lakehouse, log_ends, receipts, rows, summaries,
+                 table)
+from lakehouse import offsets, produce
+
+pytestmark = pytest.mark.slow
+
+
+def ingest_once(spec, fault=None, *extra):
+    return lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", *extra, fault=fault)
+
+
+def produce_orders(spec, count=3000, bad_ratio=0.1, seed=7):
+    return produce.produce(spec, count, bad_ratio=bad_ratio, seed=seed)
+
+
+def test_once_ingests_every_record_exactly_once_and_records_offsets_in_the_commit(platform, pipeline):
+    spec = pipeline()
+    report = produce_orders(spec, count=2000)
+    run = ingest_once(spec)
+    assert run.returncode == 0, run.stderr
+    total = assert_exactly_once(platform, spec)
+    assert total == 2000
+    ends = log_ends(platform, spec.source.topic)
+
+    data = summaries(platform, spec, spec.target.table)[-1]
+    assert data[offsets.K_PIPELINE] == spec.name and data[offsets.K_KIND] == "ingest"
+    assert offsets.decode_positions(data[offsets.K_POSITIONS]) == ends
+    assert offsets.decode_ranges(data[offsets.K_RANGES]) == {p: (0, e) for p, e in ends.items() if e}
+    dlq = summaries(platform, spec, spec.dead_letter_table)[-1]
+    assert offsets.decode_positions(dlq[offsets.K_POSITIONS]) == ends
+    assert committed_group_offsets(platform, spec) == ends
+
+    table_rows = rows(platform, spec, spec.target.table)
+    assert len(table_rows) == 2000 - sum(report.bad_by_kind.values())
+    assert all(r["_kafka"]["topic"] == spec.source.topic and r["_ingested_at"] is not None for r in table_rows)
+    assert all(r["_kafka"]["key"] == r["order_id"] for r in table_rows)
+
+    # a second run resumes from the table's offsets, not from a checkpoint or the group
+    produce_orders(spec, count=500, seed=8)
+    run = ingest_once(spec)
+    assert run.returncode == 0, run.stderr
+    assert assert_exactly_once(platform, spec) == 2500
+    second = summaries(platform, spec, spec.target.table)[-1]
+    assert {p: s for p, (s, _) in offsets.decode_ranges(second[offsets.K_RANGES]).items()} == \
+        {p: e for p, e in ends.items() if p in offsets.decode_ranges(second[offsets.K_RANGES])}
+
+    run = ingest_once(spec)
+    assert run.returncode == 0 and receipts(run.stdout) == []
+    assert "nothing to ingest" not in run.stdout  # --json prints receipts only
+
+
+def orphan_files(platform, spec, name) -> set[str]:
+    t = table(platform, spec, name)
+    referenced = {urlparse(f.file.file_path).path for f in t.scan().plan_files()}
+    data_dir = Path(urlparse(t.location()).path) / "data"
+    return {str(p) for p in data_dir.rglob("*.parquet")} - referenced
+
+
+@pytest.mark.parametrize("point", ["during_read", "after_files", "after_table_commit", "before_group_commit"])
+def test_kill_9_at_any_point_neither_loses_nor_duplicates(platform, pipeline, point):
+    spec = pipeline()
+    produce_orders(spec)
+    crashed = ingest_once(spec, fault=point)
+    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-2000:])
+    ends = log_ends(platform, spec.source.topic)
+
+    catalog = offsets.open_catalog(platform, spec.catalog)
+    data_positions = offsets.read_progress(catalog, spec.target.table, spec.name).positions
+    dlq_positions = offsets.read_progress(catalog, spec.dead_letter_table, spec.name).positions
+    if point in ("during_read", "after_files"):
+        assert data_positions == {} and dlq_positions == {}, "nothing may be visible before the commit"
+    if point == "after_files":
+        assert orphan_files(platform, spec, spec.target.table), "the kill should land after files were written"
+    if point == "after_table_commit":
+        assert data_positions == ends and dlq_positions == {}
+    if point == "before_group_commit":
+        assert data_positions == ends and dlq_positions == ends
+        assert all(o < 0 for o in committed_group_offsets(platform, spec).values())
+
+    resumed = ingest_once(spec)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert assert_exactly_once(platform, spec) == 3000
+    assert committed_group_offsets(platform, spec) == ends
+
+
+def test_a_failed_task_is_retried_and_reads_exactly_the_same_range(platform, pipeline):
+    spec = pipeline()
+    produce_orders(spec, count=1500)
+    run = ingest_once(spec, fault="task_failure")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (Path(platform.home) / "faults" / spec.name / "fired-task_failure").exists(), "the fault should have fired"
+    assert assert_exactly_once(platform, spec) == 1500
+
+
+def test_a_concurrent_commit_by_another_writer_is_retried(platform, pipeline):
+    # no Iceberg-internal retries, so the conflict reaches the job's own retry loop
+    spec = pipeline(target={"properties": {"commit.retry.num-retries": "0"}})
+    produce_orders(spec, count=1000)
+    run = ingest_once(spec, fault="concurrent_commit")
+    assert run.returncode == 0, run.stderr[-2000:]
+    [receipt] = receipts(run.stdout)
+    assert receipt["commit_retries"] >= 1
+    assert "lakehouse.test.concurrent-writer" in table(platform, spec, spec.target.table).properties
+    assert assert_exactly_once(platform, spec) == 1000

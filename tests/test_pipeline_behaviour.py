@@ -1,0 +1,205 @@
+"""What a pipeline does with its records: dead letters, upsert, fan-out, schema evolution, source checks.
+
+These run the ingest job in the test process (one Spark session for the module)
+against the real embedded broker and catalog.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e import pipeline, assert_exactly_once, lakehouse, rows, send, summaries, table
+from lakehouse import offsets, produce, sparkenv
+from lakehouse.ingest import IngestJob
+from lakehouse.kafka_source import (OffsetGapError, PartitionState, TopicRecreatedError, TopicState, plan_batch,
+                                    topic_state)
+from lakehouse.offsets import TableProgress
+from lakehouse.spec import load_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spark(platform):
+    session = sparkenv.session(platform, ["lake"], "lakehouse-tests")
+    yield session
+    session.stop()
+
+
+def order(i: int, **changes) -> dict:
+    record = {"order_id": f"ord-{i}", "customer_id": f"c-{i % 7}", "amount": 10.0 + i, "currency": "EUR",
+              "status": "created", "event_time": "2026-11-20T12:00:00+00:00"}
+    record.update(changes)
+    return record
+
+
+def encode(record: dict) -> tuple[bytes, bytes]:
+    return record["order_id"].encode(), json.dumps(record).encode()
+
+
+def test_every_kind_of_bad_record_lands_in_the_dead_letter_table_with_its_reason(platform, pipeline, spark):
+    spec = pipeline()
+    report = produce.produce(spec, 600, bad_ratio=0.5, seed=11)
+    IngestJob(spec, platform, spark).run_once()
+    assert assert_exactly_once(platform, spec) == 600
+
+    dead = rows(platform, spec, spec.dead_letter_table)
+    by_kind: dict[str, list] = {}
+    for row in dead:
+        by_kind.setdefault(row["error_kind"], []).append(row)
+    assert {k: len(v) for k, v in by_kind.items()} == report.bad_by_kind
+    for kind in ("malformed_json", "not_utf8", "not_an_object", "missing_required", "wrong_type", "bad_enum",
+                 "out_of_range", "pattern_mismatch", "bad_timestamp", "oversize", "null_value", "null_key"):
+        assert kind in by_kind, f"the producer should have made {kind} records"
+        assert all(r["error_detail"] and r["pipeline"] == spec.name for r in by_kind[kind])
+    assert all(r["value"] is None for r in by_kind["null_value"])
+    assert all(r["key"] is None for r in by_kind["null_key"])
+    for r in by_kind["not_utf8"]:
+        with pytest.raises(UnicodeDecodeError):
+            r["value"].decode("utf-8")
+    assert all(len(r["value"]) > spec.source.max_value_bytes for r in by_kind["oversize"])
+    assert all(r["headers"] for r in dead if r["error_kind"] != "null_value"), "headers are kept"
+    assert all(r["_kafka"]["topic"] == spec.source.topic for r in dead)
+
+
+def test_upsert_keeps_the_latest_record_per_key_within_and_across_batches(platform, pipeline, spark):
+    spec = pipeline(mode="upsert", table_key=["order_id"], partition_by=[])
+    job = IngestJob(spec, platform, spark)
+    send(platform, spec.source.topic, [encode(order(1, status="created")), encode(order(2, status="created")),
+                                       encode(order(1, status="paid")), encode(order(3, status="created"))],
+         partition=0)
+    job.run_once()
+    send(platform, spec.source.topic, [encode(order(1, status="shipped")), (b"ord-2", None),
+                                       encode(order(3, status="cancelled")), encode(order(3, status="refunded"))],
+         partition=0)
+    job.run_once()
+    current = {r["order_id"]: r["status"] for r in rows(platform, spec, spec.target.table)}
+    assert current == {"ord-1": "shipped", "ord-3": "refunded"}, "ord-2 was deleted by its tombstone"
+    positions = offsets.read_progress(offsets.open_catalog(platform, spec.catalog), spec.target.table,
+                                      spec.name).positions
+    assert positions[0] == 8
+
+
+def test_fanout_routes_each_record_to_one_table_by_field(platform, pipeline, spark):
+    spec = pipeline(fanout={"field": "currency", "routes": {"EUR": "raw.orders_{suffix}_eur",
+                                                      "USD": "raw.orders_{suffix}_usd"}})
+    records = [encode(order(i, currency=("EUR", "USD", "GBP")[i % 3])) for i in range(90)]
+    send(platform, spec.source.topic, records)
+    IngestJob(spec, platform, spark).run_once()
+    assert assert_exactly_once(platform, spec) == 90
+    default, eur, usd = spec.target.tables
+    assert {r["currency"] for r in rows(platform, spec, eur)} == {"EUR"}
+    assert {r["currency"] for r in rows(platform, spec, usd)} == {"USD"}
+    assert {r["currency"] for r in rows(platform, spec, default)} == {"GBP"}
+    assert len(rows(platform, spec, eur)) == 30
+
+
+def test_a_new_optional_field_is_added_without_rewriting_data(platform, pipeline, spark):
+    spec = pipeline()
+    send(platform, spec.source.topic, [encode(order(i)) for i in range(30)])
+    IngestJob(spec, platform, spark).run_once()
+    before = {f.file.file_path for f in table(platform, spec, spec.target.table).scan().plan_files()}
+
+    raw = yaml.safe_load(Path(spec.path).read_text())
+    raw["contract"]["fields"].append({"name": "channel", "type": "string", "enum": ["web", "app"]})
+    Path(spec.path).write_text(yaml.safe_dump(raw))
+    evolved = load_spec(spec.path)
+    send(platform, spec.source.topic, [encode(order(i, channel="app")) for i in range(30, 60)])
+    IngestJob(evolved, platform, spark).run_once()
+
+    t = table(platform, spec, spec.target.table)
+    assert "channel" in t.schema().column_names
+    after = {f.file.file_path for f in t.scan().plan_files()}
+    assert before <= after, "old data files are kept as they are"
+    channels = [r["channel"] for r in rows(platform, spec, spec.target.table)]
+    assert channels.count(None) == 30 and channels.count("app") == 30
+
+
+def test_an_incompatible_change_stops_the_pipeline_with_an_explanation(platform, pipeline, spark):
+    spec = pipeline()
+    send(platform, spec.source.topic, [encode(order(1))])
+    IngestJob(spec, platform, spark).run_once()
+    raw = yaml.safe_load(Path(spec.path).read_text())
+    raw["contract"]["fields"][2]["type"] = "string"  # amount: double -> string
+    Path(spec.path).write_text(yaml.safe_dump(raw))
+    run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    assert run.returncode == 2
+    assert "'amount' is double in the table but string in the contract" in run.stderr
+
+
+def test_a_misconfigured_pipeline_stops_instead_of_dead_lettering(platform, make_spec):
+    spec = make_spec(source={"topic": "no-such-topic-anywhere"})
+    run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    assert run.returncode == 3
+    assert "topic 'no-such-topic-anywhere' does not exist" in run.stderr
+
+
+def test_a_recreated_topic_stops_the_pipeline(platform, pipeline, spark):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    spec = pipeline()
+    send(platform, spec.source.topic, [encode(order(i)) for i in range(50)])
+    IngestJob(spec, platform, spark).run_once()
+    admin = AdminClient(platform.kafka())
+    admin.delete_topics([spec.source.topic])[spec.source.topic].result()
+    import time
+
+    for _ in range(50):  # deletion is asynchronous
+        try:
+            admin.create_topics([NewTopic(spec.source.topic, 3, 1)])[spec.source.topic].result()
+            break
+        except Exception:
+            time.sleep(0.2)
+    send(platform, spec.source.topic, [encode(order(i)) for i in range(5)])
+    run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    assert run.returncode == 3, run.stderr
+    assert "recreated" in run.stderr
+
+
+def state(earliest: int, end: int, topic_id="id-1") -> TopicState:
+    return TopicState("t", topic_id, {0: PartitionState(0, earliest, end)})
+
+
+def progress(position: int, topic_id="id-1") -> list[TableProgress]:
+    return [TableProgress("raw.t", True, positions={0: position}, topic_id=topic_id)]
+
+
+def test_offsets_that_aged_out_before_ingestion_are_a_gap_never_skipped_silently(make_spec):
+    # The embedded broker neither enforces retention nor supports DeleteRecords, so the
+    # planner is given the watermarks Apache Kafka reports after retention deleted [100, 250).
+    spec = pipeline()
+    with pytest.raises(OffsetGapError, match=r"offsets \[100, 250\) aged out .* --accept-gap"):
+        plan_batch(spec, state(250, 400), progress(100), 1000)
+    plan = plan_batch(spec, state(250, 400), progress(100), 1000, accept_gap=True)
+    assert plan.gaps == {0: (100, 250)}
+    assert plan.range_map() == {0: (250, 400)}
+
+
+def test_offsets_going_backwards_or_a_new_topic_id_mean_the_topic_was_recreated(make_spec):
+    spec = pipeline()
+    with pytest.raises(TopicRecreatedError, match="offsets went backwards"):
+        plan_batch(spec, state(0, 10), progress(500), 1000)
+    with pytest.raises(TopicRecreatedError, match="was deleted and recreated"):
+        plan_batch(spec, state(0, 900, topic_id="id-2"), progress(500), 1000)
+
+
+def test_batches_are_bounded_and_shared_fairly_across_partitions(make_spec):
+    spec = pipeline()
+    wide = TopicState("t", None, {p: PartitionState(p, 0, end) for p, end in enumerate([1000, 10, 1000])})
+    plan = plan_batch(spec, wide, [], 500)
+    assert plan.record_count == 500
+    assert plan.range_map() == {0: (0, 245), 1: (0, 10), 2: (0, 245)}
+
+
+def test_a_stopped_producer_sees_all_its_records_land_on_the_embedded_broker(platform, pipeline, spark):
+    spec = pipeline(partitions=1)
+    # one produce batch: the embedded broker's ListOffsets high watermark then lags by that batch
+    send(platform, spec.source.topic, [encode(order(i)) for i in range(100)], partition=0,
+         **{"linger.ms": 200, "batch.num.messages": 1000})
+    state_ = topic_state(platform.kafka(), spec.source.topic)
+    assert state_.partitions[0].end == 100
+    IngestJob(spec, platform, spark).run_once()
+    assert len(rows(platform, spec, spec.target.table)) == 100
+    assert summaries(platform, spec, spec.target.table)[-1][offsets.K_POSITIONS] == '{"0":100}'
