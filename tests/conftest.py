@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -57,9 +59,21 @@ def lakehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         yield home
 
 
+def _interrupt_on_sigterm() -> None:
+    """Turn SIGTERM (a CI timeout, `timeout 300 pytest`) into KeyboardInterrupt, so pytest still
+    tears the session down and stops the broker instead of leaving it running detached."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 @pytest.fixture(scope="session")
 def stack(lakehouse_home: Path) -> dict:
     """The embedded stack, started with `stack.up()` as `lakehouse up` does; its status dict."""
+    _interrupt_on_sigterm()
     status = stack_module.up()
     yield status
     stack_module.down(purge=True)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from e2e import pipeline, assert_exactly_once, lakehouse, rows, send, summaries, table
-from lakehouse import offsets, produce, sparkenv
+from lakehouse import config, offsets, produce, sparkenv
 from lakehouse.ingest import IngestJob
 from lakehouse.kafka_source import (OffsetGapError, PartitionState, TopicRecreatedError, TopicState, plan_batch,
                                     topic_state)
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def spark(platform):
-    session = sparkenv.session(platform, ["lake"], "lakehouse-tests")
+def spark(stack):
+    session = sparkenv.session(config.load(), ["lake"], "lakehouse-tests")
     yield session
     session.stop()
 
@@ -122,17 +122,17 @@ def test_an_incompatible_change_stops_the_pipeline_with_an_explanation(platform,
     send(platform, spec.source.topic, [encode(order(1))])
     IngestJob(spec, platform, spark).run_once()
     raw = yaml.safe_load(Path(spec.path).read_text())
-    raw["contract"]["fields"][2]["type"] = "string"  # amount: double -> string
+    raw["contract"]["fields"][2]["type"] = "long"  # amount: double -> long narrows
     Path(spec.path).write_text(yaml.safe_dump(raw))
     run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
     assert run.returncode == 2
-    assert "'amount' is double in the table but string in the contract" in run.stderr
+    assert "'amount' is double in the table but long in the contract" in run.stderr
 
 
 def test_a_misconfigured_pipeline_stops_instead_of_dead_lettering(platform, make_spec):
     spec = make_spec(source={"topic": "no-such-topic-anywhere"})
     run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
-    assert run.returncode == 3
+    assert run.returncode == 3, run.stderr[:1500]
     assert "topic 'no-such-topic-anywhere' does not exist" in run.stderr
 
 

@@ -21,7 +21,11 @@ from lakehouse import stack as lakestack  # the fixture `stack` is the running s
 
 
 def _alive(pid: int) -> bool:
-    return lakestack._pid_alive(pid)
+    """Whether `pid` runs; a zombie (exited, not yet reaped) does not."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @pytest.fixture

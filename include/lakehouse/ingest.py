@@ -142,6 +142,7 @@ class IngestJob:
     def run_once(self, on_batch=None) -> list[BatchReceipt]:
         """Catch up to the log end of every partition as found at the start, then return."""
         receipts = []
+        self.sync_group_offsets()
         target = {p: ps.end for p, ps in self.topic_state().partitions.items()}
         while not self._stop.is_set():
             state = self.topic_state()
@@ -158,6 +159,7 @@ class IngestJob:
         """Commit one batch per trigger until SIGTERM/SIGINT; the batch in flight finishes first."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
+        self.sync_group_offsets()
         batches = 0
         while not self._stop.is_set():
             started = time.monotonic()
@@ -206,7 +208,7 @@ class IngestJob:
             df.unpersist()
         if faults.claim(self.platform.home, self.spec.name, "before_group_commit"):
             faults.kill_process()
-        self._commit_group(plan)
+        self._commit_group({r.partition: r.end for r in plan.ranges})
         receipt.seconds = time.monotonic() - started
         return receipt
 
@@ -413,11 +415,22 @@ class IngestJob:
 
         return Watch()
 
-    def _commit_group(self, plan: BatchPlan) -> None:
+    def sync_group_offsets(self) -> None:
+        """Bring the consumer group up to the tables (after a crash between table and group commit)."""
+        positions: dict[int, int] = {}
+        progress = self.progress()
+        for p in {p for tp in progress for p in tp.positions}:
+            held = [tp.positions.get(p) for tp in progress]
+            if all(pos is not None for pos in held):
+                positions[p] = min(held)
+        if positions:
+            self._commit_group(positions)
+
+    def _commit_group(self, positions: dict[int, int]) -> None:
         """Consumer-group offsets follow the tables, for lag monitors; never read back for resume."""
         consumer = Consumer({**self.kafka_conf, "group.id": self.spec.consumer_group, "enable.auto.commit": False})
         try:
-            consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.end) for r in plan.ranges],
+            consumer.commit(offsets=[TopicPartition(self.spec.source.topic, p, o) for p, o in positions.items()],
                             asynchronous=False)
         except Exception as exc:  # monitoring only: never fail a committed batch over it
             log.warning("consumer group commit for %s failed: %s", self.spec.consumer_group, exc)
