@@ -53,7 +53,7 @@ def cmd_stack(args) -> int:
             print(f"warehouse  {result.get('warehouse')}")
             print(f"home       {result.get('home')}")
             for topic in result.get("topics") or []:
-                print(f"topic      {topic}")
+                print(f"topic      {topic['name']} ({topic['partitions']} partitions)")
     return 0
 
 
@@ -86,9 +86,10 @@ def cmd_topics(args) -> int:
 
 
 def cmd_produce(args) -> int:
-    from lakehouse import produce
+    from lakehouse import produce, topics
 
     spec = load_pipeline(args.pipeline)
+    topics.ensure_topics([spec])
 
     def progress(sent: int) -> None:
         print(f"\rproduced {sent}/{args.count}", end="", file=sys.stderr, flush=True)
@@ -260,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI's last word: say what failed, not a traceback wall
         if args.verbose:
             raise
-        text = str(exc)
-        print(f"error: {type(exc).__name__}: {text[:2000]}{' ...' if len(text) > 2000 else ''}", file=sys.stderr)
+        from lakehouse.sparkenv import describe_error
+
+        print(f"error: {describe_error(exc)}", file=sys.stderr)
         return EXIT_FAILURE
 
 

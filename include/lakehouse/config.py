@@ -66,8 +66,8 @@ class CatalogConfig:
             path = self.uri.split(":///", 1)[1] if ":///" in self.uri else ""
             if not path:
                 raise ConfigError(f"LAKEHOUSE_CATALOG_URI {self.uri!r}: a SQLite catalog needs a file path")
-            # WAL: a reader's open transaction (Iceberg's JDBC pool keeps some) never blocks another
-            # process's commit; busy_timeout: concurrent committers wait instead of failing
+            # Several processes share one SQLite catalog (ingest, replay, maintenance, pyiceberg):
+            # WAL so readers never block a commit, and a busy timeout so committers queue.
             return (f"jdbc:sqlite:{path if path.startswith('/') else '/' + path}",
                     {"journal_mode": "WAL", "busy_timeout": "30000"})
         if scheme in ("postgresql", "postgres"):

@@ -36,7 +36,8 @@ from lakehouse.spec import PipelineSpec, load_spec
 
 log = logging.getLogger("lakehouse.ingest")
 COMMIT_ATTEMPTS = 6
-RETRYABLE_COMMIT_ERRORS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException")
+RETRYABLE_COMMIT_ERRORS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException",
+                           "SQLITE_BUSY")
 
 
 class IngestError(RuntimeError):
@@ -150,6 +151,9 @@ class IngestJob:
             receipt = self.run_batch(final=True, state=replace(state, partitions=capped))
             if receipt is None:
                 break
+            if receipts and receipt.ranges == receipts[-1].ranges:
+                raise IngestError(f"no progress: batch {receipt.ranges} was planned twice; "
+                                  f"the tables' positions did not advance")
             receipts.append(receipt)
             if on_batch:
                 on_batch(receipt)
@@ -310,14 +314,26 @@ class IngestJob:
                         writer.append()
             except Exception as exc:  # py4j wraps Iceberg's exceptions
                 if not _is_retryable(exc):
-                    raise IngestError(f"commit to {table} failed: {exc}") from exc
+                    raise IngestError(f"commit to {table} failed") from exc
                 last_error = exc
-                log.warning("commit to %s conflicted (attempt %d): %s", table, attempt, str(exc)[:300])
+                log.warning("commit to %s conflicted (attempt %d): %s", table, attempt,
+                            sparkenv.describe_error(exc))
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))
                 continue
             committed = offsets.read_progress(self.catalog, table, self.spec.name)
+            if any(committed.positions.get(p, -1) < end for p, (_, end) in plan.range_map().items()):
+                # a MERGE with nothing to change may commit nothing: record the positions on their own
+                self._append_positions_only(table, summary)
+                committed = offsets.read_progress(self.catalog, table, self.spec.name)
             return TableCommit(table, row_count, committed.snapshot_id, attempt)
-        raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts: {last_error}")
+        raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
+
+    def _append_positions_only(self, table: str, summary: dict[str, str]) -> None:
+        empty = self.spark.createDataFrame([], self.spark.table(self.spec.qualified(table)).schema)
+        writer = empty.writeTo(self.spec.qualified(table))
+        for key, value in summary.items():
+            writer = writer.option(f"snapshot-property.{key}", value)
+        writer.append()
 
     def rows_for(self, table: str, df, tp: TableProgress, dead_letter: bool):
         """The batch's rows for `table`, minus offsets the table already holds, in the table's columns."""

@@ -353,6 +353,8 @@ def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batc
             raise SourceError(f"{rng}: no records past offset {position} for {stall_timeout:.0f}s "
                               f"although they were planned; broker stalled?")
         for msg in msgs:
+            if msg.partition() != rng.partition:  # left over from the task's previous range
+                continue
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:

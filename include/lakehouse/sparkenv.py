@@ -45,6 +45,10 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
             f"{prefix}.warehouse": platform.warehouse,
             # another writer (compaction, a replay) may commit between batches: always load fresh
             f"{prefix}.cache-enabled": "false",
+            # pyiceberg creates the catalog tables (see session()); Iceberg's own initialisation
+            # leaves a ResultSet open, which on SQLite pins a read snapshot so that every later
+            # commit from this JVM fails with SQLITE_BUSY_SNAPSHOT once another process wrote
+            f"{prefix}.jdbc.init-catalog-tables": "false",
         })
         for key, value in props.items():
             conf[f"{prefix}.jdbc.{key}"] = value
@@ -59,6 +63,10 @@ def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback in local mode
     from pyspark.sql import SparkSession
 
+    from lakehouse.offsets import open_catalog
+
+    for name in catalogs:
+        open_catalog(platform, name)  # creates the JDBC catalog tables if they are missing
     builder = SparkSession.builder
     for key, value in spark_conf(platform, catalogs, app_name).items():
         builder = builder.config(key, value)
@@ -105,3 +113,20 @@ def with_commit_properties(spark, properties: dict[str, str], fn) -> None:
         if callable_.error is not None:
             raise callable_.error from None
         raise
+
+
+def describe_error(exc: BaseException) -> str:
+    """One readable paragraph: the Python error and, for JVM errors, the chain of Java causes."""
+    text = str(exc).strip()
+    lines = [f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"]
+    seen: BaseException | None = exc
+    while seen is not None:
+        java = getattr(seen, "java_exception", None)
+        if java is not None:
+            cause, depth = java, 0
+            while cause is not None and depth < 8:
+                lines.append(f"  caused by {cause.toString()}")
+                cause, depth = cause.getCause(), depth + 1
+            break
+        seen = seen.__cause__
+    return "\n".join(lines)[:4000]
