@@ -130,7 +130,6 @@ if [ ${#problems[@]} -gt 0 ]; then
   [ -z "$apt_hint" ] || echo "setup: $apt_hint" >&2
   exit 1
 fi
-[ -f include/lakehouse/cli.py ] || say "warning: include/lakehouse/cli.py does not exist yet: .venv/bin/lakehouse will not run"
 
 [ -z "${NEW_STAMP:-}" ] || echo "$KEY" >"$STAMP"
 say "java: $JAVA_VERSION"

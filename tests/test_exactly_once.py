@@ -5,6 +5,7 @@ the real embedded broker, Spark and the JDBC catalog; faults are injected with
 LAKEHOUSE_FAULT (see lakehouse.faults) and end in kill -9 of driver and JVM.
 """
 
+import json
 import signal
 from pathlib import Path
 from urllib.parse import urlparse
@@ -12,7 +13,7 @@ from urllib.parse import urlparse
 import pytest
 
 from e2e import (pipeline,  # noqa: F401 (fixture)
-                 assert_exactly_once, committed_group_offsets, lakehouse, log_ends, receipts, rows, summaries,
+                 assert_exactly_once, committed_group_offsets, lakehouse, log_ends, receipts, rows, send, summaries,
                  table)
 from lakehouse import offsets, produce
 
@@ -106,13 +107,32 @@ def test_a_failed_task_is_retried_and_reads_exactly_the_same_range(platform, pip
     assert assert_exactly_once(platform, spec) == 1500
 
 
-def test_a_concurrent_commit_by_another_writer_is_retried(platform, pipeline):
-    # no Iceberg-internal retries, so the conflict reaches the job's own retry loop
-    spec = pipeline(target={"properties": {"commit.retry.num-retries": "0"}})
+def test_an_append_commits_through_a_concurrent_commit_by_another_writer(platform, pipeline):
+    spec = pipeline()
     produce_orders(spec, count=1000)
     run = ingest_once(spec, fault="concurrent_commit")
-    assert run.returncode == 0, run.stderr[-1500:]
-    [receipt] = receipts(run.stdout)
-    assert receipt["commit_retries"] >= 1
+    assert run.returncode == 0, run.stderr[-2000:]
     assert "lakehouse.test.concurrent-writer" in table(platform, spec, spec.target.table).properties
     assert assert_exactly_once(platform, spec) == 1000
+
+
+def test_a_merge_that_conflicts_with_another_writer_is_retried_without_loss(platform, pipeline):
+    # no Iceberg-internal retries, so the conflict reaches the job's own retry loop
+    spec = pipeline(mode="upsert", table_key=["order_id"], partition_by=[],
+                    target={"properties": {"commit.retry.num-retries": "0"}})
+    first = [(f"ord-{i}".encode(), json.dumps(order(i, "created")).encode()) for i in range(2000)]
+    send(platform, spec.source.topic, first)
+    assert ingest_once(spec).returncode == 0
+    send(platform, spec.source.topic, [(k, v.replace(b'"created"', b'"paid"')) for k, v in first])
+    # while the MERGE of the update runs, another writer deletes one of the rows it updates
+    run = ingest_once(spec, fault="concurrent_commit")
+    assert run.returncode == 0, run.stderr[-2000:]
+    [receipt] = receipts(run.stdout)
+    assert receipt["commit_retries"] >= 1, "the MERGE should have met a conflicting commit"
+    current = {r["order_id"]: r["status"] for r in rows(platform, spec, spec.target.table)}
+    assert len(current) == 2000 and set(current.values()) == {"paid"}
+
+
+def order(i: int, status: str) -> dict:
+    return {"order_id": f"ord-{i}", "customer_id": "c-1", "amount": 1.0, "currency": "EUR", "status": status,
+            "event_time": "2026-11-20T12:00:00+00:00"}

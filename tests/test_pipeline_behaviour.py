@@ -169,7 +169,7 @@ def progress(position: int, topic_id="id-1") -> list[TableProgress]:
 def test_offsets_that_aged_out_before_ingestion_are_a_gap_never_skipped_silently(make_spec):
     # The embedded broker neither enforces retention nor supports DeleteRecords, so the
     # planner is given the watermarks Apache Kafka reports after retention deleted [100, 250).
-    spec = pipeline()
+    spec = make_spec()
     with pytest.raises(OffsetGapError, match=r"offsets \[100, 250\) aged out .* --accept-gap"):
         plan_batch(spec, state(250, 400), progress(100), 1000)
     plan = plan_batch(spec, state(250, 400), progress(100), 1000, accept_gap=True)
@@ -178,7 +178,7 @@ def test_offsets_that_aged_out_before_ingestion_are_a_gap_never_skipped_silently
 
 
 def test_offsets_going_backwards_or_a_new_topic_id_mean_the_topic_was_recreated(make_spec):
-    spec = pipeline()
+    spec = make_spec()
     with pytest.raises(TopicRecreatedError, match="offsets went backwards"):
         plan_batch(spec, state(0, 10), progress(500), 1000)
     with pytest.raises(TopicRecreatedError, match="was deleted and recreated"):
@@ -186,7 +186,7 @@ def test_offsets_going_backwards_or_a_new_topic_id_mean_the_topic_was_recreated(
 
 
 def test_batches_are_bounded_and_shared_fairly_across_partitions(make_spec):
-    spec = pipeline()
+    spec = make_spec()
     wide = TopicState("t", None, {p: PartitionState(p, 0, end) for p, end in enumerate([1000, 10, 1000])})
     plan = plan_batch(spec, wide, [], 500)
     assert plan.record_count == 500

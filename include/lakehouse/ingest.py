@@ -303,7 +303,7 @@ class IngestJob:
             rows = self.rows_for(table, df, tp, dead_letter)
             try:
                 with self._files_watch(table):
-                    if faults.claim(self.platform.home, self.spec.name, "concurrent_commit") and not dead_letter:
+                    if not dead_letter and faults.claim(self.platform.home, self.spec.name, "concurrent_commit"):
                         self._concurrent_commit(table)
                     if self.spec.target.mode == "upsert" and not dead_letter:
                         self.merge_upsert(table, rows, summary)
@@ -377,8 +377,6 @@ class IngestJob:
                                                    F.col("_kafka.partition").desc())
         latest = (rows.withColumn("_rn", F.row_number().over(per_partition)).where("_rn = 1").drop("_rn")
                   .withColumn("_rn", F.row_number().over(across)).where("_rn = 1").drop("_rn"))
-        view = f"lakehouse_upsert_{uuid.uuid4().hex}"
-        latest.createOrReplaceTempView(view)
         columns = [c for c in latest.columns if c != "_op"]
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
         newer = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t._kafka.offset) OR "
@@ -386,20 +384,37 @@ class IngestJob:
         sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
         names = ", ".join(f"`{c}`" for c in columns)
         values = ", ".join(f"s.`{c}`" for c in columns)
-        sql = (f"MERGE INTO {self.spec.qualified(table)} t USING {view} s ON {on} "
-               f"WHEN MATCHED AND s._op = 'delete' AND {newer} THEN DELETE "
-               f"WHEN MATCHED AND s._op = 'upsert' AND {newer} THEN UPDATE SET {sets} "
-               f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})")
-        try:
-            sparkenv.with_commit_properties(self.spark, summary, lambda: self.spark.sql(sql))
-        finally:
-            self.spark.catalog.dropTempView(view)
+        sparkenv.merge(self.spark, latest,
+                       f"MERGE INTO {self.spec.qualified(table)} t USING {{source}} s ON {on} "
+                       f"WHEN MATCHED AND s._op = 'delete' AND {newer} THEN DELETE "
+                       f"WHEN MATCHED AND s._op = 'upsert' AND {newer} THEN UPDATE SET {sets} "
+                       f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
 
     def _concurrent_commit(self, table: str) -> None:
-        """Fault injection: another writer commits to the table just before this commit."""
+        """Fault injection: another writer commits to `table` while this batch's write runs.
+
+        Once the write's first Spark stage is running (its snapshot is fixed), a pyiceberg client
+        deletes one existing row (a conflicting change for an upsert MERGE), or changes a table
+        property when the table is empty.
+        """
+        tracker = self.spark.sparkContext.statusTracker()
         other = offsets.open_catalog(self.platform, self.spec.catalog).load_table(table)
-        with other.transaction() as tx:
-            tx.set_properties({"lakehouse.test.concurrent-writer": str(time.time())})
+
+        def commit_when_running() -> None:
+            deadline = time.monotonic() + 60
+            while not tracker.getActiveStageIds() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            from pyiceberg.expressions import EqualTo
+
+            key = self.spec.target.key[0] if self.spec.target.key else None
+            victim = other.scan(selected_fields=(key,), limit=1).to_arrow().to_pylist() if key else []
+            if victim:
+                other.delete(EqualTo(key, victim[0][key]))
+            else:
+                with other.transaction() as tx:
+                    tx.set_properties({"lakehouse.test.concurrent-writer": str(time.time())})
+
+        threading.Thread(target=commit_when_running, daemon=True).start()
 
     def _files_watch(self, table: str):
         """With LAKEHOUSE_FAULT=after_files: kill -9 once the commit's data files exist, before it lands."""

@@ -164,35 +164,23 @@ class Replay:
             "_ingested_at", F.col("_route").isNotNull().alias("_valid"))
         if not dead_letters_from_kafka:
             dlq_rows = dlq_rows.where("_valid")
-        dlq_table = self.spec.dead_letter_table
-        held = self.spark.table(self.spec.qualified(dlq_table)).select("_kafka.topic", "_kafka.partition",
+        held = self.spark.table(self.spec.qualified(self.spec.dead_letter_table)).select("_kafka.topic", "_kafka.partition",
                                                                         "_kafka.offset")
         coords = dlq_rows.select("_kafka.topic", "_kafka.partition", "_kafka.offset", "_valid")
         receipt.dead_letters_resolved = coords.where("_valid").join(
             held, ["topic", "partition", "offset"], "left_semi").count()
         receipt.dead_letters_added = coords.where("NOT _valid").join(
             held, ["topic", "partition", "offset"], "left_anti").count()
-        view = f"lakehouse_replay_{uuid.uuid4().hex}"
-        dlq_rows.createOrReplaceTempView(view)
         cols = [c for c in dlq_rows.columns if c != "_valid"]
-        table = self.spec.qualified(self.spec.dead_letter_table)
-        sql = (f"MERGE INTO {table} t USING {view} s ON {COORDS} "
-               f"WHEN MATCHED AND s._valid THEN DELETE "
-               f"WHEN NOT MATCHED AND NOT s._valid THEN INSERT ({', '.join(cols)}) "
-               f"VALUES ({', '.join('s.' + c for c in cols)})")
-        try:
-            sparkenv.with_commit_properties(self.spark, summary, lambda: self.spark.sql(sql))
-        finally:
-            self.spark.catalog.dropTempView(view)
+        sparkenv.merge(self.spark, dlq_rows,
+                       f"MERGE INTO {self.spec.qualified(self.spec.dead_letter_table)} t USING {{source}} s "
+                       f"ON {COORDS} WHEN MATCHED AND s._valid THEN DELETE "
+                       f"WHEN NOT MATCHED AND NOT s._valid THEN INSERT ({', '.join(cols)}) "
+                       f"VALUES ({', '.join('s.' + c for c in cols)})", summary)
 
     def _insert_absent(self, table: str, rows, summary: dict[str, str]) -> None:
-        view = f"lakehouse_replay_{uuid.uuid4().hex}"
-        rows.createOrReplaceTempView(view)
         cols = ", ".join(f"`{c}`" for c in rows.columns)
         values = ", ".join(f"s.`{c}`" for c in rows.columns)
-        sql = (f"MERGE INTO {self.spec.qualified(table)} t USING {view} s ON {COORDS} "
-               f"WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({values})")
-        try:
-            sparkenv.with_commit_properties(self.spark, summary, lambda: self.spark.sql(sql))
-        finally:
-            self.spark.catalog.dropTempView(view)
+        sparkenv.merge(self.spark, rows,
+                       f"MERGE INTO {self.spec.qualified(table)} t USING {{source}} s ON {COORDS} "
+                       f"WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({values})", summary)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Iterable
 
@@ -113,6 +114,17 @@ def with_commit_properties(spark, properties: dict[str, str], fn) -> None:
         if callable_.error is not None:
             raise callable_.error from None
         raise
+
+
+def merge(spark, source, statement: str, properties: dict[str, str]) -> None:
+    """Run a MERGE statement reading `source` (a DataFrame, `{source}` in the statement) in one
+    Iceberg commit that carries `properties` in its snapshot summary."""
+    view = f"lakehouse_source_{uuid.uuid4().hex}"
+    source.createOrReplaceTempView(view)
+    try:
+        with_commit_properties(spark, properties, lambda: spark.sql(statement.format(source=view)))
+    finally:
+        spark.catalog.dropTempView(view)
 
 
 def describe_error(exc: BaseException) -> str:
