@@ -31,12 +31,12 @@ def cli(spec, *args):
 
 
 def test_replaying_an_offset_range_restores_lost_rows_exactly_once(platform, pipeline):
-    spec = pipeline()
+    spec = pipeline(partition_by=[])  # pyiceberg deletes from day-partitioned tables need pyiceberg-core
     produce.produce(spec, 900, bad_ratio=0.1, seed=3)
     cli(spec, "ingest", "--pipeline", spec.name, "--once")
     # someone deletes rows by mistake
-    table(platform, spec, spec.target.table).delete(EqualTo("_kafka.partition", 1))
-    assert all(row["_kafka"]["partition"] != 1 for row in rows(platform, spec, spec.target.table))
+    table(platform, spec, spec.target.table).delete(EqualTo("status", "paid"))
+    assert all(row["status"] != "paid" for row in rows(platform, spec, spec.target.table))
     ends = log_ends(platform, spec.source.topic)
 
     spans = ",".join(f"{p}:0-{e}" for p, e in ends.items() if e)
@@ -139,4 +139,6 @@ def wait_for(condition, job, timeout=180.0):
         except Exception:  # table not created yet
             pass
         time.sleep(0.5)
-    raise AssertionError("condition not met in time")
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=60)
+    raise AssertionError(f"condition not met in time; job output:\n{out[-2000:]}\n{err[-3000:]}")

@@ -148,7 +148,7 @@ class IngestJob:
         while not self._stop.is_set():
             state = self.topic_state()
             capped = {p: replace(ps, end=min(ps.end, target.get(p, ps.end))) for p, ps in state.partitions.items()}
-            receipt = self.run_batch(final=True, state=replace(state, partitions=capped))
+            receipt = self.run_batch(state=replace(state, partitions=capped))
             if receipt is None:
                 break
             if receipts and receipt.ranges == receipts[-1].ranges:
@@ -168,7 +168,7 @@ class IngestJob:
         while not self._stop.is_set():
             started = time.monotonic()
             self.reload_spec_if_changed()
-            receipt = self.run_batch(final=False)
+            receipt = self.run_batch()
             if receipt is not None:
                 batches += 1
                 if on_batch:
@@ -187,7 +187,8 @@ class IngestJob:
         for tp in progress:
             for p, pos in tp.positions.items():
                 starts[p] = max(starts.get(p, 0), pos)
-        return topic_state(self.kafka_conf, self.spec.source.topic, starts)
+        expected = next((tp.topic_id for tp in progress if tp.topic_id), None)
+        return topic_state(self.kafka_conf, self.spec.source.topic, starts, expected_id=expected)
 
     def _tables(self) -> list[str]:
         return [*self.spec.target.tables, self.spec.dead_letter_table]
@@ -195,7 +196,7 @@ class IngestJob:
     def progress(self) -> list[TableProgress]:
         return [offsets.read_progress(self.catalog, t, self.spec.name) for t in self._tables()]
 
-    def run_batch(self, final: bool = False, state=None) -> BatchReceipt | None:
+    def run_batch(self, state=None) -> BatchReceipt | None:
         """Plan, read, route and commit one batch; None when there is nothing to do."""
         started = time.monotonic()
         progress = self.progress()
@@ -207,7 +208,7 @@ class IngestJob:
         df = self.read_plan(plan)
         df.persist()
         try:
-            receipt = self._commit_all(df, plan, progress, batch_id, final)
+            receipt = self._commit_all(df, plan, batch_id)
         finally:
             df.unpersist()
         if faults.claim(self.platform.home, self.spec.name, "before_group_commit"):
@@ -245,34 +246,20 @@ class IngestJob:
             newest = newest.replace(tzinfo=timezone.utc)
         return counts, dead, newest
 
-    def _commit_all(self, df, plan: BatchPlan, progress: list[TableProgress], batch_id: str,
-                    final: bool) -> BatchReceipt:
+    def _commit_all(self, df, plan: BatchPlan, batch_id: str) -> BatchReceipt:
         counts, dead, newest = self._summarise(df)
         receipt = BatchReceipt(pipeline=self.spec.name, batch_id=batch_id, ranges=plan.range_map(),
                                records=plan.record_count, rows_by_table={t: counts.get(t, 0)
                                                                          for t in self.spec.target.tables},
                                dead_letters=dead, max_event_time=newest, gaps=plan.gaps)
-        by_table = {tp.table: tp for tp in progress}
+        # every table commits every batch, even with no rows: its position must move with the
+        # batch, or a restart (and every later batch) would read again from where it stood
         for table in self.spec.target.tables:
-            rows = counts.get(table, 0)
-            if self._worth_committing(by_table[table], plan, rows, final):
-                receipt.commits.append(self._commit_table(table, df, plan, batch_id, newest, rows))
+            receipt.commits.append(self._commit_table(table, df, plan, batch_id, newest, counts.get(table, 0)))
         if faults.claim(self.platform.home, self.spec.name, "after_table_commit"):
             faults.kill_process()
-        if self._worth_committing(by_table[self.spec.dead_letter_table], plan, dead, final):
-            receipt.commits.append(
-                self._commit_table(self.spec.dead_letter_table, df, plan, batch_id, None, dead))
+        receipt.commits.append(self._commit_table(self.spec.dead_letter_table, df, plan, batch_id, None, dead))
         return receipt
-
-    def _worth_committing(self, tp: TableProgress, plan: BatchPlan, rows: int, final: bool) -> bool:
-        """Tables with rows always commit; an idle table records its position when it falls a batch behind.
-
-        That bounds what a restart re-reads without an empty snapshot per trigger.
-        """
-        if rows > 0 or final or plan.gaps:
-            return True
-        behind = sum(end - tp.positions.get(p, 0) for p, end in plan.ends.items())
-        return behind >= self.spec.trigger.max_records_per_batch
 
     def _commit_table(self, table: str, df, plan: BatchPlan, batch_id: str, newest: datetime | None,
                       row_count: int) -> TableCommit:

@@ -88,11 +88,12 @@ def _consumer(kafka_conf: dict, group: str, **extra) -> Consumer:
 
 
 def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = None,
-                timeout: float = 15.0) -> TopicState:
+                timeout: float = 15.0, expected_id: str | None = None) -> TopicState:
     """Earliest offset and log end of every partition of `topic`, plus its topic id.
 
     `starts` (partition -> offset) lets the end probe begin past the high
-    watermark; a start beyond the log's end raises TopicRecreatedError.
+    watermark; a start beyond the log's end raises TopicRecreatedError, and so
+    does a topic id other than `expected_id` (checked before any fetch).
     """
     from confluent_kafka import TopicCollection
 
@@ -106,29 +107,46 @@ def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = No
                 from None
         raise SourceError(f"cannot describe topic {topic!r}: {err.str()}") from None
     topic_id = str(described.topic_id) if getattr(described, "topic_id", None) else None
+    if expected_id and topic_id and expected_id != topic_id:
+        raise TopicRecreatedError(
+            f"topic {topic!r} now has id {topic_id} but the tables were written from id {expected_id}: "
+            f"the topic was deleted and recreated. Its offsets restart, so resuming would skip or mix "
+            f"records; reset the pipeline's tables or write the new topic to new tables.")
     partitions = sorted(p.id for p in described.partitions)
     starts = starts or {}
     consumer = _consumer(kafka_conf, "lakehouse-planner", **{"fetch.wait.max.ms": 10})
     try:
-        earliest, probe_from = {}, {}
+        earliest, probe_from, past_watermark = {}, {}, set()
         for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
             earliest[p] = low
             probe_from[p] = max(high, starts.get(p, 0), low)
-        ends = _probe_ends(consumer, topic, probe_from, timeout)
+            if starts.get(p, 0) > high:
+                past_watermark.add(p)
+        ends = _probe_ends(consumer, topic, probe_from, timeout, past_watermark)
     finally:
         consumer.close()
     return TopicState(topic, topic_id, {p: PartitionState(p, earliest[p], ends[p]) for p in partitions})
 
 
-def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], timeout: float) -> dict[int, int]:
-    """Fetch from each start until end-of-partition; the EOF offset is the log end."""
+def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], timeout: float,
+                past_watermark: set[int]) -> dict[int, int]:
+    """Fetch from each start until end-of-partition; the EOF offset is the log end.
+
+    A partition probed from past its high watermark (where the tables say they
+    are) that never answers has no such offset: the topic was recreated.
+    """
     ends = dict(probe_from)
     pending = set(probe_from)
     consumer.assign([TopicPartition(topic, p, o) for p, o in probe_from.items()])
     deadline = time.monotonic() + timeout
     while pending:
         if time.monotonic() > deadline:
+            if pending & past_watermark:
+                raise TopicRecreatedError(
+                    f"topic {topic!r} partitions {sorted(pending & past_watermark)}: the tables hold offsets "
+                    f"past the log end and the broker has nothing there; offsets went backwards, so the "
+                    f"topic was recreated.")
             raise SourceError(f"topic {topic!r}: no end-of-partition from partitions {sorted(pending)} "
                               f"within {timeout:.0f}s; is the broker healthy?")
         for msg in consumer.consume(num_messages=10_000, timeout=0.5):

@@ -62,7 +62,8 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         for tp in progress.values():
             for p, o in tp.positions.items():
                 starts[p] = max(starts.get(p, 0), o)
-        state = topic_state(platform.kafka(), spec.source.topic, starts, timeout=10.0)
+        expected = next((tp.topic_id for tp in progress.values() if tp.topic_id), None)
+        state = topic_state(platform.kafka(), spec.source.topic, starts, timeout=10.0, expected_id=expected)
     except SourceError as exc:
         status["kafka"] = {"error": str(exc)}
         return status
