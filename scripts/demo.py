@@ -21,7 +21,7 @@ from lakehouse.status import pipeline_status, render
 
 LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))
 SECONDS = int(os.environ.get("DEMO_SECONDS", "60"))
-RATES = {"orders": 1000, "customers": 50}
+RATES = {"orders": 500, "customers": 20}
 
 
 def say(text: str) -> None:
@@ -49,6 +49,18 @@ def reset_if_broker_was_restarted(specs) -> None:
             catalog.purge_table(t)
 
 
+def wait_until_ready(specs, jobs, timeout: float = 180.0) -> None:
+    """An ingest job is ready once it has created its tables (Spark is up)."""
+    catalog = offsets.open_catalog(config.load(), "lake")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(catalog.table_exists(t) for s in specs for t in (*s.target.tables, s.dead_letter_table)):
+            return
+        if any(j.poll() is not None for j in jobs):
+            return  # reported by the progress loop
+        time.sleep(1)
+
+
 def main() -> int:
     specs = list(load_all().values())
     say("starting the embedded stack (Kafka-compatible broker, SQLite JDBC catalog, local warehouse)")
@@ -63,6 +75,7 @@ def main() -> int:
     say(f"live producers for {SECONDS}s and continuous ingestion (5 s trigger); logs in {logs}")
     jobs = [start("ingest", "--pipeline", s.name, "--trigger-interval", "5s", log=logs / f"ingest-{s.name}.log")
             for s in specs]
+    wait_until_ready(specs, jobs)
     producers = [start("produce", "--pipeline", s.name, "--count", str(RATES.get(s.name, 100) * SECONDS),
                        "--rate", str(RATES.get(s.name, 100)), "--bad-ratio", "0.02", "--quiet",
                        log=logs / f"produce-{s.name}.log") for s in specs]
