@@ -164,8 +164,8 @@ class Replay:
             "_ingested_at", F.col("_route").isNotNull().alias("_valid"))
         if not dead_letters_from_kafka:
             dlq_rows = dlq_rows.where("_valid")
-        held = self.spark.table(self.spec.qualified(self.spec.dead_letter_table)).select("_kafka.topic", "_kafka.partition",
-                                                                        "_kafka.offset")
+        held = self.spark.table(self.spec.qualified(self.spec.dead_letter_table)).select(
+            "_kafka.topic", "_kafka.partition", "_kafka.offset")
         coords = dlq_rows.select("_kafka.topic", "_kafka.partition", "_kafka.offset", "_valid")
         receipt.dead_letters_resolved = coords.where("_valid").join(
             held, ["topic", "partition", "offset"], "left_semi").count()

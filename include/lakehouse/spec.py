@@ -294,7 +294,10 @@ def _contract(r: _Reader, raw: Any) -> Contract:
             if ftype not in ("string", "int", "long"):
                 raise r.fail(f"{where}.enum", f"is only allowed for string, int and long fields, not {ftype}")
             for value in enum:
-                ok = isinstance(value, str) if ftype == "string" else isinstance(value, int) and not isinstance(value, bool)
+                if ftype == "string":
+                    ok = isinstance(value, str)
+                else:
+                    ok = isinstance(value, int) and not isinstance(value, bool)
                 if not ok:
                     raise r.fail(f"{where}.enum", f"{value!r} is not a {ftype}")
             enum = tuple(enum)
