@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -30,14 +29,13 @@ from urllib.parse import urlparse
 from confluent_kafka import Consumer, TopicPartition
 
 from lakehouse import config, faults, offsets, sparkenv, tables
-from lakehouse.kafka_source import BatchPlan, batch_schema, make_reader, plan_batch, topic_state
+from lakehouse.kafka_source import BatchPlan, batch_schema, make_reader, plan_batch, topic_state_for
 from lakehouse.offsets import TableProgress
 from lakehouse.spec import PipelineSpec, load_spec
 
 log = logging.getLogger("lakehouse.ingest")
 COMMIT_ATTEMPTS = 6
-RETRYABLE_COMMIT_ERRORS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException",
-                           "SQLITE_BUSY")
+RETRYABLE_COMMIT_ERRORS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException")
 
 
 class IngestError(RuntimeError):
@@ -110,7 +108,7 @@ class IngestJob:
         self.spark = spark or sparkenv.session(self.platform, [spec.catalog], f"lakehouse-ingest-{spec.name}")
         self.catalog = offsets.open_catalog(self.platform, spec.catalog)
         self.kafka_conf = self.platform.kafka()
-        self.fault = faults.configured()
+        faults.configured()  # a misspelt LAKEHOUSE_FAULT fails at start, not silently
         self._spec_mtime = self._mtime()
         self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
         self._stop = threading.Event()
@@ -144,9 +142,9 @@ class IngestJob:
         """Catch up to the log end of every partition as found at the start, then return."""
         receipts = []
         self.sync_group_offsets()
-        target = {p: ps.end for p, ps in self.topic_state().partitions.items()}
+        state = self.topic_state()
+        target = {p: ps.end for p, ps in state.partitions.items()}
         while not self._stop.is_set():
-            state = self.topic_state()
             capped = {p: replace(ps, end=min(ps.end, target.get(p, ps.end))) for p, ps in state.partitions.items()}
             receipt = self.run_batch(state=replace(state, partitions=capped))
             if receipt is None:
@@ -157,6 +155,7 @@ class IngestJob:
             receipts.append(receipt)
             if on_batch:
                 on_batch(receipt)
+            state = self.topic_state()
         return receipts
 
     def run_continuous(self, interval_s: float | None = None, on_batch=None, max_batches: int | None = None) -> int:
@@ -182,13 +181,8 @@ class IngestJob:
     # -- one batch ---------------------------------------------------------------------------
 
     def topic_state(self, progress: list[TableProgress] | None = None):
-        progress = progress if progress is not None else self.progress()
-        starts = {}
-        for tp in progress:
-            for p, pos in tp.positions.items():
-                starts[p] = max(starts.get(p, 0), pos)
-        expected = next((tp.topic_id for tp in progress if tp.topic_id), None)
-        return topic_state(self.kafka_conf, self.spec.source.topic, starts, expected_id=expected)
+        return topic_state_for(self.kafka_conf, self.spec.source.topic,
+                               progress if progress is not None else self.progress())
 
     def _tables(self) -> list[str]:
         return [*self.spec.target.tables, self.spec.dead_letter_table]
@@ -222,13 +216,9 @@ class IngestJob:
         rows = [(r.topic, r.partition, r.start, r.end) for r in plan.ranges]
         plan_df = self.spark.createDataFrame(rows, "topic string, partition int, start long, end long") \
             .repartition(len(rows))
-        reader = make_reader(
-            self.spec, self.kafka_conf, self.quarantined,
-            ingested_at_us=int(time.time() * 1_000_000),
-            fault_point=self.fault if self.fault in ("during_read", "task_failure") else None,
-            fault_dir=str(faults.marker_dir(self.platform.home, self.spec.name)) if self.fault else None,
-            driver_pid=os.getpid(),
-        )
+        reader = make_reader(self.spec, self.kafka_conf, self.quarantined,
+                             ingested_at_us=int(time.time() * 1_000_000),
+                             fault=faults.task_fault(self.platform.home, self.spec.name))
         return plan_df.mapInArrow(reader, ddl)
 
     def _summarise(self, df) -> tuple[dict[str, int], int, datetime | None]:
@@ -289,9 +279,11 @@ class IngestJob:
                 summary[offsets.K_GAPS] = offsets.encode_ranges(plan.gaps)
             rows = self.rows_for(table, df, tp, dead_letter)
             try:
-                with self._files_watch(table):
-                    if not dead_letter and faults.claim(self.platform.home, self.spec.name, "concurrent_commit"):
-                        self._concurrent_commit(table)
+                with faults.kill_when_files_appear(self.platform.home, self.spec.name,
+                                                   lambda: self._data_dir(table)):
+                    if faults.claim(self.platform.home, self.spec.name, "concurrent_commit"):
+                        key = self.spec.target.key[0] if self.spec.target.key else None
+                        faults.commit_concurrently(self.spark, self.catalog.load_table(table), key)
                     if self.spec.target.mode == "upsert" and not dead_letter:
                         self.merge_upsert(table, rows, summary)
                     else:
@@ -308,19 +300,11 @@ class IngestJob:
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))
                 continue
             committed = offsets.read_progress(self.catalog, table, self.spec.name)
-            if any(committed.positions.get(p, -1) < end for p, (_, end) in plan.range_map().items()):
-                # a MERGE with nothing to change may commit nothing: record the positions on their own
-                self._append_positions_only(table, summary)
-                committed = offsets.read_progress(self.catalog, table, self.spec.name)
             return TableCommit(table, row_count, committed.snapshot_id, attempt)
         raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
 
-    def _append_positions_only(self, table: str, summary: dict[str, str]) -> None:
-        empty = self.spark.createDataFrame([], self.spark.table(self.spec.qualified(table)).schema)
-        writer = empty.writeTo(self.spec.qualified(table))
-        for key, value in summary.items():
-            writer = writer.option(f"snapshot-property.{key}", value)
-        writer.append()
+    def _data_dir(self, table: str) -> Path:
+        return Path(urlparse(self.catalog.load_table(table).location()).path) / "data"
 
     def rows_for(self, table: str, df, tp: TableProgress, dead_letter: bool):
         """The batch's rows for `table`, minus offsets the table already holds, in the table's columns."""
@@ -376,62 +360,6 @@ class IngestJob:
                        f"WHEN MATCHED AND s._op = 'delete' AND {newer} THEN DELETE "
                        f"WHEN MATCHED AND s._op = 'upsert' AND {newer} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
-
-    def _concurrent_commit(self, table: str) -> None:
-        """Fault injection: another writer commits to `table` while this batch's write runs.
-
-        Once the write's first Spark stage is running (its snapshot is fixed), a pyiceberg client
-        deletes one existing row (a conflicting change for an upsert MERGE), or changes a table
-        property when the table is empty.
-        """
-        tracker = self.spark.sparkContext.statusTracker()
-        other = offsets.open_catalog(self.platform, self.spec.catalog).load_table(table)
-
-        def commit_when_running() -> None:
-            deadline = time.monotonic() + 60
-            while not tracker.getActiveStageIds() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            from pyiceberg.expressions import EqualTo
-
-            key = self.spec.target.key[0] if self.spec.target.key else None
-            victim = other.scan(selected_fields=(key,), limit=1).to_arrow().to_pylist() if key else []
-            if victim:
-                other.delete(EqualTo(key, victim[0][key]))
-            else:
-                with other.transaction() as tx:
-                    tx.set_properties({"lakehouse.test.concurrent-writer": str(time.time())})
-
-        threading.Thread(target=commit_when_running, daemon=True).start()
-
-    def _files_watch(self, table: str):
-        """With LAKEHOUSE_FAULT=after_files: kill -9 once the commit's data files exist, before it lands."""
-        job = self
-
-        class Watch:
-            def __enter__(self):
-                self.stop = threading.Event()
-                if faults.configured() != "after_files" or table == job.spec.dead_letter_table:
-                    return self
-                location = urlparse(job.catalog.load_table(table).location()).path
-                data_dir = Path(location) / "data"
-                before = set(data_dir.rglob("*.parquet")) if data_dir.exists() else set()
-
-                def watch():
-                    while not self.stop.is_set():
-                        if data_dir.exists() and set(data_dir.rglob("*.parquet")) - before:
-                            if faults.claim(job.platform.home, job.spec.name, "after_files"):
-                                faults.kill_process()
-                            return
-                        time.sleep(0.002)
-
-                threading.Thread(target=watch, daemon=True).start()
-                return self
-
-            def __exit__(self, *exc):
-                self.stop.set()
-                return False
-
-        return Watch()
 
     def sync_group_offsets(self) -> None:
         """Bring the consumer group up to the tables (after a crash between table and group commit)."""

@@ -13,7 +13,6 @@ that stops sees all its records land.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
@@ -22,7 +21,6 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from lakehouse import faults
 from lakehouse.offsets import OffsetRange, TableProgress
 from lakehouse.records import RecordValidator, Rejected
 from lakehouse.spec import PipelineSpec
@@ -127,6 +125,18 @@ def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = No
     finally:
         consumer.close()
     return TopicState(topic, topic_id, {p: PartitionState(p, earliest[p], ends[p]) for p in partitions})
+
+
+def topic_state_for(kafka_conf: dict, topic: str, progress: Iterable[TableProgress],
+                    timeout: float = 15.0) -> TopicState:
+    """`topic_state` probed from where the tables stand, checked against the topic id they recorded."""
+    progress = list(progress)
+    starts: dict[int, int] = {}
+    for tp in progress:
+        for p, pos in tp.positions.items():
+            starts[p] = max(starts.get(p, 0), pos)
+    expected = next((tp.topic_id for tp in progress if tp.topic_id), None)
+    return topic_state(kafka_conf, topic, starts, timeout=timeout, expected_id=expected)
 
 
 def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], timeout: float,
@@ -401,20 +411,11 @@ def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batc
 
 
 def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
-                batch_rows: int = 10_000, stall_timeout: float = 60.0, fault_point: str | None = None,
-                fault_dir: str | None = None, driver_pid: int | None = None):
-    """The function mapInArrow runs in each task: plan rows in, decoded batches out."""
+                batch_rows: int = 10_000, stall_timeout: float = 60.0, fault=None):
+    """The function mapInArrow runs in each task: plan rows in, decoded batches out.
 
-    def fault(point: str) -> None:
-        if fault_point != point or fault_dir is None:
-            return
-        marker = os.path.join(fault_dir, f"fired-{point}")
-        if os.path.exists(marker):
-            return  # a fault fires once, so the retry or the rerun can succeed
-        open(marker, "w").close()
-        if point == "task_failure":
-            raise RuntimeError("injected task failure (LAKEHOUSE_FAULT=task_failure)")
-        faults.kill_process(driver_pid)
+    `fault` (a faults.TaskFault) injects the tests' task-side faults.
+    """
 
     def read(plan_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         validator = RecordValidator(spec, quarantined)
@@ -425,10 +426,10 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
         try:
             for plan in plan_batches:
                 for row in plan.to_pylist():
-                    fault("task_failure")
+                    if fault is not None:
+                        fault("task_failure")
                     rng = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-                    yield from read_range(consumer, rng, builder, batch_rows, stall_timeout,
-                                          fault if fault_point == "during_read" else None)
+                    yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault)
         finally:
             consumer.close()
 

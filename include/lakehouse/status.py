@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from lakehouse import config, offsets
-from lakehouse.kafka_source import SourceError, topic_state
+from lakehouse.kafka_source import SourceError, topic_state_for
 from lakehouse.spec import PipelineSpec
 
 
@@ -58,12 +58,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     status["seconds_since_commit"] = round((now - max(commits)).total_seconds(), 1) if commits else None
     status["freshness_s"] = round((now - max(events)).total_seconds(), 1) if events else None
     try:
-        starts = {}
-        for tp in progress.values():
-            for p, o in tp.positions.items():
-                starts[p] = max(starts.get(p, 0), o)
-        expected = next((tp.topic_id for tp in progress.values() if tp.topic_id), None)
-        state = topic_state(platform.kafka(), spec.source.topic, starts, timeout=10.0, expected_id=expected)
+        state = topic_state_for(platform.kafka(), spec.source.topic, progress.values(), timeout=10.0)
     except SourceError as exc:
         status["kafka"] = {"error": str(exc)}
         return status
