@@ -8,6 +8,12 @@
     unique_topic_spec  make_spec() with no overrides
     consume_all        consume_all(topic, platform) -> list[Message], read with assign until partition EOF
     free_tcp_port      a TCP port nobody listens on
+    airflow_db         (session) `airflow db migrate` in the session's private AIRFLOW_HOME
+    run_dag            run_dag(dag_id, pipelines_dir, conf=None) -> DagRun: parse dags/ as Airflow does
+                       (import errors fail the test) and run the DAG with `dag.test()`
+
+Airflow reads its configuration when first imported, so `pytest_configure` points
+AIRFLOW_HOME (metadata DB, logs) at a private folder before any test module loads.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ import copy
 import os
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -27,10 +36,26 @@ import yaml
 
 from lakehouse import config, spec as spec_module, stack as stack_module
 
+config_module = config
+DAGS_FOLDER = config.REPO_ROOT / "dags"
+
 # Variables that would send tests to a user's real cluster, catalog or warehouse.
 _ISOLATED_PREFIXES = ("LAKEHOUSE_BOOTSTRAP_SERVERS", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE",
                       "LAKEHOUSE_KAFKA_", "LAKEHOUSE_FAULT")
 TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A private Airflow home per test session, set before anything imports airflow."""
+    home = Path(tempfile.mkdtemp(prefix="lakehouse-airflow-"))
+    os.environ.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(config_module.REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+    })
 
 
 def free_port() -> int:
@@ -220,3 +245,34 @@ def consume_everything(topic: str, platform: config.PlatformConfig, timeout: flo
 def consume_all() -> Callable[..., list]:
     """consume_all(topic, platform, timeout=30.0) -> every record of the topic, in partition order."""
     return consume_everything
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """The session's Airflow metadata DB, migrated with `airflow db migrate` as users do."""
+    airflow = Path(sys.executable).with_name("airflow")
+    done = subprocess.run([str(airflow), "db", "migrate"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(os.environ["AIRFLOW_HOME"])
+
+
+@pytest.fixture
+def run_dag(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """run_dag(dag_id, pipelines_dir, conf=None) -> the finished DagRun.
+
+    Parses the repository's dags/ folder with Airflow's DagBag while
+    LAKEHOUSE_PIPELINES_DIR points at `pipelines_dir` (so generated DAGs exist for the
+    test's specs), fails on any import error, then runs the DAG with `dag.test()`:
+    real task instances, XComs, deferrals and asset events in the session's metadata DB.
+    """
+    from airflow.dag_processing.dagbag import DagBag
+
+    def run(dag_id: str, pipelines_dir: Path | str, conf: dict | None = None):
+        monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(pipelines_dir))
+        bag = DagBag(str(DAGS_FOLDER))
+        assert not bag.import_errors, bag.import_errors
+        dag = bag.get_dag(dag_id)
+        assert dag is not None, f"no DAG {dag_id!r}; have {sorted(bag.dag_ids)}"
+        return dag.test(run_conf=conf)
+
+    return run

@@ -86,17 +86,6 @@ def _is_retryable(exc: BaseException) -> bool:
     return any(name in text for name in RETRYABLE_COMMIT_ERRORS)
 
 
-def event_time_field(spec: PipelineSpec) -> str | None:
-    """The column whose maximum tells freshness: the time-partition column, else the first timestamp."""
-    for p in spec.target.partition_by:
-        if p.transform in ("year", "month", "day", "hour"):
-            return p.column
-    for f in spec.contract.fields:
-        if f.type == "timestamp":
-            return f.name
-    return None
-
-
 class IngestJob:
     """Runs batches of one pipeline against the platform's Kafka and catalog."""
 
@@ -224,7 +213,7 @@ class IngestJob:
     def _summarise(self, df) -> tuple[dict[str, int], int, datetime | None]:
         from pyspark.sql import functions as F
 
-        ev = event_time_field(self.spec)
+        ev = self.spec.event_time_field
         agg = [F.count(F.lit(1)).alias("n")]
         agg.append(F.max(ev).alias("ev") if ev else F.lit(None).alias("ev"))
         rows = df.groupBy("_route").agg(*agg).collect()

@@ -29,6 +29,7 @@ SPARK_TYPES = {
 WIDENINGS = {("int", "long")}
 VALUE_FORMATS = ("json",)
 MODES = ("append", "upsert")
+TRIGGER_MODES = ("continuous", "scheduled")
 ADDITIVE_POLICIES = ("evolve", "fail")
 INCOMPATIBLE_POLICIES = ("fail", "quarantine")
 PARTITION_TRANSFORMS = ("identity", "year", "month", "day", "hour", "bucket", "truncate")
@@ -170,6 +171,40 @@ class SchemaPolicy:
 class TriggerSpec:
     interval_s: float = 5.0
     max_records_per_batch: int = 100_000
+    mode: str = "continuous"  # continuous: one long-running job; scheduled: `--once` on `schedule`
+    schedule: str = "*/5 * * * *"
+
+
+@dataclass(frozen=True)
+class SupervisionSpec:
+    """How the supervision DAG keeps a continuous job alive."""
+    hung_after_triggers: int = 12  # no commit within this many triggers while lag grows = hung
+    restart_backoff_s: float = 10.0  # first restart delay; doubles per restart
+    max_restarts: int = 5  # per supervision run, then the task fails and Airflow retries it
+
+
+@dataclass(frozen=True)
+class MaintenanceSpec:
+    schedule: str = "@hourly"
+    min_input_files: int = 5  # compact a partition only when it has at least this many small files
+    orphan_safety_window_s: float = 3 * 86400  # orphans younger than this are kept (in-flight commits)
+
+
+@dataclass(frozen=True)
+class RetentionSpec:
+    outage_budget_s: float = 86400.0  # the longest writer or catalog outage to survive
+    replay_window_s: float = 3 * 86400.0  # how far back replay and time travel must reach
+    delete_after_s: float | None = None  # data retention on the event-time column; None keeps rows
+
+
+@dataclass(frozen=True)
+class PublishSpec:
+    """Write-audit-publish: ingestion and maintenance commit to `main` (the audit branch); readers
+    use `branch`, fast-forwarded only after quality checks and SLOs pass, through `view`."""
+    branch: str = "published"
+    view: str | None = None  # namespace.view readers query; it selects from the published branch
+    schedule: str = "*/10 * * * *"
+    suite: str | None = None  # include/expectations/<suite>.json; None = the pipeline name
 
 
 @dataclass(frozen=True)
@@ -190,6 +225,11 @@ class PipelineSpec:
     schema_policy: SchemaPolicy
     trigger: TriggerSpec
     slo: SloSpec
+    supervision: SupervisionSpec = SupervisionSpec()
+    maintenance: MaintenanceSpec = MaintenanceSpec()
+    retention: RetentionSpec = RetentionSpec()
+    publish: PublishSpec = PublishSpec()
+    candidate_for: str | None = None  # the live pipeline this one is a candidate replacement of
     description: str = ""
 
     @property
@@ -202,6 +242,22 @@ class PipelineSpec:
     @property
     def consumer_group(self) -> str:
         return f"lakehouse-{self.name}"
+
+    @property
+    def event_time_field(self) -> str | None:
+        """The column whose maximum tells freshness (and that data retention ages rows by)."""
+        return event_time_column(self.contract, self.target.partition_by)
+
+
+def event_time_column(contract: Contract, partition_by: tuple[PartitionField, ...]) -> str | None:
+    """The time-partition column, else the contract's first timestamp column, else None."""
+    for p in partition_by:
+        if p.transform in ("year", "month", "day", "hour"):
+            return p.column
+    for f in contract.fields:
+        if f.type == "timestamp":
+            return f.name
+    return None
 
 
 class _Reader:
@@ -363,7 +419,8 @@ def _partition_field(r: _Reader, value: Any, where: str, contract: Contract) -> 
 def _parse(path: Path, raw: Any) -> PipelineSpec:
     r = _Reader(path)
     top = r.mapping(raw, "", {"name", "description", "source", "target", "dead_letter", "contract",
-                              "schema_policy", "trigger", "slo"})
+                              "schema_policy", "trigger", "slo", "supervision", "maintenance", "retention",
+                              "publish", "candidate_for"})
     if not top:
         raise r.fail("(file)", "is empty")
     name = r.string(r.required(top, "name", ""), "name", _IDENT, "use lower_snake_case")
@@ -441,8 +498,31 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         raise r.fail("dead_letter.table", f"{dead_letter_table!r} is also a data table")
 
     pol = r.mapping(top.get("schema_policy"), "schema_policy", {"on_additive", "on_incompatible"})
-    trig = r.mapping(top.get("trigger"), "trigger", {"interval", "max_records_per_batch"})
+    trig = r.mapping(top.get("trigger"), "trigger", {"interval", "max_records_per_batch", "mode", "schedule"})
     slo = r.mapping(top.get("slo"), "slo", {"freshness", "lag_records", "lag_seconds"})
+    sup = r.mapping(top.get("supervision"), "supervision", {"hung_after_triggers", "restart_backoff", "max_restarts"})
+    mnt = r.mapping(top.get("maintenance"), "maintenance", {"schedule", "min_input_files", "orphan_safety_window"})
+    ret = r.mapping(top.get("retention"), "retention", {"outage_budget", "replay_window", "delete_after"})
+    pub = r.mapping(top.get("publish"), "publish", {"branch", "view", "schedule", "suite"})
+    interval_s = r.duration(trig.get("interval", "5s"), "trigger.interval")
+    orphan_window = r.duration(mnt.get("orphan_safety_window", "3d"), "maintenance.orphan_safety_window")
+    if orphan_window < max(3600.0, 100 * interval_s):
+        raise r.fail("maintenance.orphan_safety_window",
+                     f"{orphan_window:g}s is too short: files of a commit still in flight would be deleted; "
+                     f"use at least 1h and 100 trigger intervals")
+    delete_after = ret.get("delete_after")
+    if delete_after is not None and event_time_column(contract, ()) is None:
+        raise r.fail("retention.delete_after", "needs a timestamp column in the contract to age rows by")
+    view = pub.get("view")
+    if view is not None:
+        view = r.table(view, "publish.view")
+        if view in (*target.tables, dead_letter_table):
+            raise r.fail("publish.view", f"{view!r} is a table this pipeline writes")
+    candidate_for = top.get("candidate_for")
+    if candidate_for is not None:
+        candidate_for = r.string(candidate_for, "candidate_for", _IDENT, "name the live pipeline")
+        if candidate_for == name:
+            raise r.fail("candidate_for", "a pipeline cannot be a candidate for itself")
     return PipelineSpec(
         name=name,
         path=str(path),
@@ -457,15 +537,39 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
                                      INCOMPATIBLE_POLICIES),
         ),
         trigger=TriggerSpec(
-            interval_s=r.duration(trig.get("interval", "5s"), "trigger.interval"),
+            interval_s=interval_s,
             max_records_per_batch=r.integer(trig.get("max_records_per_batch", 100_000),
                                             "trigger.max_records_per_batch", 1),
+            mode=r.choice(trig.get("mode", "continuous"), "trigger.mode", TRIGGER_MODES),
+            schedule=r.string(trig.get("schedule", "*/5 * * * *"), "trigger.schedule"),
         ),
         slo=SloSpec(
             freshness_s=r.duration(slo.get("freshness", "60s"), "slo.freshness"),
             lag_records=r.integer(slo.get("lag_records", 100_000), "slo.lag_records", 0),
             lag_s=r.duration(slo.get("lag_seconds", "60s"), "slo.lag_seconds"),
         ),
+        supervision=SupervisionSpec(
+            hung_after_triggers=r.integer(sup.get("hung_after_triggers", 12), "supervision.hung_after_triggers", 1),
+            restart_backoff_s=r.duration(sup.get("restart_backoff", "10s"), "supervision.restart_backoff"),
+            max_restarts=r.integer(sup.get("max_restarts", 5), "supervision.max_restarts", 0),
+        ),
+        maintenance=MaintenanceSpec(
+            schedule=r.string(mnt.get("schedule", "@hourly"), "maintenance.schedule"),
+            min_input_files=r.integer(mnt.get("min_input_files", 5), "maintenance.min_input_files", 2),
+            orphan_safety_window_s=orphan_window,
+        ),
+        retention=RetentionSpec(
+            outage_budget_s=r.duration(ret.get("outage_budget", "24h"), "retention.outage_budget"),
+            replay_window_s=r.duration(ret.get("replay_window", "3d"), "retention.replay_window"),
+            delete_after_s=None if delete_after is None else r.duration(delete_after, "retention.delete_after"),
+        ),
+        publish=PublishSpec(
+            branch=r.string(pub.get("branch", "published"), "publish.branch", _IDENT, "use lower_snake_case"),
+            view=view,
+            schedule=r.string(pub.get("schedule", "*/10 * * * *"), "publish.schedule"),
+            suite=None if pub.get("suite") is None else r.string(pub["suite"], "publish.suite", _IDENT),
+        ),
+        candidate_for=candidate_for,
     )
 
 

@@ -1,0 +1,35 @@
+"""What every generated DAG shares: the specs it is generated from, owners, tags, default args."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from lakehouse import spec as spec_module
+
+START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+OWNER = "data-platform"
+
+
+def pipelines() -> dict[str, spec_module.PipelineSpec]:
+    """Every declared pipeline; a broken spec raises, which Airflow shows as an import error."""
+    return spec_module.load_all()
+
+
+def default_args(**overrides) -> dict:
+    args = {"owner": OWNER, "retries": 1, "retry_delay": timedelta(seconds=30)}
+    args.update(overrides)
+    return args
+
+
+def tags(spec: spec_module.PipelineSpec, *extra: str) -> list[str]:
+    return ["lakehouse", f"pipeline:{spec.name}", *extra]
+
+
+def spec_doc(spec: spec_module.PipelineSpec) -> str:
+    """A Markdown block describing the pipeline, for DAG `doc_md`."""
+    return (f"**Pipeline** `{spec.name}`: {spec.description}\n\n"
+            f"- topic `{spec.source.topic}` ({spec.source.partitions} partitions) → "
+            f"table `{spec.qualified(spec.target.table)}` ({spec.target.mode}), "
+            f"dead letters `{spec.qualified(spec.dead_letter_table)}`\n"
+            f"- SLOs: freshness {spec.slo.freshness_s:g}s, lag {spec.slo.lag_records} records / {spec.slo.lag_s:g}s\n"
+            f"- spec file `{spec.path}`\n")
