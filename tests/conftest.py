@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from lakehouse import config, spec as spec_module, stack as stack_module
+from lakehouse_airflow.spark import spark_connection
 
 config_module = config
 DAGS_FOLDER = config.REPO_ROOT / "dags"
@@ -55,6 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW_CONN_SPARK_DEFAULT": spark_connection(),
     })
 
 
