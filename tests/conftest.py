@@ -4,6 +4,7 @@
                        variables that would point tests at a real cluster are removed meanwhile
     stack              (session) `stack.up()` in that home, yields its status; `stack.down(purge=True)` after
     platform           `config.load()` once the stack runs
+    spark              (session) the in-process Spark session with the Iceberg extensions and catalog `lake`
     make_spec          factory: make_spec(**overrides) -> PipelineSpec with unique name, topic and tables
     unique_topic_spec  make_spec() with no overrides
     consume_all        consume_all(topic, platform) -> list[Message], read with assign until partition EOF
@@ -19,6 +20,7 @@ AIRFLOW_HOME (metadata DB, logs) at a private folder before any test module load
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import signal
 import socket
@@ -47,7 +49,12 @@ TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A private Airflow home per test session, set before anything imports airflow."""
+    """A private Airflow home per test session, set before anything imports airflow.
+
+    Airflow turns the root logger up to INFO; py4j then logs its connection shutdown
+    from finalizers after pytest closed its streams, hence py4j stays at WARNING.
+    """
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     home = Path(tempfile.mkdtemp(prefix="lakehouse-airflow-"))
     os.environ.update({
         "AIRFLOW_HOME": str(home),
@@ -106,6 +113,17 @@ def stack(lakehouse_home: Path) -> dict:
     stack_module.down(purge=True)
 
 
+@pytest.fixture(scope="session")
+def spark(stack: dict):
+    """One in-process Spark session (Iceberg extensions, catalog `lake`) for the whole test session;
+    operators that open a session in-process under dag.test() get this one too."""
+    from lakehouse import sparkenv
+
+    session = sparkenv.session(config.load(), ["lake"], "lakehouse-tests")
+    yield session
+    session.stop()
+
+
 @pytest.fixture
 def platform(stack: dict) -> config.PlatformConfig:
     """The platform configuration a user's process would load once the stack is up."""
@@ -155,8 +173,9 @@ def make_spec(tmp_path: Path) -> Callable[..., spec_module.PipelineSpec]:
     """Factory for pipeline specs based on include/pipelines/orders.yaml, unique per call.
 
     Each call writes `<tmp_path>/pipelines/<name>.yaml` and returns the loaded
-    PipelineSpec with name `orders_<suffix>`, topic `orders-<suffix>` and tables
-    `raw.orders_<suffix>` / `raw.orders_<suffix>_dlq`. Overrides:
+    PipelineSpec with name `orders_<suffix>`, topic `orders-<suffix>`, tables
+    `raw.orders_<suffix>` / `raw.orders_<suffix>_dlq` and readers' view
+    `serve.orders_<suffix>` (quality suite `orders`). Overrides:
       - any top-level section as a dict, deep-merged: source={"partitions": 1},
         target={...}, contract={"fields": [...]}, slo={...}; a None value deletes a key;
       - shorthands: partitions, retention_ms, max_value_bytes, key, mode,
@@ -176,6 +195,7 @@ def make_spec(tmp_path: Path) -> Callable[..., spec_module.PipelineSpec]:
             "source": {"topic": f"orders-{suffix}"},
             "target": {"table": f"raw.orders_{suffix}"},
             "dead_letter": {"table": f"raw.orders_{suffix}_dlq"},
+            "publish": {"view": f"serve.orders_{suffix}", "suite": "orders"},
         })
         sections: dict[str, Any] = {}
         for key, value in overrides.items():

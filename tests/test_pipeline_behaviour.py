@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from e2e import pipeline, assert_exactly_once, lakehouse, rows, send, summaries, table
-from lakehouse import config, offsets, produce, sparkenv
+from lakehouse import offsets, produce
 from lakehouse.ingest import IngestJob
 from lakehouse.kafka_source import (OffsetGapError, PartitionState, TopicRecreatedError, TopicState, plan_batch,
                                     topic_state)
@@ -19,13 +19,6 @@ from lakehouse.offsets import TableProgress
 from lakehouse.spec import load_spec
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def spark(stack):
-    session = sparkenv.session(config.load(), ["lake"], "lakehouse-tests")
-    yield session
-    session.stop()
 
 
 def order(i: int, **changes) -> dict:

@@ -7,9 +7,12 @@
     lakehouse ingest --pipeline NAME --once      Kafka -> Iceberg, exactly once
     lakehouse replay --pipeline NAME ...         re-ingest offsets, a time range or dead letters
     lakehouse status [--pipeline NAME] [--json]  lag, recovery points, row and dead-letter counts
+    lakehouse airflow up|down|status [--json]    Airflow 3 (API server, scheduler, ...) for the embedded stack
+    lakehouse maintain --pipeline NAME           compact, expire snapshots, remove orphans (receipt per table)
+    lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
 
 Exit codes: 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the source needs
-attention (offset gap, topic recreated, topic missing).
+attention (offset gap, topic recreated, topic missing, retention too short).
 """
 
 from __future__ import annotations
@@ -106,10 +109,18 @@ def cmd_produce(args) -> int:
 
 
 def cmd_ingest(args) -> int:
-    from lakehouse.ingest import IngestJob, receipt_line
+    """One ingest process per pipeline (a second one would write the same offsets twice): the job
+    holds the pipeline's lock, or runs under its supervisor's."""
+    from lakehouse.ingest import IngestJob
+    from lakehouse.supervision import JobLock
 
     spec = load_pipeline(args.pipeline)
-    job = IngestJob(spec, accept_gap=args.accept_gap)
+    with JobLock.unless_supervised(config.load(), spec.name):
+        return _ingest(IngestJob(spec, accept_gap=args.accept_gap), args)
+
+
+def _ingest(job, args) -> int:
+    from lakehouse.ingest import receipt_line
 
     def show(receipt) -> None:
         if args.json:
@@ -145,9 +156,11 @@ def _time_ms(text: str) -> int:
 
 def cmd_replay(args) -> int:
     from lakehouse.ingest import IngestJob
-    from lakehouse.replay import Replay, parse_offset_ranges
+    from lakehouse.replay import Replay, ReplayError, parse_offset_ranges
 
     spec = load_pipeline(args.pipeline)
+    if args.into_table and args.dead_letters:
+        raise ReplayError("--into-table replays offsets or a time range, not dead letters")
     ranges = parse_offset_ranges(args.offsets) if args.offsets else None
     replay = Replay(IngestJob(spec))
     if args.dead_letters:
@@ -158,7 +171,18 @@ def cmd_replay(args) -> int:
         if not ranges:
             print("no records in that time range")
             return 0
-        receipt = replay.offsets(ranges)
+        receipt = replay.into_table(ranges, args.into_table) if args.into_table else replay.offsets(ranges)
+    if args.record_event:
+        from lakehouse import events
+
+        target = args.into_table or ", ".join(spec.target.tables)
+        inserted = sum(receipt.inserted_by_table.values())
+        events.record(events.Event(
+            spec.name, "backfill", "ok", f"{receipt.kind} of {receipt.records} records into {target}: "
+                                         f"{inserted} rows inserted",
+            metrics={"records": receipt.records, "inserted": inserted,
+                     "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds},
+            details={**receipt.to_json(), "target": target}), catalog=spec.catalog)
     if args.json:
         _print_json(receipt.to_json())
     else:
@@ -177,6 +201,58 @@ def cmd_status(args) -> int:
         _print_json(statuses if not args.pipeline else statuses[0])
     else:
         print(render(statuses))
+    return 0
+
+
+def cmd_maintain(args) -> int:
+    from lakehouse import maintenance
+
+    receipt = maintenance.run(load_pipeline(args.pipeline), run_id=args.run_id)
+    if args.json:
+        print(json.dumps(receipt.to_json(), separators=(",", ":"), default=str), flush=True)
+    else:
+        for table in receipt.tables:
+            print(f"{table.status:<8} {table.message}")
+    return 0 if receipt.ok else EXIT_FAILURE
+
+
+def cmd_retention(args) -> int:
+    from lakehouse import retention
+
+    report = retention.align(load_pipeline(args.pipeline))
+    if args.json:
+        print(json.dumps(report.to_json(), separators=(",", ":"), default=str), flush=True)
+    else:
+        print(f"{report.status:<8} {report.message}")
+    return EXIT_SOURCE if report.status == "failed" else 0
+
+
+def print_airflow_login(result: dict, indent: str = "") -> None:
+    """The Airflow URL, the pipelines page and the login, as `airflow up` and the demo print them."""
+    print(f"{indent}airflow    {result['url']}  (user {result['user']}, password {result['password']}; "
+          f"kept in {result['password_file']})")
+    print(f"{indent}pipelines  {result['page']}")
+
+
+def cmd_airflow(args) -> int:
+    from lakehouse import airflow_stack
+
+    if args.action == "up":
+        result = airflow_stack.up(port=args.port)
+    elif args.action == "down":
+        result = {"stopped": airflow_stack.down()}
+    else:
+        result = airflow_stack.status()
+    if args.json:
+        _print_json(result)
+    elif args.action == "down":
+        stopped = result["stopped"]
+        print("airflow stopped: "
+              + (", ".join(f"{c} (pid {p})" for c, p in stopped.items()) or "nothing was running"))
+    else:
+        print_airflow_login(result)
+        for component, pid in result["running"].items():
+            print(f"{component:<14} {'pid ' + str(pid) if pid else 'NOT running'}  log {result['logs'][component]}")
     return 0
 
 
@@ -229,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--dead-letters", action="store_true", help="decode dead letters again with the contract")
     p.add_argument("--to-time", type=_time_ms, help="ISO-8601 end of the time range (default: now)")
     p.add_argument("--error-kind", help="with --dead-letters: only this error kind")
+    p.add_argument("--into-table", help="write the range's valid records into this namespace.table instead of "
+                                        "the pipeline's tables (created from the contract if missing)")
+    p.add_argument("--record-event", action="store_true",
+                   help="record the result as a `backfill` event on the ops timeline")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_replay)
 
@@ -236,6 +316,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("airflow", help="start, stop or inspect Airflow for the embedded stack")
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--port", type=int, help="API server port for `up` (default 8080 or LAKEHOUSE_AIRFLOW_PORT)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_airflow)
+
+    p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots and remove orphan files")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--run-id", help="tag for this run's `maintenance` events (default: random)")
+    p.add_argument("--json", action="store_true", help="the receipt as one JSON line")
+    p.set_defaults(fn=cmd_maintain)
+
+    p = sub.add_parser("retention", help="check Kafka retention covers lag, outages and the replay window; "
+                                         "apply data retention")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_retention)
     return parser
 
 
@@ -244,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    from lakehouse.airflow_stack import AirflowStackError
     from lakehouse.kafka_source import SourceError
     from lakehouse.replay import ReplayError
+    from lakehouse.supervision import JobAlreadyRunningError
     from lakehouse.tables import SchemaIncompatibleError
 
     try:
@@ -253,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, UnknownPipelineError, config.ConfigError, ReplayError, SchemaIncompatibleError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except (AirflowStackError, JobAlreadyRunningError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     except SourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SOURCE

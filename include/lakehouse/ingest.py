@@ -210,11 +210,12 @@ class IngestJob:
                              fault=faults.task_fault(self.platform.home, self.spec.name))
         return plan_df.mapInArrow(reader, ddl)
 
-    def _summarise(self, df) -> tuple[dict[str, int], int, datetime | None]:
+    def _summarise(self, df) -> tuple[dict[str, int], int, datetime | None, datetime | None]:
+        """Rows per table, dead letters, the newest event time and the oldest Kafka timestamp read."""
         from pyspark.sql import functions as F
 
         ev = self.spec.event_time_field
-        agg = [F.count(F.lit(1)).alias("n")]
+        agg = [F.count(F.lit(1)).alias("n"), F.min("_kafka.timestamp").alias("kt")]
         agg.append(F.max(ev).alias("ev") if ev else F.lit(None).alias("ev"))
         rows = df.groupBy("_route").agg(*agg).collect()
         counts = {r["_route"]: r["n"] for r in rows}
@@ -223,10 +224,14 @@ class IngestJob:
         newest = max(times) if times else None
         if newest is not None and newest.tzinfo is None:
             newest = newest.replace(tzinfo=timezone.utc)
-        return counts, dead, newest
+        read = [r["kt"] for r in rows if r["kt"] is not None]
+        oldest = min(read) if read else None
+        if oldest is not None and oldest.tzinfo is None:
+            oldest = oldest.replace(tzinfo=timezone.utc)
+        return counts, dead, newest, oldest
 
     def _commit_all(self, df, plan: BatchPlan, batch_id: str) -> BatchReceipt:
-        counts, dead, newest = self._summarise(df)
+        counts, dead, newest, oldest = self._summarise(df)
         receipt = BatchReceipt(pipeline=self.spec.name, batch_id=batch_id, ranges=plan.range_map(),
                                records=plan.record_count, rows_by_table={t: counts.get(t, 0)
                                                                          for t in self.spec.target.tables},
@@ -234,14 +239,16 @@ class IngestJob:
         # every table commits every batch, even with no rows: its position must move with the
         # batch, or a restart (and every later batch) would read again from where it stood
         for table in self.spec.target.tables:
-            receipt.commits.append(self._commit_table(table, df, plan, batch_id, newest, counts.get(table, 0)))
+            receipt.commits.append(self._commit_table(table, df, plan, batch_id, newest, counts.get(table, 0),
+                                                      oldest))
         if faults.claim(self.platform.home, self.spec.name, "after_table_commit"):
             faults.kill_process()
-        receipt.commits.append(self._commit_table(self.spec.dead_letter_table, df, plan, batch_id, None, dead))
+        receipt.commits.append(self._commit_table(self.spec.dead_letter_table, df, plan, batch_id, None, dead,
+                                                  oldest))
         return receipt
 
     def _commit_table(self, table: str, df, plan: BatchPlan, batch_id: str, newest: datetime | None,
-                      row_count: int) -> TableCommit:
+                      row_count: int, oldest_read: datetime | None = None) -> TableCommit:
         """One atomic commit of this batch's rows for `table`, retried on conflicts with other writers."""
         dead_letter = table == self.spec.dead_letter_table
         last_error: BaseException | None = None
@@ -266,6 +273,9 @@ class IngestJob:
                 summary[offsets.K_MAX_EVENT_TIME] = newest.isoformat()
             if plan.gaps:
                 summary[offsets.K_GAPS] = offsets.encode_ranges(plan.gaps)
+            if oldest_read is not None:
+                # commit time minus this is how long Kafka had to hold the batch (retention alignment)
+                summary[offsets.K_MIN_KAFKA_TIME] = oldest_read.isoformat()
             rows = self.rows_for(table, df, tp, dead_letter)
             try:
                 with faults.kill_when_files_appear(self.platform.home, self.spec.name,

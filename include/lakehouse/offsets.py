@@ -31,6 +31,7 @@ K_POSITIONS = PREFIX + "positions"  # {"partition": next offset} after this comm
 K_BATCH = PREFIX + "batch-id"
 K_MAX_EVENT_TIME = PREFIX + "max-event-time"
 K_GAPS = PREFIX + "gaps"            # {"partition": [start, end)} aged out of Kafka before ingestion
+K_MIN_KAFKA_TIME = PREFIX + "min-kafka-time"  # oldest Kafka timestamp read by the batch (ingest only)
 
 
 @dataclass(frozen=True, order=True)

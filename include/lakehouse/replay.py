@@ -10,15 +10,17 @@ replayed ranges under `lakehouse.kind=replay`.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from lakehouse import offsets, sparkenv
+from lakehouse import offsets, sparkenv, tables
 from lakehouse.ingest import IngestJob
 from lakehouse.kafka_source import BatchPlan, batch_schema, make_redecoder, offsets_for_time
 from lakehouse.offsets import OffsetRange, TableProgress
 
+TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*")  # as tables in specs
 COORDS = ("t._kafka.topic = s._kafka.topic AND t._kafka.partition = s._kafka.partition "
           "AND t._kafka.offset = s._kafka.offset")
 
@@ -85,6 +87,54 @@ class Replay:
     def offsets(self, ranges: dict[int, tuple[int, int]]) -> ReplayReceipt:
         """Re-ingest `ranges` (partition -> [start, end)); raises ReplayError for ranges it cannot serve."""
         started = time.monotonic()
+        plan = self.plan(ranges)
+        df = self.job.read_plan(plan).persist()
+        try:
+            receipt = ReplayReceipt(self.spec.name, "replay", plan.range_map(), plan.record_count)
+            self._write(df, receipt, dead_letters_from_kafka=True)
+        finally:
+            df.unpersist()
+        receipt.seconds = time.monotonic() - started
+        return receipt
+
+    def into_table(self, ranges: dict[int, tuple[int, int]], table: str) -> ReplayReceipt:
+        """Write the valid records of `ranges` into `table` (namespace.table), not the pipeline's tables.
+
+        The table is created from the contract when missing (evolved like the pipeline's
+        tables when it exists) and takes the rows of every route; rows are inserted only
+        if their source coordinates are absent (upsert tables merge by key), so repeated
+        runs add nothing. Dead letters stay where ingestion put them. Raises ReplayError
+        for ranges it cannot serve or when `table` is one of the pipeline's own tables.
+        """
+        from pyspark.sql import functions as F
+
+        if not TABLE_NAME.fullmatch(table):
+            raise ReplayError(f"{table!r} is not a table name: use namespace.table in lower case, e.g. raw.orders_v2")
+        if table in (*self.spec.target.tables, self.spec.dead_letter_table):
+            raise ReplayError(f"{table} is a table of pipeline {self.spec.name}; replay in place instead")
+        started = time.monotonic()
+        plan = self.plan(ranges)
+        into = replace(self.spec, target=replace(self.spec.target, table=table, fanout=None))
+        tables.ensure_tables(self.spark, self.job.catalog, into)
+        # every valid record is routed to `table`; columns the live tables quarantine stay empty there too
+        df = self.job.read_plan(plan).withColumn(
+            "_route", F.when(F.col("_route").isNotNull(), F.lit(table))).persist()
+        try:
+            receipt = ReplayReceipt(self.spec.name, "replay", plan.range_map(), plan.record_count)
+            rows = self.job.rows_for(table, df, TableProgress(table, True), dead_letter=False)
+            receipt.inserted_by_table[table] = self._absent(rows, table).count()
+            if self.spec.target.mode == "upsert":
+                self.job.merge_upsert(table, rows, self._summary(receipt))
+            else:
+                self._insert_absent(table, rows, self._summary(receipt))
+        finally:
+            df.unpersist()
+        receipt.seconds = time.monotonic() - started
+        return receipt
+
+    def plan(self, ranges: dict[int, tuple[int, int]]) -> BatchPlan:
+        """The read plan of `ranges`; raises ReplayError for a partition the topic lacks, offsets that
+        aged out of Kafka, or a range past the pipeline's committed position."""
         progress = self.job.progress()
         state = self.job.topic_state(progress)
         for p, (s, e) in sorted(ranges.items()):
@@ -99,17 +149,9 @@ class Replay:
                 raise ReplayError(
                     f"partition {p}: range [{s}, {e}) goes past the pipeline's committed position {committed}; "
                     f"records from there on are the live ingestion's to write (run `lakehouse ingest --once`)")
-        plan = BatchPlan(topic=self.spec.source.topic, topic_id=state.topic_id,
+        return BatchPlan(topic=self.spec.source.topic, topic_id=state.topic_id,
                          ranges=tuple(OffsetRange(self.spec.source.topic, p, s, e) for p, (s, e) in
                                       sorted(ranges.items())), ends={p: ps.end for p, ps in state.partitions.items()})
-        df = self.job.read_plan(plan).persist()
-        try:
-            receipt = ReplayReceipt(self.spec.name, "replay", plan.range_map(), plan.record_count)
-            self._write(df, receipt, dead_letters_from_kafka=True)
-        finally:
-            df.unpersist()
-        receipt.seconds = time.monotonic() - started
-        return receipt
 
     def dead_letters(self, error_kind: str | None = None) -> ReplayReceipt:
         """Decode dead letters again with the current contract; those now valid move to their table."""

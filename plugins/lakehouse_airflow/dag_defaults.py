@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from airflow.sdk import DAG
+
 from lakehouse import spec as spec_module
 
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -33,3 +35,20 @@ def spec_doc(spec: spec_module.PipelineSpec) -> str:
             f"dead letters `{spec.qualified(spec.dead_letter_table)}`\n"
             f"- SLOs: freshness {spec.slo.freshness_s:g}s, lag {spec.slo.lag_records} records / {spec.slo.lag_s:g}s\n"
             f"- spec file `{spec.path}`\n")
+
+
+def pipeline_dag(spec: spec_module.PipelineSpec, kind: str, *, schedule, doc: str, extra_tags: tuple[str, ...] = (),
+                 retries: int | None = None, **kwargs) -> DAG:
+    """The DAG `<pipeline>_<kind>`: one run at a time, no catch-up, owner, tags and `doc_md` (the
+    DAG file's `doc` followed by the pipeline's description)."""
+    return DAG(
+        dag_id=f"{spec.name}_{kind}",
+        schedule=schedule,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args=default_args() if retries is None else default_args(retries=retries),
+        tags=tags(spec, kind, *extra_tags),
+        doc_md=doc + "\n" + spec_doc(spec),
+        **kwargs,
+    )

@@ -14,8 +14,6 @@ import os
 import sys
 from pathlib import Path
 
-import pyspark
-
 from lakehouse import config
 from lakehouse.spec import PipelineSpec
 
@@ -25,22 +23,19 @@ CONN_ID = "spark_default"
 FORWARDED_ENV_PREFIXES = ("LAKEHOUSE_", "PYSPARK_")
 
 
-def spark_home() -> str:
-    """The Spark distribution inside the pyspark package (bin/spark-submit lives there)."""
-    return str(Path(pyspark.__file__).parent)
-
-
 def spark_connection(master: str | None = None) -> str:
     """The JSON of a `spark` connection to `master` (default: LAKEHOUSE_SPARK_MASTER or local[2])."""
-    return json.dumps({"conn_type": "spark", "host": master or config.load().spark_master,
-                       "extra": {"spark-home": spark_home()}})
+    # provider 5.x refuses a `spark-home` extra: spark-submit is found on PATH (see submit_kwargs)
+    return json.dumps({"conn_type": "spark", "host": master or config.load().spark_master})
 
 
 def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_ID) -> dict:
     """Keyword arguments for SparkSubmitOperator running `spark_jobs/<job>.py --pipeline <name> ARGS`."""
     python = sys.executable
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
-    env.update(PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", python),
+    # spark-submit ships with pyspark next to this interpreter; the hook looks it up on this PATH
+    env.update(PATH=os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
+               PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", python),
                PYSPARK_DRIVER_PYTHON=env.get("PYSPARK_DRIVER_PYTHON", python),
                LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent))
     return dict(

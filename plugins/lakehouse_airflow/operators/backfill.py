@@ -1,0 +1,57 @@
+"""Backfill operators: plan a backfill from the DAG's form, then run it through spark-submit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from lakehouse import backfill, spec as spec_module
+from lakehouse_airflow.hooks import LakehouseHook
+
+
+class BackfillPlanOperator(BaseOperator):
+    """Validates the run's params (the backfill form) for pipeline `pipeline` and plans the backfill.
+
+    Fails with a message naming the field (unknown partition, start after end, a range past
+    the committed position, a bad or live candidate table). Templated fields: none.
+    XCom (return value): the plan, `lakehouse.backfill.BackfillPlan.to_json()`: target_table,
+    ranges, offsets, records, dry_run, notes, job_args.
+    """
+
+    def __init__(self, *, pipeline: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+
+    def execute(self, context: Any) -> dict:
+        hook = LakehouseHook(self.pipeline)
+        request = backfill.parse_request(dict(context["params"]),
+                                         backfill.live_tables(spec_module.load_all()))
+        planned = backfill.plan(hook.spec, request, hook.platform).to_json()
+        self.log.info("backfill plan: %s", planned)
+        return planned
+
+
+class BackfillSparkSubmitOperator(SparkSubmitOperator):
+    """Runs the replay job with the arguments of the plan that task `plan_task_id` pushed.
+
+    Skipped for a dry run and for an empty plan. The job inserts only absent rows and records a
+    `backfill` event with what it inserted. Templated fields: those of SparkSubmitOperator.
+    XCom: none.
+    """
+
+    def __init__(self, *, plan_task_id: str = "plan", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.plan_task_id = plan_task_id
+
+    def execute(self, context: Any) -> None:
+        planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
+        if planned["dry_run"]:
+            raise AirflowSkipException(f"dry run: would write {planned['records']} records to "
+                                       f"{planned['target_table']} ({planned['offsets'] or 'no ranges'})")
+        if not planned["job_args"]:
+            raise AirflowSkipException("nothing to backfill: " + "; ".join(planned["notes"]))
+        self.application_args = [*(self.application_args or []), *planned["job_args"]]
+        super().execute(context)

@@ -1,0 +1,171 @@
+"""Table maintenance compacts small files without changing a row, while ingestion keeps committing,
+and snapshot expiry never takes the snapshot ingestion resumes from nor the readers' branch."""
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from e2e import pipeline, assert_exactly_once, rows, send, table  # noqa: F401 (fixture)
+from lakehouse import events, maintenance, offsets, produce
+from lakehouse.ingest import IngestJob
+
+pytestmark = pytest.mark.slow
+
+
+def xcom(run, task_id: str, key: str = "return_value"):
+    """The XCom `key` that task `task_id` pushed in DAG run `run`."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id,
+                                                 key=key).one()
+        return XComModel.deserialize_value(row)
+
+
+def order(i: int, status: str) -> tuple[bytes, bytes]:
+    record = {"order_id": f"ord-{i}", "customer_id": "c-1", "amount": float(i), "currency": "EUR",
+              "status": status, "event_time": "2026-11-20T12:00:00+00:00"}
+    return record["order_id"].encode(), json.dumps(record).encode()
+
+
+def task_states(run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def small_batches(spec, job: IngestJob, batches: int, records: int) -> None:
+    """`batches` commits of `records` records each: several small files per table."""
+    for seed in range(batches):
+        produce.produce(spec, records, bad_ratio=0.1, seed=100 + seed)
+        assert job.run_once()
+
+
+def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, pipeline, run_dag, make_spec):
+    spec = pipeline(partition_by=[])
+    job = IngestJob(spec)
+    small_batches(spec, job, 4, 50)
+    before = table(platform, spec, spec.target.table)
+    files_before = int(offsets.summary_properties(before.current_snapshot())["total-data-files"])
+    assert files_before >= spec.maintenance.min_input_files
+
+    # ingestion keeps producing and committing for as long as the maintenance DAG runs
+    stop, commit_times, errors = threading.Event(), [], []
+
+    def ingest_meanwhile() -> None:
+        seed = 1000
+        try:
+            while not stop.is_set():
+                seed += 1
+                produce.produce(spec, 20, bad_ratio=0.1, seed=seed)
+                for _ in job.run_once():
+                    commit_times.append(time.time())
+        except BaseException as exc:  # surfaced in the test thread
+            errors.append(exc)
+
+    ingester = threading.Thread(target=ingest_meanwhile, daemon=True)
+    ingester.start()
+    started = time.time()
+    run = run_dag(f"{spec.name}_maintenance", make_spec.directory)
+    finished = time.time()
+    stop.set()
+    ingester.join(timeout=300)
+    assert not errors, errors
+
+    assert run.state == "success"
+    assert task_states(run) == {"maintain_tables": "success"}
+    receipt = xcom(run, "maintain_tables")
+    assert receipt["ok"] and receipt["pipeline"] == spec.name
+    by_table = {t["table"]: t for t in receipt["tables"]}
+    assert set(by_table) == {spec.qualified(spec.target.table), spec.qualified(spec.dead_letter_table)}
+    data = by_table[spec.qualified(spec.target.table)]
+    assert data["status"] == "ok"
+    assert data["data_files_after"] < data["data_files_before"]
+    assert data["rewritten_data_files"] >= spec.maintenance.min_input_files
+    assert data["rows_after"] == data["rows_before"] > 0
+    assert data["checksum_after"] == data["checksum_before"] != "0"
+    assert data["content_unchanged"] and data["compactions"]
+    # the same receipt is on the ops timeline, one event per table
+    recorded = [e for e in events.recent(spec.name, "maintenance", platform=platform)
+                if e["details"]["run_id"] == receipt["run_id"]]
+    assert len(recorded) == 2 and all(e["status"] == "ok" for e in recorded)
+    assert {e["metrics"]["data_files_after"] for e in recorded} == {t["data_files_after"] for t in by_table.values()}
+
+    # ingestion did commit while the maintenance job ran, and nothing was lost or duplicated
+    assert any(started < t < finished for t in commit_times), (started, finished, commit_times)
+    job.run_once()
+    total = assert_exactly_once(platform, spec)
+    # and it resumes from where the tables say, after compaction
+    produce.produce(spec, 40, seed=7)
+    assert sum(r.records for r in job.run_once()) == 40
+    assert assert_exactly_once(platform, spec) == total + 40
+
+
+def test_expiry_keeps_the_resume_snapshot_and_the_published_branch(platform, pipeline):
+    spec = pipeline(retention={"replay_window": "1s"}, maintenance={"orphan_safety_window": "1h"})
+    job = IngestJob(spec)
+    small_batches(spec, job, 5, 20)
+    data = table(platform, spec, spec.target.table)
+    first_ingest = min(data.snapshots(), key=lambda s: s.timestamp_ms).snapshot_id
+    job.spark.sql(f"ALTER TABLE {spec.qualified(spec.target.table)} CREATE BRANCH published "
+                  f"AS OF VERSION {first_ingest}")
+    progress = offsets.read_progress(job.catalog, spec.target.table, spec.name)
+
+    # a file no snapshot references: old enough to be an orphan, and one that might be a commit in flight
+    data_dir = Path(urlparse(data.location()).path) / "data"
+    old_orphan, fresh_orphan = data_dir / "crashed-attempt.parquet", data_dir / "in-flight.parquet"
+    for path in (old_orphan, fresh_orphan):
+        path.write_bytes(b"PAR1 not referenced by any snapshot")
+    two_hours_ago = time.time() - 7200
+    os.utime(old_orphan, (two_hours_ago, two_hours_ago))
+    time.sleep(1.5)  # every ingest snapshot is now older than the replay window
+
+    receipt = maintenance.run(spec, platform, spark=job.spark)
+    assert receipt.ok, [t.message for t in receipt.tables]
+    data_receipt = receipt.tables[0]
+    assert data_receipt.snapshots_expired > 0
+    assert data_receipt.positions_snapshot_id == progress.snapshot_id
+    assert data_receipt.orphans_removed == 1
+    assert not old_orphan.exists() and fresh_orphan.exists()
+
+    data = table(platform, spec, spec.target.table)
+    kept = {s.snapshot_id for s in data.snapshots()}
+    assert first_ingest in kept and data.metadata.refs["published"].snapshot_id == first_ingest
+    after = offsets.read_progress(job.catalog, spec.target.table, spec.name)
+    assert after.snapshot_id == progress.snapshot_id and after.positions == progress.positions
+    # time travel to the published branch still reads its rows
+    published = job.spark.sql(f"SELECT count(*) AS n FROM {spec.qualified(spec.target.table)} "
+                              f"VERSION AS OF 'published'").collect()[0]["n"]
+    assert published > 0
+
+    # ingestion resumes exactly where it stood
+    produce.produce(spec, 25, seed=99)
+    assert sum(r.records for r in job.run_once()) == 25
+    assert assert_exactly_once(platform, spec) == 5 * 20 + 25
+
+
+def test_upsert_tables_are_compacted_with_their_deletes_applied(platform, pipeline):
+    spec = pipeline(mode="upsert", table_key=["order_id"], partition_by=[], maintenance={"min_input_files": 2})
+    job = IngestJob(spec)
+    for status in ("created", "paid", "shipped"):  # the same orders again: merge-on-read delete files
+        send(platform, spec.source.topic, [order(i, status) for i in range(40)])
+        assert job.run_once()
+    before = table(platform, spec, spec.target.table)
+    assert int(offsets.summary_properties(before.current_snapshot())["total-delete-files"]) > 0
+
+    receipt = maintenance.run(spec, platform, spark=job.spark)
+    assert receipt.ok, [t.message for t in receipt.tables]
+    data = receipt.tables[0]
+    assert data.delete_files_after < data.delete_files_before
+    assert data.data_files_after < data.data_files_before
+    assert data.rows_after == data.rows_before and data.checksum_after == data.checksum_before
+    send(platform, spec.source.topic, [order(100 + i, "created") for i in range(10)])
+    assert sum(r.records for r in job.run_once()) == 10
+    latest = rows(platform, spec, spec.target.table)  # the newest record per key, as before compaction
+    assert len(latest) == 40 + 10
+    mine = [r for r in latest if r["order_id"] in {f"ord-{i}" for i in range(40)}]
+    assert len(mine) == 40 and all(r["status"] == "shipped" for r in mine)
