@@ -6,6 +6,7 @@ a CLI, a sensor or a UI page.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 
 from lakehouse import config, offsets
@@ -50,6 +51,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         "dead_letters": progress[spec.dead_letter_table].total_records,
         "kafka": None,
         "lag_records": None,
+        "lag_s": None,
     }
     commits = [tp.committed_at for tp in data if tp.committed_at]
     events = [tp.max_event_time for tp in data if tp.max_event_time]
@@ -67,9 +69,44 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         committed = min((progress[t].positions.get(p, ps.earliest) for t in spec.target.tables), default=0)
         partitions.append({"partition": p, "earliest": ps.earliest, "end": ps.end, "committed": committed,
                            "lag": max(0, ps.end - committed)})
+    oldest = _record_timestamps(platform.kafka(), spec.source.topic,
+                                {p["partition"]: max(p["committed"], p["earliest"]) for p in partitions if p["lag"]})
+    for p in partitions:
+        ts = oldest.get(p["partition"])
+        p["lag_s"] = 0.0 if not p["lag"] else None if ts is None else round(max(0.0, now.timestamp() - ts / 1000), 1)
     status["kafka"] = {"topic_id": state.topic_id, "partitions": partitions}
     status["lag_records"] = sum(p["lag"] for p in partitions)
+    # lag in seconds: age of the oldest record not yet in the tables (0 when caught up)
+    ages = [p["lag_s"] for p in partitions]
+    status["lag_s"] = None if None in ages else max(ages, default=0.0)
     return status
+
+
+def _record_timestamps(kafka_conf: dict, topic: str, starts: dict[int, int], timeout: float = 10.0) -> dict[int, int]:
+    """Kafka timestamp (ms) of the record at `starts[p]` per partition; partitions that return none
+    within `timeout` seconds are left out."""
+    if not starts:
+        return {}
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**kafka_conf, "group.id": "lakehouse-status", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    found: dict[int, int] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        deadline = time.monotonic() + timeout
+        pending = set(starts)
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=len(pending), timeout=0.5):
+                p = msg.partition()
+                if p not in pending:
+                    continue
+                if msg.error() is None:
+                    found[p] = msg.timestamp()[1]
+                pending.discard(p)  # a record or end-of-partition: either way done with p
+    finally:
+        consumer.close()
+    return found
 
 
 def _age(seconds: float | None) -> str:

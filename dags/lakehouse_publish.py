@@ -1,0 +1,37 @@
+"""Write-audit-publish, one DAG per pipeline: new data reaches readers only after it passed.
+
+`quality` validates the rows ingested into `main` since the last publication with the
+pipeline's expectation suite (a failure stops here: `main` keeps the rows, readers
+keep the published branch; Data Docs and the offending offsets are in the task log and
+the `quality` event). `freshness` and `lag` wait (deferred) until the pipeline is inside
+its SLOs. `publish` fast-forwards the readers' branch to exactly the audited snapshots
+and emits an asset event per table, which downstream DAGs can schedule on.
+
+A failed audit blocks every later publication too (each audit covers everything since the
+last publication): fix or delete the offending rows on `main` (the `quality` event names
+their topic, partition and offset) and the next run audits and publishes again.
+"""
+
+from __future__ import annotations
+
+from lakehouse_airflow.dag_defaults import pipeline_dag, pipelines
+from lakehouse_airflow.operators.publish import PublishOperator, table_assets
+from lakehouse_airflow.operators.quality import QualityOperator
+from lakehouse_airflow.sensors import FreshnessSensor, LagSensor
+
+for _spec in pipelines().values():
+    with pipeline_dag(
+        _spec, "publish",
+        schedule=_spec.publish.schedule,
+        extra_tags=("quality",),
+        doc=__doc__ + f"\n- readers' branch `{_spec.publish.branch}`"
+        + (f", view `{_spec.qualified(_spec.publish.view)}`" if _spec.publish.view else "")
+        + f"; suite `include/expectations/{_spec.publish.suite or _spec.name}.json`\n",
+    ):
+        _audit = QualityOperator(task_id="quality", pipeline=_spec.name)
+        # wait up to 5 minutes for the SLOs; a miss fails this run and the next scheduled run retries
+        _gates = [Sensor(task_id=kind, pipeline=_spec.name, poke_interval=10, timeout=300, retries=0)
+                  for kind, Sensor in (("freshness", FreshnessSensor), ("lag", LagSensor))]
+        _publish = PublishOperator(task_id="publish", pipeline=_spec.name, quality_task_id="quality",
+                                   outlets=table_assets(_spec))
+        _audit >> _gates >> _publish

@@ -1,0 +1,155 @@
+"""The publish in write-audit-publish: move the readers' branch to exactly the audited snapshot.
+
+Ingestion and maintenance commit to `main` (the audit branch). Readers read the
+branch `spec.publish.branch` (default `published`) through the Iceberg view
+`spec.publish.view`, e.g.
+
+    CREATE VIEW lake.serve.orders AS SELECT * FROM lake.raw.orders VERSION AS OF 'published'
+
+`publish(spec, snapshots)` fast-forwards that branch of every data table to the
+snapshot id the audit pinned (not to whatever `main` is by now: ingestion keeps
+committing), with a compare-and-set on the branch head so a concurrent publisher
+cannot be overwritten. It refuses when the audited snapshot does not descend from
+the current published head (a rollback of `main`, an out-of-order run) or is no
+longer on `main`. The first publication creates the branch and the view; a
+fan-out table `ns.t` gets the view `<view namespace>.t`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from pyiceberg.catalog.sql import IcebergTables
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from lakehouse import config, events, offsets
+from lakehouse.quality import is_ancestor
+from lakehouse.spec import PipelineSpec
+
+
+class PublishError(RuntimeError):
+    """The branch was not moved: nothing audited, an unknown snapshot, or a lost race."""
+
+
+class NotADescendantError(PublishError):
+    """The audited snapshot does not descend from the published head (or left `main`): publishing it
+    would make readers lose data they have already seen."""
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    table: str
+    snapshot_id: int
+    previous_snapshot_id: int | None  # the branch head before; None when this publication created it
+    view: str | None  # catalog.namespace.view readers query, when the spec declares one
+
+    @property
+    def moved(self) -> bool:
+        return self.previous_snapshot_id != self.snapshot_id
+
+
+def view_name(spec: PipelineSpec, table: str) -> str | None:
+    """The view (namespace.name) readers use for `table`: spec.publish.view for the default table,
+    the same namespace with the table's own name for a fan-out table, None without a view."""
+    if spec.publish.view is None:
+        return None
+    if table == spec.target.table:
+        return spec.publish.view
+    return f"{spec.publish.view.split('.')[0]}.{table.split('.')[1]}"
+
+
+def view_sql(spec: PipelineSpec, table: str, view: str) -> str:
+    return (f"CREATE OR REPLACE VIEW {spec.qualified(view)} AS SELECT * FROM {spec.qualified(table)} "
+            f"VERSION AS OF '{spec.publish.branch}'")
+
+
+def view_exists(catalog, catalog_name: str, view: str) -> bool:
+    """Whether the JDBC catalog lists `view` (namespace.name) as a view; pyiceberg's SqlCatalog has no
+    view support, so this reads the catalog table Iceberg's JdbcCatalog and pyiceberg share."""
+    namespace, name = view.split(".")
+    with Session(catalog.engine) as session:
+        found = session.execute(select(IcebergTables.iceberg_type).where(
+            IcebergTables.catalog_name == catalog_name, IcebergTables.table_namespace == namespace,
+            IcebergTables.table_name == name)).first()
+    return found is not None and (found[0] or "").upper() == "VIEW"
+
+
+def published_head(table: Table, branch: str) -> int | None:
+    ref = table.metadata.refs.get(branch)
+    return ref.snapshot_id if ref else None
+
+
+def _check(spec: PipelineSpec, table: Table, name: str, snapshot_id: int) -> int | None:
+    """The current published head of `table`, after checking `snapshot_id` may be published over it."""
+    if table.snapshot_by_id(snapshot_id) is None:
+        raise PublishError(f"{name}: audited snapshot {snapshot_id} is not in the table (expired?); "
+                           f"audit again")
+    main = table.current_snapshot()
+    if main is None or not is_ancestor(table, snapshot_id, main.snapshot_id):
+        raise NotADescendantError(
+            f"{name}: audited snapshot {snapshot_id} is no longer on main (head "
+            f"{main.snapshot_id if main else None}): main was rolled back after the audit; audit again")
+    head = published_head(table, spec.publish.branch)
+    if head is not None and not is_ancestor(table, head, snapshot_id):
+        raise NotADescendantError(
+            f"{name}: audited snapshot {snapshot_id} does not descend from the {spec.publish.branch!r} head "
+            f"{head}; publishing it would drop data readers already see. Audit main again.")
+    return head
+
+
+def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.PlatformConfig | None = None,
+            spark_factory: Callable[[], object] | None = None, record_event: bool = True) -> list[PublishedTable]:
+    """Fast-forward the readers' branch of each table in `snapshots` (table -> audited snapshot id).
+
+    Every table is checked before any branch moves. Missing views are created with
+    Spark (`spark_factory()`, default an in-process session). Records a `publish`
+    event unless `record_event` is False. Returns one PublishedTable per table.
+    Raises PublishError when `snapshots` is empty, names a table the pipeline does
+    not write, or another publisher moved a branch meanwhile; NotADescendantError
+    when a snapshot may not be published over the current head.
+    """
+    platform = platform or config.load()
+    if not snapshots:
+        raise PublishError(f"{spec.name}: nothing was audited (no table holds data yet)")
+    unknown = sorted(set(snapshots) - set(spec.target.tables))
+    if unknown:
+        raise PublishError(f"{spec.name}: {unknown} are not data tables of the pipeline")
+    catalog = offsets.open_catalog(platform, spec.catalog)
+    loaded = {name: catalog.load_table(name) for name in snapshots}
+    heads = {name: _check(spec, loaded[name], name, int(sid)) for name, sid in snapshots.items()}
+    done = []
+    for name, sid in snapshots.items():
+        sid = int(sid)
+        if heads[name] != sid:
+            try:
+                loaded[name].manage_snapshots().create_branch(sid, spec.publish.branch).commit()
+            except CommitFailedException as exc:
+                raise PublishError(f"{name}: the {spec.publish.branch!r} branch moved while publishing "
+                                   f"(another publisher?): {exc}") from None
+        done.append(PublishedTable(name, sid, heads[name], view_name(spec, name)))
+    missing = [p for p in done if p.view and not view_exists(catalog, spec.catalog, p.view)]
+    if missing:
+        spark = spark_factory() if spark_factory else _session(spec, platform)
+        for p in missing:
+            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {spec.catalog}.{p.view.split('.')[0]}")
+            spark.sql(view_sql(spec, p.table, p.view))
+    if record_event:
+        moved = [p for p in done if p.moved]
+        message = (f"{spec.name}: published " + ", ".join(f"{p.table} {p.previous_snapshot_id} -> {p.snapshot_id}"
+                                                          for p in moved)
+                   if moved else f"{spec.name}: already published, nothing new")
+        events.record(events.Event(spec.name, "publish", "ok" if moved else "skipped", message,
+                                   metrics={"tables_moved": len(moved)},
+                                   details={"branch": spec.publish.branch, "tables": [asdict(p) for p in done]}),
+                      platform=platform, catalog=spec.catalog)
+    return done
+
+
+def _session(spec: PipelineSpec, platform: config.PlatformConfig):
+    from lakehouse import sparkenv
+
+    return sparkenv.session(platform, [spec.catalog], f"lakehouse-publish-{spec.name}")

@@ -1,0 +1,52 @@
+"""QualityOperator: the audit step of write-audit-publish."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from lakehouse import quality
+from lakehouse_airflow.hooks import LakehouseHook
+
+
+class QualityCheckFailed(AirflowFailException):
+    """Expectations failed: the audited rows must not be published. Not retried (same rows, same verdict)."""
+
+
+class QualityOperator(BaseOperator):
+    """Validate the rows added to `main` since the last publication with the pipeline's GE suite.
+
+    See `lakehouse.quality.audit`: it pins each data table's snapshot, validates the new
+    rows, renders Data Docs under LAKEHOUSE_HOME/quality/<pipeline>/ and records a
+    `quality` event.
+
+    :param pipeline: the pipeline name. Templated.
+    :param fail_on_error: fail the task when an expectation fails (default), blocking
+        downstream publication; False returns the result for a branch operator to route.
+
+    XCom: ``result`` (pushed also when the task fails) and ``return_value``: the audit
+    result dict: success, rows, snapshots {table: audited snapshot id}, expectations,
+    offending_offsets [{table, topic, partition, offset, expectation, column, value}],
+    offending_total, docs (Data Docs index.html).
+    """
+
+    template_fields = ("pipeline",)
+    ui_color = "#fff2cc"
+
+    def __init__(self, *, pipeline: str, fail_on_error: bool = True, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.fail_on_error = fail_on_error
+
+    def execute(self, context) -> dict:
+        hook = LakehouseHook(self.pipeline)
+        result = quality.audit(hook.spec, hook.platform)
+        self.log.info("%s", result.summary())
+        self.log.info("Data Docs: %s", result.docs)
+        payload = result.to_dict()
+        context["ti"].xcom_push(key="result", value=payload)
+        if self.fail_on_error and not result.success:
+            raise QualityCheckFailed(result.summary())
+        return payload

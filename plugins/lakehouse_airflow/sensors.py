@@ -1,0 +1,109 @@
+"""Sensors that gate publication on a pipeline's freshness and lag SLOs (spec `slo`).
+
+Both check once in `execute`; when the SLO does not hold yet they defer to
+`SloTrigger` (default) or, with `deferrable=False`, poke like any sensor. When
+`timeout` seconds pass without the SLO holding they fail with
+AirflowSensorTimeout whose message says which limit was missed and by how much.
+XCom: the passing check (`SloCheck.to_dict()`: kind, measured, limits, message).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowSensorTimeout
+
+from lakehouse import config, slo
+from lakehouse_airflow.hooks import LakehouseHook
+from lakehouse_airflow.triggers import SloTrigger, check_once
+
+
+class _SloSensor(BaseSensorOperator):
+    """Shared machinery; subclasses set `kind` and `limits()`."""
+
+    kind = ""
+    template_fields = ("pipeline",)
+
+    def __init__(self, *, pipeline: str, deferrable: bool = True, poke_interval: float = 30,
+                 timeout: float = 600, **kwargs: Any):
+        super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
+        self.pipeline = pipeline
+        self.deferrable = deferrable
+        self._last: slo.SloCheck | None = None
+
+    def limits(self, hook: LakehouseHook) -> dict[str, float]:
+        raise NotImplementedError
+
+    def _check(self) -> slo.SloCheck:
+        hook = LakehouseHook(self.pipeline)
+        self._last = check_once(self.kind, self.pipeline, str(config.pipelines_dir()), self.limits(hook))
+        self.log.info("%s", self._last.message)
+        return self._last
+
+    def poke(self, context: Any) -> bool:
+        return self._check().ok
+
+    def execute(self, context: Any) -> dict:
+        if not self.deferrable:
+            try:
+                super().execute(context)
+            except AirflowSensorTimeout:
+                raise AirflowSensorTimeout(self._last.message if self._last else "no check completed") from None
+            return self._last.to_dict()
+        check = self._check()
+        if check.ok:
+            return check.to_dict()
+        self.defer(trigger=SloTrigger(kind=self.kind, pipeline=self.pipeline, limits=check.limits,
+                                      deadline=time.time() + self.timeout, poll_interval=self.poke_interval,
+                                      pipelines_dir=str(config.pipelines_dir())),
+                   method_name="execute_complete")
+
+    def execute_complete(self, context: Any, event: dict) -> dict:
+        """Resumes after the trigger: the check when the SLO holds, else AirflowSensorTimeout."""
+        if event["status"] != "ok":
+            raise AirflowSensorTimeout(event["check"]["message"])
+        self.log.info("%s", event["check"]["message"])
+        return event["check"]
+
+
+class FreshnessSensor(_SloSensor):
+    """Waits until the newest committed event and the last commit are recent enough.
+
+    Templated: `pipeline`. Limits default to the spec's `slo.freshness`; override with
+    `max_event_age_s` / `max_commit_age_s`. XCom: the passing SloCheck as a dict.
+    """
+
+    kind = "freshness"
+
+    def __init__(self, *, max_event_age_s: float | None = None, max_commit_age_s: float | None = None,
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self.max_event_age_s = max_event_age_s
+        self.max_commit_age_s = max_commit_age_s
+
+    def limits(self, hook: LakehouseHook) -> dict[str, float]:
+        default = hook.spec.slo.freshness_s
+        return {"event_age_s": default if self.max_event_age_s is None else self.max_event_age_s,
+                "commit_age_s": default if self.max_commit_age_s is None else self.max_commit_age_s}
+
+
+class LagSensor(_SloSensor):
+    """Waits until the pipeline's Kafka lag is within its SLO, in records and in seconds.
+
+    Templated: `pipeline`. Limits default to the spec's `slo.lag_records` / `slo.lag_seconds`;
+    override with `max_records` / `max_seconds`. XCom: the passing SloCheck as a dict.
+    """
+
+    kind = "lag"
+
+    def __init__(self, *, max_records: int | None = None, max_seconds: float | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.max_records = max_records
+        self.max_seconds = max_seconds
+
+    def limits(self, hook: LakehouseHook) -> dict[str, float]:
+        spec = hook.spec
+        return {"lag_records": spec.slo.lag_records if self.max_records is None else self.max_records,
+                "lag_s": spec.slo.lag_s if self.max_seconds is None else self.max_seconds}

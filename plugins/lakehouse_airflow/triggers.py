@@ -1,0 +1,65 @@
+"""SloTrigger: polls a pipeline's status in the triggerer until an SLO holds or a deadline passes.
+
+The trigger is serialisable (classpath + kwargs): the pipeline name, the folder of
+specs, the SLO kind and its limits, the poll interval and an absolute deadline
+(epoch seconds, so a triggerer restart does not extend it). `pipeline_status`
+blocks (pyiceberg, Kafka), so it runs in a thread via `asyncio.to_thread`.
+
+Events: `{"status": "ok" | "breached", "check": SloCheck.to_dict()}`; "breached"
+carries the last check's message, which says which limit was missed by how much.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from lakehouse import slo
+
+
+def check_once(kind: str, pipeline: str, pipelines_dir: str | None, limits: dict[str, float]) -> slo.SloCheck:
+    """One blocking SLO check; a status that cannot be read counts as a miss, with the reason."""
+    from lakehouse import spec as spec_module, status
+
+    try:
+        spec = spec_module.load_pipeline(pipeline, pipelines_dir)
+        return slo.evaluate(kind, status.pipeline_status(spec), limits)
+    except Exception as exc:  # the catalog or Kafka may be briefly unavailable: keep polling, report why
+        return slo.unavailable(kind, pipeline, limits, exc)
+
+
+class SloTrigger(BaseTrigger):
+    """Fires "ok" as soon as the `kind` SLO of `pipeline` holds, "breached" once `deadline` passes."""
+
+    def __init__(self, kind: str, pipeline: str, limits: dict[str, float], deadline: float,
+                 poll_interval: float = 10.0, pipelines_dir: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if kind not in slo.KINDS:
+            raise ValueError(f"unknown SLO kind {kind!r}; one of {', '.join(slo.KINDS)}")
+        self.kind = kind
+        self.pipeline = pipeline
+        self.limits = dict(limits)
+        self.deadline = float(deadline)
+        self.poll_interval = float(poll_interval)
+        self.pipelines_dir = pipelines_dir
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"kind": self.kind, "pipeline": self.pipeline, "limits": self.limits, "deadline": self.deadline,
+                 "poll_interval": self.poll_interval, "pipelines_dir": self.pipelines_dir})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            check = await asyncio.to_thread(check_once, self.kind, self.pipeline, self.pipelines_dir, self.limits)
+            if check.ok:
+                yield TriggerEvent({"status": "ok", "check": check.to_dict()})
+                return
+            remaining = self.deadline - time.time()
+            if remaining <= 0:
+                yield TriggerEvent({"status": "breached", "check": check.to_dict()})
+                return
+            self.log.info("%s; checking again in %.0fs", check.message, min(self.poll_interval, remaining))
+            await asyncio.sleep(min(self.poll_interval, remaining))
