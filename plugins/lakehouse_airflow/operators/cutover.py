@@ -1,0 +1,54 @@
+"""CutoverOperator: move a live pipeline's readers to a candidate, or roll the last cutover back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from lakehouse import cutover, spec as spec_module
+from lakehouse_airflow.hooks import LakehouseHook
+
+ACTIONS = ("cutover", "rollback")
+
+
+class CutoverOperator(BaseOperator):
+    """Cut `pipeline`'s readers' view over to `candidate`, or roll back the newest cutover.
+
+    A cutover happens only when the candidate's lag and freshness are at least as good
+    as the live pipeline's and it holds every offset of the overlap window exactly once
+    with its quality suite passing (`lakehouse.cutover.compare`); otherwise the task
+    fails naming each failed check. Both actions are recorded in the ops timeline.
+
+    :param pipeline: the live pipeline (owner of `publish.view`). Templated.
+    :param candidate: the candidate pipeline (`candidate_for: <pipeline>`); unused for rollback. Templated.
+    :param action: ``cutover`` or ``rollback``. Templated.
+    :param freshness_tolerance_s: how much older the candidate's last commit may be
+        (default: one candidate trigger interval).
+
+    XCom: ``return_value`` = the recorded event details (view, previous and new
+    query, and for a cutover the full comparison).
+    """
+
+    template_fields = ("pipeline", "candidate", "action")
+    ui_color = "#d6e4ff"
+
+    def __init__(self, *, pipeline: str, candidate: str = "", action: str = "cutover",
+                 freshness_tolerance_s: float | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.candidate = candidate
+        self.action = action
+        self.freshness_tolerance_s = freshness_tolerance_s
+
+    def execute(self, context) -> dict:
+        if self.action not in ACTIONS:
+            raise ValueError(f"action {self.action!r} is not one of {', '.join(ACTIONS)}")
+        hook = LakehouseHook(self.pipeline)
+        spark = hook.spark(f"lakehouse-{self.action}-{self.pipeline}")
+        if self.action == "rollback":
+            return cutover.rollback(spark, hook.spec, hook.platform)
+        if not self.candidate:
+            raise ValueError("a cutover needs a candidate pipeline")
+        candidate = spec_module.load_pipeline(self.candidate)
+        return cutover.cutover(spark, hook.spec, candidate, hook.platform, self.freshness_tolerance_s)
