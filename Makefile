@@ -28,8 +28,9 @@ stack-up: setup
 	$(LAKEHOUSE) stack up
 
 stack-down:
+	$(LAKEHOUSE) airflow down
 	$(LAKEHOUSE) stack down
 
 clean:
-	@if [ -x $(LAKEHOUSE) ]; then $(LAKEHOUSE) stack down --purge; fi
+	@if [ -x $(LAKEHOUSE) ]; then $(LAKEHOUSE) airflow down; $(LAKEHOUSE) stack down --purge; fi
 	rm -rf .lakehouse

@@ -1,13 +1,18 @@
-"""`make demo`: events flow from Kafka topics into Iceberg tables, exactly once, for about a minute.
+"""`make demo`: events flow from Kafka topics into Iceberg tables, exactly once, operated by Airflow.
 
-Starts the embedded stack, creates the topics, runs a live producer (with some
-bad records) and the continuous ingest job of each demo pipeline, shows progress,
-then prints the status and a sample of raw.orders and raw.orders_dlq.
+Starts the embedded stack and Airflow (both left running, with the pipelines page),
+creates the topics and hands the pipelines to Airflow: the `<pipeline>_ingest` DAGs run
+the supervised continuous ingest jobs, `_publish`, `_maintenance` and
+`retention_alignment` are unpaused on their schedules. Live producers (with some bad
+records) run meanwhile; the demo shows progress, publishes once the lag is 0, then
+prints the status, a sample of raw.orders, the dead letters by reason and the readers'
+view. Without Airflow (it did not start) the demo runs the ingest jobs itself.
 DEMO_SECONDS sets how long the producers run (default 60).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from lakehouse import config, offsets, stack
+from lakehouse import airflow_stack, config, offsets, stack
+from lakehouse.cli import print_airflow_login
 from lakehouse.spec import load_all
 from lakehouse.status import pipeline_status, render
 
@@ -49,16 +55,60 @@ def reset_if_broker_was_restarted(specs) -> None:
             catalog.purge_table(t)
 
 
-def wait_until_ready(specs, jobs, timeout: float = 180.0) -> None:
-    """An ingest job is ready once it has created its tables (Spark is up)."""
+def wait_until_ready(specs, jobs, timeout: float = 300.0) -> bool:
+    """An ingest job is ready once it has created its tables (Spark is up); False on timeout."""
     catalog = offsets.open_catalog(config.load(), "lake")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(catalog.table_exists(t) for s in specs for t in (*s.target.tables, s.dead_letter_table)):
-            return
+            return True
         if any(j.poll() is not None for j in jobs):
-            return  # reported by the progress loop
+            return True  # reported by the progress loop
         time.sleep(1)
+    return False
+
+
+def airflow(*args: str, timeout: float = 120.0) -> str:
+    """`airflow ARGS` against the demo's Airflow; retried while the DAG processor has not parsed the DAGs yet."""
+    env = {**os.environ, **airflow_stack.environment()}
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run([str(Path(sys.executable).with_name("airflow")), *args], env=env,
+                              capture_output=True, text=True)
+        if done.returncode == 0:
+            return done.stdout
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"airflow {' '.join(args)} failed: {done.stderr.strip()[-500:]}")
+        time.sleep(3)
+
+
+def hand_to_airflow(specs) -> None:
+    """Unpause every DAG of the demo pipelines: the `@continuous` ingest DAGs start their jobs at once."""
+    dag_ids = [f"{s.name}_{kind}" for s in specs for kind in ("ingest", "publish", "maintenance")]
+    for dag_id in [*dag_ids, "retention_alignment"]:
+        airflow("dags", "unpause", dag_id)
+    print("unpaused: " + ", ".join([*dag_ids, "retention_alignment"]))
+
+
+def publish_now(specs, timeout: float = 300.0) -> None:
+    """Trigger each `<pipeline>_publish` DAG (quality, freshness and lag gates, publish) and wait for it."""
+    runs = {}
+    for s in specs:
+        runs[s.name] = f"demo__{time.strftime('%Y%m%dT%H%M%S')}"
+        airflow("dags", "trigger", f"{s.name}_publish", "--run-id", runs[s.name])
+    deadline = time.monotonic() + timeout
+    pending = dict(runs)
+    while pending and time.monotonic() < deadline:
+        time.sleep(5)
+        for name, run_id in list(pending.items()):
+            out = airflow("dags", "list-runs", f"{name}_publish", "--output", "json")
+            listed = json.loads(out[out.index("["):])
+            state = next((r["state"] for r in listed if r["run_id"] == run_id), "queued")
+            if state in ("success", "failed"):
+                print(f"{name}_publish: {state}")
+                del pending[name]
+    for name in pending:
+        print(f"{name}_publish: still running after {timeout:.0f}s; follow it in the Airflow UI")
 
 
 def main() -> int:
@@ -69,13 +119,29 @@ def main() -> int:
     if not was_running:
         reset_if_broker_was_restarted(specs)
     run("topics")
+
+    say("starting Airflow (API server, scheduler, DAG processor, triggerer); it keeps running after the demo")
+    airflow_started = subprocess.run([LAKEHOUSE, "airflow", "up"]).returncode == 0
+    if not airflow_started:
+        print("Airflow did not start (see the error above); the demo runs the ingest jobs itself")
+
     logs = config.lakehouse_home() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
 
-    say(f"live producers for {SECONDS}s and continuous ingestion (5 s trigger); logs in {logs}")
-    jobs = [start("ingest", "--pipeline", s.name, "--trigger-interval", "5s", log=logs / f"ingest-{s.name}.log")
-            for s in specs]
-    wait_until_ready(specs, jobs)
+    jobs = []
+    if airflow_started:
+        say("handing the pipelines to Airflow: the ingest DAGs submit the continuous jobs with spark-submit")
+        hand_to_airflow(specs)
+    else:
+        say(f"continuous ingestion (5 s trigger); logs in {logs}")
+        jobs = [start("ingest", "--pipeline", s.name, "--trigger-interval", "5s", log=logs / f"ingest-{s.name}.log")
+                for s in specs]
+    if not wait_until_ready(specs, jobs):
+        print("the ingest jobs did not create their tables in 5 minutes; see the <pipeline>_ingest task logs "
+              f"in Airflow or {logs}")
+        return 1
+
+    say(f"live producers for {SECONDS}s; logs in {logs}")
     producers = [start("produce", "--pipeline", s.name, "--count", str(RATES.get(s.name, 100) * SECONDS),
                        "--rate", str(RATES.get(s.name, 100)), "--bad-ratio", "0.02", "--quiet",
                        log=logs / f"produce-{s.name}.log") for s in specs]
@@ -101,7 +167,7 @@ def main() -> int:
                 break
             time.sleep(2)
     finally:
-        for p in producers + jobs:
+        for p in producers + jobs:  # Airflow's ingest jobs keep running
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in jobs:
@@ -109,6 +175,10 @@ def main() -> int:
                 p.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+
+    if airflow_started:
+        say("write-audit-publish: triggering the publish DAGs (quality suite, freshness and lag gates)")
+        publish_now(specs)
 
     say("status")
     print(render([pipeline_status(s) for s in specs]))
@@ -131,11 +201,22 @@ def main() -> int:
         print(f"  {kind:<18} {len(rows_):>5}  e.g. offset {example['_kafka']['partition']}:"
               f"{example['_kafka']['offset']}: {example['error_detail'][:70]}")
 
+    table = catalog.load_table(orders.target.table)
+    published = table.metadata.refs.get(orders.publish.branch)
+    if published is not None:
+        count = len(table.scan(snapshot_id=published.snapshot_id, selected_fields=("order_id",)).to_arrow())
+        say(f"readers' view {orders.qualified(orders.publish.view)}: {count} audited rows "
+            f"(branch {orders.publish.branch!r} at snapshot {published.snapshot_id})")
+
     say("what next")
     print("  .venv/bin/lakehouse status                     lag, recovery points and counts")
-    print("  .venv/bin/lakehouse ingest --pipeline orders --trigger-interval 5s   keep ingesting")
+    if airflow_started:
+        print("  the ingest jobs keep running under Airflow (DAGs orders_ingest, customers_ingest)")
+        print_airflow_login(airflow_stack.status(), indent="  ")
+    else:
+        print("  .venv/bin/lakehouse ingest --pipeline orders --trigger-interval 5s   keep ingesting")
     print("  .venv/bin/lakehouse replay --pipeline orders --dead-letters          after fixing a contract")
-    print("  make stack-down     stop the broker (topics are in memory and go with it)")
+    print("  make stack-down     stop Airflow and the broker (topics are in memory and go with it)")
     print("  make clean          stop it and delete tables, catalog and warehouse (.lakehouse/)")
     return 0
 

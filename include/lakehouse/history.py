@@ -1,0 +1,93 @@
+"""What the pipelines page shows: live status plus lag and freshness over time, per pipeline.
+
+`overview(spec)` joins `status.pipeline_status` (offsets, lag in records and seconds,
+freshness, last commit, dead-letter rows) with the newest quality result from the ops
+timeline and `history`.
+
+`history(spec)` is the pipeline's recent past. When ingestion records `batch` events
+on the ops timeline (metrics `lag_records`, `freshness_s`), those are the points;
+otherwise each ingest commit of the data table is a point, from its snapshot summary:
+the commit time, the committed position (`lakehouse.positions`) and the freshness at
+commit (commit time minus `lakehouse.max-event-time`). Lag in records at a past
+commit is not recorded in summaries, so that series is only present with events.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from lakehouse import config, events, offsets
+from lakehouse.spec import PipelineSpec
+from lakehouse.status import pipeline_status
+
+HISTORY_POINTS = 60
+DAG_SUFFIXES = ("ingest", "maintenance", "publish", "backfill", "cutover")
+SHARED_DAGS = ("retention_alignment",)
+
+
+def _seconds(later: datetime, earlier: datetime) -> float:
+    return round((later - earlier).total_seconds(), 1)
+
+
+def history(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
+            limit: int = HISTORY_POINTS) -> dict:
+    """{source: "events" | "snapshots" | "none", points: [...] oldest first, at most `limit`}.
+
+    Each point has `at` (ISO time) and `freshness_s`; `lag_records` comes from batch
+    events, `committed` (sum of next offsets) and `snapshot_id` from snapshots.
+    """
+    platform = platform or config.load()
+    batches = events.recent(spec.name, kind="batch", limit=limit, platform=platform, catalog=spec.catalog)
+    if batches:
+        return {"source": "events", "points": [
+            {"at": e["ts"].isoformat(), "lag_records": e["metrics"].get("lag_records"),
+             "freshness_s": e["metrics"].get("freshness_s")} for e in reversed(batches)]}
+    catalog = offsets.open_catalog(platform, spec.catalog)
+    if not catalog.table_exists(spec.target.table):
+        return {"source": "none", "points": []}
+    points = []
+    for snap in sorted(catalog.load_table(spec.target.table).snapshots(), key=lambda s: s.timestamp_ms):
+        props = offsets.summary_properties(snap)
+        if props.get(offsets.K_PIPELINE) != spec.name or offsets.K_POSITIONS not in props:
+            continue  # replays, maintenance and other writers carry no positions
+        at = datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=timezone.utc)
+        event_time = props.get(offsets.K_MAX_EVENT_TIME)
+        points.append({
+            "at": at.isoformat(),
+            "snapshot_id": snap.snapshot_id,
+            "committed": sum(offsets.decode_positions(props[offsets.K_POSITIONS]).values()),
+            "freshness_s": _seconds(at, datetime.fromisoformat(event_time)) if event_time else None,
+        })
+    return {"source": "snapshots" if points else "none", "points": points[-limit:]}
+
+
+def dag_ids(spec: PipelineSpec) -> list[str]:
+    """The DAGs generated for this pipeline, then the ones shared by all pipelines."""
+    return [f"{spec.name}_{suffix}" for suffix in DAG_SUFFIXES] + list(SHARED_DAGS)
+
+
+def overview(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
+             now: datetime | None = None) -> dict:
+    """`pipeline_status` plus `snapshot_id`, `positions`, `committed`, `quality`, `history`, `dags`, `slo`.
+
+    `committed` is False while no data table holds an ingest commit of the pipeline.
+    `quality` is the newest `quality` event of the ops timeline, or None.
+    """
+    platform = platform or config.load()
+    now = now or datetime.now(timezone.utc)
+    status = pipeline_status(spec, platform, now=now)
+    primary = next(t for t in status["tables"] if t["table"] == spec.qualified(spec.target.table))
+    kafka = status["kafka"] or {}
+    quality = events.recent(spec.name, kind="quality", limit=1, platform=platform, catalog=spec.catalog)
+    return {
+        **status,
+        "committed": any(t["recovery_snapshot_id"] for t in status["tables"] if t["role"] == "data"),
+        "snapshot_id": primary["recovery_snapshot_id"],
+        "positions": primary["positions"],
+        "lag_s": status.get("lag_s"),  # absent when Kafka did not answer
+        "kafka_error": kafka.get("error"),
+        "quality": quality[0] if quality else None,
+        "history": history(spec, platform),
+        "dags": dag_ids(spec),
+        "slo": {"freshness_s": spec.slo.freshness_s, "lag_records": spec.slo.lag_records, "lag_s": spec.slo.lag_s},
+    }

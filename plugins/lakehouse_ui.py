@@ -1,0 +1,197 @@
+"""The "Lakehouse pipelines" page inside the Airflow 3 UI: one card per pipeline, from live reads.
+
+Airflow mounts `app` (FastAPI) under /lakehouse on its API server and shows the page
+in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
+
+    GET /lakehouse/                 HTML: lag, freshness, last commit, quality, dead letters,
+                                    a lag/freshness chart and links to each pipeline's DAGs
+    GET /lakehouse/api/pipelines    the same numbers as JSON
+
+Every number comes from `lakehouse.history.overview` (the tables' snapshot summaries,
+Kafka and the ops timeline) at request time. A spec that does not load is shown
+with its SpecError text; a pipeline with no commits says so.
+
+Access: Airflow 3 does not put plugin FastAPI apps behind its login; the page is
+read-only and served on the API server's address (127.0.0.1 in the embedded stack).
+Put the API server behind your SSO proxy, or add a FastAPI dependency, to restrict it.
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime, timezone
+
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
+
+from lakehouse import config, history
+from lakehouse.spec import SpecError, load_spec
+
+app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
+
+
+def _entries() -> list[dict]:
+    """One entry per spec file: the overview, or {"pipeline", "spec_path", "error"} when it cannot be read."""
+    platform = config.load()
+    now = datetime.now(timezone.utc)
+    entries = []
+    for path in sorted(config.pipelines_dir().glob("*.y*ml")):
+        try:
+            spec = load_spec(path)
+        except SpecError as exc:
+            entries.append({"pipeline": path.stem, "spec_path": str(path), "error": str(exc)})
+            continue
+        try:
+            entries.append({"spec_path": str(path), "error": None, **history.overview(spec, platform, now)})
+        except Exception as exc:  # noqa: BLE001 - one unreadable pipeline must not blank the whole page
+            entries.append({"pipeline": spec.name, "spec_path": str(path),
+                            "error": f"{type(exc).__name__}: {exc}"})
+    return entries
+
+
+@app.get("/api/pipelines")
+def pipelines_json() -> list[dict]:
+    """Every pipeline's overview (see lakehouse.history.overview), or its spec error."""
+    return _entries()
+
+
+@app.get("/", response_class=HTMLResponse)
+def pipelines_page() -> str:
+    return _page(_entries(), datetime.now(timezone.utc))
+
+
+# ---------------------------------------------------------------------------- rendering
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _field(name: str, text: object, cls: str = "") -> str:
+    return f'<span data-field="{_e(name)}" class="{cls}">{_e(text)}</span>'
+
+
+def _chart(title: str, points: list[dict], key: str, limit: float | None, unit: str) -> str:
+    """An inline SVG line chart of points[key] over time, with the SLO as a dashed line."""
+    values = [(datetime.fromisoformat(p["at"]).timestamp(), p[key]) for p in points if p.get(key) is not None]
+    width, height, pad = 360, 90, 4
+    if len(values) < 2:
+        return (f'<figure class="chart"><figcaption>{_e(title)}</figcaption>'
+                f'<div class="nodata">{"one point so far" if values else "no points yet"}</div></figure>')
+    t0, t1 = values[0][0], values[-1][0]
+    top = max(max(v for _, v in values), limit or 0) or 1
+
+    def xy(t: float, v: float) -> str:
+        x = pad + (width - 2 * pad) * ((t - t0) / (t1 - t0) if t1 > t0 else 0)
+        return f"{x:.1f},{height - pad - (height - 2 * pad) * v / top:.1f}"
+    line = " ".join(xy(t, v) for t, v in values)
+    slo = ""
+    if limit is not None and limit <= top:
+        y = height - pad - (height - 2 * pad) * limit / top
+        slo = (f'<line x1="{pad}" x2="{width - pad}" y1="{y:.1f}" y2="{y:.1f}" class="slo">'
+               f'<title>SLO {limit:g}{unit}</title></line>')
+    latest = values[-1][1]
+    return (f'<figure class="chart"><figcaption>{_e(title)}: latest {latest:g}{unit}, max {top:g}{unit}</figcaption>'
+            f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+            f'aria-label="{_e(title)}"><rect width="{width}" height="{height}" class="bg"/>{slo}'
+            f'<polyline points="{line}" class="series"/></svg></figure>')
+
+
+def _quality(event: dict | None) -> str:
+    if event is None:
+        return _field("quality", "none yet", "muted")
+    when = event["ts"].strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (_field("quality", event["status"], f"status-{_e(event['status'])}")
+            + f' <span class="muted">{_e(event.get("message") or "")} ({_e(when)})</span>')
+
+
+def _card(entry: dict) -> str:
+    name = entry["pipeline"]
+    if entry.get("error"):
+        return (f'<section class="card broken" data-pipeline="{_e(name)}"><h2>{_e(name)}</h2>'
+                f'<p class="error" data-field="error">{_e(entry["error"])}</p></section>')
+    slo = entry["slo"]
+    lag = entry["lag_records"]
+    lag_text = "?" if lag is None else lag
+    lag_cls = "" if lag is None else ("bad" if lag > slo["lag_records"] else "ok")
+    fresh = entry["freshness_s"]
+    fresh_cls = "" if fresh is None else ("bad" if fresh > slo["freshness_s"] else "ok")
+    if entry["committed"]:
+        at = datetime.fromisoformat(entry["last_commit_at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
+        commit = (_field("last_commit_at", at) + " (" + _age(entry["seconds_since_commit"])
+                  + " ago), snapshot " + _field("snapshot_id", entry["snapshot_id"]))
+        positions = ", ".join(f'p{p}: {_field(f"position_{p}", o)}' for p, o in entry["positions"].items())
+    else:
+        commit = _field("last_commit_at", "no commits yet", "muted")
+        positions = '<span class="muted">-</span>'
+    kafka = (f'<span class="error">{_e(entry["kafka_error"])}</span>' if entry["kafka_error"] else "")
+    hist = entry["history"]
+    charts = (_chart("freshness at commit", hist["points"], "freshness_s", slo["freshness_s"], " s")
+              + (_chart("lag", hist["points"], "lag_records", slo["lag_records"], " records")
+                 if hist["source"] == "events" else
+                 _chart("committed offsets", hist["points"], "committed", None, "")))
+    dags = " ".join(f'<a href="../dags/{_e(d)}" target="_top">{_e(d)}</a>' for d in entry["dags"])
+    return f"""<section class="card" data-pipeline="{_e(name)}">
+<h2>{_e(name)} <small>{_e(entry["topic"])} &rarr; {", ".join(_e(t["table"]) for t in entry["tables"])}</small></h2>
+<table>
+<tr><th>Kafka lag</th><td class="{lag_cls}">{_field("lag_records", lag_text)} records,
+  {_field("lag_s", _age(entry["lag_s"]))} behind
+  (SLO {slo["lag_records"]} records / {_age(slo["lag_s"])}) {kafka}</td></tr>
+<tr><th>Freshness</th><td class="{fresh_cls}">newest event {_field("freshness", _age(fresh))} old,
+  last commit {_field("commit_age", _age(entry["seconds_since_commit"]))} ago (SLO {_age(slo["freshness_s"])})</td></tr>
+<tr><th>Last commit</th><td>{commit}</td></tr>
+<tr><th>Committed positions</th><td>{positions}</td></tr>
+<tr><th>Rows</th><td>{_field("rows", entry["rows"])}</td></tr>
+<tr><th>Dead letters</th><td>{_field("dead_letters", entry["dead_letters"])} rows</td></tr>
+<tr><th>Last quality check</th><td>{_quality(entry["quality"])}</td></tr>
+<tr><th>DAGs</th><td class="dags">{dags}</td></tr>
+</table>
+<div class="charts" data-history-source="{_e(hist["source"])}">{charts}</div>
+</section>"""
+
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:16px;color:#1f2933;background:#f7f9fb}
+h1{font-size:20px;margin:0 0 4px} .sub{color:#616e7c;margin:0 0 16px}
+.card{background:#fff;border:1px solid #d9e2ec;border-radius:8px;padding:12px 16px;margin:0 0 16px}
+.card h2{font-size:17px;margin:0 0 8px} .card h2 small{font-weight:normal;color:#616e7c;font-size:13px}
+table{border-collapse:collapse;font-size:14px} th{text-align:left;color:#52606d;font-weight:600;padding:3px 16px 3px 0;vertical-align:top}
+td{padding:3px 0} .ok{color:#0b7a3b} .bad{color:#c0392b;font-weight:600} .muted{color:#7b8794}
+.error{color:#c0392b;font-family:monospace;white-space:pre-wrap} .broken{border-color:#e5a19a}
+.status-ok{color:#0b7a3b;font-weight:600} .status-failed{color:#c0392b;font-weight:600} .status-warn{color:#b7791f;font-weight:600}
+.dags a{margin-right:10px} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
+.chart{margin:0} .chart figcaption{font-size:12px;color:#52606d} .bg{fill:#f0f4f8}
+.series{fill:none;stroke:#2563eb;stroke-width:2} .slo{stroke:#c0392b;stroke-dasharray:4 3}
+.nodata{width:360px;height:90px;background:#f0f4f8;color:#7b8794;font-size:12px;display:flex;align-items:center;justify-content:center}
+"""
+
+
+def _page(entries: list[dict], now: datetime) -> str:
+    cards = "\n".join(_card(e) for e in entries) or '<p class="muted">No pipeline specs found.</p>'
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Lakehouse pipelines</title>
+<meta http-equiv="refresh" content="30"><style>{STYLE}</style></head>
+<body><h1>Lakehouse pipelines</h1>
+<p class="sub">Read live at {_e(now.strftime("%Y-%m-%d %H:%M:%S UTC"))} from {_e(config.pipelines_dir())};
+refreshes every 30 s. <a href="api/pipelines">JSON</a></p>
+{cards}
+</body></html>"""
+
+
+class LakehouseUIPlugin(AirflowPlugin):
+    """Registers the page (FastAPI app under /lakehouse) and its entry in Airflow's navigation."""
+
+    name = "lakehouse_ui"
+    fastapi_apps = [{"app": app, "url_prefix": "/lakehouse", "name": "Lakehouse pipelines"}]
+    external_views = [{"name": "Lakehouse pipelines", "href": "lakehouse/", "url_route": "lakehouse",
+                       "destination": "nav", "category": "browse"}]
