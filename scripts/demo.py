@@ -102,7 +102,7 @@ def publish_now(specs, timeout: float = 300.0) -> None:
         time.sleep(5)
         for name, run_id in list(pending.items()):
             out = airflow("dags", "list-runs", f"{name}_publish", "--output", "json")
-            listed = json.loads(out[out.index("["):])
+            listed = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("[")))
             state = next((r["state"] for r in listed if r["run_id"] == run_id), "queued")
             if state in ("success", "failed"):
                 print(f"{name}_publish: {state}")

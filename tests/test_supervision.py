@@ -74,16 +74,20 @@ def test_a_job_is_hung_only_when_commits_stop_while_lag_grows(make_spec):
     spec = make_spec(trigger={"interval": "2s"}, supervision={"hung_after_triggers": 3})  # a 6s window
     detector = supervision.HangDetector(spec, startup_grace_s=100)
     assert detector.update(observation(0, 1, 10, 10)) is None
-    # before the run's first commit, the startup grace applies on top of the window
+    # before the run's first commit, the startup grace applies on top of the window,
+    # counted from when records were first seen waiting (t=50)
     assert detector.update(observation(50, 1, 10, 90)) is None
-    assert "lag grew from 0 to 80" in detector.update(observation(106, 1, 10, 90))
-    assert detector.update(observation(107, 2, 90, 95)) is None  # a commit: progress, no verdict
+    assert detector.update(observation(150, 1, 10, 90)) is None
+    assert "lag grew from 0 to 80" in detector.update(observation(156, 1, 10, 90))
+    assert detector.update(observation(157, 2, 90, 95)) is None  # a commit: progress, no verdict
     # quiet topic: no commits for a long time, lag not growing -> healthy
-    assert detector.update(observation(200, 2, 90, 95)) is None
-    # after progress, the window alone counts
-    detector.update(observation(201, 3, 95, 95))
-    assert detector.update(observation(205, 3, 95, 120)) is None
-    assert "no commit for 6s" in detector.update(observation(207, 3, 95, 120))
+    assert detector.update(observation(300, 2, 90, 95)) is None
+    # after progress, the window alone counts; an idle job whose topic wakes up is not hung at once
+    detector.update(observation(301, 3, 95, 95))
+    assert detector.update(observation(900, 3, 95, 95)) is None
+    assert detector.update(observation(905, 3, 95, 120)) is None
+    assert detector.update(observation(909, 3, 95, 130)) is None
+    assert "no commit for 6s since new records arrived" in detector.update(observation(911, 3, 95, 140))
 
 
 def test_restart_backoff_doubles_from_the_spec_value(make_spec):

@@ -92,28 +92,37 @@ def observe(spec: PipelineSpec, platform: config.PlatformConfig, clock: Callable
 class HangDetector:
     """Decides from successive observations of one job run whether the job is hung.
 
-    A job is hung when it made no positioned commit for `hung_after_triggers x interval`
-    seconds while its lag grew over that time. Until the run's first commit the job gets
-    `startup_grace_s` more: starting Spark and catching up take longer than a trigger.
+    A job is hung when records have been waiting (lag above its level at the last
+    positioned commit) for `hung_after_triggers x interval` seconds without a new
+    positioned commit, while the lag kept growing. The clock starts when new records
+    are first seen waiting, not at the last commit: an idle job on a quiet topic commits
+    nothing and is healthy. Until the run's first commit the job gets `startup_grace_s`
+    more: starting Spark and catching up take longer than a trigger.
     """
 
     def __init__(self, spec: PipelineSpec, startup_grace_s: float):
         self.window_s = spec.supervision.hung_after_triggers * spec.trigger.interval_s
         self.startup_grace_s = startup_grace_s
         self.baseline: Observation | None = None  # the observation where the last progress was seen
+        self.waiting_since: float | None = None  # when records past the baseline's lag were first seen
         self.progressed = False
 
     def update(self, obs: Observation) -> str | None:
         """Feed the next observation; returns why the job is hung, or None while it is healthy."""
         if self.baseline is None or obs.commits != self.baseline.commits:
             self.progressed = self.baseline is not None
-            self.baseline = obs
+            self.baseline, self.waiting_since = obs, None
             return None
-        stalled = obs.at - self.baseline.at
+        if obs.lag <= self.baseline.lag:
+            self.waiting_since = None  # nothing new waits for a commit
+            return None
+        if self.waiting_since is None:
+            self.waiting_since = obs.at
+        stalled = obs.at - self.waiting_since
         allowed = self.window_s + (0.0 if self.progressed else self.startup_grace_s)
-        if stalled >= allowed and obs.lag > self.baseline.lag:
-            return (f"no commit for {stalled:.0f}s (limit {allowed:.0f}s) while lag grew from "
-                    f"{self.baseline.lag} to {obs.lag} records")
+        if stalled >= allowed:
+            return (f"no commit for {stalled:.0f}s since new records arrived (limit {allowed:.0f}s) while lag grew "
+                    f"from {self.baseline.lag} to {obs.lag} records")
         return None
 
 
