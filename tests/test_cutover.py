@@ -42,7 +42,7 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
     ingest(live)  # the candidate is now 50 records behind
     with pytest.raises(cutover.CutoverError, match="candidate lag 50 records > live lag 0"):
         cutover.cutover(spark, live, candidate, platform)
-    assert cutover.current_view_query(spark, cutover.view_name(live)) == cutover.view_query(live)
+    assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(live)
     refused = events.recent(live.name, kind="cutover", platform=platform)[0]
     assert refused["status"] == "failed" and "lag" in refused["message"]
 
@@ -51,17 +51,17 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
     audit_and_publish(spark, candidate)
     run = run_dag(f"{live.name}_cutover", make_spec.directory, conf={"candidate": candidate.name, "action": "cutover"})
     assert run.state == "success"
-    assert cutover.current_view_query(spark, cutover.view_name(live)) == cutover.view_query(candidate)
+    assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(candidate)
     assert view_count(spark, live) == 250
     assert spark.sql(f"SELECT count(DISTINCT _kafka.partition, _kafka.offset) FROM {cutover.view_name(live)}"
                      ).collect()[0][0] == 250
     done = events.recent(live.name, kind="cutover", platform=platform)[0]
     assert done["status"] == "ok" and done["details"]["comparison"]["overlap_offsets"] == 250
-    assert done["details"]["previous_query"] == cutover.view_query(live)
+    assert done["details"]["previous_query"] == publish.view_query(live)
 
     run = run_dag(f"{live.name}_cutover", make_spec.directory, conf={"candidate": candidate.name, "action": "rollback"})
     assert run.state == "success"
-    assert cutover.current_view_query(spark, cutover.view_name(live)) == cutover.view_query(live)
+    assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(live)
     assert events.recent(live.name, kind="rollback", platform=platform)[0]["status"] == "ok"
     with pytest.raises(cutover.CutoverError, match="nothing to roll back"):
         cutover.rollback(spark, live, platform)

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
+import yaml
 from airflow.sdk.exceptions import AirflowSensorTimeout
 from confluent_kafka import Producer
 
 from e2e import lakehouse, pipeline, rows, send, table
 from lakehouse import events, produce, publish, quality
 from lakehouse.ingest import IngestJob
+from lakehouse.spec import load_spec
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +26,6 @@ def order(i: int, **changes) -> tuple[bytes, bytes]:
               "status": "created", "event_time": datetime.now(timezone.utc).isoformat()}
     record.update(changes)
     return record["order_id"].encode(), json.dumps(record).encode()
-
-
-def wap_spec(pipeline, **overrides):
-    """A spec with its own readers' view (the template's serve.orders is shared by every test)."""
-    return pipeline(publish={"view": "serve.orders_{suffix}"}, **overrides)
 
 
 def head(platform, spec, name=None) -> int | None:
@@ -63,7 +60,7 @@ def asset_events(name: str) -> list:
 
 
 def test_a_good_batch_is_published_to_readers_through_the_view(platform, pipeline, make_spec, run_dag, spark):
-    spec = wap_spec(pipeline, partitions=2, slo={"freshness": "1h"})
+    spec = pipeline(partitions=2, slo={"freshness": "1h"})
     produce.produce(spec, 200, seed=1)
     done = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -88,7 +85,7 @@ def test_a_good_batch_is_published_to_readers_through_the_view(platform, pipelin
 
 def test_a_failing_expectation_blocks_publication_and_names_the_offending_offsets(platform, pipeline, make_spec,
                                                                                    run_dag, spark):
-    spec = wap_spec(pipeline, partitions=1, slo={"freshness": "1h"})
+    spec = pipeline(partitions=1, slo={"freshness": "1h"})
     job = IngestJob(spec, platform, spark)
     send(platform, spec.source.topic, [order(i) for i in range(20)], partition=0)
     job.run_once()
@@ -133,7 +130,7 @@ def test_a_failing_expectation_blocks_publication_and_names_the_offending_offset
 
 
 def test_upsert_suites_get_key_uniqueness_from_the_spec(platform, pipeline, spark):
-    spec = wap_spec(pipeline, mode="upsert", table_key=["order_id"], partition_by=[], partitions=1)
+    spec = pipeline(mode="upsert", table_key=["order_id"], partition_by=[], partitions=1)
     suite = quality.load_suite(spec)
     assert {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "order_id"},
             "meta": {"generated_from": "target.key"}} in suite["expectations"]
@@ -154,7 +151,7 @@ def test_upsert_suites_get_key_uniqueness_from_the_spec(platform, pipeline, spar
 
 
 def test_a_fanout_pipeline_audits_and_publishes_every_table_with_its_own_view(platform, pipeline, spark):
-    spec = wap_spec(pipeline, partitions=1, fanout={"field": "currency",
+    spec = pipeline(partitions=1, fanout={"field": "currency",
                                                    "routes": {"USD": "raw.orders_{suffix}_usd"}})
     default, usd = spec.target.tables
     send(platform, spec.source.topic, [order(i, currency=("EUR", "USD")[i % 2]) for i in range(11)], partition=0)
@@ -208,7 +205,7 @@ async def first_event(trigger) -> dict:
 
 
 def test_the_lag_gate_holds_back_until_the_backlog_is_ingested(platform, pipeline, spark, monkeypatch):
-    spec = wap_spec(pipeline, partitions=1)
+    spec = pipeline(partitions=1)
     job = IngestJob(spec, platform, spark)
     send(platform, spec.source.topic, [order(i) for i in range(5)], partition=0)
     job.run_once()
@@ -258,7 +255,7 @@ def run_lag_sensor(spec, monkeypatch) -> dict:
 def test_the_freshness_gate_in_poke_mode_fails_saying_which_slo_was_missed(pipeline, monkeypatch):
     from lakehouse_airflow.sensors import FreshnessSensor
 
-    spec = wap_spec(pipeline, slo={"freshness": "30s"})  # nothing ingested yet: no event time, no commit
+    spec = pipeline(slo={"freshness": "30s"})  # nothing ingested yet: no event time, no commit
     monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(Path(spec.path).parent))
     sensor = FreshnessSensor(task_id="freshness", pipeline=spec.name, deferrable=False, poke_interval=0.2,
                              timeout=0.5)
@@ -266,3 +263,25 @@ def test_the_freshness_gate_in_poke_mode_fails_saying_which_slo_was_missed(pipel
         sensor.execute({})
     assert str(failed.value) == (f"{spec.name}: freshness SLO missed: age of the newest committed event is unknown "
                                  f"(limit 30s); age of the last commit is unknown (limit 30s)")
+
+
+def test_the_view_shows_columns_the_table_gained_once_they_are_published(platform, pipeline, spark):
+    spec = pipeline(partitions=1)
+    send(platform, spec.source.topic, [order(i) for i in range(5)])
+    IngestJob(spec, platform, spark).run_once()
+    publish.publish(spec, quality.audit(spec, platform, record_event=False).snapshots, platform,
+                    spark_factory=lambda: spark, record_event=False)
+    view = spec.qualified(spec.publish.view)
+    assert "channel" not in spark.table(view).columns
+
+    raw = yaml.safe_load(Path(spec.path).read_text())
+    raw["contract"]["fields"].append({"name": "channel", "type": "string"})
+    Path(spec.path).write_text(yaml.safe_dump(raw))
+    evolved = load_spec(spec.path)
+    send(platform, spec.source.topic, [order(i, channel="app") for i in range(5, 8)])
+    IngestJob(evolved, platform, spark).run_once()
+    publish.publish(evolved, quality.audit(evolved, platform, record_event=False).snapshots, platform,
+                    spark_factory=lambda: spark, record_event=False)
+
+    channels = [r.channel for r in spark.table(view).collect()]
+    assert channels.count("app") == 3 and channels.count(None) == 5

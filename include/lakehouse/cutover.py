@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from lakehouse import config, events, offsets, quality, status as status_module
+from lakehouse.publish import current_view_query, replace_view, view_query
 from lakehouse.spec import PipelineSpec
 
 
@@ -60,31 +61,6 @@ def view_name(spec: PipelineSpec) -> str:
     if not spec.publish.view:
         raise CutoverError(f"pipeline {spec.name!r} declares no readers' view (publish.view); nothing to cut over")
     return spec.qualified(spec.publish.view)
-
-
-def view_query(spec: PipelineSpec, table: str | None = None) -> str:
-    """The readers' query of `spec`'s published branch (of `table`, default its main table)."""
-    return f"SELECT * FROM {spec.qualified(table or spec.target.table)} VERSION AS OF '{spec.publish.branch}'"
-
-
-def current_view_query(spark, view: str) -> str | None:
-    """The SQL text behind `view`, or None when the view does not exist."""
-    catalog, namespace, name = view.split(".")
-    if not spark.sql(f"SHOW NAMESPACES IN {catalog} LIKE '{namespace}'").collect():
-        return None
-    if not spark.sql(f"SHOW VIEWS IN {catalog}.{namespace} LIKE '{name}'").collect():
-        return None
-    statement = spark.sql(f"SHOW CREATE TABLE {view}").collect()[0][0]
-    head, sep, query = statement.partition("\nAS\n")
-    if not sep:
-        raise CutoverError(f"cannot read the query of view {view} from: {statement!r}")
-    return query.strip()
-
-
-def _replace_view(spark, view: str, query: str) -> None:
-    namespace = view.rsplit(".", 1)[0]
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
-    spark.sql(f"CREATE OR REPLACE VIEW {view} AS {query}")
 
 
 def _committed_ranges(spark, spec: PipelineSpec) -> dict[int, tuple[int, int]]:
@@ -180,7 +156,7 @@ def cutover(spark, live: PipelineSpec, candidate: PipelineSpec, platform: config
         raise CutoverError(f"candidate table {candidate.qualified(candidate.target.table)} has no "
                            f"{candidate.publish.branch!r} branch yet: publish it (its quality gate) first")
     details["query"] = view_query(candidate)
-    _replace_view(spark, view, details["query"])
+    replace_view(spark, view, details["query"])
     events.record(events.Event(live.name, "cutover", "ok", f"{view} now reads {candidate.name}",
                                metrics={"overlap_offsets": cmp.overlap_offsets}, details=details),
                   platform=platform)
@@ -207,7 +183,7 @@ def rollback(spark, live: PipelineSpec, platform: config.PlatformConfig | None =
     last = stack[-1]["details"]
     previous = last.get("previous_query") or view_query(live)
     current = current_view_query(spark, view)
-    _replace_view(spark, view, previous)
+    replace_view(spark, view, previous)
     details = {"view": view, "rolled_back_candidate": last.get("candidate"), "previous_query": current,
                "query": previous}
     events.record(events.Event(live.name, "rollback", "ok", f"{view} reads {previous!r} again", details=details),

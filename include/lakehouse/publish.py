@@ -62,9 +62,30 @@ def view_name(spec: PipelineSpec, table: str) -> str | None:
     return f"{spec.publish.view.split('.')[0]}.{table.split('.')[1]}"
 
 
-def view_sql(spec: PipelineSpec, table: str, view: str) -> str:
-    return (f"CREATE OR REPLACE VIEW {spec.qualified(view)} AS SELECT * FROM {spec.qualified(table)} "
-            f"VERSION AS OF '{spec.publish.branch}'")
+def view_query(spec: PipelineSpec, table: str | None = None) -> str:
+    """The readers' query of `table`'s (default: the main table's) published branch."""
+    return f"SELECT * FROM {spec.qualified(table or spec.target.table)} VERSION AS OF '{spec.publish.branch}'"
+
+
+def current_view_query(spark, view: str) -> str | None:
+    """The SQL text behind `view` (catalog.namespace.name), or None when the view does not exist."""
+    catalog, namespace, name = view.split(".")
+    if not spark.sql(f"SHOW NAMESPACES IN {catalog} LIKE '{namespace}'").collect():
+        return None
+    if not spark.sql(f"SHOW VIEWS IN {catalog}.{namespace} LIKE '{name}'").collect():
+        return None
+    statement = spark.sql(f"SHOW CREATE TABLE {view}").collect()[0][0]
+    _, sep, query = statement.partition("\nAS\n")
+    if not sep:
+        raise PublishError(f"cannot read the query of view {view} from: {statement!r}")
+    return query.strip()
+
+
+def replace_view(spark, view: str, query: str) -> None:
+    """Create or replace `view` (catalog.namespace.name) as `query`; `SELECT *` is expanded now,
+    so a view must be replaced to show columns its table gained later."""
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {view.rsplit('.', 1)[0]}")
+    spark.sql(f"CREATE OR REPLACE VIEW {view} AS {query}")
 
 
 def view_exists(catalog, catalog_name: str, view: str) -> bool:
@@ -131,12 +152,18 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
                 raise PublishError(f"{name}: the {spec.publish.branch!r} branch moved while publishing "
                                    f"(another publisher?): {exc}") from None
         done.append(PublishedTable(name, sid, heads[name], view_name(spec, name)))
+    # a view fixes its columns when created: (re)create it when missing or when the published
+    # schema changed, unless readers were cut over to a candidate (then the view is not ours)
     missing = [p for p in done if p.view and not view_exists(catalog, spec.catalog, p.view)]
-    if missing:
+    evolved = [p for p in done if p.view and p not in missing and p.previous_snapshot_id is not None
+               and _schema_id(loaded[p.table], p.snapshot_id) != _schema_id(loaded[p.table], p.previous_snapshot_id)]
+    if missing or evolved:
         spark = spark_factory() if spark_factory else _session(spec, platform)
         for p in missing:
-            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {spec.catalog}.{p.view.split('.')[0]}")
-            spark.sql(view_sql(spec, p.table, p.view))
+            replace_view(spark, spec.qualified(p.view), view_query(spec, p.table))
+        for p in evolved:
+            if current_view_query(spark, spec.qualified(p.view)) == view_query(spec, p.table):
+                replace_view(spark, spec.qualified(p.view), view_query(spec, p.table))
     if record_event:
         moved = [p for p in done if p.moved]
         message = (f"{spec.name}: published " + ", ".join(f"{p.table} {p.previous_snapshot_id} -> {p.snapshot_id}"
@@ -147,6 +174,11 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
                                    details={"branch": spec.publish.branch, "tables": [asdict(p) for p in done]}),
                       platform=platform, catalog=spec.catalog)
     return done
+
+
+def _schema_id(table: Table, snapshot_id: int) -> int | None:
+    snapshot = table.snapshot_by_id(snapshot_id)
+    return snapshot.schema_id if snapshot else None
 
 
 def _session(spec: PipelineSpec, platform: config.PlatformConfig):
