@@ -130,7 +130,7 @@ class BackfillPlan:
 
     def job_args(self) -> list[str]:
         """Arguments of the replay job (after `--pipeline NAME`) that carry out this plan."""
-        args = ["--offsets", self.offsets, "--record-event", "--json"]
+        args = ["--offsets", self.offsets, "--backfill", "--json"]
         return args + (["--into-table", self.candidate_table] if self.candidate_table else [])
 
     def to_json(self) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from datetime import datetime, timezone
 
@@ -122,7 +123,16 @@ def cmd_ingest(args) -> int:
 def _ingest(job, args) -> int:
     from lakehouse.ingest import receipt_line
 
+    metrics = None
+    if args.metrics_port and not args.once:
+        from lakehouse.metrics import IngestMetrics
+
+        metrics = IngestMetrics(job.spec.name)
+        metrics.serve(args.metrics_port)
+
     def show(receipt) -> None:
+        if metrics is not None:
+            metrics.observe(receipt)
         if args.json:
             print(receipt_line(receipt), flush=True)
         else:
@@ -142,6 +152,15 @@ def _ingest(job, args) -> int:
         if not args.json:
             print("stopped after finishing the batch in flight")
     return 0
+
+
+def _env_port(name: str) -> int | None:
+    value = os.environ.get(name)
+    if not value:
+        return None
+    if not value.isdigit():
+        raise SystemExit(f"error: {name}={value!r} is not a port number")
+    return int(value)
 
 
 def _time_ms(text: str) -> int:
@@ -172,17 +191,16 @@ def cmd_replay(args) -> int:
             print("no records in that time range")
             return 0
         receipt = replay.into_table(ranges, args.into_table) if args.into_table else replay.offsets(ranges)
-    if args.record_event:
-        from lakehouse import events
+    from lakehouse import events
 
-        target = args.into_table or ", ".join(spec.target.tables)
-        inserted = sum(receipt.inserted_by_table.values())
-        events.record(events.Event(
-            spec.name, "backfill", "ok", f"{receipt.kind} of {receipt.records} records into {target}: "
-                                         f"{inserted} rows inserted",
-            metrics={"records": receipt.records, "inserted": inserted,
-                     "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds},
-            details={**receipt.to_json(), "target": target}), catalog=spec.catalog)
+    target = args.into_table or ", ".join(spec.target.tables)
+    inserted = sum(receipt.inserted_by_table.values())
+    events.record(events.Event(
+        spec.name, "backfill" if args.backfill else "replay", "ok",
+        f"{receipt.kind} of {receipt.records} records into {target}: {inserted} rows inserted",
+        metrics={"records": receipt.records, "inserted": inserted,
+                 "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds},
+        details={**receipt.to_json(), "target": target}), catalog=spec.catalog)
     if args.json:
         _print_json(receipt.to_json())
     else:
@@ -295,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-gap", action="store_true",
                    help="continue past records that aged out of Kafka, recording the gap in the table")
     p.add_argument("--json", action="store_true", help="one JSON receipt per batch")
+    p.add_argument("--metrics-port", type=int, default=_env_port("LAKEHOUSE_METRICS_PORT"),
+                   help="continuous mode: serve Prometheus /metrics on 127.0.0.1:PORT (env LAKEHOUSE_METRICS_PORT)")
     p.set_defaults(fn=cmd_ingest)
 
     p = sub.add_parser("replay", help="re-ingest offsets, a time range, or dead letters (idempotent)")
@@ -307,8 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--error-kind", help="with --dead-letters: only this error kind")
     p.add_argument("--into-table", help="write the range's valid records into this namespace.table instead of "
                                         "the pipeline's tables (created from the contract if missing)")
-    p.add_argument("--record-event", action="store_true",
-                   help="record the result as a `backfill` event on the ops timeline")
+    p.add_argument("--backfill", action="store_true",
+                   help="record the run as a `backfill` event on the ops timeline (default: a `replay` event)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_replay)
 

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 from confluent_kafka import Consumer, TopicPartition
 
-from lakehouse import config, faults, offsets, sparkenv, tables
+from lakehouse import config, events, faults, offsets, sparkenv, tables
 from lakehouse.kafka_source import BatchPlan, batch_schema, make_reader, plan_batch, topic_state_for
 from lakehouse.offsets import TableProgress
 from lakehouse.spec import PipelineSpec, load_spec
@@ -49,6 +49,9 @@ class TableCommit:
     snapshot_id: int | None
     attempts: int
     skipped: bool = False  # the table already held this batch (a retried or resumed commit)
+    files: int = 0  # data files the commit added (snapshot summary `added-data-files`)
+    bytes: int = 0  # their size (`added-files-size`)
+    seconds: float = 0.0  # writing the files and committing, retries included
 
 
 @dataclass
@@ -65,10 +68,31 @@ class BatchReceipt:
     max_event_time: datetime | None = None
     gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
     seconds: float = 0.0
+    log_ends: dict[int, int] = field(default_factory=dict)  # per partition, the log end the plan saw
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage: plan, read_decode, ...
 
     @property
     def commit_retries(self) -> int:
         return sum(c.attempts - 1 for c in self.commits)
+
+    @property
+    def lag_records(self) -> int:
+        """Records between the batch's end and the log end the plan saw (0: caught up)."""
+        return sum(max(0, end - self.ranges.get(p, (end, end))[1]) for p, end in self.log_ends.items())
+
+    def metrics(self, now: datetime | None = None) -> dict[str, float]:
+        """The batch's numbers for the ops timeline (`batch` events) and /metrics."""
+        now = now or datetime.now(timezone.utc)
+        files = sum(c.files for c in self.commits)
+        size = sum(c.bytes for c in self.commits)
+        out = {"records": self.records, "rows": sum(self.rows_by_table.values()), "dead_letters": self.dead_letters,
+               "commit_retries": self.commit_retries, "files_added": files, "bytes_added": size,
+               "mean_file_bytes": size / files if files else 0.0, "lag_records": self.lag_records,
+               "seconds": round(self.seconds, 3), "commit_age_s": 0.0}
+        out.update({f"{stage}_s": round(value, 3) for stage, value in self.timings.items()})
+        if self.max_event_time is not None:
+            out["freshness_s"] = round((now - self.max_event_time).total_seconds(), 3)
+        return out
 
     def to_json(self) -> dict:
         return {
@@ -187,6 +211,7 @@ class IngestJob:
         plan = plan_batch(self.spec, state, progress, self.spec.trigger.max_records_per_batch, self.accept_gap)
         if not plan.ranges:
             return None
+        planned = time.monotonic()
         batch_id = uuid.uuid4().hex
         df = self.read_plan(plan)
         df.persist()
@@ -196,9 +221,36 @@ class IngestJob:
             df.unpersist()
         if faults.claim(self.platform.home, self.spec.name, "before_group_commit"):
             faults.kill_process()
+        grouped = time.monotonic()
         self._commit_group({r.partition: r.end for r in plan.ranges})
+        receipt.timings["plan"] = planned - started
+        receipt.timings["group_commit"] = time.monotonic() - grouped
+        receipt.log_ends = {p: ps.end for p, ps in state.partitions.items()}
         receipt.seconds = time.monotonic() - started
+        self._record(receipt)
         return receipt
+
+    def _record(self, receipt: BatchReceipt) -> None:
+        """A `batch` event (and a `gap` event for records that aged out) on the ops timeline; a
+        timeline outage is logged, never stops ingestion."""
+        found = [events.Event(
+            self.spec.name, "batch", "ok",
+            f"{receipt.records} records: {sum(receipt.rows_by_table.values())} rows, "
+            f"{receipt.dead_letters} dead letters in {receipt.seconds:.1f}s",
+            metrics=receipt.metrics(),
+            details={"batch_id": receipt.batch_id, "ranges": {str(p): list(r) for p, r in receipt.ranges.items()},
+                     "log_ends": {str(p): e for p, e in receipt.log_ends.items()},
+                     "snapshots": {c.table: c.snapshot_id for c in receipt.commits}})]
+        if receipt.gaps:
+            lost = sum(end - start for start, end in receipt.gaps.values())
+            found.append(events.Event(
+                self.spec.name, "gap", "warn", f"{lost} records aged out of Kafka before they were ingested",
+                metrics={"records_lost": lost},
+                details={"gaps": {str(p): list(r) for p, r in receipt.gaps.items()}, "batch_id": receipt.batch_id}))
+        try:
+            events.record(*found, platform=self.platform, catalog=self.spec.catalog)
+        except Exception as exc:  # noqa: BLE001 - the tables hold the truth; the timeline is for people
+            log.warning("could not record the batch event of %s: %s", self.spec.name, exc)
 
     def read_plan(self, plan: BatchPlan):
         schema, ddl = batch_schema(self.spec)
@@ -231,7 +283,9 @@ class IngestJob:
         return counts, dead, newest, oldest
 
     def _commit_all(self, df, plan: BatchPlan, batch_id: str) -> BatchReceipt:
-        counts, dead, newest, oldest = self._summarise(df)
+        read_started = time.monotonic()
+        counts, dead, newest, oldest = self._summarise(df)  # the first action: reads and decodes the batch
+        read_decode_s = time.monotonic() - read_started
         receipt = BatchReceipt(pipeline=self.spec.name, batch_id=batch_id, ranges=plan.range_map(),
                                records=plan.record_count, rows_by_table={t: counts.get(t, 0)
                                                                          for t in self.spec.target.tables},
@@ -245,17 +299,21 @@ class IngestJob:
             faults.kill_process()
         receipt.commits.append(self._commit_table(self.spec.dead_letter_table, df, plan, batch_id, None, dead,
                                                   oldest))
+        receipt.timings["read_decode"] = read_decode_s
+        receipt.timings["write_commit"] = sum(c.seconds for c in receipt.commits)
         return receipt
 
     def _commit_table(self, table: str, df, plan: BatchPlan, batch_id: str, newest: datetime | None,
                       row_count: int, oldest_read: datetime | None = None) -> TableCommit:
         """One atomic commit of this batch's rows for `table`, retried on conflicts with other writers."""
         dead_letter = table == self.spec.dead_letter_table
+        started = time.monotonic()
         last_error: BaseException | None = None
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             tp = offsets.read_progress(self.catalog, table, self.spec.name)
             if all(tp.positions.get(p, -1) >= end for p, (_, end) in plan.range_map().items()):
-                return TableCommit(table, 0, tp.snapshot_id, attempt, skipped=True)  # already committed
+                return TableCommit(table, 0, tp.snapshot_id, attempt, skipped=True,  # already committed
+                                   seconds=time.monotonic() - started)
             positions = dict(tp.positions)
             for p, (_, end) in plan.range_map().items():
                 positions[p] = end
@@ -298,8 +356,11 @@ class IngestJob:
                             sparkenv.describe_error(exc))
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))
                 continue
-            committed = offsets.read_progress(self.catalog, table, self.spec.name)
-            return TableCommit(table, row_count, committed.snapshot_id, attempt)
+            committed = self.catalog.load_table(table)
+            ours = offsets.progress_of(committed, table, self.spec.name).snapshot_id  # not a concurrent writer's
+            added = offsets.summary_properties(committed.snapshot_by_id(ours)) if ours is not None else {}
+            return TableCommit(table, row_count, ours, attempt, files=int(added.get("added-data-files", 0)),
+                               bytes=int(added.get("added-files-size", 0)), seconds=time.monotonic() - started)
         raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
 
     def _data_dir(self, table: str) -> Path:

@@ -1,0 +1,81 @@
+"""One timeline: every committed batch (and every replay) is an event in ops.pipeline_events, and a
+continuous job serves the same numbers on a Prometheus /metrics endpoint."""
+
+import signal
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e import lakehouse, pipeline, spawn, summaries  # noqa: F401 (fixture)
+from lakehouse import events, offsets, produce
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_batch_is_an_event_with_its_counts_stages_files_and_lag(platform, pipeline):
+    spec = pipeline(partitions=2, trigger={"max_records_per_batch": 150})
+    report = produce.produce(spec, 300, bad_ratio=0.1, seed=3)
+    done = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    batches = list(reversed(events.recent(spec.name, kind="batch", platform=platform)))
+    assert len(batches) >= 2, "a 150-record budget splits 300 records into batches"
+    metrics = [b["metrics"] for b in batches]
+    assert sum(m["records"] for m in metrics) == 300
+    assert sum(m["dead_letters"] for m in metrics) == report.bad
+    assert sum(m["rows"] for m in metrics) == 300 - report.bad
+    assert metrics[-1]["lag_records"] == 0
+    for m in metrics:
+        assert {"plan_s", "read_decode_s", "write_commit_s", "group_commit_s", "seconds"} <= set(m)
+        assert m["files_added"] >= 1 and m["bytes_added"] > 0
+        assert m["mean_file_bytes"] == pytest.approx(m["bytes_added"] / m["files_added"])
+        assert m["freshness_s"] >= 0
+    committed = {s[offsets.K_BATCH]: offsets.decode_ranges(s[offsets.K_RANGES])
+                 for s in summaries(platform, spec, spec.target.table) if offsets.K_BATCH in s}
+    for batch in batches:
+        ranges = {int(p): tuple(r) for p, r in batch["details"]["ranges"].items()}
+        assert committed[batch["details"]["batch_id"]] == ranges, "the event names the offsets its commit holds"
+
+    replayed = lakehouse(spec, "replay", "--pipeline", spec.name, "--offsets", "0:0-10")
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
+    replay = events.recent(spec.name, kind="replay", platform=platform)[0]
+    assert replay["metrics"]["records"] == 10 and replay["metrics"]["inserted"] == 0
+
+
+def scrape(port: int) -> dict:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
+
+
+def test_a_continuous_job_serves_its_metrics_for_prometheus(platform, pipeline, free_tcp_port):
+    spec = pipeline(partitions=1)
+    job = spawn(spec, "ingest", "--pipeline", spec.name, "--trigger-interval", "1s",
+                "--metrics-port", str(free_tcp_port))
+    try:
+        report = produce.produce(spec, 120, bad_ratio=0.1, seed=4)
+        label = (("pipeline", spec.name),)
+        deadline = time.monotonic() + 180
+        seen: dict = {}
+        while time.monotonic() < deadline:
+            assert job.poll() is None, job.stderr.read()[-3000:]
+            try:
+                seen = scrape(free_tcp_port)
+            except OSError:
+                seen = {}
+            if seen.get(("lakehouse_records_total", label)) == 120:
+                break
+            time.sleep(1)
+        assert seen.get(("lakehouse_records_total", label)) == 120, seen
+        assert seen[("lakehouse_dead_letters_total", label)] == report.bad
+        assert seen[("lakehouse_rows_total", (("pipeline", spec.name), ("table", spec.target.table)))] \
+            == 120 - report.bad
+        assert seen[("lakehouse_lag_records", label)] == 0
+        assert seen[("lakehouse_committed_offset", (("partition", "0"), ("pipeline", spec.name)))] == 120
+        assert 0 <= seen[("lakehouse_freshness_seconds", label)] < 600
+        assert seen[("lakehouse_batch_stage_seconds", (("pipeline", spec.name), ("stage", "read_decode")))] > 0
+    finally:
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=120) == 0
