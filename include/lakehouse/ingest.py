@@ -179,7 +179,6 @@ class IngestJob:
         batches = 0
         while not self._stop.is_set():
             started = time.monotonic()
-            self.reload_spec_if_changed()
             receipt = self.run_batch()
             if receipt is not None:
                 batches += 1
@@ -211,6 +210,9 @@ class IngestJob:
         plan = plan_batch(self.spec, state, progress, self.spec.trigger.max_records_per_batch, self.accept_gap)
         if not plan.ranges:
             return None
+        # after planning, not before: a spec edited before its first records were produced then
+        # decodes every record of the plan (they were all in Kafka when the plan fixed its end)
+        self.reload_spec_if_changed()
         planned = time.monotonic()
         batch_id = uuid.uuid4().hex
         df = self.read_plan(plan)
