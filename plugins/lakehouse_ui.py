@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse
 
 from lakehouse import config, history
 from lakehouse.spec import SpecError, load_spec
+from lakehouse.status import format_age
 
 app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
 
@@ -65,16 +66,6 @@ def pipelines_page() -> str:
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _field(name: str, text: object, cls: str = "") -> str:
@@ -128,7 +119,7 @@ def _card(entry: dict) -> str:
     fresh_cls = "" if fresh is None else ("bad" if fresh > slo["freshness_s"] else "ok")
     if entry["committed"]:
         at = datetime.fromisoformat(entry["last_commit_at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
-        commit = (_field("last_commit_at", at) + " (" + _age(entry["seconds_since_commit"])
+        commit = (_field("last_commit_at", at) + " (" + format_age(entry["seconds_since_commit"])
                   + " ago), snapshot " + _field("snapshot_id", entry["snapshot_id"]))
         positions = ", ".join(f'p{p}: {_field(f"position_{p}", o)}' for p, o in entry["positions"].items())
     else:
@@ -145,10 +136,10 @@ def _card(entry: dict) -> str:
 <h2>{_e(name)} <small>{_e(entry["topic"])} &rarr; {", ".join(_e(t["table"]) for t in entry["tables"])}</small></h2>
 <table>
 <tr><th>Kafka lag</th><td class="{lag_cls}">{_field("lag_records", lag_text)} records,
-  {_field("lag_s", _age(entry["lag_s"]))} behind
-  (SLO {slo["lag_records"]} records / {_age(slo["lag_s"])}) {kafka}</td></tr>
-<tr><th>Freshness</th><td class="{fresh_cls}">newest event {_field("freshness", _age(fresh))} old,
-  last commit {_field("commit_age", _age(entry["seconds_since_commit"]))} ago (SLO {_age(slo["freshness_s"])})</td></tr>
+  {_field("lag_s", format_age(entry["lag_s"]))} behind
+  (SLO {slo["lag_records"]} records / {format_age(slo["lag_s"])}) {kafka}</td></tr>
+<tr><th>Freshness</th><td class="{fresh_cls}">newest event {_field("freshness", format_age(fresh))} old,
+  last commit {_field("commit_age", format_age(entry["seconds_since_commit"]))} ago (SLO {format_age(slo["freshness_s"])})</td></tr>
 <tr><th>Last commit</th><td>{commit}</td></tr>
 <tr><th>Committed positions</th><td>{positions}</td></tr>
 <tr><th>Rows</th><td>{_field("rows", entry["rows"])}</td></tr>

@@ -122,7 +122,7 @@ def test_pipelines_page_shows_live_numbers_in_a_browser(pipeline, make_spec, pla
     assert {p: int(field(mine, f"position_{p}")) for p in ends} == ends
     assert field(mine, "snapshot_id") == str(progress.snapshot_id)
     assert field(mine, "lag_records") == "20"
-    assert re.fullmatch(r"\d+ s", field(mine, "lag_s"))  # the age of the oldest record not ingested
+    assert re.fullmatch(r"\d+s", field(mine, "lag_s"))  # the age of the oldest record not ingested
     assert field(mine, "quality") == "failed" and "2 of 9 expectations failed" in mine
     assert f'href="../dags/{spec.name}_ingest"' in mine and 'href="../dags/retention_alignment"' in mine
     assert re.search(r'<svg[^>]*aria-label="freshness at commit".*?<polyline points="[^"]+"', mine, re.S)

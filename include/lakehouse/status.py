@@ -109,7 +109,8 @@ def _record_timestamps(kafka_conf: dict, topic: str, starts: dict[int, int], tim
     return found
 
 
-def _age(seconds: float | None) -> str:
+def format_age(seconds: float | None) -> str:
+    """A duration for people: 52s, 14m, 3.5h; '-' when unknown."""
     if seconds is None:
         return "-"
     if seconds < 120:
@@ -127,8 +128,8 @@ def render(statuses: list[dict]) -> str:
         data = [t for t in s["tables"] if t["role"] == "data"]
         rows.append((s["pipeline"], s["mode"], str(s["rows"]), str(s["dead_letters"]),
                      "?" if s["lag_records"] is None else str(s["lag_records"]),
-                     _age(s["seconds_since_commit"]) + (" ago" if s["seconds_since_commit"] is not None else ""),
-                     _age(s["freshness_s"]), str(sum(t["snapshots"] for t in data))))
+                     format_age(s["seconds_since_commit"]) + (" ago" if s["seconds_since_commit"] is not None else ""),
+                     format_age(s["freshness_s"]), str(sum(t["snapshots"] for t in data))))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
     for s in statuses:
