@@ -22,7 +22,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
-from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, TableAlreadyExistsError
+from pyiceberg.exceptions import (CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError,
+                                 TableAlreadyExistsError)
 from pyiceberg.expressions import And, AlwaysTrue, EqualTo, GreaterThanOrEqual
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -92,13 +93,17 @@ def events_table(platform: config.PlatformConfig | None = None, catalog: str = "
     """The `ops.pipeline_events` table, created on first use."""
     cat = offsets.open_catalog(platform or config.load(), catalog)
     try:
+        return cat.load_table(EVENTS_TABLE)  # every call after the first: one catalog read
+    except NoSuchTableError:
+        pass
+    try:
         cat.create_namespace("ops")
     except NamespaceAlreadyExistsError:
         pass
     try:
         return cat.create_table(EVENTS_TABLE, schema=SCHEMA, partition_spec=PARTITIONING,
                                 properties={"format-version": "2"})
-    except TableAlreadyExistsError:
+    except TableAlreadyExistsError:  # another process created it meanwhile
         return cat.load_table(EVENTS_TABLE)
 
 
