@@ -44,10 +44,7 @@ def test_dags_carry_owner_tags_docs_and_valid_default_params(shipped):
         assert dag.max_active_runs == 1, dag_id
         assert not dag.catchup, dag_id
         dag.params.validate()  # the trigger form's defaults are valid as they stand
-        assert dag.task_dict, dag_id
-        for task in dag.tasks:  # acyclic: a topological order covers every task exactly once
-            assert task.dag is dag
-        assert len(dag.topological_sort()) == len(dag.tasks), dag_id
+        assert dag.task_dict, dag_id  # (cycles are import errors: DagBag checks them on load)
 
 
 def test_adding_a_pipeline_yaml_adds_its_dags(airflow_db, make_spec, monkeypatch):
