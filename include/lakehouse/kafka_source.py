@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from operator import itemgetter
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
@@ -299,125 +300,213 @@ def batch_schema(spec: PipelineSpec) -> tuple[pa.Schema, str]:
     return schema, ddl
 
 
+# Messages asked of consume() at a time. A Message is a GC-tracked object: a chunk of thousands
+# outlives enough collections to reach the oldest generation and sets off full collections that
+# cost more than decoding it (10,000 at a time halved the reader's throughput).
+CONSUME_CHUNK = 200
+_DEAD_LETTER_COLUMNS = ("_dlq_key", "_dlq_value", "_dlq_headers", "_dlq_error_kind", "_dlq_error_detail")
+
+
+class StageClock:
+    """Seconds one task spent in `consumer.consume` (read) and decoding records into batches (decode)."""
+
+    __slots__ = ("read_s", "decode_s")
+
+    def __init__(self) -> None:
+        self.read_s = 0.0
+        self.decode_s = 0.0
+
+    def report(self, timers) -> None:
+        """Adds the totals to `timers`, a pair (read, decode) of objects with `.add(float)`, when given."""
+        if timers is not None:
+            read_timer, decode_timer = timers
+            read_timer.add(self.read_s)
+            decode_timer.add(self.decode_s)
+
+
 class BatchBuilder:
-    """Accumulates decoded records column by column and emits Arrow record batches."""
+    """Decodes records and emits them as Arrow record batches of `batch_schema(spec)`.
+
+    A record is kept as two tuples (its contract values; its coordinates, route
+    and op), dead letters on the side, and columns are built at flush: two list
+    appends per record instead of one per column.
+    """
 
     def __init__(self, spec: PipelineSpec, validator: RecordValidator, ingested_at_us: int):
         self.schema, _ = batch_schema(spec)
-        self.names = self.schema.names
         self.validator = validator
         self.contract = spec.contract.names
+        self._null_row = (None,) * len(self.contract)
+        self._key_index = self.contract.index(validator.key_field) if validator.key_field else None
         self.default_table = spec.target.table
         fanout = spec.target.fanout
-        self.route_field = fanout.field if fanout else None
+        self._route_index = self.contract.index(fanout.field) if fanout else None
         self.routes = fanout.routes if fanout else {}
         self.ingested_at = ingested_at_us
         self.reset()
 
     def reset(self) -> None:
-        self.cols: dict[str, list] = {n: [] for n in self.names}
-        self.size = 0
+        self._rows: list[tuple] = []     # contract values, all None for a dead letter
+        self._records: list[tuple] = []  # (topic, partition, offset, timestamp ms, key text, route, op)
+        self._dead: list[tuple] = []     # (position, key, value, headers, error kind, error detail)
+
+    @property
+    def size(self) -> int:
+        """Records added since the last flush."""
+        return len(self._records)
 
     def add(self, topic: str, partition: int, offset: int, ts_ms: int | None,
             key: bytes | None, value: bytes | None, headers) -> None:
-        c = self.cols
+        """Decode one record and keep it as a table row or, when rejected, as a dead letter.
+
+        `headers` is the record's list of (key, value) pairs or a function that
+        returns it; it is read for dead letters only (building it costs more than
+        decoding a valid record).
+        """
+        validator = self.validator
         key_text = None
         try:
-            key_text = self.validator.check_key(key)
-            row = self.validator.check(key_text, value)
-        except Rejected as rej:
-            row, rejected = None, rej
+            key_text = validator.check_key(key)
+            row = validator.check_row(key_text, value)
+        except Rejected as rejected:
+            self._dead.append((len(self._records), key, value, headers() if callable(headers) else headers,
+                               rejected.kind, rejected.detail))
+            self._rows.append(self._null_row)
+            self._records.append((topic, partition, offset, ts_ms, key_text, None, None))
+            return
+        if row is None:  # tombstone on an upsert pipeline: delete the key
+            row = tuple(key_text if i == self._key_index else None for i in range(len(self.contract)))
+            route, op = self.default_table, "delete"
+        elif self._route_index is None:
+            route, op = self.default_table, "upsert"
         else:
-            rejected = None
-        if rejected is None:
-            if row is None:  # tombstone on an upsert pipeline: delete the key
-                row = {self.validator.key_field: key_text}
-                c["_op"].append("delete")
-                c["_route"].append(self.default_table)
-            else:
-                c["_op"].append("upsert")
-                routed = row.get(self.route_field) if self.route_field else None
-                c["_route"].append(self.routes.get(str(routed), self.default_table)
-                                   if routed is not None else self.default_table)
-            for name in self.contract:
-                c[name].append(row.get(name))
-            for n in ("_dlq_key", "_dlq_value", "_dlq_headers", "_dlq_error_kind", "_dlq_error_detail"):
-                c[n].append(None)
-        else:
-            c["_route"].append(None)
-            c["_op"].append(None)
-            for name in self.contract:
-                c[name].append(None)
-            c["_dlq_key"].append(key)
-            c["_dlq_value"].append(value)
-            c["_dlq_headers"].append(
-                [{"key": k, "value": v if v is None or isinstance(v, bytes) else bytes(v)} for k, v in headers]
-                if headers else [])
-            c["_dlq_error_kind"].append(rejected.kind)
-            c["_dlq_error_detail"].append(rejected.detail)
-        c["_kafka"].append({"topic": topic, "partition": partition, "offset": offset,
-                            "timestamp": None if ts_ms is None else ts_ms * 1000, "key": key_text})
-        c["_ingested_at"].append(self.ingested_at)
-        self.size += 1
+            routed = row[self._route_index]
+            route = self.default_table if routed is None else self.routes.get(str(routed), self.default_table)
+            op = "upsert"
+        self._rows.append(row)
+        self._records.append((topic, partition, offset, ts_ms, key_text, route, op))
 
     def flush(self) -> pa.RecordBatch:
-        arrays = [pa.array(self.cols[n], type=self.schema.field(n).type) for n in self.names]
+        """The records added since the last flush as one Arrow batch; the builder starts empty again."""
+        rows, records, n = self._rows, self._records, len(self._records)
+
+        def column(items: list[tuple], i: int) -> list:
+            # not zip(*items): that makes one iterator per row, enough to set off full GC passes
+            return list(map(itemgetter(i), items))
+
+        columns: dict[str, Any] = {name: column(rows, i) for i, name in enumerate(self.contract)}
+        columns["_route"] = column(records, 5)
+        columns["_op"] = column(records, 6)
+        columns["_ingested_at"] = [self.ingested_at] * n
+        dead = {name: [None] * n for name in _DEAD_LETTER_COLUMNS}
+        for position, key, value, headers, kind, detail in self._dead:
+            dead["_dlq_key"][position] = key
+            dead["_dlq_value"][position] = value
+            dead["_dlq_headers"][position] = [
+                {"key": k, "value": v if v is None or isinstance(v, bytes) else bytes(v)} for k, v in headers
+            ] if headers else []
+            dead["_dlq_error_kind"][position] = kind
+            dead["_dlq_error_detail"][position] = detail
+        columns.update(dead)
+        columns["_kafka"] = pa.StructArray.from_arrays([
+            pa.array(column(records, 0), pa.string()),
+            pa.array(column(records, 1), pa.int32()),
+            pa.array(column(records, 2), pa.int64()),
+            # Kafka gives milliseconds; a checked cast, like the multiplication in Python it replaces
+            pa.array(column(records, 3), pa.timestamp("ms", tz="UTC")).cast(KAFKA_STRUCT.field("timestamp").type),
+            pa.array(column(records, 4), pa.string()),
+        ], fields=list(KAFKA_STRUCT))
+        arrays = [values if isinstance(values := columns[f.name], pa.Array) else pa.array(values, type=f.type)
+                  for f in self.schema]
         self.reset()
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
 def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batch_rows: int,
-               stall_timeout: float, fault=None) -> Iterator[pa.RecordBatch]:
-    """Decoded Arrow batches of exactly the records in `rng`."""
+               stall_timeout: float, fault=None, clock: StageClock | None = None) -> Iterator[pa.RecordBatch]:
+    """Decoded Arrow batches of exactly the records in `rng`.
+
+    `clock` adds up the seconds spent in `consumer.consume` and in decoding and
+    building batches, per consume() call and per chunk of records; the time this
+    generator is suspended at `yield` counts as neither.
+    """
     if rng.count <= 0:
         return
+    clock = clock if clock is not None else StageClock()
     consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+    topic, partition, end = rng.topic, rng.partition, rng.end
+    halfway = rng.start + rng.count // 2
+    consume, add = consumer.consume, builder.add
+    pending = builder.size
     last_progress = time.monotonic()
     position = rng.start
-    halfway = rng.start + rng.count // 2
-    while position < rng.end:
-        msgs = consumer.consume(num_messages=min(10_000, batch_rows), timeout=0.5)
+    while position < end:
+        # never more than the range still holds: consume() waits out its timeout for a count it cannot fill
+        want = min(CONSUME_CHUNK, batch_rows, end - position)
+        started = time.perf_counter()
+        msgs = consume(num_messages=want, timeout=0.5)
+        decoding = time.perf_counter()
+        clock.read_s += decoding - started
         if not msgs and time.monotonic() - last_progress > stall_timeout:
             raise SourceError(f"{rng}: no records past offset {position} for {stall_timeout:.0f}s "
                               f"although they were planned; broker stalled?")
+        chunk_start = position
         for msg in msgs:
-            if msg.partition() != rng.partition:  # left over from the task's previous range
+            if msg.partition() != partition:  # left over from the task's previous range
                 continue
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    if msg.offset() >= rng.end:  # the range ends in control records (transactions)
-                        position = rng.end
+                    if msg.offset() >= end:  # the range ends in control records (transactions)
+                        position = end
                     continue
                 if err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
                     raise OffsetGapError(f"{rng}: offset {position} was deleted from Kafka while the batch "
                                          f"was being read (retention); rerun to plan again")
                 raise SourceError(f"{rng}: {err.str()}")
             offset = msg.offset()
-            if offset >= rng.end:
-                position = rng.end
+            if offset >= end:
+                position = end
                 break
             ts_type, ts = msg.timestamp()
-            builder.add(rng.topic, rng.partition, offset, ts if ts_type != 0 else None,
-                        msg.key(), msg.value(), msg.headers())
+            add(topic, partition, offset, ts if ts_type != 0 else None, msg.key(), msg.value(), msg.headers)
             position = offset + 1
-            last_progress = time.monotonic()
-            if fault is not None and offset == halfway:
+            if offset == halfway and fault is not None:
                 fault("during_read")
-            if builder.size >= batch_rows:
-                yield builder.flush()
+            pending += 1
+            if pending >= batch_rows:
+                batch = builder.flush()
+                pending = 0
+                clock.decode_s += time.perf_counter() - decoding
+                yield batch
+                decoding = time.perf_counter()
+        clock.decode_s += time.perf_counter() - decoding
+        if position > chunk_start:
+            last_progress = time.monotonic()
     if builder.size:
-        yield builder.flush()
+        flushing = time.perf_counter()
+        batch = builder.flush()
+        clock.decode_s += time.perf_counter() - flushing
+        yield batch
 
 
 def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
-                batch_rows: int = 10_000, stall_timeout: float = 60.0, fault=None):
+                batch_rows: int = 10_000, stall_timeout: float = 60.0, fault=None, timers=None):
     """The function mapInArrow runs in each task: plan rows in, decoded batches out.
 
     `fault` (a faults.TaskFault) injects the tests' task-side faults.
+
+    `timers`, when given, is a stage clock for the ops timeline: a pair
+    `(read, decode)` of objects with `.add(float)`, e.g. two pyspark float
+    Accumulators. Each task adds once, when it ends (also when it fails), the
+    seconds it spent in `consumer.consume` to `read` and the seconds it spent
+    decoding records and building Arrow batches to `decode`, measured with
+    time.perf_counter per consume() call and per chunk of records, not per
+    record; the time a task waits for Spark to take a batch counts as neither.
     """
 
     def read(plan_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        clock = StageClock()
         validator = RecordValidator(spec, quarantined)
         builder = BatchBuilder(spec, validator, ingested_at_us)
         consumer = _consumer(kafka_conf, f"lakehouse-reader-{spec.name}",
@@ -429,28 +518,47 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
                     if fault is not None:
                         fault("task_failure")
                     rng = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-                    yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault)
+                    yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock)
         finally:
-            consumer.close()
+            try:
+                consumer.close()
+            finally:
+                clock.report(timers)
 
     return read
 
 
-def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_us: int):
-    """The mapInArrow function that decodes dead letters again (after a contract fix)."""
+def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_us: int, timers=None):
+    """The mapInArrow function that decodes dead letters again (after a contract fix).
+
+    `timers` is the stage clock of `make_reader`; nothing is read from Kafka, so
+    each task adds 0 to `read` and its decoding seconds to `decode`.
+    """
 
     def redecode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        clock = StageClock()
         builder = BatchBuilder(spec, RecordValidator(spec, quarantined), ingested_at_us)
-        for batch in batches:
-            for row in batch.to_pylist():
-                k = row["_kafka"]
-                ts = k["timestamp"]
-                ts_ms = None if ts is None else int(ts.timestamp() * 1000)
-                headers = [(h["key"], h["value"]) for h in row["headers"] or []]
-                builder.add(k["topic"], k["partition"], k["offset"], ts_ms, row["key"], row["value"], headers)
-                if builder.size >= 10_000:
-                    yield builder.flush()
-        if builder.size:
-            yield builder.flush()
+        try:
+            for batch in batches:
+                decoding = time.perf_counter()
+                for row in batch.to_pylist():
+                    k = row["_kafka"]
+                    ts = k["timestamp"]
+                    ts_ms = None if ts is None else int(ts.timestamp() * 1000)
+                    headers = [(h["key"], h["value"]) for h in row["headers"] or []]
+                    builder.add(k["topic"], k["partition"], k["offset"], ts_ms, row["key"], row["value"], headers)
+                    if builder.size >= 10_000:
+                        out = builder.flush()
+                        clock.decode_s += time.perf_counter() - decoding
+                        yield out
+                        decoding = time.perf_counter()
+                clock.decode_s += time.perf_counter() - decoding
+            if builder.size:
+                decoding = time.perf_counter()
+                out = builder.flush()
+                clock.decode_s += time.perf_counter() - decoding
+                yield out
+        finally:
+            clock.report(timers)
 
     return redecode
