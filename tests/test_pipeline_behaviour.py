@@ -15,7 +15,7 @@ from lakehouse import offsets, produce
 from lakehouse.ingest import IngestJob
 from lakehouse.kafka_source import (OffsetGapError, PartitionState, TopicRecreatedError, TopicState, plan_batch,
                                     topic_state)
-from lakehouse.offsets import TableProgress
+from lakehouse.offsets import OffsetRange, TableProgress
 from lakehouse.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -184,6 +184,18 @@ def test_batches_are_bounded_and_shared_fairly_across_partitions(make_spec):
     plan = plan_batch(spec, wide, [], 500)
     assert plan.record_count == 500
     assert plan.range_map() == {0: (0, 245), 1: (0, 10), 2: (0, 245)}
+
+
+def test_large_partition_ranges_are_cut_so_every_task_slot_reads():
+    three = [OffsetRange("t", p, 0, 60_000) for p in range(3)]
+    pieces = offsets.split_for_tasks(three, tasks=4)
+    assert len(pieces) == 6  # three 60k partitions on four slots: two pieces each, not three tasks
+    for p in range(3):
+        mine = [(r.start, r.end) for r in pieces if r.partition == p]
+        assert mine == [(0, 30_000), (30_000, 60_000)]  # contiguous, exactly the partition's range
+    many = [OffsetRange("t", p, 100, 5_000) for p in range(12)]
+    assert offsets.split_for_tasks(many, tasks=4) == many  # enough partitions: nothing to cut
+    assert offsets.split_for_tasks([OffsetRange("t", 0, 7, 7)], tasks=4) == [OffsetRange("t", 0, 7, 7)]
 
 
 def test_a_stopped_producer_sees_all_its_records_land_on_the_embedded_broker(platform, pipeline, spark):

@@ -34,6 +34,14 @@ from lakehouse.offsets import TableProgress
 from lakehouse.spec import PipelineSpec, load_spec
 
 log = logging.getLogger("lakehouse.ingest")
+# The stages of a batch, in order; their seconds add up to the batch's (plus recording the event):
+#   plan          read the tables' positions, find the log ends, plan the ranges
+#   read, decode  the Spark stage that fetches the records and decodes them, split by the share of
+#                 task time spent in consumer.consume (read) versus decoding and building batches
+#   write         the Spark jobs that write each table's data files (summed over tables)
+#   commit        the rest of each table commit: Iceberg metadata, the catalog swap, conflict retries
+#   group_commit  the consumer group's offsets (monitoring only)
+STAGES = ("plan", "read", "decode", "write", "commit", "group_commit")
 COMMIT_ATTEMPTS = 6
 RETRYABLE_COMMIT_ERRORS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException")
 
@@ -52,6 +60,7 @@ class TableCommit:
     files: int = 0  # data files the commit added (snapshot summary `added-data-files`)
     bytes: int = 0  # their size (`added-files-size`)
     seconds: float = 0.0  # writing the files and committing, retries included
+    write_seconds: float = 0.0  # of which the Spark jobs that wrote the data files (the last attempt)
 
 
 @dataclass
@@ -69,7 +78,7 @@ class BatchReceipt:
     gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
     seconds: float = 0.0
     log_ends: dict[int, int] = field(default_factory=dict)  # per partition, the log end the plan saw
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage: plan, read_decode, ...
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage (STAGES) and task totals
 
     @property
     def commit_retries(self) -> int:
@@ -125,6 +134,8 @@ class IngestJob:
         self._spec_mtime = self._mtime()
         self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
         self._stop = threading.Event()
+        # task seconds spent reading and decoding, summed over every task of the job (a stage clock)
+        self._task_clock = (self.spark.sparkContext.accumulator(0.0), self.spark.sparkContext.accumulator(0.0))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -241,6 +252,7 @@ class IngestJob:
             f"{receipt.dead_letters} dead letters in {receipt.seconds:.1f}s",
             metrics=receipt.metrics(),
             details={"batch_id": receipt.batch_id, "ranges": {str(p): list(r) for p, r in receipt.ranges.items()},
+                     "max_event_time": receipt.max_event_time.isoformat() if receipt.max_event_time else None,
                      "log_ends": {str(p): e for p, e in receipt.log_ends.items()},
                      "snapshots": {c.table: c.snapshot_id for c in receipt.commits}})]
         if receipt.gaps:
@@ -256,12 +268,14 @@ class IngestJob:
 
     def read_plan(self, plan: BatchPlan):
         schema, ddl = batch_schema(self.spec)
-        rows = [(r.topic, r.partition, r.start, r.end) for r in plan.ranges]
+        # each partition's range cut so that every task slot has work, not one task per partition
+        pieces = offsets.split_for_tasks(plan.ranges, self.spark.sparkContext.defaultParallelism * 2)
+        rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
         plan_df = self.spark.createDataFrame(rows, "topic string, partition int, start long, end long") \
             .repartition(len(rows))
         reader = make_reader(self.spec, self.kafka_conf, self.quarantined,
                              ingested_at_us=int(time.time() * 1_000_000),
-                             fault=faults.task_fault(self.platform.home, self.spec.name))
+                             fault=faults.task_fault(self.platform.home, self.spec.name), timers=self._task_clock)
         return plan_df.mapInArrow(reader, ddl)
 
     def _summarise(self, df) -> tuple[dict[str, int], int, datetime | None, datetime | None]:
@@ -286,8 +300,11 @@ class IngestJob:
 
     def _commit_all(self, df, plan: BatchPlan, batch_id: str) -> BatchReceipt:
         read_started = time.monotonic()
+        read_before, decode_before = (acc.value for acc in self._task_clock)
         counts, dead, newest, oldest = self._summarise(df)  # the first action: reads and decodes the batch
         read_decode_s = time.monotonic() - read_started
+        read_task = self._task_clock[0].value - read_before
+        decode_task = self._task_clock[1].value - decode_before
         receipt = BatchReceipt(pipeline=self.spec.name, batch_id=batch_id, ranges=plan.range_map(),
                                records=plan.record_count, rows_by_table={t: counts.get(t, 0)
                                                                          for t in self.spec.target.tables},
@@ -301,8 +318,12 @@ class IngestJob:
             faults.kill_process()
         receipt.commits.append(self._commit_table(self.spec.dead_letter_table, df, plan, batch_id, None, dead,
                                                   oldest))
-        receipt.timings["read_decode"] = read_decode_s
-        receipt.timings["write_commit"] = sum(c.seconds for c in receipt.commits)
+        read_share = read_task / (read_task + decode_task) if read_task + decode_task > 0 else 0.0
+        write = sum(c.write_seconds for c in receipt.commits)
+        receipt.timings.update({
+            "read": read_decode_s * read_share, "decode": read_decode_s * (1 - read_share),
+            "write": write, "commit": sum(c.seconds for c in receipt.commits) - write,
+            "read_task": read_task, "decode_task": decode_task})
         return receipt
 
     def _commit_table(self, table: str, df, plan: BatchPlan, batch_id: str, newest: datetime | None,
@@ -337,9 +358,10 @@ class IngestJob:
                 # commit time minus this is how long Kafka had to hold the batch (retention alignment)
                 summary[offsets.K_MIN_KAFKA_TIME] = oldest_read.isoformat()
             rows = self.rows_for(table, df, tp, dead_letter)
+            group = f"lakehouse-{self.spec.name}-{batch_id}-{table}-{attempt}"
             try:
-                with faults.kill_when_files_appear(self.platform.home, self.spec.name,
-                                                   lambda: self._data_dir(table)):
+                with faults.kill_when_files_appear(self.platform.home, self.spec.name, lambda: self._data_dir(table)), \
+                        sparkenv.job_group(self.spark, group):
                     if faults.claim(self.platform.home, self.spec.name, "concurrent_commit"):
                         key = self.spec.target.key[0] if self.spec.target.key else None
                         faults.commit_concurrently(self.spark, self.catalog.load_table(table), key)
@@ -362,7 +384,8 @@ class IngestJob:
             ours = offsets.progress_of(committed, table, self.spec.name).snapshot_id  # not a concurrent writer's
             added = offsets.summary_properties(committed.snapshot_by_id(ours)) if ours is not None else {}
             return TableCommit(table, row_count, ours, attempt, files=int(added.get("added-data-files", 0)),
-                               bytes=int(added.get("added-files-size", 0)), seconds=time.monotonic() - started)
+                               bytes=int(added.get("added-files-size", 0)), seconds=time.monotonic() - started,
+                               write_seconds=sparkenv.job_seconds(self.spark, group) or 0.0)
         raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
 
     def _data_dir(self, table: str) -> Path:

@@ -13,7 +13,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-STAGES = ("plan", "read_decode", "write_commit", "group_commit")
+from lakehouse.ingest import STAGES
 
 
 class IngestMetrics:

@@ -55,6 +55,23 @@ class OffsetRange:
         return f"{self.topic}[{self.partition}]@[{self.start},{self.end})"
 
 
+def split_for_tasks(ranges: list[OffsetRange] | tuple[OffsetRange, ...], tasks: int,
+                    min_records: int = 10_000) -> list[OffsetRange]:
+    """`ranges` cut into about `tasks` pieces of similar size (none under `min_records` unless the
+    range is), so that a few large partitions keep every task slot busy. Pieces of one partition
+    are contiguous and cover its range exactly."""
+    total = sum(r.count for r in ranges)
+    target = max(min_records, -(-total // max(1, tasks)))  # ceil(total / tasks)
+    pieces = []
+    for r in ranges:
+        if r.count == 0:
+            pieces.append(r)
+            continue
+        step = -(-r.count // -(-r.count // target))  # ceil(count / pieces), pieces = ceil(count / target)
+        pieces += [OffsetRange(r.topic, r.partition, s, min(s + step, r.end)) for s in range(r.start, r.end, step)]
+    return pieces
+
+
 def encode_ranges(ranges: dict[int, tuple[int, int]]) -> str:
     return json.dumps({str(p): [s, e] for p, (s, e) in sorted(ranges.items())}, separators=(",", ":"))
 

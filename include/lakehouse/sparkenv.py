@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Iterable
@@ -125,6 +127,45 @@ def merge(spark, source, statement: str, properties: dict[str, str]) -> None:
         with_commit_properties(spark, properties, lambda: spark.sql(statement.format(source=view)))
     finally:
         spark.catalog.dropTempView(view)
+
+
+@contextlib.contextmanager
+def job_group(spark, group: str):
+    """Run the Spark jobs started inside the block (on this thread) under job group `group`."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, group)
+    try:
+        yield group
+    finally:
+        sc._jsc.clearJobGroup()
+
+
+def job_seconds(spark, group: str, timeout_s: float = 2.0) -> float | None:
+    """Wall seconds from the first submission to the last completion of the jobs of `group`, as the
+    driver's status store recorded them (0.0 when the group ran none); None when the store cannot
+    say within `timeout_s` (its listener bus is asynchronous, so a job that just ended may lag)."""
+    sc = spark.sparkContext
+    ids = sc.statusTracker().getJobIdsForGroup(group)
+    if not ids:
+        return 0.0
+    store = sc._jsc.sc().statusStore()
+    deadline = time.monotonic() + timeout_s
+    starts, ends = [], []
+    for job_id in ids:
+        while True:
+            try:
+                job = store.job(job_id)
+                submitted, completed = job.submissionTime(), job.completionTime()
+                if submitted.isDefined() and completed.isDefined():
+                    starts.append(submitted.get().getTime())
+                    ends.append(completed.get().getTime())
+                    break
+            except Exception:  # noqa: BLE001 - not in the store yet (py4j wraps NoSuchElementException)
+                pass
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+    return (max(ends) - min(starts)) / 1000
 
 
 def describe_error(exc: BaseException) -> str:
