@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from lakehouse import config, history
+from lakehouse.ingest import STAGES
 from lakehouse.spec import SpecError, load_spec
 from lakehouse.status import format_age
 
@@ -101,9 +102,31 @@ def _chart(title: str, points: list[dict], key: str, limit: float | None, unit: 
 def _quality(event: dict | None) -> str:
     if event is None:
         return _field("quality", "none yet", "muted")
-    when = event["ts"].strftime("%Y-%m-%d %H:%M:%S UTC")
+    when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
     return (_field("quality", event["status"], f"status-{_e(event['status'])}")
             + f' <span class="muted">{_e(event.get("message") or "")} ({_e(when)})</span>')
+
+
+def _timeline(timeline: dict) -> str:
+    """The last batch with its stage seconds, throughput over the last minutes, the newest other events."""
+    if "error" in timeline:
+        return f'<span class="error">{_e(timeline["error"])}</span>'
+    last = timeline.get("last_batch")
+    if last is None:
+        return _field("last_batch", "no batch events yet", "muted")
+    stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
+    recent = timeline["recent"]
+    rate = f"{recent['records_per_s']:g}"
+    rows = [f'last batch: {_field("last_batch", last["message"])} <span class="muted">({_e(stages)})</span>',
+            f'last {recent["window_s"] / 60:.0f} min: {_field("batches", recent["batches"])} batches, '
+            f'{_field("records_per_s", rate)} records/s, '
+            f'{_field("recent_dead_letters", recent["dead_letters"])} dead letters, '
+            f'{_field("commit_retries", recent["commit_retries"])} commit retries']
+    for kind, event in sorted(timeline["latest"].items()):
+        when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
+        status = _field(f"latest_{kind}", event["status"], "status-" + _e(event["status"]))
+        rows.append(f'{_e(kind)}: {status} <span class="muted">{_e(event["message"] or "")} ({_e(when)})</span>')
+    return "<br>".join(rows)
 
 
 def _card(entry: dict) -> str:
@@ -145,6 +168,7 @@ def _card(entry: dict) -> str:
 <tr><th>Rows</th><td>{_field("rows", entry["rows"])}</td></tr>
 <tr><th>Dead letters</th><td>{_field("dead_letters", entry["dead_letters"])} rows</td></tr>
 <tr><th>Last quality check</th><td>{_quality(entry["quality"])}</td></tr>
+<tr><th>Timeline</th><td class="timeline">{_timeline(entry["timeline"])}</td></tr>
 <tr><th>DAGs</th><td class="dags">{dags}</td></tr>
 </table>
 <div class="charts" data-history-source="{_e(hist["source"])}">{charts}</div>

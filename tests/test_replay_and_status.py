@@ -11,7 +11,7 @@ import yaml
 from pyiceberg.expressions import EqualTo
 
 from e2e import pipeline, assert_exactly_once, lakehouse, log_ends, rows, send, spawn, summaries, table
-from lakehouse import offsets, produce
+from lakehouse import events, offsets, produce
 
 pytestmark = pytest.mark.slow
 
@@ -104,8 +104,17 @@ def test_status_reports_lag_recovery_point_and_counts(platform, pipeline):
     data = status["tables"][0]
     assert data["table"] == spec.qualified(spec.target.table) and data["recovery_snapshot_id"]
     assert sum(p["end"] for p in status["kafka"]["partitions"]) == 420
+    # what happened comes from the ops timeline: the batch that committed, and the newest event per kind
+    timeline = status["timeline"]
+    assert timeline["last_batch"]["records"] == 300 and timeline["last_batch"]["lag_records"] == 0
+    assert timeline["last_batch"]["dead_letters"] == status["dead_letters"]
+    assert timeline["recent"]["records"] == 300 and timeline["recent"]["batches"] == 1
+    assert "quality" not in timeline["latest"]
+    events.record(events.Event(spec.name, "quality", "failed", "amount: 3 rows below 0"), platform=platform)
     human = cli(spec, "status", "--pipeline", spec.name).stdout
     assert spec.name in human and "LAG" in human and "120" in human
+    assert "latest quality: failed" in human and "amount: 3 rows below 0" in human
+    assert "last batch" in human and "decode" in human
 
 
 def test_continuous_mode_commits_per_trigger_evolves_and_stops_cleanly_on_sigterm(platform, pipeline):

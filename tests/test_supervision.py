@@ -4,6 +4,7 @@ pipelines run `--once` micro-batches instead."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -247,3 +248,27 @@ def test_a_second_ingest_process_of_a_pipeline_is_refused(platform, pipeline):
         second = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
     assert second.returncode == 1
     assert f"an ingest job of pipeline {spec.name!r} is still running (process {os.getpid()}" in second.stderr
+
+
+
+def test_the_supervisor_summarises_the_committed_batches_in_the_task_log(platform, make_spec, caplog):
+    spec = make_spec()
+    batch = {"records": 1000, "rows": 990, "dead_letters": 10, "commit_retries": 1, "lag_records": 0,
+             "freshness_s": 6.0, "plan_s": 0.1, "read_s": 1.0, "decode_s": 0.5, "write_s": 0.8, "commit_s": 0.2}
+    # a job that commits three batches (their events on the timeline), then lives on for a few periods
+    job = (f"import time\nfrom lakehouse import events\n"
+           f"events.record(*[events.Event({spec.name!r}, 'batch', 'ok', '1000 records', {batch!r})] * 3)\n"
+           f"time.sleep(4)\n")
+
+    def launch(lock_fd: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", job], pass_fds=(lock_fd,), start_new_session=True)
+
+    supervisor = supervision.Supervisor(spec, platform, launch, driver_marker="time.sleep", summary_every_s=1.0)
+    with caplog.at_level(logging.INFO, logger="lakehouse.supervision"):
+        assert supervisor.run().exit_code == 0
+    summaries = [r.getMessage() for r in caplog.records if "batches in the last" in r.getMessage()]
+    counted = [s for s in summaries if f"{spec.name}: 3 batches in the last" in s]
+    assert len(counted) == 1, summaries  # each batch is summarised once, in the period it committed
+    assert "3000 records" in counted[0] and "30 dead letters" in counted[0] and "3 commit retries" in counted[0]
+    assert "read 1.00s, decode 0.50s, write 0.80s, commit 0.20s" in counted[0]
+    assert all(": 3 batches" in s or "no batches committed" in s for s in summaries)

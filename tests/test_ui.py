@@ -124,6 +124,9 @@ def test_pipelines_page_shows_live_numbers_in_a_browser(pipeline, make_spec, pla
     assert field(mine, "lag_records") == "20"
     assert re.fullmatch(r"\d+s", field(mine, "lag_s"))  # the age of the oldest record not ingested
     assert field(mine, "quality") == "failed" and "2 of 9 expectations failed" in mine
+    # the timeline row: the three batches of the run, their dead letters, the newest quality event
+    assert field(mine, "batches") == "3" and field(mine, "recent_dead_letters") == str(dead)
+    assert field(mine, "latest_quality") == "failed"
     assert f'href="../dags/{spec.name}_ingest"' in mine and 'href="../dags/retention_alignment"' in mine
     assert re.search(r'<svg[^>]*aria-label="freshness at commit".*?<polyline points="[^"]+"', mine, re.S)
 

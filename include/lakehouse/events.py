@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.exceptions import (CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError,
                                  TableAlreadyExistsError)
 from pyiceberg.expressions import And, AlwaysTrue, EqualTo, GreaterThanOrEqual
@@ -37,6 +38,10 @@ KINDS = ("batch", "restart", "hung", "maintenance", "retention", "quality", "pub
          "backfill", "replay", "gap")
 STATUSES = ("ok", "warn", "failed", "skipped")
 COMMIT_ATTEMPTS = 10
+# One commit per event call: merge manifests as they pile up and keep only recent metadata files,
+# so appends and scans stay cheap between maintenance runs (which compact files and expire snapshots).
+PROPERTIES = {"format-version": "2", "commit.manifest-merge.enabled": "true",
+              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "20"}
 
 SCHEMA = Schema(
     NestedField(1, "event_id", StringType(), required=True),
@@ -101,8 +106,7 @@ def events_table(platform: config.PlatformConfig | None = None, catalog: str = "
     except NamespaceAlreadyExistsError:
         pass
     try:
-        return cat.create_table(EVENTS_TABLE, schema=SCHEMA, partition_spec=PARTITIONING,
-                                properties={"format-version": "2"})
+        return cat.create_table(EVENTS_TABLE, schema=SCHEMA, partition_spec=PARTITIONING, properties=PROPERTIES)
     except TableAlreadyExistsError:  # another process created it meanwhile
         return cat.load_table(EVENTS_TABLE)
 
@@ -131,6 +135,31 @@ def record(*events: Event, platform: config.PlatformConfig | None = None, catalo
             table = table.refresh()
 
 
+def _rows(arrow: pa.Table) -> list[dict]:
+    rows = arrow.to_pylist()
+    for row in rows:
+        row["metrics"] = dict(row["metrics"] or [])
+        row["details"] = json.loads(row["details"] or "{}")
+    return rows
+
+
+def digest(pipeline: str, since: datetime, batches: int = 60, platform: config.PlatformConfig | None = None,
+           catalog: str = "lake") -> dict:
+    """One scan of a pipeline's events since `since`: {"batches": the newest `batches` batch events,
+    newest first, "latest": {kind: the newest event of that kind}} (kinds without events are absent)."""
+    table = events_table(platform, catalog)
+    arrow = table.scan(row_filter=And(EqualTo("pipeline", pipeline), GreaterThanOrEqual("ts", since.isoformat()))) \
+        .to_arrow().sort_by([("ts", "descending")])
+    kinds = arrow.column("kind")
+    latest = {}
+    for kind in KINDS:
+        at = pc.index(kinds, kind).as_py()
+        if at >= 0:
+            latest[kind] = _rows(arrow.slice(at, 1))[0]
+    newest = arrow.filter(pc.equal(kinds, "batch")).slice(0, batches)
+    return {"batches": _rows(newest), "latest": latest}
+
+
 def recent(pipeline: str | None = None, kind: str | None = None, since: datetime | None = None,
            limit: int = 100, platform: config.PlatformConfig | None = None, catalog: str = "lake") -> list[dict]:
     """Events newest first, as dicts (metrics as a dict, details parsed), optionally filtered."""
@@ -142,8 +171,4 @@ def recent(pipeline: str | None = None, kind: str | None = None, since: datetime
         condition = And(condition, EqualTo("kind", kind))
     if since is not None:
         condition = And(condition, GreaterThanOrEqual("ts", since.isoformat()))
-    rows = table.scan(row_filter=condition).to_arrow().sort_by([("ts", "descending")]).slice(0, limit).to_pylist()
-    for row in rows:
-        row["metrics"] = dict(row["metrics"] or [])
-        row["details"] = json.loads(row["details"] or "{}")
-    return rows
+    return _rows(table.scan(row_filter=condition).to_arrow().sort_by([("ts", "descending")]).slice(0, limit))

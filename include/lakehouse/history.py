@@ -1,8 +1,8 @@
 """What the pipelines page shows: live status plus lag and freshness over time, per pipeline.
 
 `overview(spec)` joins `status.pipeline_status` (offsets, lag in records and seconds,
-freshness, last commit, dead-letter rows) with the newest quality result from the ops
-timeline and `history`.
+freshness, last commit, dead-letter rows, and what the ops timeline says) with
+`history`.
 
 `history(spec)` is the pipeline's recent past. When ingestion records `batch` events
 on the ops timeline (metrics `lag_records`, `freshness_s`), those are the points;
@@ -30,18 +30,21 @@ def _seconds(later: datetime, earlier: datetime) -> float:
 
 
 def history(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
-            limit: int = HISTORY_POINTS) -> dict:
+            limit: int = HISTORY_POINTS, batches: list[dict] | None = None) -> dict:
     """{source: "events" | "snapshots" | "none", points: [...] oldest first, at most `limit`}.
 
     Each point has `at` (ISO time) and `freshness_s`; `lag_records` comes from batch
     events, `committed` (sum of next offsets) and `snapshot_id` from snapshots.
+    `batches` are batch points already read from the timeline (`status.timeline`).
     """
     platform = platform or config.load()
-    batches = events.recent(spec.name, kind="batch", limit=limit, platform=platform, catalog=spec.catalog)
+    if batches is None:
+        batches = [{"at": e["ts"].isoformat(), "lag_records": e["metrics"].get("lag_records"),
+                    "freshness_s": e["metrics"].get("freshness_s")}
+                   for e in reversed(events.recent(spec.name, kind="batch", limit=limit, platform=platform,
+                                                   catalog=spec.catalog))]
     if batches:
-        return {"source": "events", "points": [
-            {"at": e["ts"].isoformat(), "lag_records": e["metrics"].get("lag_records"),
-             "freshness_s": e["metrics"].get("freshness_s")} for e in reversed(batches)]}
+        return {"source": "events", "points": batches[-limit:]}
     catalog = offsets.open_catalog(platform, spec.catalog)
     if not catalog.table_exists(spec.target.table):
         return {"source": "none", "points": []}
@@ -78,7 +81,8 @@ def overview(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
     status = pipeline_status(spec, platform, now=now)
     primary = next(t for t in status["tables"] if t["table"] == spec.qualified(spec.target.table))
     kafka = status["kafka"] or {}
-    quality = events.recent(spec.name, kind="quality", limit=1, platform=platform, catalog=spec.catalog)
+    timeline = status["timeline"]
+    quality = timeline.get("latest", {}).get("quality")
     return {
         **status,
         "committed": any(t["recovery_snapshot_id"] for t in status["tables"] if t["role"] == "data"),
@@ -86,8 +90,8 @@ def overview(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
         "positions": primary["positions"],
         "lag_s": status.get("lag_s"),  # absent when Kafka did not answer
         "kafka_error": kafka.get("error"),
-        "quality": quality[0] if quality else None,
-        "history": history(spec, platform),
+        "quality": quality,
+        "history": history(spec, platform, batches=timeline.get("batches")),
         "dags": dag_ids(spec),
         "slo": {"freshness_s": spec.slo.freshness_s, "lag_records": spec.slo.lag_records, "lag_s": spec.slo.lag_s},
     }

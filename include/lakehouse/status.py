@@ -1,15 +1,22 @@
-"""Recovery points and lag per pipeline: what the tables hold versus what Kafka has.
+"""Recovery points and lag per pipeline: what the tables hold versus what Kafka has, and what the
+ops timeline says happened.
 
-Reads only the catalog (pyiceberg) and Kafka metadata, so it is cheap enough for
-a CLI, a sensor or a UI page.
+Positions, recovery snapshots and commit ages come from the tables' snapshot summaries
+(they are the truth resume and the promotion gates rely on); lag comes from Kafka's
+log ends now. Everything else is read from the ops timeline (`ops.pipeline_events`),
+not recomputed: the last batch's counts and stage times, throughput over the last
+minutes, and the newest quality, publish, maintenance, retention, restart and gap
+events. Reads only the catalog (pyiceberg) and Kafka metadata, so it is cheap enough
+for a CLI, a sensor or a UI page.
 """
 
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
-from lakehouse import config, offsets
+from lakehouse import config, events, offsets
+from lakehouse.ingest import STAGES
 from lakehouse.kafka_source import SourceError, topic_state_for
 from lakehouse.spec import PipelineSpec
 
@@ -18,9 +25,50 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+TIMELINE_WINDOW = timedelta(days=7)  # how far back `timeline` looks for each kind's newest event
+RATE_WINDOW_S = 300.0                 # throughput is over the batches of the last five minutes
+TIMELINE_BATCHES = 60                 # batch points kept for charts
+
+
+def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime) -> dict:
+    """What the ops timeline says about `spec`'s pipeline, from one scan of `ops.pipeline_events`:
+
+    `last_batch` (its time, numbers and stage seconds), `recent` (batches, records, records/s,
+    dead letters and commit retries over the last RATE_WINDOW_S), `latest` (per event kind
+    other than batch: time, status, message) and `batches` (up to TIMELINE_BATCHES points,
+    oldest first, with lag and freshness at commit). `error` instead when the timeline
+    cannot be read: the rest of the status does not depend on it.
+    """
+    try:
+        found = events.digest(spec.name, now - TIMELINE_WINDOW, TIMELINE_BATCHES, platform, spec.catalog)
+    except Exception as exc:  # noqa: BLE001 - the timeline is for people; the tables still answer
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    batches = found["batches"]
+    window = [b for b in batches if (now - b["ts"]).total_seconds() <= RATE_WINDOW_S]
+    records = sum(b["metrics"].get("records", 0.0) for b in window)
+    last = batches[0] if batches else None
+    return {
+        "last_batch": None if last is None else {
+            "at": last["ts"].isoformat(), "message": last["message"], **last["metrics"],
+            "batch_id": last["details"].get("batch_id")},
+        "recent": {
+            "window_s": RATE_WINDOW_S, "batches": len(window), "records": int(records),
+            "records_per_s": round(records / RATE_WINDOW_S, 1),
+            "dead_letters": int(sum(b["metrics"].get("dead_letters", 0.0) for b in window)),
+            "commit_retries": int(sum(b["metrics"].get("commit_retries", 0.0) for b in window)),
+        },
+        "latest": {kind: {"at": e["ts"].isoformat(), "status": e["status"], "message": e["message"],
+                          "metrics": e["metrics"], "details": e["details"]}
+                   for kind, e in found["latest"].items() if kind != "batch"},
+        "batches": [{"at": b["ts"].isoformat(), "lag_records": b["metrics"].get("lag_records"),
+                     "freshness_s": b["metrics"].get("freshness_s")} for b in reversed(batches)],
+    }
+
+
 def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
                     now: datetime | None = None) -> dict:
-    """Per pipeline: committed vs log-end offsets, lag, last commit, newest event time, counts, snapshots."""
+    """Per pipeline: committed vs log-end offsets, lag, last commit, newest event time, counts,
+    snapshots, and `timeline` (see `timeline`)."""
     platform = platform or config.load()
     now = now or datetime.now(timezone.utc)
     catalog = offsets.open_catalog(platform, spec.catalog)
@@ -52,6 +100,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         "kafka": None,
         "lag_records": None,
         "lag_s": None,
+        "timeline": timeline(spec, platform, now),
     }
     commits = [tp.committed_at for tp in data if tp.committed_at]
     events = [tp.max_event_time for tp in data if tp.max_event_time]
@@ -148,4 +197,43 @@ def render(statuses: list[dict]) -> str:
             else:
                 lines.append(f"  {t['table']}: {t['rows']} rows, {t['snapshots']} snapshots, recovery point "
                              f"snapshot {t['recovery_snapshot_id']} at {t['last_commit_at'] or '-'}")
+        lines.extend(_timeline_lines(s.get("timeline") or {}))
     return "\n".join(lines)
+
+
+def batch_summary(batches: list[dict], seconds: float) -> str:
+    """One line over `batches` (batch events, any order) committed within the last `seconds`: counts,
+    throughput, lag at the last commit, freshness at commit and mean seconds per stage."""
+    if not batches:
+        return f"no batches committed in the last {format_age(seconds)}"
+    total = {key: sum(b["metrics"].get(key, 0.0) for b in batches)
+             for key in ("records", "dead_letters", "commit_retries")}
+    last = max(batches, key=lambda b: b["ts"])["metrics"]
+    fresh = sorted(b["metrics"]["freshness_s"] for b in batches if "freshness_s" in b["metrics"])
+    stages = ", ".join(f"{stage} {sum(b['metrics'].get(f'{stage}_s', 0.0) for b in batches) / len(batches):.2f}s"
+                       for stage in STAGES)
+    return (f"{len(batches)} batches in the last {format_age(seconds)}: {total['records']:.0f} records "
+            f"({total['records'] / seconds:.0f}/s), {total['dead_letters']:.0f} dead letters, "
+            f"{total['commit_retries']:.0f} commit retries; lag at the last commit "
+            f"{last.get('lag_records', 0):.0f} records"
+            + (f"; freshness at commit median {fresh[len(fresh) // 2]:.1f}s, max {fresh[-1]:.1f}s" if fresh else "")
+            + f"; mean per batch: {stages}")
+
+
+def _timeline_lines(tl: dict) -> list[str]:
+    """The timeline part of `render`: last batch with its stages, recent throughput, newest events."""
+    if "error" in tl:
+        return [f"  timeline: cannot be read ({tl['error']})"]
+    lines = []
+    last = tl.get("last_batch")
+    if last:
+        stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
+        lines.append(f"  last batch {last['at']}: {last['message']} ({stages}); lag at commit "
+                     f"{last.get('lag_records', 0):.0f} records")
+        recent = tl["recent"]
+        lines.append(f"  last {recent['window_s'] / 60:.0f} min: {recent['batches']} batches, {recent['records']} "
+                     f"records ({recent['records_per_s']:g}/s), {recent['dead_letters']} dead letters, "
+                     f"{recent['commit_retries']} commit retries")
+    for kind, event in sorted(tl.get("latest", {}).items()):
+        lines.append(f"  latest {kind}: {event['status']} at {event['at']}: {event['message']}")
+    return lines

@@ -25,13 +25,13 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
 import psutil
 
-from lakehouse import config, events, offsets
+from lakehouse import config, events, offsets, status
 from lakehouse.kafka_source import topic_state_for
 from lakehouse.spec import PipelineSpec
 
@@ -87,6 +87,10 @@ def observe(spec: PipelineSpec, platform: config.PlatformConfig, clock: Callable
     return Observation(at=clock(), commits=tuple(tp.snapshot_id for tp in progress),
                        committed_at=max(committed) if committed else None, positions=positions,
                        ends={p: ps.end for p, ps in state.partitions.items()})
+
+
+# how much earlier than its commit a batch event can be stamped (see Supervisor._summarise)
+SUMMARY_LOOKBACK = timedelta(minutes=2)
 
 
 class HangDetector:
@@ -307,7 +311,7 @@ class Supervisor:
     def __init__(self, spec: PipelineSpec, platform: config.PlatformConfig,
                  launch: Callable[[int], RunningJob], driver_marker: str, *, poll_s: float = 0.5,
                  check_every_s: float | None = None, startup_grace_s: float = 300.0, stop_grace_s: float = 60.0,
-                 record: Callable[[events.Event], None] | None = None):
+                 record: Callable[[events.Event], None] | None = None, summary_every_s: float = 60.0):
         self.spec = spec
         self.platform = platform
         self.launch = launch
@@ -316,6 +320,7 @@ class Supervisor:
         self.check_every_s = check_every_s or max(1.0, spec.trigger.interval_s)
         self.startup_grace_s = startup_grace_s
         self.stop_grace_s = stop_grace_s
+        self.summary_every_s = summary_every_s
         self._record = record or (lambda event: events.record(event, platform=platform, catalog=spec.catalog))
         self._stop = threading.Event()
         self._job: RunningJob | None = None
@@ -363,14 +368,37 @@ class Supervisor:
                     report.stopped = True
                     return report
 
+    def _summarise(self, since: datetime, until: datetime, summarised: set[str]) -> set[str]:
+        """Log the batches that reached the timeline since the last summary (the Airflow task log's
+        running account of the ops timeline); returns the ids of the batch events now summarised.
+
+        An event is stamped before its commit lands, so the scan looks SUMMARY_LOOKBACK further
+        back than `since` and skips the events the last summary already counted (`summarised`)."""
+        try:
+            batches = events.recent(self.spec.name, "batch", since=since - SUMMARY_LOOKBACK, limit=100_000,
+                                    platform=self.platform, catalog=self.spec.catalog)
+        except Exception as exc:  # noqa: BLE001 - a timeline outage must not stop supervision
+            log.warning("could not read the batch events of %s: %s", self.spec.name, exc)
+            return summarised
+        new = [b for b in batches if b["event_id"] not in summarised]
+        log.info("%s: %s", self.spec.name, status.batch_summary(new, (until - since).total_seconds()))
+        return {b["event_id"] for b in batches}
+
     def _watch(self, job: RunningJob) -> tuple[int | None, str | None]:
-        """Wait for the job to exit (its code, None) or to hang (None, why); returns early on stop()."""
+        """Wait for the job to exit (its code, None) or to hang (None, why); returns early on stop().
+        Every `summary_every_s` the task log gets a summary of the batches committed meanwhile."""
         detector = HangDetector(self.spec, self.startup_grace_s)
         next_check = time.monotonic() + self.check_every_s
+        next_summary, summary_since = time.monotonic() + self.summary_every_s, datetime.now(timezone.utc)
+        summarised: set[str] = set()
         while not self._stop.is_set():
             code = job.poll()
             if code is not None:
                 return code, None
+            if time.monotonic() >= next_summary:
+                until = datetime.now(timezone.utc)
+                summarised = self._summarise(summary_since, until, summarised)
+                next_summary, summary_since = time.monotonic() + self.summary_every_s, until
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.check_every_s
                 try:
