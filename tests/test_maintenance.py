@@ -81,7 +81,12 @@ def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, 
     receipt = xcom(run, "maintain_tables")
     assert receipt["ok"] and receipt["pipeline"] == spec.name
     by_table = {t["table"]: t for t in receipt["tables"]}
-    assert set(by_table) == {spec.qualified(spec.target.table), spec.qualified(spec.dead_letter_table)}
+    timeline = f"{spec.catalog}.{events.EVENTS_TABLE}"
+    assert set(by_table) == {spec.qualified(spec.target.table), spec.qualified(spec.dead_letter_table), timeline}
+    # the pipeline's batch events, one small file each, were compacted too; nothing else changed
+    ops = by_table.pop(timeline)
+    assert ops["status"] == "ok" and ops["data_files_after"] < ops["data_files_before"]
+    assert ops["content_unchanged"] and ops["rows_after"] == ops["rows_before"]
     data = by_table[spec.qualified(spec.target.table)]
     assert data["status"] == "ok"
     assert data["data_files_after"] < data["data_files_before"]
@@ -92,8 +97,8 @@ def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, 
     # the same receipt is on the ops timeline, one event per table
     recorded = [e for e in events.recent(spec.name, "maintenance", platform=platform)
                 if e["details"]["run_id"] == receipt["run_id"]]
-    assert len(recorded) == 2 and all(e["status"] == "ok" for e in recorded)
-    assert {e["metrics"]["data_files_after"] for e in recorded} == {t["data_files_after"] for t in by_table.values()}
+    assert len(recorded) == 3 and all(e["status"] == "ok" for e in recorded)
+    assert {e["metrics"]["data_files_after"] for e in recorded} == {t["data_files_after"] for t in receipt["tables"]}
 
     # ingestion did commit while the maintenance job ran, and nothing was lost or duplicated
     assert any(started < t < finished for t in commit_times), (started, finished, commit_times)

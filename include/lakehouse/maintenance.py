@@ -18,6 +18,9 @@ table), one after the other, while ingestion keeps committing:
 5. orphans   files no snapshot references and older than
              `maintenance.orphan_safety_window` (a commit in flight is never that old).
 
+Then the same steps for the pipeline's events in the ops timeline (`TimelineMaintenance`),
+which otherwise grows by one small file and one snapshot per event.
+
 Rewrites commit with Iceberg's optimistic concurrency: a concurrent append is
 rebased under the rewrite, a conflicting commit (new deletes against rewritten files)
 fails it, and it is retried from the new head up to COMMIT_ATTEMPTS times; after that
@@ -48,6 +51,8 @@ RETRYABLE_ERRORS = ("CommitFailedException", "ValidationException", "CommitState
 # extra snapshots kept beyond the positions snapshot, for commits without positions (a replay)
 # that may land at the head between measuring the ancestry and expiring
 EXPIRY_MARGIN = 1
+# the ops timeline keeps its snapshots this long: enough for readers scanning it while it is maintained
+TIMELINE_SNAPSHOT_AGE = timedelta(hours=1)
 # summary keys only a data-file or delete-file rewrite writes (rewrite_manifests writes neither)
 _REWRITE_KEYS = ("deleted-data-files", "removed-delete-files", "removed-position-delete-files")
 T = TypeVar("T")
@@ -165,9 +170,15 @@ def timestamp_literal(at: datetime) -> str:
 
 
 def content(spark, qualified: str, snapshot_id: int) -> Content:
-    """Row count and `sum(xxhash64(*))` of `qualified` as of `snapshot_id` (exact: summed as decimal)."""
-    row = spark.sql(f"SELECT count(*) AS n, sum(cast(xxhash64(*) AS decimal(38, 0))) AS h "
-                    f"FROM {qualified} VERSION AS OF {int(snapshot_id)}").collect()[0]
+    """Row count and `sum(xxhash64(<all columns>))` of `qualified` as of `snapshot_id` (exact: summed
+    as decimal). Spark refuses to hash maps, so a map column is hashed as its entries sorted by key."""
+    from pyspark.sql.types import MapType
+
+    df = spark.sql(f"SELECT * FROM {qualified} VERSION AS OF {int(snapshot_id)}")
+    columns = [f"array_sort(map_entries(`{f.name}`))" if isinstance(f.dataType, MapType) else f"`{f.name}`"
+               for f in df.schema.fields]
+    row = df.selectExpr("count(*) AS n", f"sum(cast(xxhash64({', '.join(columns)}) AS decimal(38, 0))) AS h") \
+        .collect()[0]
     return Content(rows=int(row["n"]), checksum=str(row["h"] or 0))
 
 
@@ -224,7 +235,8 @@ class TableMaintenance:
         self.table = table
         self.qualified = spec.qualified(table)
         self.now = now
-        self.dead_letter = table == spec.dead_letter_table
+        # merge-on-read tables also carry delete files to compact
+        self.upsert = spec.target.mode == "upsert" and table != spec.dead_letter_table
 
     def _call(self, procedure: str, **args: str):
         sql_args = ", ".join(f"{k} => {v}" for k, v in {"table": f"'{self.table}'", **args}.items())
@@ -268,14 +280,13 @@ class TableMaintenance:
         since_ms = int(time.time() * 1000) - 1000  # rewrite commits are stamped by this process' clock
         options = {"min-input-files": self.spec.maintenance.min_input_files,
                    "target-file-size-bytes": self.spec.target.target_file_size_bytes}
-        upsert = self.spec.target.mode == "upsert" and not self.dead_letter
-        if upsert:
+        if self.upsert:
             options["delete-file-threshold"] = self.spec.maintenance.min_input_files
-        rows, receipt.compaction_attempts = retrying(
-            f"compaction of {receipt.table}", lambda: self._call("rewrite_data_files", options=self._options(options)))
+        rows, receipt.compaction_attempts = retrying(f"compaction of {receipt.table}", lambda: self._call(
+            "rewrite_data_files", options=self._options(options), **self.compaction_scope()))
         receipt.rewritten_data_files = int(rows[0]["rewritten_data_files_count"])
         receipt.added_data_files = int(rows[0]["added_data_files_count"])
-        if upsert:
+        if self.upsert:
             rows, _ = retrying(f"delete-file compaction of {receipt.table}", lambda: self._call(
                 "rewrite_position_delete_files",
                 options=self._options({"min-input-files": self.spec.maintenance.min_input_files})))
@@ -302,18 +313,25 @@ class TableMaintenance:
             raise MaintenanceError(f"compaction of {receipt.table} changed the table's content in snapshot(s) "
                                    f"{changed}; roll back to the parent snapshot and report an Iceberg bug")
 
+    def compaction_scope(self) -> dict[str, str]:
+        """Extra `rewrite_data_files` arguments that narrow what is compacted (none: the whole table)."""
+        return {}
+
     def rewrite_manifests(self) -> int:
         rows, _ = retrying(f"manifest rewrite of {self.qualified}", lambda: self._call("rewrite_manifests"))
         return int(rows[0]["rewritten_manifests_count"]) if rows else 0
 
-    def expire(self, receipt: TableReceipt) -> None:
-        """Expire snapshots older than the replay window, keeping the resume chain and branch/tag heads."""
-        table = self.catalog.load_table(self.table)
+    def expiry(self, table: Table, receipt: TableReceipt) -> tuple[datetime, int]:
+        """Expire snapshots older than the replay window, but keep every ancestor of main's head down
+        to the snapshot carrying the pipeline's positions: `offsets.read_progress` walks parents to it."""
         depth, receipt.positions_snapshot_id = positions_depth(table, self.spec.name)
-        # retain_last keeps that many ancestors of main's head whatever their age: all of them down to
-        # the positions snapshot, so `offsets.read_progress` still finds it by walking parents
-        receipt.retain_last = 1 if depth is None else depth + 1 + EXPIRY_MARGIN
-        older_than = self.now - timedelta(seconds=self.spec.retention.replay_window_s)
+        retain_last = 1 if depth is None else depth + 1 + EXPIRY_MARGIN
+        return self.now - timedelta(seconds=self.spec.retention.replay_window_s), retain_last
+
+    def expire(self, receipt: TableReceipt) -> None:
+        """Expire snapshots older than `expiry` allows, keeping the resume chain and branch/tag heads."""
+        table = self.catalog.load_table(self.table)
+        older_than, receipt.retain_last = self.expiry(table, receipt)
         receipt.expire_older_than = older_than.isoformat()
         before = {s.snapshot_id for s in table.snapshots()}
         retrying(f"snapshot expiry of {receipt.table}", lambda: self._call(
@@ -342,6 +360,23 @@ class TableMaintenance:
         receipt.orphans_removed = sum(1 for _ in result.orphanFileLocations())
 
 
+class TimelineMaintenance(TableMaintenance):
+    """The pipeline's share of the ops timeline (`ops.pipeline_events`), which takes one small file
+    and one snapshot per event commit: compact the files holding this pipeline's events, rewrite
+    manifests, expire snapshots older than TIMELINE_SNAPSHOT_AGE (the timeline's rows are its
+    history; nothing resumes or time-travels from its snapshots) and remove orphan files."""
+
+    def __init__(self, spark, catalog, spec: PipelineSpec, now: datetime):
+        super().__init__(spark, catalog, spec, events.EVENTS_TABLE, now)
+        self.upsert = False
+
+    def compaction_scope(self) -> dict[str, str]:
+        return {"where": f"\"pipeline = '{self.spec.name}'\""}  # a validated spec name: [a-z0-9_]
+
+    def expiry(self, table: Table, receipt: TableReceipt) -> tuple[datetime, int]:
+        return self.now - TIMELINE_SNAPSHOT_AGE, 1
+
+
 def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark=None, run_id: str | None = None,
         now: datetime | None = None) -> MaintenanceReceipt:
     """Maintain every table of `spec`; one `maintenance` event per table on the ops timeline.
@@ -354,8 +389,10 @@ def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark
     catalog = offsets.open_catalog(platform, spec.catalog)
     now = now or datetime.now(timezone.utc)
     receipt = MaintenanceReceipt(pipeline=spec.name, run_id=run_id or uuid.uuid4().hex)
-    for name in (*spec.target.tables, spec.dead_letter_table):
-        table_receipt = TableMaintenance(spark, catalog, spec, name, now).run()
+    work = [TableMaintenance(spark, catalog, spec, name, now) for name in (*spec.target.tables, spec.dead_letter_table)]
+    events.events_table(platform, spec.catalog)  # the timeline exists from here on
+    for maintenance in [*work, TimelineMaintenance(spark, catalog, spec, now)]:
+        table_receipt = maintenance.run()
         receipt.tables.append(table_receipt)
         events.record(events.Event(
             spec.name, "maintenance", table_receipt.status, table_receipt.message, table_receipt.metrics(),
