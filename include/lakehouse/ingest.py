@@ -271,8 +271,9 @@ class IngestJob:
         # each partition's range cut so that every task slot has work, not one task per partition
         pieces = offsets.split_for_tasks(plan.ranges, self.spark.sparkContext.defaultParallelism * 2)
         rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
-        plan_df = self.spark.createDataFrame(rows, "topic string, partition int, start long, end long") \
-            .repartition(len(rows))
+        # one task per piece, placed by parallelize rather than a repartition (which costs a shuffle)
+        plan_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(rows, len(rows)),
+                                             "topic string, partition int, start long, end long")
         reader = make_reader(self.spec, self.kafka_conf, self.quarantined,
                              ingested_at_us=int(time.time() * 1_000_000),
                              fault=faults.task_fault(self.platform.home, self.spec.name), timers=self._task_clock)
