@@ -10,7 +10,7 @@ LAKEHOUSE := $(VENV)/bin/lakehouse
 export PYSPARK_PYTHON := $(PYTHON)
 export PYSPARK_DRIVER_PYTHON := $(PYTHON)
 
-.PHONY: setup demo test stack-up stack-down clean
+.PHONY: setup demo test bench stack-up stack-down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -23,6 +23,12 @@ test: setup
 	@rc=0; $(PYTHON) -m pytest -q tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit code 5)" >&2; fi; \
 	exit $$rc
+
+# The benchmark against the machine's ceilings (about 10-15 min on 2 cores): its own scratch stack on
+# broker port 19192, report in reports/bench/report.md. Knobs: BENCH_SCALE, BENCH_RECORDS, BENCH_REPEATS,
+# BENCH_PIPELINE_REPEATS, BENCH_PHASE_SECONDS, BENCH_DRAIN_SECONDS (see bench/run.py).
+bench: setup
+	$(PYTHON) -m bench.run
 
 stack-up: setup
 	$(LAKEHOUSE) stack up

@@ -1,0 +1,198 @@
+"""The benchmark's private platform: a scratch LAKEHOUSE_HOME, its own broker port and pipeline specs.
+
+The benchmark never touches a user's stack: everything lives under one folder
+(default reports/bench/stack, wiped at start), the embedded broker listens on its
+own port, and the pipeline specs it generates live in their own folder. Components
+are started as users start them: the `lakehouse` CLI as subprocesses, with the
+environment this module builds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lakehouse import config
+from lakehouse.spec import PipelineSpec, load_spec
+
+DEFAULT_BROKER_PORT = 19192
+TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
+# Variables that would point the benchmark at a real cluster, catalog or warehouse, or inject faults.
+_FOREIGN_PREFIXES = ("LAKEHOUSE_BOOTSTRAP_SERVERS", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE",
+                     "LAKEHOUSE_KAFKA_", "LAKEHOUSE_FAULT", "LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_SUPERVISED")
+
+
+class BenchError(RuntimeError):
+    """A benchmark step could not run; the message says which and why."""
+
+
+def lakehouse_command() -> list[str]:
+    """The `lakehouse` console script next to this interpreter (the venv's), else `python -m lakehouse.cli`."""
+    script = Path(sys.executable).with_name("lakehouse")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "lakehouse.cli"]
+
+
+@dataclass
+class BenchStack:
+    """A scratch embedded stack: home, broker port and pipelines folder, plus the CLI to drive it."""
+
+    home: Path
+    port: int = DEFAULT_BROKER_PORT
+
+    @property
+    def pipelines_dir(self) -> Path:
+        return self.home / "pipelines"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "bench-logs"
+
+    def environ(self) -> dict[str, str]:
+        """os.environ with the scratch stack's variables set and foreign cluster settings removed."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_PREFIXES)}
+        env.update({
+            "LAKEHOUSE_HOME": str(self.home),
+            "LAKEHOUSE_BROKER_PORT": str(self.port),
+            "LAKEHOUSE_PIPELINES_DIR": str(self.pipelines_dir),
+            # Spark's Python workers must run this interpreter (it has pyarrow & co.)
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    def activate(self) -> None:
+        """Point this process (in-process lakehouse calls: topics, events, offsets) at the scratch stack."""
+        for name in [k for k in os.environ if k.startswith(_FOREIGN_PREFIXES)]:
+            del os.environ[name]
+        os.environ.update(self.environ())
+
+    def platform(self) -> config.PlatformConfig:
+        """The scratch stack's platform configuration (call after `activate`)."""
+        return config.load()
+
+    # -- the CLI ---------------------------------------------------------------------------
+
+    def run_cli(self, *args: str, timeout: float = 600.0, log_name: str | None = None) -> subprocess.CompletedProcess:
+        """Run `lakehouse ARGS` to completion, whatever its exit code; its output is also kept in the
+        logs folder under `log_name`. Raises BenchError when it does not finish within `timeout`."""
+        cmd = [*lakehouse_command(), *args]
+        try:
+            done = subprocess.run(cmd, env=self.environ(), capture_output=True, text=True, timeout=timeout,
+                                  cwd=config.REPO_ROOT)
+        except subprocess.TimeoutExpired as exc:
+            raise BenchError(f"`lakehouse {' '.join(args)}` did not finish within {timeout:.0f}s") from exc
+        if log_name:
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            (self.logs_dir / f"{log_name}.log").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+        return done
+
+    def cli(self, *args: str, timeout: float = 600.0, log_name: str | None = None) -> str:
+        """Run `lakehouse ARGS` to completion and return its stdout.
+
+        Raises BenchError with the end of its stderr when it exits non-zero or times out.
+        """
+        done = self.run_cli(*args, timeout=timeout, log_name=log_name)
+        if done.returncode != 0:
+            raise BenchError(f"`lakehouse {' '.join(args)}` exited with {done.returncode}: "
+                             f"{tail(done.stderr or done.stdout)}")
+        return done.stdout
+
+    def spawn(self, *args: str, log_name: str) -> subprocess.Popen:
+        """Start `lakehouse ARGS` in its own process group; stdout is piped, stderr goes to a log file."""
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        stderr = open(self.logs_dir / f"{log_name}.stderr.log", "w")
+        try:
+            return subprocess.Popen([*lakehouse_command(), *args], env=self.environ(), stdout=subprocess.PIPE,
+                                    stderr=stderr, text=True, cwd=config.REPO_ROOT, start_new_session=True)
+        finally:
+            stderr.close()  # the child holds its own descriptor
+
+    def stderr_tail(self, log_name: str) -> str:
+        try:
+            return tail((self.logs_dir / f"{log_name}.stderr.log").read_text(errors="replace"))
+        except OSError:
+            return "(no stderr log)"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def up(self) -> dict:
+        """Stop a leftover stack of this home, wipe the home, start a fresh one; returns its status.
+
+        Raises BenchError when the broker cannot start (e.g. the port is taken).
+        """
+        if self.home.exists():
+            with contextlib.suppress(BenchError):
+                self.cli("stack", "down", timeout=60)
+            shutil.rmtree(self.home)
+        self.home.mkdir(parents=True)
+        self.pipelines_dir.mkdir()
+        return json.loads(self.cli("stack", "up", "--json", timeout=120))
+
+    def down(self) -> None:
+        """Stop the scratch broker (tables stay on disk for inspection until the next run wipes them)."""
+        self.cli("stack", "down", timeout=60)
+
+    # -- pipeline specs --------------------------------------------------------------------
+
+    def write_spec(self, name: str, topic: str, partitions: int, max_records_per_batch: int,
+                   trigger_interval: str = "5s") -> PipelineSpec:
+        """A pipeline spec derived from include/pipelines/orders.yaml (append, day(event_time), its
+        contract) with its own topic and tables, written to the scratch pipelines folder."""
+        raw = derive_spec(yaml.safe_load(TEMPLATE_SPEC.read_text()), name, topic, partitions,
+                          max_records_per_batch, trigger_interval)
+        path = self.pipelines_dir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return load_spec(path)
+
+
+def derive_spec(template: dict[str, Any], name: str, topic: str, partitions: int, max_records_per_batch: int,
+                trigger_interval: str) -> dict[str, Any]:
+    """The template spec (as YAML data) renamed to `name`, reading `topic`, writing raw.<name>(_dlq)."""
+    raw = copy.deepcopy(template)
+    raw["name"] = name
+    raw["source"]["topic"] = topic
+    raw["source"]["partitions"] = partitions
+    raw["target"]["table"] = f"raw.{name}"
+    raw["dead_letter"]["table"] = f"raw.{name}_dlq"
+    raw.setdefault("trigger", {}).update({"interval": trigger_interval,
+                                          "max_records_per_batch": max_records_per_batch})
+    if isinstance(raw.get("publish"), dict):
+        raw["publish"]["view"] = f"serve.{name}"
+        raw["publish"].setdefault("suite", template.get("name"))
+    return raw
+
+
+def tail(text: str, lines: int = 15) -> str:
+    """The last `lines` non-empty lines of `text`, indented, for error messages."""
+    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return "\n    " + "\n    ".join(kept) if kept else "(no output)"
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 60.0) -> int | None:
+    """Stop a job started by `BenchStack.spawn`: SIGTERM to the `lakehouse` process only (the ingest
+    job then finishes its batch in flight; its JVM must not get the signal too), SIGKILL to whatever
+    is left of its process group after `timeout` seconds. Returns the job's exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # leftovers: the JVM and Python workers of a killed job
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+    return proc.returncode

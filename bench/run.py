@@ -1,0 +1,405 @@
+"""`python -m bench.run` (`make bench`): the whole benchmark, unattended, then the report.
+
+Order of work, all on the same synthetic records:
+  1. a scratch stack (reports/bench/stack, wiped) on its own broker port;
+  2. generate the records once; load them into topics of 3 and 12 partitions, and the first
+     `batch size` of them into a third topic for the memory check;
+  3. ceilings: raw consume (per topic), the pipeline's decoder on one core, raw Parquet write;
+  4. the pipeline: `lakehouse ingest --once` over each topic, repeated, plus the 1x-backlog run;
+  5. the hand-written baseline with N = 10,000 and 50,000;
+  6. freshness: one continuous job per trigger while a paced producer runs each rate;
+  7. maintenance on the table the 1 s-trigger job left;
+  8. stop the stack; write results.json, the PNG plots and report.md.
+
+A section that fails is reported (with its error) and the others still run; the exit code
+is then 1. Targets that do not hold do not change the exit code: they are findings.
+
+Knobs (flags, or environment variables for `make bench`):
+  --records N / BENCH_RECORDS        records in the backlog (default 300,000 x BENCH_SCALE);
+                                     the pipelines' max_records_per_batch is a third of it
+  BENCH_SCALE                        multiplies the default record count (default 1)
+  --repeats / BENCH_REPEATS          repeats of ceilings, baseline and scans (default 3)
+  --pipeline-repeats / BENCH_PIPELINE_REPEATS   `--once` runs per topic (default 2)
+  --phase-seconds / BENCH_PHASE_SECONDS          seconds per produce rate (default 15)
+  --drain-seconds / BENCH_DRAIN_SECONDS          bound on the drain after the last phase (default 30)
+  --rates, --triggers, --port, --out, --sections
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from bench import machine, report, stats, workloads
+from bench.env import DEFAULT_BROKER_PORT, BenchError, BenchStack
+from lakehouse import config
+
+DEFAULT_RECORDS = 300_000
+SECTIONS = ("ceilings", "pipeline", "baseline", "freshness", "maintenance")
+BASELINE_EVERY = (10_000, 50_000)
+FRESHNESS_BATCH = 200_000  # the orders spec's max_records_per_batch, for the continuous jobs
+
+
+class Progress:
+    """Prints progress lines with the elapsed time since the run started."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def __call__(self, message: str) -> None:
+        print(f"[{self.elapsed:6.1f}s] {message}", flush=True)
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"bench: {name}={raw!r} is not a number") from None
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(float(part)) for part in text.split(",") if part.strip()]
+
+
+def _float_list(text: str) -> list[float]:
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    scale = _env_number("BENCH_SCALE", 1.0)
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=int(_env_number("BENCH_RECORDS", DEFAULT_RECORDS * scale)),
+                        help="records in the backlog (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=int(_env_number("BENCH_REPEATS", 3)),
+                        help="repeats of ceilings, baseline runs and scans; medians are reported")
+    parser.add_argument("--pipeline-repeats", type=int, default=int(_env_number("BENCH_PIPELINE_REPEATS", 2)),
+                        help="`lakehouse ingest --once` runs per topic; medians are reported")
+    parser.add_argument("--rates", type=_int_list, default=[1_000, 10_000, 50_000],
+                        help="produce rates of the freshness phases, msg/s, comma-separated")
+    parser.add_argument("--triggers", type=_float_list, default=[1.0, 5.0],
+                        help="trigger intervals of the continuous jobs, seconds, comma-separated")
+    parser.add_argument("--phase-seconds", type=float, default=_env_number("BENCH_PHASE_SECONDS", 15.0))
+    parser.add_argument("--drain-seconds", type=float, default=_env_number("BENCH_DRAIN_SECONDS", 30.0))
+    parser.add_argument("--bad-ratio", type=float, default=0.01, help="share of records broken on purpose")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--port", type=int, default=int(_env_number("BENCH_BROKER_PORT", DEFAULT_BROKER_PORT)),
+                        help="the scratch broker's port")
+    parser.add_argument("--out", type=Path, default=config.REPO_ROOT / "reports" / "bench",
+                        help="where report.md, the PNGs and results.json go (the stack lives in OUT/stack)")
+    parser.add_argument("--sections", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                        default=list(SECTIONS), help=f"subset of {','.join(SECTIONS)} (default: all)")
+    args = parser.parse_args(argv)
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    if args.records < 3_000:
+        parser.error("--records must be at least 3000 (three batches of at least 1000)")
+    if args.repeats < 1 or args.pipeline_repeats < 1:
+        parser.error("repeats must be at least 1")
+    return args
+
+
+class Bench:
+    """One benchmark run: holds the stack, the data and the results as they come in."""
+
+    def __init__(self, args: argparse.Namespace, progress: Progress):
+        self.args = args
+        self.say = progress
+        self.out: Path = args.out
+        self.stack = BenchStack(self.out / "stack", args.port)
+        self.batch_size = max(1_000, args.records // 3)
+        self.results: dict[str, Any] = {
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "config": {
+                "command": "make bench" if os.environ.get("MAKELEVEL")
+                else " ".join(["python -m bench.run", *sys.argv[1:]]),
+                "records": args.records, "batch_size": self.batch_size, "repeats": args.repeats,
+                "pipeline_repeats": args.pipeline_repeats, "rates": args.rates, "triggers": args.triggers,
+                "phase_s": args.phase_seconds, "drain_s": args.drain_seconds, "bad_ratio": args.bad_ratio,
+                "seed": args.seed, "broker_port": args.port, "cores": os.cpu_count(),
+                "sections": args.sections},
+            "errors": {},
+        }
+        self.backlog: workloads.Backlog | None = None
+        self.specs: dict[str, Any] = {}
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def section(self, name: str, fn: Callable[[], None]) -> None:
+        """Run one section; a failure is recorded in results['errors'] and the run goes on."""
+        self.say(f"== {name}")
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - one failed measurement must not lose the others
+            message = f"{type(exc).__name__}: {exc}"
+            self.results["errors"][name] = message
+            self.say(f"!! {name} failed: {message}")
+            (self.out / f"error-{name}.txt").write_text(traceback.format_exc())
+
+    @property
+    def value_bytes_per_record(self) -> float:
+        assert self.backlog is not None
+        return self.backlog.value_bytes / max(1, self.backlog.count)
+
+    # -- sections ------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Fresh stack, the records, the topics."""
+        status = self.stack.up()
+        self.stack.activate()
+        self.say(f"scratch stack up: broker {status['bootstrap_servers']}, home {status['home']}")
+        self.results["machine"] = machine.facts()
+        n, b = self.args.records, self.batch_size
+        self.specs = {
+            "p3": self.stack.write_spec("bench_p3", "bench-p3", 3, b),
+            "p12": self.stack.write_spec("bench_p12", "bench-p12", 12, b),
+            "mem": self.stack.write_spec("bench_mem", "bench-mem", 3, b),
+        }
+        self.backlog = workloads.generate(self.specs["p3"], n, self.args.bad_ratio, self.args.seed)
+        self.say(f"generated {n:,} records ({self.backlog.bad:,} broken, {self.backlog.value_bytes / 1e6:.1f} MB of "
+                 f"values) in {self.backlog.seconds:.1f}s")
+        platform = self.stack.platform()
+        loaded = {}
+        for key, count in (("p3", n), ("p12", n), ("mem", b)):
+            spec = self.specs[key]
+            delivery = workloads.load_topic(spec, platform, self.backlog.head(count))
+            loaded[spec.source.topic] = {"sent": delivery.sent, "seconds": round(delivery.seconds, 2),
+                                         "partitions": spec.source.partitions}
+            self.say(f"loaded {delivery.sent:,} records into {spec.source.topic} ({spec.source.partitions} partitions) "
+                     f"in {delivery.seconds:.1f}s")
+        self.results["data"] = {"records": n, "bad": self.backlog.bad, "value_bytes": self.backlog.value_bytes,
+                                "mean_value_bytes": self.value_bytes_per_record,
+                                "generate_s": round(self.backlog.seconds, 2), "topics": loaded}
+
+    def ceilings(self) -> None:
+        platform = self.stack.platform()
+        kafka = platform.kafka()
+        consume: dict[str, Any] = {}
+        for key in ("p3", "p12"):
+            spec = self.specs[key]
+            runs = [workloads.consume_ceiling(kafka, spec.source.topic, range(spec.source.partitions),
+                                              self.args.records) for _ in range(self.args.repeats)]
+            consume[key] = _medians(runs)
+            self.say(f"consume ceiling {key}: {consume[key]['median_records_per_s']:,.0f} records/s end to end, "
+                     f"{_fmt(consume[key].get('median_after_first_records_per_s'))} records/s after the first fetch "
+                     f"({consume[key]['median_mb_per_s']:.1f} MB/s end to end)")
+        self.results.setdefault("ceilings", {})["consume"] = consume
+
+        spec = self.specs["p3"]
+        raw = workloads.read_topic(kafka, spec.source.topic, range(spec.source.partitions), self.args.records)
+        sample = raw[: min(len(raw), 100_000)]
+        sample_bytes = sum(len(r.value or b"") for r in sample)
+        decode_runs = []
+        for _ in range(self.args.repeats):
+            _, seconds = workloads.decode(spec, spec.source.topic, sample)
+            decode_runs.append(workloads.Throughput(len(sample), sample_bytes, seconds))
+        decode = {**_medians(decode_runs), "sample": len(sample)}
+        self.results["ceilings"]["decode"] = decode
+        self.say(f"pipeline decoder on one core: {decode['median_records_per_s']:,.0f} records/s")
+
+        rows, _ = workloads.decode(spec, spec.source.topic, raw)
+        offsets = set(zip(rows.column("_kafka").combine_chunks().field("partition").to_pylist(),
+                          rows.column("_kafka").combine_chunks().field("offset").to_pylist()))
+        valid_bytes = sum(len(r.value or b"") for r in raw if (r.partition, r.offset) in offsets)
+        directory = workloads.scratch_dir()
+        try:
+            write_runs = [workloads.write_ceiling(rows, valid_bytes, directory) for _ in range(self.args.repeats)]
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        self.results["ceilings"]["write"] = _medians(write_runs)
+        self.say(f"write ceiling: {self.results['ceilings']['write']['median_records_per_s']:,.0f} rows/s")
+
+    def pipeline(self) -> None:
+        runs: dict[str, list[workloads.OnceRun]] = {"p3": [], "p12": []}
+        for repeat in range(1, self.args.pipeline_repeats + 1):
+            for key in ("p3", "p12"):  # interleaved, so a noisy minute hurts both alike
+                base = self.specs[key]
+                spec = self.stack.write_spec(f"{base.name}_r{repeat}", base.source.topic, base.source.partitions,
+                                             self.batch_size)
+                run = workloads.run_once(self.stack, spec, self.args.records, self.value_bytes_per_record)
+                runs[key].append(run)
+                r = run.rate
+                self.say(f"{spec.name}: {r.records:,} records in {r.batches} batches, steady "
+                         f"{_fmt(r.steady_rate)} rec/s, end to end {_fmt(r.wall_rate)} rec/s "
+                         f"(wall {run.wall_s:.1f}s), peak RSS {run.memory['peak_mb']:,.0f} MB")
+        pipeline = {}
+        for key, found in runs.items():
+            pipeline[key] = _pipeline_summary(found)
+        self.results["pipeline"] = pipeline
+
+        mem = workloads.run_once(self.stack, self.specs["mem"], self.batch_size, self.value_bytes_per_record)
+        self.say(f"{mem.pipeline}: 1x backlog ({self.batch_size:,} records), peak RSS {mem.memory['peak_mb']:,.0f} MB")
+        large = _median_run(runs["p3"], key=lambda r: r.memory["peak_mb"])
+        self.results["memory"] = {
+            "batch_size": self.batch_size,
+            "small": {"backlog": self.batch_size, "pipeline": mem.pipeline, **mem.memory},
+            "large": {"backlog": self.args.records, "pipeline": large.pipeline, **large.memory,
+                      "peak_mb": stats.median(r.memory["peak_mb"] for r in runs["p3"])},
+        }
+
+    def baseline(self) -> None:
+        platform = self.stack.platform()
+        spec = self.specs["p3"]
+        out = {}
+        for every in BASELINE_EVERY:
+            runs = []
+            for repeat in range(1, self.args.repeats + 1):
+                run = workloads.hand_written_baseline(platform, spec.source.topic, range(spec.source.partitions),
+                                                      self.args.records, f"bench.baseline_n{every}_r{repeat}", every)
+                runs.append(run)
+                self.say(f"baseline N={every:,} run {repeat}: {run.rate:,.0f} records/s ({run.commits} commits, "
+                         f"{run.skipped:,} skipped)")
+            rates = [r.rate for r in runs]
+            out[str(every)] = {"runs": [r.to_json() for r in runs], "median_records_per_s": stats.median(rates),
+                               "median_mb_per_s": stats.median(r.to_json()["mb_per_s"] for r in runs)}
+        self.results["baseline"] = out
+
+    def freshness(self) -> None:
+        assert self.backlog is not None
+        runs = []
+        for trigger in self.args.triggers:
+            name = f"bench_fresh_t{trigger:g}".replace(".", "_")
+            spec = self.stack.write_spec(name, name.replace("_", "-"), 3, FRESHNESS_BATCH,
+                                         trigger_interval=f"{trigger:g}s")
+            self.specs[f"fresh_{trigger:g}"] = spec
+            rates = ", ".join(f"{r:,}/s" for r in self.args.rates)
+            self.say(f"continuous job {name}, trigger {trigger:g}s: phases {rates}")
+            run = workloads.run_freshness(self.stack, spec, self.backlog.records, self.args.rates,
+                                          self.args.phase_seconds, self.args.drain_seconds, progress=self.say)
+            for p in run.phases:
+                self.say(f"  {p.rate:,}/s: p50 {_fmt(p.p50, 2)}s p95 {_fmt(p.p95, 2)}s p99 {_fmt(p.p99, 2)}s, "
+                         f"censored {p.censored:,}, kept up: {p.kept_up}")
+            runs.append(run.to_json())
+        self.results["freshness"] = runs
+
+    def maintenance(self) -> None:
+        spec = self.specs.get(f"fresh_{min(self.args.triggers):g}")
+        if spec is None:
+            raise BenchError("maintenance measures the table a freshness run left; the freshness section did not run")
+        m = workloads.maintenance_effect(self.stack, spec, self.args.repeats)
+        self.results["maintenance"] = m
+        self.say(f"maintenance of {m['table']}: files {m['files_before']} -> {m['files_after']}, scan "
+                 f"{_fmt(m['scan_median_before'], 3)}s -> {_fmt(m['scan_median_after'], 3)}s")
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        for old in [*self.out.glob("*.png"), *self.out.glob("error-*.txt"), self.out / "report.md",
+                    self.out / "results.json"]:
+            old.unlink(missing_ok=True)
+        try:
+            self.section("prepare", self.prepare)
+            if "prepare" not in self.results["errors"]:
+                for name in SECTIONS:
+                    if name in self.args.sections:
+                        self.section(name, getattr(self, name))
+        except KeyboardInterrupt:
+            self.results["errors"]["interrupted"] = "KeyboardInterrupt"
+            self.say("interrupted; stopping the stack and writing what was measured")
+        finally:
+            with contextlib.suppress(Exception):
+                self.stack.down()
+                self.say("scratch stack stopped")
+        return self.finish()
+
+    def finish(self) -> int:
+        self.results["wall_s"] = round(self.say.elapsed, 1)
+        if "machine" in self.results:
+            self.results["machine"]["load average at end"] = machine.load_average()
+        self.results["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.results["targets"] = [t.to_json() for t in stats.evaluate_targets(report.target_inputs(self.results))]
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=2, default=str) + "\n")
+        plots: list[str] = []
+        try:
+            plots = report.plot(self.results, self.out)
+        except Exception as exc:  # noqa: BLE001 - the Markdown report is still worth writing
+            self.results["errors"]["plots"] = f"{type(exc).__name__}: {exc}"
+        (self.out / "report.md").write_text(report.render(self.results, plots))
+        self.say(f"report: {self.out / 'report.md'} ({len(plots)} plots); results: {self.out / 'results.json'}")
+        for t in self.results["targets"]:
+            verdict = "not measured" if t["passed"] is None else ("pass" if t["passed"] else "FAIL")
+            self.say(f"target {t['name']}: {t['measured']} -> {verdict}")
+        if self.results["errors"]:
+            self.say(f"sections failed: {', '.join(self.results['errors'])}")
+            return 1
+        return 0
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _medians(runs: list[workloads.Throughput]) -> dict[str, Any]:
+    as_json = [r.to_json() for r in runs]
+    out = {"runs": as_json, "median_records_per_s": stats.median(r.rate for r in runs),
+           "median_mb_per_s": stats.median(r.mb_per_s for r in runs)}
+    if any("after_first_records_per_s" in j for j in as_json):
+        out["median_after_first_records_per_s"] = stats.median(j.get("after_first_records_per_s") for j in as_json)
+        out["median_after_first_mb_per_s"] = stats.median(j.get("after_first_mb_per_s") for j in as_json)
+        out["median_first_record_s"] = stats.median(j.get("first_record_s") for j in as_json)
+    return out
+
+
+def _median_run(runs: list[workloads.OnceRun], key: Callable[[workloads.OnceRun], float]) -> workloads.OnceRun:
+    """The run whose `key` is the median (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=key)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _pipeline_summary(runs: list[workloads.OnceRun]) -> dict[str, Any]:
+    as_json = [r.to_json() for r in runs]
+    typical = _median_run(runs, key=lambda r: r.rate.steady_rate or 0.0)
+    steady = typical.batches[1:] or typical.batches
+    return {
+        "runs": as_json,
+        "median_steady_records_per_s": stats.median(j["steady_records_per_s"] for j in as_json),
+        "median_steady_mb_per_s": stats.median(j["steady_mb_per_s"] for j in as_json),
+        "median_wall_records_per_s": stats.median(j["wall_records_per_s"] for j in as_json),
+        "median_wall_mb_per_s": stats.median(j["wall_mb_per_s"] for j in as_json),
+        "stages_s": stats.stage_breakdown([b["metrics"] for b in steady]),
+        "task_s": stats.task_seconds([b["metrics"] for b in steady]),
+        "stage_records": int(sum(b["metrics"].get("records", 0) for b in steady)),
+        "stage_batches": len(steady),
+        "stage_run": typical.pipeline,
+    }
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (a CI timeout, `kill`) becomes KeyboardInterrupt, so the scratch stack and any running
+    ingest job are still stopped and what was measured is still reported."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _interrupt_on_sigterm()
+    progress = Progress()
+    progress(f"bench: {args.records:,} records, batch size {max(1_000, args.records // 3):,}, repeats "
+             f"{args.repeats} (pipeline {args.pipeline_repeats}), sections {', '.join(args.sections)}; "
+             f"output {args.out}")
+    return Bench(args, progress).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

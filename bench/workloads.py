@@ -1,0 +1,794 @@
+"""The measurements: load, ceilings, the pipeline's `--once` and continuous runs, the baseline, maintenance.
+
+Each function measures one thing on the scratch stack (see bench.env) and returns plain
+numbers; `bench.run` strings them together and `bench.report` renders them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from bench import stats
+from bench.env import BenchError, BenchStack, stop_process_group, tail
+from lakehouse import config, events, offsets, produce, topics
+from lakehouse.kafka_source import BatchBuilder
+from lakehouse.records import RecordValidator
+from lakehouse.spec import PipelineSpec
+
+MB = 1_000_000
+YOUNG_PROCESS_S = 1.0  # memory samples skip processes younger than this (see MemorySampler)
+STALL_S = 30.0  # no new record for this long while records are expected: the broker is stuck
+# The same fetch sizes the pipeline's reader asks for, so the consume ceiling is a fair one.
+FETCH = {"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
+         "queued.max.messages.kbytes": 262_144}
+
+
+# ---------------------------------------------------------------------------------------------- the data
+
+@dataclass
+class Backlog:
+    """The synthetic records of the run (generated once), reused by every workload."""
+
+    records: list[produce.SyntheticRecord]
+    seconds: float
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
+
+    @property
+    def value_bytes(self) -> int:
+        return sum(len(r.value or b"") for r in self.records)
+
+    @property
+    def bad(self) -> int:
+        return sum(1 for r in self.records if r.kind is not None)
+
+    def head(self, count: int) -> list[produce.SyntheticRecord]:
+        return self.records[:count]
+
+
+def generate(spec: PipelineSpec, count: int, bad_ratio: float, seed: int) -> Backlog:
+    """`count` realistic orders from lakehouse.produce (about `bad_ratio` of them broken on purpose)."""
+    started = time.monotonic()
+    records = list(produce.synthesize(spec, count, bad_ratio=bad_ratio, seed=seed))
+    return Backlog(records, time.monotonic() - started)
+
+
+@dataclass
+class Delivery:
+    """What a producer run delivered: records, the log end per partition, seconds."""
+
+    sent: int
+    ends: dict[int, int]
+    seconds: float
+
+
+class _DeliveryCounter:
+    """librdkafka delivery callback: counts deliveries and failures, tracks each partition's log end."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.errors: list[str] = []
+        self.ends: dict[int, int] = {}
+
+    def __call__(self, err, msg) -> None:
+        if err is not None:
+            self.errors.append(err.str())
+            return
+        self.delivered += 1
+        p = msg.partition()
+        end = msg.offset() + 1
+        if end > self.ends.get(p, 0):
+            self.ends[p] = end
+
+
+def _producer(spec: PipelineSpec, platform: config.PlatformConfig) -> Producer:
+    # the platform's producer settings (murmur2, idempotent, acks=all) with larger batches for bulk loads
+    return Producer({**produce.producer_config(spec, platform), "linger.ms": 20,
+                     "queue.buffering.max.messages": 1_000_000})
+
+
+def load_topic(spec: PipelineSpec, platform: config.PlatformConfig,
+               records: Sequence[produce.SyntheticRecord]) -> Delivery:
+    """Create the spec's topic and produce `records` to it as fast as possible; waits for every ack.
+
+    Raises BenchError when any record is not delivered.
+    """
+    topics.ensure_topics([spec], platform)
+    producer = _producer(spec, platform)
+    counter = _DeliveryCounter()
+    started = time.monotonic()
+    for rec in records:
+        _send(producer, spec.source.topic, rec, counter)
+    _flush(producer, counter, spec.source.topic)
+    return Delivery(counter.delivered, dict(sorted(counter.ends.items())), time.monotonic() - started)
+
+
+def _send(producer: Producer, topic: str, rec: produce.SyntheticRecord, counter: _DeliveryCounter,
+          timestamp_ms: int | None = None) -> None:
+    while True:
+        try:
+            if timestamp_ms is None:
+                producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, on_delivery=counter)
+            else:
+                producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, on_delivery=counter,
+                                 timestamp=timestamp_ms)
+            return
+        except BufferError:  # local queue full: serve delivery reports until there is room
+            producer.poll(0.05)
+
+
+def _flush(producer: Producer, counter: _DeliveryCounter, topic: str) -> None:
+    remaining = producer.flush(120)
+    if counter.errors or remaining:
+        raise BenchError(f"producing to {topic}: {len(counter.errors)} delivery errors, {remaining} unacknowledged; "
+                         f"first error: {counter.errors[0] if counter.errors else 'timeout'}")
+
+
+# ---------------------------------------------------------------------------------------------- ceilings
+
+@dataclass
+class Throughput:
+    records: int
+    value_bytes: int
+    seconds: float
+    first_record_s: float | None = None  # consume only: from consumer creation to the first records
+    first_fetch: int = 0  # consume only: records the first non-empty `consume` call returned
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.value_bytes / MB / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def after_first_rate(self) -> float | None:
+        """Records per second after the first records arrived (connection, offset lookup and the first
+        fetch excluded, with the records it brought)."""
+        if self.first_record_s is None or self.seconds <= self.first_record_s:
+            return None
+        return (self.records - self.first_fetch) / (self.seconds - self.first_record_s)
+
+    def to_json(self) -> dict[str, float | None]:
+        out = {"records": self.records, "value_bytes": self.value_bytes, "seconds": round(self.seconds, 4),
+               "records_per_s": round(self.rate, 1), "mb_per_s": round(self.mb_per_s, 3)}
+        if self.first_record_s is not None:
+            after = self.after_first_rate
+            out.update({"first_record_s": round(self.first_record_s, 4),
+                        "after_first_records_per_s": None if after is None else round(after, 1),
+                        "after_first_mb_per_s": None if after is None else
+                        round(after * self.value_bytes / max(1, self.records) / MB, 3)})
+        return out
+
+
+def _assigned_consumer(kafka_conf: dict, topic: str, partitions: Sequence[int], group: str) -> Consumer:
+    consumer = Consumer({**kafka_conf, "group.id": group, "enable.auto.commit": False,
+                         "enable.partition.eof": False, **FETCH})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    return consumer
+
+
+def consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[int], expected: int) -> Throughput:
+    """One confluent-kafka consumer reading the whole topic with `assign`, touching every value, end to
+    end (consumer creation to the last record), with the time to the first record on the side.
+    Raises BenchError when the records stop coming."""
+    started = time.monotonic()
+    consumer = _assigned_consumer(kafka_conf, topic, partitions, "bench-consume-ceiling")
+    count = size = first_fetch = 0
+    first: float | None = None
+    last = time.monotonic()
+    try:
+        while count < expected:
+            msgs = consumer.consume(num_messages=10_000, timeout=0.1)
+            if msgs:
+                last = time.monotonic()
+                if first is None:
+                    first, first_fetch = last - started, len(msgs)
+            elif time.monotonic() - last > STALL_S:
+                raise BenchError(f"consume ceiling: {count} of {expected} records of {topic}, then nothing "
+                                 f"for {STALL_S:.0f}s")
+            for msg in msgs:
+                if msg.error() is None:
+                    count += 1
+                    value = msg.value()
+                    size += len(value) if value is not None else 0
+        seconds = time.monotonic() - started
+    finally:
+        consumer.close()
+    return Throughput(count, size, seconds, first_record_s=first, first_fetch=first_fetch)
+
+
+@dataclass
+class RawRecord:
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: list
+
+
+def read_topic(kafka_conf: dict, topic: str, partitions: Sequence[int], expected: int) -> list[RawRecord]:
+    """Every record of the topic with its coordinates (untimed: input for the decode and write ceilings)."""
+    consumer = _assigned_consumer(kafka_conf, topic, partitions, "bench-read")
+    out: list[RawRecord] = []
+    last = time.monotonic()
+    try:
+        while len(out) < expected:
+            msgs = consumer.consume(num_messages=10_000, timeout=0.5)
+            for msg in msgs:
+                if msg.error() is None:
+                    out.append(RawRecord(msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(),
+                                         msg.value(), msg.headers() or []))
+            if msgs:
+                last = time.monotonic()
+            elif time.monotonic() - last > STALL_S:
+                raise BenchError(f"reading {topic}: {len(out)} of {expected} records, then nothing for {STALL_S:.0f}s")
+    finally:
+        consumer.close()
+    return out
+
+
+def decode(spec: PipelineSpec, topic: str, records: Sequence[RawRecord]) -> tuple[pa.Table, float]:
+    """The records decoded and validated by the pipeline's own code (RecordValidator + BatchBuilder) in
+    this one process; returns (the rows the data table would get, in its columns, and the seconds)."""
+    builder = BatchBuilder(spec, RecordValidator(spec), ingested_at_us=int(time.time() * 1_000_000))
+    batches = []
+    started = time.monotonic()
+    for r in records:
+        builder.add(topic, r.partition, r.offset, r.timestamp_ms, r.key, r.value, r.headers)
+        if builder.size >= 10_000:
+            batches.append(builder.flush())
+    if builder.size:
+        batches.append(builder.flush())
+    seconds = time.monotonic() - started
+    table = pa.Table.from_batches(batches)
+    valid = table.filter(table["_route"].is_valid())
+    return valid.select([*spec.contract.names, "_kafka", "_ingested_at"]), seconds
+
+
+def write_ceiling(rows: pa.Table, value_bytes: int, directory: Path) -> Throughput:
+    """pyarrow writing the already decoded rows as one zstd Parquet file (the table's codec)."""
+    path = directory / "write-ceiling.parquet"
+    started = time.monotonic()
+    pq.write_table(rows, path, compression="zstd")
+    seconds = time.monotonic() - started
+    path.unlink()
+    return Throughput(rows.num_rows, value_bytes, seconds)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+ROLES = ("driver", "jvm", "python_workers", "other")
+
+
+def _role(proc: psutil.Process, root_pid: int) -> str:
+    """driver (the `lakehouse` process), jvm, python_workers (Spark's daemon and workers) or other (the
+    launcher scripts). Asked at every sample: spark-submit's shell scripts exec into the JVM under the
+    same pid, so a pid's role can change."""
+    if proc.pid == root_pid:
+        return "driver"
+    try:
+        name = proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "other"
+    if name == "java":
+        return "jvm"
+    if name.startswith("python"):
+        return "python_workers"
+    return "other"
+
+
+class MemorySampler:
+    """Samples the RSS of a process and all its descendants every `interval` seconds in a thread.
+
+    RSS counts pages shared between forked Python workers once per worker, so the total is an
+    upper bound of the memory the tree needs. Processes younger than YOUNG_PROCESS_S are skipped: a
+    JVM that forks to run a shell command shows, until the exec, a child with the JVM's whole RSS.
+    """
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        self.pid = pid
+        self.interval = interval
+        self.peak_mb = 0.0
+        self.peak_by_role: dict[str, float] = {r: 0.0 for r in ROLES}
+        self.timeline: list[tuple[float, float]] = []  # (seconds since start, total MB)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
+        self._started = time.monotonic()
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            by_role = {r: 0.0 for r in ROLES}
+            now = time.time()
+            for proc in procs:
+                try:
+                    if proc.pid != self.pid and now - proc.create_time() < YOUNG_PROCESS_S:
+                        continue
+                    rss = proc.memory_info().rss / 2**20
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                by_role[_role(proc, self.pid)] += rss
+            total = sum(by_role.values())
+            self.peak_mb = max(self.peak_mb, total)
+            for role, mb in by_role.items():
+                self.peak_by_role[role] = max(self.peak_by_role[role], mb)
+            self.timeline.append((round(time.monotonic() - self._started, 2), round(total, 1)))
+            self._stop.wait(self.interval)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"peak_mb": round(self.peak_mb, 1), "peak_by_role_mb": {k: round(v, 1) for k, v in
+                                                                       self.peak_by_role.items()},
+                "timeline": self.timeline[:: max(1, len(self.timeline) // 300)]}
+
+
+# ---------------------------------------------------------------------------------------------- the pipeline
+
+def batch_metrics(pipeline: str, platform: config.PlatformConfig, since: datetime | None = None) -> list[dict]:
+    """The pipeline's `batch` events (oldest first): each {ts, metrics, details} from the ops timeline."""
+    found = events.recent(pipeline, kind="batch", since=since, limit=100_000, platform=platform)
+    return [{"ts": e["ts"].isoformat(), "metrics": e["metrics"], "details": e["details"]} for e in reversed(found)]
+
+
+@dataclass
+class OnceRun:
+    pipeline: str
+    partitions: int
+    backlog: int
+    wall_s: float
+    batches: list[dict]
+    memory: dict
+    rate: stats.IngestRate = field(init=False)
+    value_bytes_per_record: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.rate = stats.ingest_rate([b["metrics"] for b in self.batches], self.wall_s)
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.rate
+        mb = self.value_bytes_per_record / MB
+        return {
+            "pipeline": self.pipeline, "partitions": self.partitions, "backlog": self.backlog,
+            "wall_s": round(self.wall_s, 2), "records": r.records, "batches": r.batches,
+            "steady_records_per_s": r.steady_rate, "steady_mb_per_s": r.steady_rate * mb if r.steady_rate else None,
+            "wall_records_per_s": r.wall_rate, "wall_mb_per_s": r.wall_rate * mb if r.wall_rate else None,
+            "cold_batch": {"records": r.cold_records, "seconds": r.cold_s, "records_per_s": r.cold_rate},
+            "stages_s": stats.stage_breakdown([b["metrics"] for b in self.batches[1:] or self.batches]),
+            "memory": self.memory, "batch_metrics": [b["metrics"] for b in self.batches],
+        }
+
+
+def run_once(stack: BenchStack, spec: PipelineSpec, backlog: int, value_bytes_per_record: float,
+             timeout: float = 600.0) -> OnceRun:
+    """`lakehouse ingest --pipeline P --once` over the topic's backlog, its process tree's RSS sampled.
+
+    Raises BenchError when the job fails, times out, or did not ingest the whole backlog.
+    """
+    platform = stack.platform()
+    log_name = f"ingest-once-{spec.name}"
+    started = time.monotonic()
+    proc = stack.spawn("ingest", "--pipeline", spec.name, "--once", "--json", log_name=log_name)
+    with MemorySampler(proc.pid) as sampler:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_process_group(proc, timeout=5)
+            raise BenchError(f"`lakehouse ingest --pipeline {spec.name} --once` did not finish within "
+                             f"{timeout:.0f}s") from None
+        except BaseException:  # interrupted: never leave the job running behind us
+            stop_process_group(proc, timeout=5)
+            raise
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        raise BenchError(f"`lakehouse ingest --pipeline {spec.name} --once` exited with {proc.returncode}: "
+                         f"{stack.stderr_tail(log_name)}")
+    (stack.logs_dir / f"{log_name}.stdout.log").write_text(out)
+    run = OnceRun(spec.name, spec.source.partitions, backlog, wall, batch_metrics(spec.name, platform),
+                  sampler.to_json(), value_bytes_per_record=value_bytes_per_record)
+    if run.rate.records != backlog:
+        raise BenchError(f"{spec.name}: the batch events account for {run.rate.records} records, the backlog "
+                         f"has {backlog}")
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- freshness
+
+class _LineReader:
+    """Reads a child's stdout lines in a thread, so the job never blocks on a full pipe."""
+
+    def __init__(self, stream) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _run(self, stream) -> None:
+        for line in stream:
+            self.lines.put(line)
+
+    def wait_for_receipt(self, timeout: float, proc: subprocess.Popen) -> bool:
+        """Whether the job printed a batch receipt within `timeout` seconds (False as soon as it exits)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (proc.poll() is None or not self.lines.empty()):
+            try:
+                if self.lines.get(timeout=0.5).startswith("{"):
+                    return True
+            except queue.Empty:
+                continue
+        return False
+
+
+def paced_phase(producer: Producer, topic: str, source: Iterator[produce.SyntheticRecord], rate: int,
+                seconds: float, counter: _DeliveryCounter, not_before_ms: int) -> stats.Phase:
+    """Produce at `rate` msg/s for `seconds`, every record stamped (CreateTime) at its produce call."""
+    start_ms = max(int(time.time() * 1000), not_before_ms)
+    started = time.monotonic()
+    sent = 0
+    while True:
+        elapsed = time.monotonic() - started
+        if elapsed >= seconds:
+            break
+        due = min(int(rate * elapsed) + 1, int(rate * seconds))
+        while sent < due:
+            _send(producer, topic, next(source), counter, max(int(time.time() * 1000), start_ms))
+            sent += 1
+        producer.poll(0)
+        if sent >= due:
+            time.sleep(0.001)
+    end_ms = max(int(time.time() * 1000) + 1, start_ms + 1)
+    return stats.Phase(rate=rate, start_ms=start_ms, end_ms=end_ms, produced=sent)
+
+
+def ingest_snapshots(table, pipeline: str) -> list[stats.Snapshot]:
+    """The table's ingest commits of `pipeline`: commit time and offset ranges from the summaries."""
+    out = []
+    for snap in table.snapshots():
+        props = offsets.summary_properties(snap)
+        if props.get(offsets.K_PIPELINE) == pipeline and props.get(offsets.K_KIND) == "ingest":
+            out.append(stats.Snapshot(snap.timestamp_ms, offsets.decode_ranges(props.get(offsets.K_RANGES))))
+    return out
+
+
+def coordinates(table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(partition, offset, Kafka timestamp in ms) of every row, read back from the `_kafka` column."""
+    data = table.scan(selected_fields=("_kafka",)).to_arrow()
+    kafka = data.column("_kafka").combine_chunks()
+    parts = kafka.field("partition").to_numpy(zero_copy_only=False).astype(np.int64)
+    offs = kafka.field("offset").to_numpy(zero_copy_only=False).astype(np.int64)
+    stamps = kafka.field("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
+    return parts, offs, stamps.astype(float)
+
+
+@dataclass
+class FreshnessRun:
+    pipeline: str
+    trigger_s: float
+    phases: list[stats.PhaseFreshness]
+    drain_s: float
+    drained: bool
+    batches: list[dict]
+    max_records_per_batch: int  # the spec's batch budget
+
+    def to_json(self) -> dict[str, Any]:
+        metrics = [b["metrics"] for b in self.batches]
+        # the first batch is the warm-up one: JVM and Python workers starting, not a batch's cost
+        cost = stats.fit_batch_cost(batch_timings(self.batches[1:]))
+        return {"pipeline": self.pipeline, "batch_cost": None if cost is None else dict(cost.__dict__),
+                "trigger_s": self.trigger_s, "max_records_per_batch": self.max_records_per_batch,
+                "drain_s": round(self.drain_s, 1),
+                "drained": self.drained, "phases": [p.to_json() for p in self.phases],
+                "batches": len(metrics),
+                "median_batch_s": stats.median(m.get("seconds") for m in metrics),
+                "largest_batch_records": max((m.get("records", 0) for m in metrics), default=0),
+                "stages_s": stats.stage_breakdown(metrics),
+                "batch_timeline": [{"ts": b["ts"], "records": b["metrics"].get("records"),
+                                    "seconds": b["metrics"].get("seconds")} for b in self.batches]}
+
+
+def _positions_reached(catalog, spec: PipelineSpec, ends: dict[int, int]) -> bool:
+    for table in (*spec.target.tables, spec.dead_letter_table):
+        progress = offsets.read_progress(catalog, table, spec.name)
+        if any(progress.positions.get(p, 0) < end for p, end in ends.items()):
+            return False
+    return True
+
+
+def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
+                  rates: Sequence[int], phase_s: float, drain_s: float, progress=None) -> FreshnessRun:
+    """A continuous `lakehouse ingest` job with the spec's trigger while a paced producer runs one phase
+    per rate; then a drain of at most `drain_s` seconds, the job stopped, and freshness computed per
+    record from the tables' snapshots (records not visible by the end of the drain are censored).
+
+    Raises BenchError when the job dies or never commits its warm-up batch.
+    """
+    platform = stack.platform()
+    topics.ensure_topics([spec], platform)
+    producer = _producer(spec, platform)
+    producer.poll(0)
+    counter = _DeliveryCounter()
+    source = itertools.cycle(records)
+    log_name = f"ingest-continuous-{spec.name}"
+    proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
+    lines = _LineReader(proc.stdout)
+    catalog = offsets.open_catalog(platform, spec.catalog)
+    try:
+        # warm-up: the JVM starts and commits a first small batch before the measured phases
+        for _ in range(100):
+            _send(producer, spec.source.topic, next(source), counter)
+        _flush(producer, counter, spec.source.topic)
+        if not lines.wait_for_receipt(timeout=180, proc=proc):
+            raise BenchError(f"the continuous job of {spec.name} committed no warm-up batch "
+                             f"({'exit code ' + str(proc.returncode) if proc.poll() is not None else 'within 180s'}): "
+                             f"{stack.stderr_tail(log_name)}")
+        phases: list[stats.Phase] = []
+        not_before = 0
+        for rate in rates:
+            phase = paced_phase(producer, spec.source.topic, source, rate, phase_s, counter, not_before)
+            phases.append(phase)
+            not_before = phase.end_ms
+            if progress:
+                progress(f"  trigger {spec.trigger.interval_s:g}s: {rate:,} msg/s phase produced {phase.produced:,} "
+                         f"({phase.achieved_rate:,.0f}/s achieved)")
+            if proc.poll() is not None:
+                raise BenchError(f"the continuous job of {spec.name} exited with {proc.returncode}: "
+                                 f"{stack.stderr_tail(log_name)}")
+        _flush(producer, counter, spec.source.topic)
+        drain_started = time.monotonic()
+        drained = False
+        while time.monotonic() - drain_started < drain_s:
+            if _positions_reached(catalog, spec, counter.ends):
+                drained = True
+                break
+            if proc.poll() is not None:
+                raise BenchError(f"the continuous job of {spec.name} exited with {proc.returncode}: "
+                                 f"{stack.stderr_tail(log_name)}")
+            time.sleep(0.5)
+        deadline_ms = int(time.time() * 1000)
+        drain_took = time.monotonic() - drain_started
+    finally:
+        stop_process_group(proc, timeout=90)
+    parts, offs, stamps, visible = [], [], [], []
+    for name in (*spec.target.tables, spec.dead_letter_table):
+        table = catalog.load_table(name)
+        p, o, ts = coordinates(table)
+        parts.append(p), offs.append(o), stamps.append(ts)
+        visible.append(stats.visible_at(ingest_snapshots(table, spec.name), p, o))
+    batches = batch_metrics(spec.name, platform)
+    timings = batch_timings(batches)
+    phases_out = stats.freshness_by_phase(phases, np.concatenate(stamps), np.concatenate(visible), deadline_ms,
+                                          batches=timings, trigger_s=spec.trigger.interval_s,
+                                          max_batch_records=spec.trigger.max_records_per_batch)
+    return FreshnessRun(spec.name, spec.trigger.interval_s, phases_out, drain_took, drained, batches,
+                        spec.trigger.max_records_per_batch)
+
+
+def batch_timings(batches: Sequence[dict]) -> list[stats.BatchTiming]:
+    """Commit time (the event's timestamp), seconds and records of each batch event."""
+    return [stats.BatchTiming(datetime.fromisoformat(b["ts"]).timestamp() * 1000, float(b["metrics"].get("seconds", 0)),
+                              int(b["metrics"].get("records", 0))) for b in batches]
+
+
+# ---------------------------------------------------------------------------------------------- baseline
+
+def _baseline_schema():
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, StructType, \
+        TimestamptzType
+
+    return Schema(
+        NestedField(1, "order_id", StringType(), required=False),
+        NestedField(2, "customer_id", StringType(), required=False),
+        NestedField(3, "amount", DoubleType(), required=False),
+        NestedField(4, "currency", StringType(), required=False),
+        NestedField(5, "status", StringType(), required=False),
+        NestedField(6, "event_time", TimestamptzType(), required=False),
+        NestedField(7, "_kafka", StructType(
+            NestedField(9, "topic", StringType(), required=False),
+            NestedField(10, "partition", IntegerType(), required=False),
+            NestedField(11, "offset", LongType(), required=False),
+            NestedField(12, "timestamp", TimestamptzType(), required=False),
+            NestedField(13, "key", StringType(), required=False),
+        ), required=False),
+        NestedField(8, "_ingested_at", TimestamptzType(), required=False),
+    )
+
+
+_BASELINE_ARROW = pa.schema([
+    ("order_id", pa.string()), ("customer_id", pa.string()), ("amount", pa.float64()),
+    ("currency", pa.string()), ("status", pa.string()), ("event_time", pa.timestamp("us", tz="UTC")),
+    ("_kafka", pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                          ("timestamp", pa.timestamp("us", tz="UTC")), ("key", pa.string())])),
+    ("_ingested_at", pa.timestamp("us", tz="UTC")),
+])
+
+
+@dataclass
+class BaselineRun:
+    every: int
+    consumed: int
+    appended: int
+    skipped: int
+    commits: int
+    seconds: float
+    value_bytes: int
+
+    @property
+    def rate(self) -> float:
+        return self.consumed / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"every": self.every, "consumed": self.consumed, "appended": self.appended, "skipped": self.skipped,
+                "commits": self.commits, "seconds": round(self.seconds, 2), "records_per_s": round(self.rate, 1),
+                "mb_per_s": round(self.value_bytes / MB / self.seconds, 3) if self.seconds > 0 else None}
+
+
+def hand_written_baseline(platform: config.PlatformConfig, topic: str, partitions: Sequence[int], expected: int,
+                          table_name: str, every: int) -> BaselineRun:
+    """What a user might write by hand: a confluent-kafka `assign` loop, json.loads, undecodable records
+    skipped, a pyarrow table with the same columns (coordinates included) appended with pyiceberg
+    every `every` records to a table partitioned by day(event_time) in the same catalog.
+
+    It does less than the pipeline: no contract validation, no dead letters, no offsets in the
+    commits (a crash loses or duplicates records). Timed from the first fetch to the last commit.
+    """
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform
+
+    catalog = offsets.open_catalog(platform, "lake")
+    try:
+        catalog.create_namespace("bench")
+    except NamespaceAlreadyExistsError:
+        pass
+    table = catalog.create_table(
+        table_name, schema=_baseline_schema(),
+        partition_spec=PartitionSpec(PartitionField(source_id=6, field_id=1000, transform=DayTransform(),
+                                                    name="event_time_day")),
+        properties={"format-version": "2", "write.parquet.compression-codec": "zstd"})
+    names = _BASELINE_ARROW.names
+    columns: dict[str, list] = {n: [] for n in names}
+    consumed = appended = skipped = commits = size = 0
+
+    def flush() -> None:
+        nonlocal appended, commits
+        if not columns["order_id"]:
+            return
+        now = datetime.now(timezone.utc)
+        columns["_ingested_at"] = [now] * len(columns["order_id"])
+        table.append(pa.Table.from_pydict(columns, schema=_BASELINE_ARROW))
+        appended += len(columns["order_id"])
+        commits += 1
+        for n in names:
+            columns[n] = []
+
+    started = time.monotonic()
+    consumer = _assigned_consumer(platform.kafka(), topic, partitions, "bench-baseline")
+    last = time.monotonic()
+    try:
+        while consumed < expected:
+            msgs = consumer.consume(num_messages=10_000, timeout=0.5)
+            if msgs:
+                last = time.monotonic()
+            elif time.monotonic() - last > STALL_S:
+                raise BenchError(f"baseline: {consumed} of {expected} records of {topic}, then nothing")
+            for msg in msgs:
+                if msg.error() is not None:
+                    continue
+                consumed += 1
+                value = msg.value()
+                size += len(value) if value is not None else 0
+                try:
+                    obj = json.loads(value)
+                    event_time = datetime.fromisoformat(obj["event_time"])
+                    if event_time.tzinfo is None:
+                        raise ValueError("no UTC offset")
+                    row = (str(obj["order_id"]), str(obj["customer_id"]), float(obj["amount"]),
+                           str(obj["currency"]), str(obj["status"]), event_time)
+                except (TypeError, ValueError, KeyError, AttributeError):
+                    skipped += 1
+                    continue
+                for name, v in zip(names[:6], row):
+                    columns[name].append(v)
+                key = msg.key()
+                columns["_kafka"].append({"topic": topic, "partition": msg.partition(), "offset": msg.offset(),
+                                          "timestamp": datetime.fromtimestamp(msg.timestamp()[1] / 1000, timezone.utc),
+                                          "key": key.decode("utf-8", "replace") if key is not None else None})
+                if len(columns["order_id"]) >= every:
+                    flush()
+        flush()
+        seconds = time.monotonic() - started
+    finally:
+        consumer.close()
+    return BaselineRun(every, consumed, appended, skipped, commits, seconds, size)
+
+
+# ---------------------------------------------------------------------------------------------- maintenance
+
+def _data_files(table) -> int:
+    snap = table.current_snapshot()
+    return int(offsets.summary_properties(snap).get("total-data-files", 0)) if snap else 0
+
+
+def scan_seconds(catalog, table_name: str, repeats: int) -> tuple[list[float], int]:
+    """Seconds of full pyiceberg scans (`to_arrow`) of the table's current snapshot, and its row count."""
+    times, rows = [], 0
+    for _ in range(repeats):
+        table = catalog.load_table(table_name)
+        started = time.monotonic()
+        rows = table.scan().to_arrow().num_rows
+        times.append(time.monotonic() - started)
+    return times, rows
+
+
+def maintenance_effect(stack: BenchStack, spec: PipelineSpec, repeats: int) -> dict[str, Any]:
+    """Data files and full-scan time of the pipeline's table before and after `lakehouse maintain`.
+
+    A maintenance run that fails (exit code != 0) is reported with its error, and the table is
+    measured after it anyway: a failure on another table may come after this one was compacted.
+    """
+    platform = stack.platform()
+    catalog = offsets.open_catalog(platform, spec.catalog)
+    table = spec.target.table
+    files_before = _data_files(catalog.load_table(table))
+    scan_before, rows_before = scan_seconds(catalog, table, repeats)
+    started = time.monotonic()
+    done = stack.run_cli("maintain", "--pipeline", spec.name, "--json", log_name=f"maintain-{spec.name}",
+                         timeout=900)
+    maintain_s = time.monotonic() - started
+    receipt: dict[str, Any] = {}
+    for line in reversed(done.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            receipt = json.loads(line)
+            break
+    files_after = _data_files(catalog.load_table(table))
+    scan_after, rows_after = scan_seconds(catalog, table, repeats)
+    data_receipt = next((t for t in receipt.get("tables", []) if t.get("table") == spec.qualified(table)), {})
+    return {
+        "pipeline": spec.name, "table": spec.qualified(table), "rows_before": rows_before, "rows_after": rows_after,
+        "files_before": files_before, "files_after": files_after,
+        "scan_s_before": scan_before, "scan_s_after": scan_after,
+        "scan_median_before": stats.median(scan_before), "scan_median_after": stats.median(scan_after),
+        "maintain_wall_s": round(maintain_s, 2), "maintain_exit_code": done.returncode,
+        "maintain_error": tail(done.stderr or done.stdout) if done.returncode != 0 else None,
+        "receipt": {k: data_receipt.get(k) for k in ("status", "message", "rewritten_data_files", "added_data_files",
+                                                     "data_files_before", "data_files_after", "seconds",
+                                                     "content_unchanged")},
+    }
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="lakehouse-bench-"))

@@ -1,0 +1,333 @@
+"""`make bench`'s arithmetic and report, on fixed numbers: no broker, no Spark, no timing.
+
+The benchmark itself (bench/run.py) measures; these tests pin down how it turns
+measurements into numbers: censored percentiles, freshness from snapshot offset
+ranges, ingest rates and stage breakdowns from batch events, the targets, and
+the report that shows them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from bench import report, stats
+from bench.env import TEMPLATE_SPEC, derive_spec
+from lakehouse.spec import load_spec  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------- medians, percentiles
+
+def test_median_ignores_missing_values_and_averages_the_middle_pair():
+    assert stats.median([3.0, None, 1.0, 2.0]) == 2.0
+    assert stats.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert stats.median([None]) is None
+
+
+def test_percentile_is_nearest_rank():
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert stats.percentile(values, 50) == 50.0
+    assert stats.percentile(values, 95) == 95.0
+    assert stats.percentile(values, 99) == 99.0
+    assert stats.percentile(values, 100) == 100.0
+
+
+def test_censored_observations_count_as_slower_than_every_measurement():
+    measured = [float(v) for v in range(1, 91)]  # 90 measured, 10 never became visible
+    assert stats.percentile(measured, 50, censored=10) == 50.0
+    assert stats.percentile(measured, 90, censored=10) == 90.0
+    # the 95th of 100 observations is one of the censored ones: unknown, above the largest measured
+    assert stats.percentile(measured, 95, censored=10) is None
+
+
+def test_percentile_of_nothing_is_none_and_bad_quantiles_are_refused():
+    assert stats.percentile([], 50) is None
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        stats.percentile([1.0], 101)
+
+
+# ---------------------------------------------------------------------------------------------- visibility
+
+def test_a_record_is_visible_at_the_snapshot_whose_range_holds_it():
+    snapshots = [
+        stats.Snapshot(timestamp_ms=1_000, ranges={0: (0, 10), 1: (0, 5)}),
+        stats.Snapshot(timestamp_ms=2_000, ranges={0: (10, 20), 1: (5, 5)}),  # empty range on partition 1
+    ]
+    partitions = np.array([0, 0, 0, 1, 1, 2])
+    offsets = np.array([0, 9, 10, 4, 5, 0])
+    visible = stats.visible_at(snapshots, partitions, offsets)
+    assert visible[:4].tolist() == [1_000.0, 1_000.0, 2_000.0, 1_000.0]
+    assert np.isnan(visible[4])  # offset 5 of partition 1 was never committed
+    assert np.isnan(visible[5])  # partition 2 was never committed
+
+
+def test_overlapping_ranges_are_refused_because_they_are_not_one_tables_ingest_commits():
+    snapshots = [stats.Snapshot(1_000, {0: (0, 10)}), stats.Snapshot(2_000, {0: (5, 15)})]
+    with pytest.raises(ValueError, match="overlap"):
+        stats.visible_at(snapshots, np.array([0]), np.array([7]))
+
+
+# ---------------------------------------------------------------------------------------------- freshness
+
+def _records(start_ms: int, end_ms: int, count: int, delay_ms) -> tuple[np.ndarray, np.ndarray]:
+    stamps = np.linspace(start_ms, end_ms - 1, count)
+    return stamps, stamps + delay_ms(stamps - start_ms)
+
+
+def _every_second(start_ms: int, end_ms: int, records: int = 100) -> list[stats.BatchTiming]:
+    return [stats.BatchTiming(end_ms=ms, seconds=1.0, records=records) for ms in range(start_ms + 1_000, end_ms, 1_000)]
+
+
+def test_freshness_per_phase_from_kafka_timestamps_and_visibility():
+    steady = stats.Phase(rate=100, start_ms=0, end_ms=10_000, produced=1_000)
+    stamps, visible = _records(0, 10_000, 1_000, lambda t: np.full_like(t, 2_000.0))
+    [phase] = stats.freshness_by_phase([steady], stamps, visible, deadline_ms=60_000,
+                                       batches=_every_second(0, 10_000), trigger_s=1.0)
+    assert phase.p50 == pytest.approx(2.0)
+    assert phase.p99 == pytest.approx(2.0)
+    assert (phase.produced, phase.visible, phase.censored) == (1_000, 1_000, 0)
+    assert phase.kept_up, phase.why
+    assert phase.achieved_rate == pytest.approx(100.0)  # 1,000 records over 10 s
+
+
+def test_the_saw_tooth_of_batch_commits_is_not_a_growing_backlog():
+    phase = stats.Phase(rate=1_000, start_ms=0, end_ms=15_000, produced=15_000)
+    # a commit every 5 s makes everything produced before it visible 1 s later
+    stamps, visible = _records(0, 15_000, 15_000, lambda t: (np.floor(t / 5_000) + 1) * 5_000 + 1_000 - t)
+    batches = [stats.BatchTiming(end_ms=ms, seconds=1.0, records=5_000) for ms in (6_000, 11_000)]
+    [result] = stats.freshness_by_phase([phase], stamps, visible, deadline_ms=60_000, batches=batches,
+                                        trigger_s=5.0, max_batch_records=200_000)
+    assert result.kept_up, result.why
+    assert result.p99 == pytest.approx(5.95, abs=0.01)  # freshness spreads evenly over 1..6 s
+
+
+def test_a_phase_whose_backlog_grows_did_not_keep_up():
+    phase = stats.Phase(rate=100, start_ms=0, end_ms=10_000, produced=1_000)
+    # each record waits longer than the one before: the pipeline commits slower than records arrive
+    stamps, visible = _records(0, 10_000, 1_000, lambda t: 1_000.0 + t)
+    [result] = stats.freshness_by_phase([phase], stamps, visible, deadline_ms=60_000,
+                                        batches=_every_second(0, 10_000), trigger_s=1.0)
+    assert not result.kept_up
+    assert "backlog reached" in result.why
+    assert result.late_lag > result.early_lag
+
+
+def test_a_full_batch_planned_during_a_phase_means_the_pipeline_fell_behind():
+    phase = stats.Phase(rate=100, start_ms=0, end_ms=10_000, produced=1_000)
+    stamps, visible = _records(0, 10_000, 1_000, lambda t: np.full_like(t, 2_000.0))
+    # planned at 9.5 s, inside the phase, committed after it ended: it still tells what the phase left behind
+    late_full_batch = stats.BatchTiming(end_ms=12_000, seconds=2.5, records=500)
+    [result] = stats.freshness_by_phase([phase], stamps, visible, deadline_ms=60_000,
+                                        batches=[*_every_second(0, 9_000), late_full_batch], trigger_s=1.0,
+                                        max_batch_records=500)
+    assert not result.kept_up and "planned during the phase were full" in result.why
+
+
+def test_lag_counts_records_produced_but_not_yet_visible():
+    stamps = np.array([0.0, 100.0, 200.0, 300.0])
+    visible = np.array([150.0, 150.0, np.nan, 400.0])
+    assert stats.lag(stamps, visible, np.array([0.0, 120.0, 150.0, 350.0, 500.0])).tolist() == [1, 2, 0, 2, 1]
+
+
+def test_records_not_visible_by_the_deadline_are_censored_not_dropped():
+    phase = stats.Phase(rate=1_000, start_ms=0, end_ms=10_000, produced=100)
+    stamps, visible = _records(0, 10_000, 100, lambda t: np.full_like(t, 1_000.0))
+    visible[-10:] = np.nan          # never committed
+    visible[-20:-10] = 70_000.0     # committed after the drain ended
+    [result] = stats.freshness_by_phase([phase], stamps, visible, deadline_ms=60_000)
+    assert (result.visible, result.censored) == (80, 20)
+    assert result.p50 == pytest.approx(1.0)
+    assert result.p95 is None and result.p99 is None  # above the drain bound
+    assert not result.kept_up and "20 records" in result.why
+
+
+def test_records_are_attributed_to_the_phase_they_were_produced_in():
+    phases = [stats.Phase(1_000, 0, 1_000, 10), stats.Phase(10_000, 1_000, 2_000, 10)]
+    stamps = np.concatenate([np.linspace(0, 999, 10), np.linspace(1_000, 1_999, 10)])
+    visible = np.concatenate([np.linspace(0, 999, 10) + 500, np.linspace(1_000, 1_999, 10) + 3_000])
+    first, second = stats.freshness_by_phase(phases, stamps, visible, deadline_ms=10_000)
+    assert first.p50 == pytest.approx(0.5) and second.p50 == pytest.approx(3.0)
+
+
+def test_batch_cost_is_a_fixed_part_plus_records_at_a_marginal_rate():
+    batches = [stats.BatchTiming(0, 6.0 + n / 25_000, n) for n in (500, 7_000, 50_000, 200_000)]
+    cost = stats.fit_batch_cost(batches)
+    assert cost.fixed_s == pytest.approx(6.0) and cost.records_per_s == pytest.approx(25_000)
+    assert stats.fit_batch_cost(batches[:2]) is None  # too few batches to tell the parts apart
+    assert stats.fit_batch_cost([stats.BatchTiming(0, s, 1_000) for s in (1.0, 2.0, 3.0)]) is None  # one size only
+
+
+def test_a_continuous_job_settles_where_each_batch_drains_one_cycle_of_arrivals():
+    cost = stats.BatchCost(fixed_s=6.0, records_per_s=25_000, batches=5)
+    records, cycle, batch = cost.steady_batch(10_000, trigger_s=5.0)
+    assert records == pytest.approx(100_000)  # 10k/s x 10 s, and 6 s + 100k / 25k/s = 10 s
+    assert cycle == pytest.approx(10.0) and batch == pytest.approx(10.0)
+    assert cost.steady_batch(25_000, trigger_s=5.0) is None  # as fast as it drains: never settles
+    # the batch it would need (100k) is above the budget: full 50k batches drain 50k / 8 s = 6,250 records/s
+    assert cost.steady_batch(10_000, trigger_s=5.0, max_records=50_000) is None
+    assert cost.capped_rate(50_000) == pytest.approx(6_250)
+    assert "full batches of 50,000 records drain only 6,250 records/s" in report.cost_sentence(
+        cost.__dict__, 10_000, 5.0, max_records=50_000)
+    # with a cheap batch the trigger paces the job: one trigger's worth of records per batch
+    assert stats.BatchCost(0.5, 100_000, 5).steady_batch(1_000, trigger_s=5.0) == pytest.approx((5_000, 5.0, 0.55))
+
+
+# ---------------------------------------------------------------------------------------------- ingest rates, stages
+
+BATCHES = [
+    {"records": 100_000, "seconds": 30.0, "plan_s": 1.0, "read_s": 4.0, "decode_s": 15.0, "write_s": 5.0,
+     "commit_s": 3.0, "read_task_s": 6.0, "decode_task_s": 20.0, "freshness_s": 300.0},
+    {"records": 100_000, "seconds": 10.0, "plan_s": 0.5, "read_s": 2.0, "decode_s": 4.0, "write_s": 2.0,
+     "commit_s": 1.0, "read_task_s": 3.0, "decode_task_s": 7.0, "freshness_s": 300.0},
+    {"records": 50_000, "seconds": 5.0, "plan_s": 0.5, "read_s": 1.0, "decode_s": 2.0, "write_s": 1.0,
+     "commit_s": 0.5, "read_task_s": 1.0, "decode_task_s": 3.0, "freshness_s": 300.0},
+]
+
+
+def test_steady_rate_leaves_the_cold_first_batch_out():
+    rate = stats.ingest_rate(BATCHES, wall_s=62.5)
+    assert rate.records == 250_000 and rate.batches == 3
+    assert rate.steady_rate == pytest.approx(150_000 / 15.0)
+    assert rate.cold_rate == pytest.approx(100_000 / 30.0)
+    assert rate.wall_rate == pytest.approx(4_000.0)
+
+
+def test_a_single_batch_is_its_own_steady_state():
+    rate = stats.ingest_rate(BATCHES[:1], wall_s=40.0)
+    assert rate.steady_rate == pytest.approx(100_000 / 30.0)
+
+
+def test_stage_breakdown_sums_stages_in_pipeline_order_and_keeps_the_rest_as_other():
+    stages = stats.stage_breakdown(BATCHES[1:])
+    assert list(stages) == ["plan_s", "read_s", "decode_s", "write_s", "commit_s", "other_s"]
+    assert stages["decode_s"] == pytest.approx(6.0)
+    # task-summed seconds overlap across parallel tasks and ages are not stages: neither is counted
+    assert "read_task_s" not in stages and "freshness_s" not in stages
+    assert stages["other_s"] == pytest.approx(15.0 - 14.5)
+    assert stats.dominant_stage(stages) == ("decode_s", pytest.approx(6.0 / 15.0))
+    assert stats.task_seconds(BATCHES[1:]) == {"read": 4.0, "decode": 10.0}
+
+
+def test_stage_breakdown_takes_the_coarse_stages_of_older_events():
+    stages = stats.stage_breakdown([{"records": 10, "seconds": 4.0, "plan_s": 0.5, "read_decode_s": 2.0,
+                                     "write_commit_s": 1.0, "group_commit_s": 0.1}])
+    assert list(stages) == ["plan_s", "read_decode_s", "write_commit_s", "group_commit_s", "other_s"]
+    assert stages["other_s"] == pytest.approx(0.4)
+
+
+# ---------------------------------------------------------------------------------------------- targets
+
+def test_targets_pass_and_fail_on_the_measured_numbers():
+    targets = stats.evaluate_targets(stats.TargetInputs(
+        pipeline_rate=60_000, consume_ceiling=100_000, freshness_p95_10k_5s=12.5, baseline_rate=20_000,
+        memory_small_mb=1_000, memory_large_mb=1_200))
+    verdicts = {t.name: t.passed for t in targets}
+    assert verdicts == {
+        "sustained ingest vs raw consume ceiling": True,      # 60 % >= 50 %
+        "freshness p95 at 10k msg/s, 5 s trigger": False,     # 12.5 s > 10 s
+        "speed-up over the hand-written baseline": False,     # 3x < 5x
+        "memory bounded by the batch size, not the backlog": True,  # +20 % <= +25 %
+    }
+    assert targets[0].measured.startswith("60.0 %")
+
+
+def test_censored_freshness_fails_and_unmeasured_targets_say_so():
+    targets = stats.evaluate_targets(stats.TargetInputs(
+        pipeline_rate=None, consume_ceiling=100_000, freshness_p95_10k_5s=None, baseline_rate=None))
+    by_name = {t.name: t for t in targets}
+    assert by_name["freshness p95 at 10k msg/s, 5 s trigger"].passed is False
+    assert "censored" in by_name["freshness p95 at 10k msg/s, 5 s trigger"].measured
+    assert by_name["sustained ingest vs raw consume ceiling"].passed is None
+    assert by_name["memory bounded by the batch size, not the backlog"].measured == "not measured"
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+RESULTS = {
+    "started_at": "2026-11-22T00:00:00+00:00", "wall_s": 600.0,
+    "config": {"records": 150_000, "repeats": 3, "bad_ratio": 0.01, "cores": 2, "phase_s": 15, "drain_s": 30},
+    "machine": {"cpu": "Test CPU", "cores": "2 logical"},
+    "ceilings": {
+        "consume": {"p3": {"median_records_per_s": 100_000.0, "median_mb_per_s": 20.0,
+                           "median_after_first_records_per_s": 200_000.0, "median_after_first_mb_per_s": 40.0,
+                           "median_first_record_s": 0.5}},
+        "decode": {"median_records_per_s": 40_000.0, "median_mb_per_s": 8.0, "sample": 100_000},
+        "write": {"median_records_per_s": 1_000_000.0, "median_mb_per_s": 200.0},
+    },
+    "pipeline": {"p3": {"median_steady_records_per_s": 12_000.0, "median_steady_mb_per_s": 2.4,
+                        "median_wall_records_per_s": 5_000.0, "median_wall_mb_per_s": 1.0,
+                        "stages_s": {"plan_s": 0.5, "read_s": 2.0, "decode_s": 8.0, "write_s": 2.0, "commit_s": 1.0,
+                                     "other_s": 0.5},
+                        "task_s": {"read": 3.0, "decode": 9.0}, "stage_records": 100_000, "stage_batches": 2,
+                        "runs": []}},
+    "baseline": {"10000": {"median_records_per_s": 30_000.0, "median_mb_per_s": 6.0, "runs": []}},
+    "freshness": [{"trigger_s": 5.0, "median_batch_s": 9.0, "batches": 12, "drained": True, "drain_s": 3.0,
+                   "batch_cost": {"fixed_s": 6.0, "records_per_s": 25_000.0, "batches": 11},
+                   "largest_batch_records": 60_000, "max_records_per_batch": 200_000, "stages_s": {}, "phases": [
+                       {"rate": 10_000, "achieved_rate": 9_990.0, "produced": 150_000, "visible": 150_000,
+                        "censored": 0, "p50": 9.0, "p95": 14.0, "p99": 15.0, "kept_up": True, "why": ""}]}],
+    "memory": {"batch_size": 50_000,
+               "small": {"backlog": 50_000, "peak_mb": 1_500.0, "peak_by_role_mb": {"driver": 100.0, "jvm": 1_200.0}},
+               "large": {"backlog": 150_000, "peak_mb": 1_600.0, "peak_by_role_mb": {"driver": 100.0, "jvm": 1_300.0}}},
+    "errors": {},
+}
+
+
+def test_the_report_shows_every_target_with_its_measurement_and_explains_failures():
+    text = report.render(RESULTS)
+    # the consume ceiling the pipeline is held against is the after-first-fetch one: 12k of 200k
+    assert "| sustained ingest vs raw consume ceiling | >= 50 % of the ceiling | 6.0 % (12,000 of 200,000 " \
+           "records/s) | **FAIL** |" in text
+    assert "| freshness p95 at 10k msg/s, 5 s trigger | <= 10 s | 14.00 s | **FAIL** |" in text
+    assert "0.40x (12,000 vs 30,000 records/s) | **FAIL** |" in text
+    assert "1,500 MB -> 1,600 MB (+6.7 %) | **pass** |" in text
+    why = text.split("### Why", 1)[1].split("## Throughput", 1)[0]
+    assert "**decode + validate** takes 57 % of the batch time" in why
+    # 10 s of read+decode wall time, 12 s of task time on 2 cores: at least 40 % is Spark work around the tasks
+    assert "at least 40.0 % of those stages is Spark work around the tasks" in why
+    assert "writing and committing took 1.50 s per batch of 50,000 records" in why
+    assert "80,000 records/s on 2 cores at best (40.0 % of the consume ceiling), so Python decoding alone " \
+           "keeps the pipeline below the 50 % target" in why
+    assert "whose median took 9.00 s" in why
+    assert "a batch costs 6.00 s plus one second per 25,000 records, so at 10,000 msg/s with a 5 s trigger it " \
+           "settles at batches of about 100,000 records every 10.00 s" in why
+    assert "one batch (10.00 s) for it to commit, about 20.00 s at worst" in why
+
+
+def test_the_report_lists_machine_facts_ratios_and_throughput_rows():
+    text = report.render(RESULTS, plots=["throughput.png"])
+    assert "| cpu | Test CPU |" in text
+    assert "pipeline (p3, steady) / consume ceiling = 6.0 %" in text
+    assert "pipeline / one-core decoder = 0.30x" in text
+    assert "| pipeline p3, steady | `lakehouse ingest --once`, batches 2..n | 12,000 | 2.4 |" in text
+    assert "| hand-written baseline, N=10,000 |" in text
+    assert "![throughput](throughput.png)" in text
+
+
+def test_failed_sections_are_named_in_the_report():
+    text = report.render({**RESULTS, "errors": {"maintenance": "BenchError: maintain exited with 1"}})
+    assert "- `maintenance`: BenchError: maintain exited with 1" in text
+
+
+def test_plots_are_drawn_for_the_sections_that_have_data(tmp_path):
+    written = report.plot(RESULTS, tmp_path)
+    assert written == ["throughput.png", "freshness.png", "stages.png"]  # no memory timeline, no maintenance
+    assert all((tmp_path / name).stat().st_size > 1_000 for name in written)
+
+
+# ---------------------------------------------------------------------------------------------- specs
+
+def test_bench_specs_are_the_orders_spec_with_their_own_topic_tables_and_batch_size(tmp_path):
+    template = yaml.safe_load(TEMPLATE_SPEC.read_text())
+    raw = derive_spec(template, "bench_p12", "bench-p12", 12, 50_000, "1s")
+    path = tmp_path / "bench_p12.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_spec(path)
+    assert (spec.name, spec.source.topic, spec.source.partitions) == ("bench_p12", "bench-p12", 12)
+    assert (spec.target.table, spec.dead_letter_table) == ("raw.bench_p12", "raw.bench_p12_dlq")
+    assert (spec.trigger.interval_s, spec.trigger.max_records_per_batch) == (1.0, 50_000)
+    orders = load_spec(TEMPLATE_SPEC)
+    assert spec.contract == orders.contract and spec.target.partition_by == orders.target.partition_by
+    assert spec.target.mode == orders.target.mode == "append"
+    assert template["name"] == "orders"  # the template itself is left untouched
