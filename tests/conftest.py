@@ -44,7 +44,7 @@ DAGS_FOLDER = config.REPO_ROOT / "dags"
 
 # Variables that would send tests to a user's real cluster, catalog or warehouse.
 _ISOLATED_PREFIXES = ("LAKEHOUSE_BOOTSTRAP_SERVERS", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE",
-                      "LAKEHOUSE_KAFKA_", "LAKEHOUSE_FAULT")
+                      "LAKEHOUSE_KAFKA_", "LAKEHOUSE_S3_", "LAKEHOUSE_FAULT")
 TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
 
 

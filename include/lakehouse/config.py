@@ -14,6 +14,21 @@ platform at a real cluster is a matter of environment variables only:
     LAKEHOUSE_WAREHOUSE          warehouse location (default: file://<home>/warehouse)
     LAKEHOUSE_SPARK_MASTER       Spark master URL (default: local[2])
     LAKEHOUSE_JARS               comma-separated jars for Spark (default: found by `make setup`)
+
+An s3:// (or s3a://) warehouse is read and written through Iceberg's S3FileIO
+(Spark) and pyarrow (pyiceberg). These optional variables describe the object
+store; any other warehouse ignores them (a malformed value is an error all the same):
+
+    LAKEHOUSE_S3_ENDPOINT          S3 API endpoint, e.g. http://minio:9000 (default: AWS S3)
+    LAKEHOUSE_S3_PATH_STYLE_ACCESS true for http://endpoint/bucket/key addressing (MinIO);
+                                   false for bucket.endpoint (default: the client's own)
+    LAKEHOUSE_S3_REGION            the bucket's region, e.g. us-east-1 (default: the AWS SDK's
+                                   region chain on the JVM side, a lookup of the bucket in pyiceberg)
+
+Credentials are not platform settings: both sides take them from the standard AWS
+chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment of the driver and
+of every executor, a profile, or an instance role), so they never appear in Spark's
+configuration, its UI or its event logs.
 """
 
 from __future__ import annotations
@@ -26,10 +41,40 @@ from urllib.parse import unquote, urlsplit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BROKER_PORT = 19092
+# The Iceberg Spark runtime the project is built and tested with (Spark 3.5, Scala 2.12);
+# networked builds fetch the same version by Maven coordinates (docker/Dockerfile).
+ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+# Warehouse URI schemes served by S3FileIO; the LAKEHOUSE_S3_* settings apply to them only.
+S3_SCHEMES = ("s3", "s3a")
+KAFKA_PREFIX = "LAKEHOUSE_KAFKA_"
+# Every variable this module reads (plus the KAFKA_PREFIX family), so a deployment
+# (docker-compose.yaml) can be checked for settings nothing reads.
+ENVIRONMENT = (
+    "LAKEHOUSE_HOME",
+    "LAKEHOUSE_PIPELINES_DIR",
+    "LAKEHOUSE_BOOTSTRAP_SERVERS",
+    "LAKEHOUSE_BROKER_PORT",
+    "LAKEHOUSE_CATALOG_URI",
+    "LAKEHOUSE_WAREHOUSE",
+    "LAKEHOUSE_SPARK_MASTER",
+    "LAKEHOUSE_JARS",
+    "LAKEHOUSE_S3_ENDPOINT",
+    "LAKEHOUSE_S3_PATH_STYLE_ACCESS",
+    "LAKEHOUSE_S3_REGION",
+)
 
 
 class ConfigError(ValueError):
     """The environment does not describe a usable platform."""
+
+
+def redact(uri: str) -> str:
+    """`uri` with its password (if any) replaced by ***, for output and error messages."""
+    parts = urlsplit(uri)
+    if not parts.password:
+        return uri
+    netloc = parts.netloc.rsplit("@", 1)
+    return parts._replace(netloc=f"{parts.username}:***@{netloc[1]}").geturl()
 
 
 def lakehouse_home() -> Path:
@@ -86,6 +131,42 @@ class CatalogConfig:
 
 
 @dataclass(frozen=True)
+class ObjectStoreConfig:
+    """How to reach the S3-compatible store of an s3:// warehouse (never its credentials).
+
+    Unset fields are left to the clients' own defaults (the AWS endpoint, virtual-host
+    addressing, the region chain).
+    """
+
+    endpoint: str | None = None
+    path_style_access: bool | None = None
+    region: str | None = None
+
+    def iceberg_properties(self) -> dict[str, str]:
+        """Catalog properties of Iceberg's Java S3FileIO (spark.sql.catalog.<name>.<property>)."""
+        props = {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO"}
+        if self.endpoint:
+            props["s3.endpoint"] = self.endpoint
+        if self.path_style_access is not None:
+            props["s3.path-style-access"] = "true" if self.path_style_access else "false"
+        if self.region:
+            props["client.region"] = self.region
+        return props
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """The same settings as pyiceberg (0.12) names them for its pyarrow S3 FileIO."""
+        props = {}
+        if self.endpoint:
+            props["s3.endpoint"] = self.endpoint
+        if self.path_style_access is not None:
+            # pyiceberg says it the other way round: virtual addressing on or off
+            props["s3.force-virtual-addressing"] = "false" if self.path_style_access else "true"
+        if self.region:
+            props["s3.region"] = self.region  # also stops pyiceberg asking AWS where the bucket is
+        return props
+
+
+@dataclass(frozen=True)
 class PlatformConfig:
     home: Path
     bootstrap_servers: str
@@ -94,9 +175,15 @@ class PlatformConfig:
     warehouse: str = ""
     spark_master: str = "local[2]"
     jars: tuple[str, ...] = ()
+    object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
 
     def catalog(self, name: str) -> CatalogConfig:
         return CatalogConfig(name=name, uri=self.catalog_uri, warehouse=self.warehouse)
+
+    @property
+    def warehouse_on_s3(self) -> bool:
+        """Whether the warehouse is an s3:// or s3a:// location (read and written with S3FileIO)."""
+        return urlsplit(self.warehouse).scheme in S3_SCHEMES
 
     def kafka(self, **overrides: object) -> dict:
         """librdkafka configuration for any client of this platform."""
@@ -108,8 +195,8 @@ class PlatformConfig:
 def _kafka_extra_from_env() -> dict[str, str]:
     extra = {}
     for key, value in os.environ.items():
-        if key.startswith("LAKEHOUSE_KAFKA_") and key != "LAKEHOUSE_KAFKA_BOOTSTRAP_SERVERS":
-            extra[key[len("LAKEHOUSE_KAFKA_"):].lower().replace("_", ".")] = value
+        if key.startswith(KAFKA_PREFIX) and key != "LAKEHOUSE_KAFKA_BOOTSTRAP_SERVERS":
+            extra[key[len(KAFKA_PREFIX):].lower().replace("_", ".")] = value
     return extra
 
 
@@ -119,7 +206,7 @@ def default_jars() -> tuple[str, ...]:
     try:
         import snowpark_connect_deps_iceberg as deps
 
-        runtime = Path(deps.__file__).parent / "jars" / "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+        runtime = Path(deps.__file__).parent / "jars" / ICEBERG_RUNTIME_JAR
         if runtime.exists():
             jars.append(str(runtime))
     except ImportError:
@@ -128,6 +215,32 @@ def default_jars() -> tuple[str, ...]:
         if Path(candidate).exists():
             jars.append(candidate)
     return tuple(jars)
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _object_store_from_env() -> ObjectStoreConfig:
+    """The LAKEHOUSE_S3_* settings. Raises ConfigError for an endpoint that is not an http(s)
+    URL or a path-style flag that is not a boolean."""
+    endpoint = os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None
+    if endpoint is not None:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"LAKEHOUSE_S3_ENDPOINT {endpoint!r}: expected an http(s) URL such as "
+                              f"http://minio:9000")
+    raw_style = os.environ.get("LAKEHOUSE_S3_PATH_STYLE_ACCESS") or None
+    path_style = None
+    if raw_style is not None:
+        if raw_style.strip().lower() in _TRUE:
+            path_style = True
+        elif raw_style.strip().lower() in _FALSE:
+            path_style = False
+        else:
+            raise ConfigError(f"LAKEHOUSE_S3_PATH_STYLE_ACCESS {raw_style!r}: expected true or false")
+    return ObjectStoreConfig(endpoint=endpoint, path_style_access=path_style,
+                             region=os.environ.get("LAKEHOUSE_S3_REGION") or None)
 
 
 def load() -> PlatformConfig:
@@ -151,4 +264,5 @@ def load() -> PlatformConfig:
         warehouse=warehouse,
         spark_master=os.environ.get("LAKEHOUSE_SPARK_MASTER", "local[2]"),
         jars=jars,
+        object_store=_object_store_from_env(),
     )

@@ -36,6 +36,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, TypeVar
+from urllib.parse import urlsplit
 
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
@@ -355,8 +356,11 @@ class TableMaintenance:
         jvm = self.spark.sparkContext._jvm
         iceberg_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
             self.spark._jsparkSession, self.qualified)
-        result = jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession) \
-            .deleteOrphanFiles(iceberg_table).olderThan(int(older_than.timestamp() * 1000)).execute()
+        action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession) \
+            .deleteOrphanFiles(iceberg_table).olderThan(int(older_than.timestamp() * 1000))
+        if urlsplit(iceberg_table.location()).scheme in config.S3_SCHEMES:
+            action = action.usePrefixListing(True)  # list through the table's S3FileIO, not Hadoop
+        result = action.execute()
         receipt.orphans_removed = sum(1 for _ in result.orphanFileLocations())
 
 

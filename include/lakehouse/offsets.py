@@ -112,8 +112,13 @@ class TableProgress:
 
 
 def open_catalog(platform: PlatformConfig, name: str) -> Catalog:
-    """The pyiceberg view of the JDBC catalog Spark writes (same database, same tables)."""
-    return SqlCatalog(name, uri=platform.catalog_uri, warehouse=platform.warehouse)
+    """The pyiceberg view of the JDBC catalog Spark writes (same database, same tables).
+
+    An s3:// or s3a:// warehouse gets the object store's endpoint, addressing style and
+    region (LAKEHOUSE_S3_*); credentials come from the AWS environment, as on the JVM side.
+    """
+    io_properties = platform.object_store.pyiceberg_properties() if platform.warehouse_on_s3 else {}
+    return SqlCatalog(name, uri=platform.catalog_uri, warehouse=platform.warehouse, **io_properties)
 
 
 def summary_properties(snapshot) -> dict[str, str]:

@@ -16,7 +16,11 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 
 
 def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str) -> dict[str, str]:
-    """Spark properties for `catalogs` (Iceberg JDBC catalogs sharing the platform's database)."""
+    """Spark properties for `catalogs` (Iceberg JDBC catalogs sharing the platform's database).
+
+    An s3:// or s3a:// warehouse adds each catalog's S3FileIO settings (LAKEHOUSE_S3_*); any
+    other warehouse leaves the catalogs on Iceberg's default FileIO.
+    """
     if not platform.jars:
         raise ConfigError("no Iceberg Spark runtime jar found: run `make setup` or set LAKEHOUSE_JARS")
     master = platform.spark_master
@@ -55,6 +59,11 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
         })
         for key, value in props.items():
             conf[f"{prefix}.jdbc.{key}"] = value
+        if platform.warehouse_on_s3:
+            # S3FileIO needs no Hadoop S3 connector; its credentials come from the AWS default chain
+            # on the driver and on every executor, never from this conf (which the UI shows)
+            for key, value in platform.object_store.iceberg_properties().items():
+                conf[f"{prefix}.{key}"] = value
     return conf
 
 

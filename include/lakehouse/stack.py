@@ -217,7 +217,8 @@ def _prepare_storage(platform: config.PlatformConfig) -> None:
         catalog = SqlCatalog(CATALOG_NAME, uri=platform.catalog_uri, warehouse=platform.warehouse)
         catalog.engine.dispose()
     except Exception as exc:  # sqlalchemy and driver errors have no common base worth naming
-        raise StackError(f"cannot initialise the Iceberg catalog at {platform.catalog_uri}: {exc}") from exc
+        raise StackError(f"cannot initialise the Iceberg catalog at {config.redact(platform.catalog_uri)}: "
+                         f"{exc}") from exc
 
 
 # ---------------------------------------------------------------------------- public API
@@ -258,7 +259,7 @@ def status() -> dict:
     return {
         "home": str(home),
         "bootstrap_servers": platform.bootstrap_servers,
-        "catalog_uri": platform.catalog_uri,
+        "catalog_uri": config.redact(platform.catalog_uri),  # never print a database password
         "warehouse": platform.warehouse,
         "broker": broker,
         "topics": None if topic_counts is None else [{"name": name, "partitions": count}

@@ -1,0 +1,155 @@
+"""An s3:// warehouse (the compose stack's MinIO): the LAKEHOUSE_S3_* settings reach Spark's
+Iceberg catalogs as S3FileIO properties and pyiceberg as its S3 FileIO properties; without an
+S3 warehouse nothing changes; credentials never enter either configuration.
+
+No S3 server runs here: these tests check the configuration each side is given, and, for
+pyiceberg, the pyarrow S3 filesystem it builds from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lakehouse import config, offsets, sparkenv
+
+S3_SETTINGS = {
+    "LAKEHOUSE_S3_ENDPOINT": "http://minio:9000",
+    "LAKEHOUSE_S3_PATH_STYLE_ACCESS": "true",
+    "LAKEHOUSE_S3_REGION": "us-east-1",
+}
+# Distinctive values, to find them anywhere they might leak.
+ACCESS_KEY = "AKIDLAKEHOUSETEST0001"
+SECRET_KEY = "s3cr3t-lakehouse-test-value-0001"
+FILE_JDBC_CATALOG_KEYS = {"", "catalog-impl", "uri", "jdbc.schema-version", "warehouse", "cache-enabled",
+                          "jdbc.init-catalog-tables", "jdbc.journal_mode", "jdbc.busy_timeout"}
+
+
+@pytest.fixture
+def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """set(warehouse=..., **LAKEHOUSE_S3_*) -> PlatformConfig, on a SQLite catalog in tmp_path with
+    AWS credentials in the environment as the compose stack sets them."""
+    for name in S3_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LAKEHOUSE_CATALOG_URI", f"sqlite:///{tmp_path / 'catalog.db'}")
+    monkeypatch.setenv("LAKEHOUSE_JARS", "/opt/lakehouse/jars/iceberg-spark-runtime.jar")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+
+    def set_(warehouse: str, **settings: str) -> config.PlatformConfig:
+        monkeypatch.setenv("LAKEHOUSE_WAREHOUSE", warehouse)
+        for name in S3_SETTINGS:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in settings.items():
+            monkeypatch.setenv(name, value)
+        return config.load()
+
+    return set_
+
+
+def catalog_properties(conf: dict[str, str], name: str) -> dict[str, str]:
+    """The `spark.sql.catalog.<name>[.<property>]` entries of a Spark conf, keyed by property."""
+    prefix = f"spark.sql.catalog.{name}"
+    return {key[len(prefix) + 1:]: value for key, value in conf.items()
+            if key == prefix or key.startswith(prefix + ".")}
+
+
+# ---------------------------------------------------------------------------- no S3 warehouse
+
+def test_a_file_warehouse_keeps_the_jdbc_catalog_exactly_as_it_was(environment, tmp_path: Path):
+    platform = environment((tmp_path / "warehouse").as_uri())
+    conf = sparkenv.spark_conf(platform, ["lake"], "app")
+    assert set(catalog_properties(conf, "lake")) == FILE_JDBC_CATALOG_KEYS
+    assert not any("s3" in key or "io-impl" in key for key in conf)
+    assert platform.object_store == config.ObjectStoreConfig()
+
+
+def test_s3_settings_do_not_touch_a_file_warehouse(environment, tmp_path: Path):
+    warehouse = (tmp_path / "warehouse").as_uri()
+    without = environment(warehouse)
+    with_settings = environment(warehouse, **S3_SETTINGS)
+    assert sparkenv.spark_conf(with_settings, ["lake", "other"], "app") == \
+        sparkenv.spark_conf(without, ["lake", "other"], "app")
+    assert offsets.open_catalog(with_settings, "lake").properties == \
+        offsets.open_catalog(without, "lake").properties == {"uri": without.catalog_uri, "warehouse": warehouse}
+
+
+# ---------------------------------------------------------------------------- S3 warehouse
+
+@pytest.mark.parametrize("warehouse", ["s3://lakehouse/warehouse", "s3a://lakehouse/warehouse"])
+def test_an_s3_warehouse_gives_every_spark_catalog_s3fileio_with_the_settings(environment, tmp_path, warehouse):
+    file_conf = sparkenv.spark_conf(environment((tmp_path / "wh").as_uri()), ["lake", "other"], "app")
+    conf = sparkenv.spark_conf(environment(warehouse, **S3_SETTINGS), ["lake", "other"], "app")
+    for name in ("lake", "other"):
+        props = catalog_properties(conf, name)
+        assert props["io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+        assert props["s3.endpoint"] == "http://minio:9000"
+        assert props["s3.path-style-access"] == "true"
+        assert props["client.region"] == "us-east-1"
+        assert props["warehouse"] == warehouse
+        # everything else is the JDBC catalog as before
+        unchanged = {k: v for k, v in props.items()
+                     if k not in ("io-impl", "s3.endpoint", "s3.path-style-access", "client.region", "warehouse")}
+        assert unchanged == {k: v for k, v in catalog_properties(file_conf, name).items() if k != "warehouse"}
+
+
+def test_an_s3_warehouse_without_settings_uses_the_aws_defaults(environment):
+    conf = sparkenv.spark_conf(environment("s3://lakehouse/warehouse"), ["lake"], "app")
+    props = catalog_properties(conf, "lake")
+    assert props["io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert not {"s3.endpoint", "s3.path-style-access", "client.region"} & set(props)
+
+
+def test_path_style_off_is_said_explicitly_to_both_sides(environment):
+    platform = environment("s3://lakehouse/warehouse", LAKEHOUSE_S3_PATH_STYLE_ACCESS="false")
+    assert catalog_properties(sparkenv.spark_conf(platform, ["lake"], "app"), "lake")["s3.path-style-access"] == "false"
+    assert offsets.open_catalog(platform, "lake").properties["s3.force-virtual-addressing"] == "true"
+
+
+def test_pyiceberg_reaches_the_same_endpoint_region_and_addressing(environment):
+    catalog = offsets.open_catalog(environment("s3://lakehouse/warehouse", **S3_SETTINGS), "lake")
+    assert {k: v for k, v in catalog.properties.items() if k.startswith("s3.")} == {
+        "s3.endpoint": "http://minio:9000", "s3.force-virtual-addressing": "false", "s3.region": "us-east-1"}
+    # the filesystem pyiceberg reads and writes table files with
+    filesystem = catalog._load_file_io(location="s3://lakehouse/warehouse").fs_by_scheme("s3", "lakehouse")
+    options = filesystem.__reduce__()[1][0]
+    assert options["endpoint_override"] == "http://minio:9000"
+    assert options["region"] == "us-east-1"
+    assert options["force_virtual_addressing"] is False
+    # credentials are left to the AWS chain (the environment), not passed in
+    assert options["access_key"] is None and options["secret_key"] is None
+
+
+def test_credentials_appear_in_no_configuration(environment):
+    platform = environment("s3://lakehouse/warehouse", **S3_SETTINGS)
+    conf = sparkenv.spark_conf(platform, ["lake"], "app")
+    catalog = offsets.open_catalog(platform, "lake")
+    for value in [*conf.values(), *catalog.properties.values(), repr(platform)]:
+        assert ACCESS_KEY not in value and SECRET_KEY not in value
+
+
+# ---------------------------------------------------------------------------- bad settings
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("LAKEHOUSE_S3_PATH_STYLE_ACCESS", "sometimes"),
+    ("LAKEHOUSE_S3_ENDPOINT", "minio:9000"),
+    ("LAKEHOUSE_S3_ENDPOINT", "ftp://minio:9000"),
+])
+def test_a_malformed_setting_is_a_config_error_naming_it(environment, name, value):
+    with pytest.raises(config.ConfigError, match=name):
+        environment("s3://lakehouse/warehouse", **{name: value})
+
+
+@pytest.mark.parametrize(("raw", "parsed"), [("true", True), ("TRUE", True), ("1", True), ("yes", True),
+                                             ("false", False), ("0", False), ("no", False)])
+def test_path_style_access_accepts_the_usual_booleans(environment, raw, parsed):
+    platform = environment("s3://lakehouse/warehouse", LAKEHOUSE_S3_PATH_STYLE_ACCESS=raw)
+    assert platform.object_store.path_style_access is parsed
+
+
+def test_a_catalog_password_never_reaches_output():
+    assert config.redact("postgresql+psycopg2://iceberg:s3cr%40t@pg:5432/iceberg") == \
+        "postgresql+psycopg2://iceberg:***@pg:5432/iceberg"
+    assert config.redact("sqlite:////srv/lake/catalog.db") == "sqlite:////srv/lake/catalog.db"
+    assert config.redact("postgresql://reader@pg/iceberg") == "postgresql://reader@pg/iceberg"
