@@ -160,7 +160,9 @@ def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], time
                     f"topic was recreated.")
             raise SourceError(f"topic {topic!r}: no end-of-partition from partitions {sorted(pending)} "
                               f"within {timeout:.0f}s; is the broker healthy?")
-        for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+        # a short timeout: consume() waits it out whenever fewer messages than asked for arrive,
+        # which is always the case at the end of a log (it once cost half a second per batch)
+        for msg in consumer.consume(num_messages=10_000, timeout=0.05):
             p = msg.partition()
             err = msg.error()
             if err is None:
