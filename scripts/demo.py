@@ -28,6 +28,7 @@ from lakehouse.status import pipeline_status, render
 LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))
 SECONDS = int(os.environ.get("DEMO_SECONDS", "60"))
 RATES = {"orders": 500, "customers": 20}
+TRICKLE_RATE = 5  # records/s per pipeline while the publish DAGs run
 
 
 def say(text: str) -> None:
@@ -178,7 +179,15 @@ def main() -> int:
 
     if airflow_started:
         say("write-audit-publish: triggering the publish DAGs (quality suite, freshness and lag gates)")
-        publish_now(specs)
+        # traffic keeps flowing, as it does in production: the freshness gate (newest event at most
+        # the SLO old) would otherwise wait for events that stopped coming with the producers
+        trickle = [start("produce", "--pipeline", s.name, "--count", str(TRICKLE_RATE * 600), "--rate",
+                         str(TRICKLE_RATE), "--quiet", log=logs / f"trickle-{s.name}.log") for s in specs]
+        try:
+            publish_now(specs)
+        finally:
+            for p in trickle:
+                p.send_signal(signal.SIGTERM)
 
     say("status")
     print(render([pipeline_status(s) for s in specs]))
