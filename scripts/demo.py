@@ -152,7 +152,7 @@ def main() -> int:
             time.sleep(5)
             line = []
             for s in specs:
-                st = pipeline_status(s)
+                st = pipeline_status(s, with_timeline=False)
                 line.append(f"{s.name}: {st['rows']} rows, {st['dead_letters']} dead letters, "
                             f"lag {st['lag_records'] if st['lag_records'] is not None else '?'}")
             print(f"[{time.monotonic() - started:5.0f}s] " + " | ".join(line), flush=True)
@@ -163,7 +163,7 @@ def main() -> int:
         say("producers done; waiting for the last batches to land")
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            lags = [pipeline_status(s)["lag_records"] for s in specs]
+            lags = [pipeline_status(s, with_timeline=False)["lag_records"] for s in specs]
             if all(lag == 0 for lag in lags):
                 break
             time.sleep(2)

@@ -12,7 +12,6 @@ cd "$ROOT"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.setup-stamp"
 PIP_VERSION="26.3"
-APT_PACKAGES=(openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java chromium chromium-driver fonts-dejavu-core)
 JDBC_JARS=(/usr/share/java/sqlite-jdbc.jar /usr/share/java/postgresql.jar)
 ICEBERG_JAR_REL="lib/python3.11/site-packages/snowpark_connect_deps_iceberg/jars/iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 ICEBERG_JAR_SIZE=47157008
@@ -38,6 +37,8 @@ missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 [ -e "${JDBC_JARS[0]}" ] || missing+=(libxerial-sqlite-jdbc-java)
 [ -e "${JDBC_JARS[1]}" ] || missing+=(libpostgresql-jdbc-java)
+# The PostgreSQL server: the compose stack's init script is tested on a throwaway cluster.
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
 # Headless Chromium (and a font to render text with) for the UI tests only.
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)

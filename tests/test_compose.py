@@ -641,10 +641,9 @@ def test_minio_init_takes_the_bucket_from_an_s3a_warehouse_and_refuses_a_non_s3_
 @pytest.fixture
 def throwaway_postgres():
     """(socket folder, port) of a new PostgreSQL cluster with password authentication over TCP,
-    stopped and deleted after the test. Skips where the PostgreSQL server binaries are missing."""
+    stopped and deleted after the test. `make setup` installs the server binaries it needs."""
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not found:
-        pytest.skip("PostgreSQL server binaries (initdb) are not installed")
+    assert found, "PostgreSQL server binaries (initdb) are missing: run `make setup` (apt package postgresql)"
     bin_dir = found[-1].parent
     # initdb refuses to run as root: run the cluster as the postgres user then
     as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []

@@ -102,7 +102,7 @@ def compare(spark, live: PipelineSpec, candidate: PipelineSpec, platform: config
                            f"{live.name!r} reads {live.source.topic!r}: no common offsets to compare")
     platform = platform or config.load()
     tolerance = candidate.trigger.interval_s if freshness_tolerance_s is None else freshness_tolerance_s
-    ls, cs = (status_module.pipeline_status(s, platform) for s in (live, candidate))
+    ls, cs = (status_module.pipeline_status(s, platform, with_timeline=False) for s in (live, candidate))
     cmp = Comparison(live.name, candidate.name, ls["lag_records"], cs["lag_records"],
                      ls["seconds_since_commit"], cs["seconds_since_commit"])
     if cs["lag_records"] is None or not cs["last_commit_at"]:

@@ -4,7 +4,7 @@
 freshness, last commit, dead-letter rows, and what the ops timeline says) with
 `history`.
 
-`history(spec)` is the pipeline's recent past. When ingestion records `batch` events
+`history(spec, batches)` is the pipeline's recent past. When ingestion records `batch` events
 on the ops timeline (metrics `lag_records`, `freshness_s`), those are the points;
 otherwise each ingest commit of the data table is a point, from its snapshot summary:
 the commit time, the committed position (`lakehouse.positions`) and the freshness at
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from lakehouse import config, events, offsets
+from lakehouse import config, offsets
 from lakehouse.spec import PipelineSpec
 from lakehouse.status import pipeline_status
 
@@ -29,20 +29,15 @@ def _seconds(later: datetime, earlier: datetime) -> float:
     return round((later - earlier).total_seconds(), 1)
 
 
-def history(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
-            limit: int = HISTORY_POINTS, batches: list[dict] | None = None) -> dict:
+def history(spec: PipelineSpec, batches: list[dict] | None, platform: config.PlatformConfig | None = None,
+            limit: int = HISTORY_POINTS) -> dict:
     """{source: "events" | "snapshots" | "none", points: [...] oldest first, at most `limit`}.
 
-    Each point has `at` (ISO time) and `freshness_s`; `lag_records` comes from batch
-    events, `committed` (sum of next offsets) and `snapshot_id` from snapshots.
-    `batches` are batch points already read from the timeline (`status.timeline`).
+    `batches` are the batch points `status.timeline` read from the ops timeline (None when
+    it could not be read). Each point has `at` (ISO time) and `freshness_s`; `lag_records`
+    comes from batch events, `committed` (sum of next offsets) and `snapshot_id` from snapshots.
     """
     platform = platform or config.load()
-    if batches is None:
-        batches = [{"at": e["ts"].isoformat(), "lag_records": e["metrics"].get("lag_records"),
-                    "freshness_s": e["metrics"].get("freshness_s")}
-                   for e in reversed(events.recent(spec.name, kind="batch", limit=limit, platform=platform,
-                                                   catalog=spec.catalog))]
     if batches:
         return {"source": "events", "points": batches[-limit:]}
     catalog = offsets.open_catalog(platform, spec.catalog)
@@ -91,7 +86,7 @@ def overview(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
         "lag_s": status.get("lag_s"),  # absent when Kafka did not answer
         "kafka_error": kafka.get("error"),
         "quality": quality,
-        "history": history(spec, platform, batches=timeline.get("batches")),
+        "history": history(spec, timeline.get("batches"), platform),
         "dags": dag_ids(spec),
         "slo": {"freshness_s": spec.slo.freshness_s, "lag_records": spec.slo.lag_records, "lag_s": spec.slo.lag_s},
     }

@@ -66,9 +66,10 @@ def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime)
 
 
 def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
-                    now: datetime | None = None) -> dict:
+                    now: datetime | None = None, with_timeline: bool = True) -> dict:
     """Per pipeline: committed vs log-end offsets, lag, last commit, newest event time, counts,
-    snapshots, and `timeline` (see `timeline`)."""
+    snapshots, and `timeline` (see `timeline`; None with `with_timeline=False`, for callers that
+    poll only lag and freshness, such as the SLO trigger, and skip the timeline's scan)."""
     platform = platform or config.load()
     now = now or datetime.now(timezone.utc)
     catalog = offsets.open_catalog(platform, spec.catalog)
@@ -100,7 +101,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         "kafka": None,
         "lag_records": None,
         "lag_s": None,
-        "timeline": timeline(spec, platform, now),
+        "timeline": timeline(spec, platform, now) if with_timeline else None,
     }
     commits = [tp.committed_at for tp in data if tp.committed_at]
     events = [tp.max_event_time for tp in data if tp.max_event_time]

@@ -26,7 +26,7 @@ def check_once(kind: str, pipeline: str, pipelines_dir: str | None, limits: dict
 
     try:
         spec = spec_module.load_pipeline(pipeline, pipelines_dir)
-        return slo.evaluate(kind, status.pipeline_status(spec), limits)
+        return slo.evaluate(kind, status.pipeline_status(spec, with_timeline=False), limits)
     except Exception as exc:  # the catalog or Kafka may be briefly unavailable: keep polling, report why
         return slo.unavailable(kind, pipeline, limits, exc)
 
