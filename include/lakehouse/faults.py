@@ -3,7 +3,8 @@ process (kill -9, driver and JVM together), fails a task, or makes another write
 at a named point, once.
 
 Points: during_read, after_files, after_table_commit, before_group_commit, task_failure,
-concurrent_commit. Markers under `<LAKEHOUSE_HOME>/faults/<pipeline>` make each fire once,
+concurrent_commit, executor_lost (on a cluster: the task's executor JVM is killed half way
+through its offset range, as the OOM killer or a lost node would). Markers under `<LAKEHOUSE_HOME>/faults/<pipeline>` make each fire once,
 so the retry or the rerun that follows can succeed.
 """
 
@@ -18,8 +19,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit", "task_failure",
-          "concurrent_commit")
-TASK_POINTS = ("during_read", "task_failure")  # reached inside Spark tasks
+          "concurrent_commit", "executor_lost")
+TASK_POINTS = ("during_read", "task_failure", "executor_lost")  # reached inside Spark tasks
+# Task points that fire where another one is reached: the executor dies half way through a range.
+_SITE = {"executor_lost": "during_read"}
+EXECUTOR_CLASS = b"org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 
 def configured() -> str | None:
@@ -62,12 +66,34 @@ class TaskFault:
     def __init__(self, point: str, markers: Path, driver_pid: int):
         self.point, self.markers, self.driver_pid = point, str(markers), driver_pid
 
-    def __call__(self, point: str) -> None:
-        if point != self.point or not _fire_once(Path(self.markers), point):
+    def __call__(self, site: str) -> None:
+        if site != _SITE.get(self.point, self.point) or not _fire_once(Path(self.markers), self.point):
             return
-        if point == "task_failure":
+        if self.point == "task_failure":
             raise RuntimeError("injected task failure (LAKEHOUSE_FAULT=task_failure)")
-        kill_process(self.driver_pid)
+        if self.point == "executor_lost":
+            kill_executor()  # does not return
+        else:
+            kill_process(self.driver_pid)
+
+
+def kill_executor() -> None:
+    """SIGKILL the executor JVM this Python worker serves, then end the worker.
+
+    Raises RuntimeError outside a cluster executor (local mode runs tasks in the driver's JVM).
+    """
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        if EXECUTOR_CLASS in cmdline:
+            os.kill(pid, signal.SIGKILL)
+            os._exit(1)
+        pid = parent
+    raise RuntimeError("LAKEHOUSE_FAULT=executor_lost needs a Spark cluster: this task runs in no executor JVM")
 
 
 def task_fault(home: Path, pipeline: str) -> TaskFault | None:

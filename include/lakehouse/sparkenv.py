@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Iterable
+from urllib.parse import urlsplit
 
 from lakehouse.config import ConfigError, PlatformConfig
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+# Executor sizing on a standalone master: (Spark property, variable that overrides it, default).
+_STANDALONE_SIZING = (
+    ("spark.cores.max", "LAKEHOUSE_SPARK_CORES_MAX", "2"),
+    ("spark.executor.cores", "LAKEHOUSE_SPARK_EXECUTOR_CORES", "1"),
+    ("spark.executor.memory", "LAKEHOUSE_SPARK_EXECUTOR_MEMORY", "1g"),
+)
+
+
+def _on_loopback(master: str) -> bool:
+    """Whether the master is local mode or a standalone master on this host's loopback."""
+    if master.startswith("local"):
+        return True
+    host = urlsplit(master).hostname if "://" in master else None
+    return host in ("127.0.0.1", "localhost")
 
 
 def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str) -> dict[str, str]:
@@ -41,6 +59,11 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
         "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J}",
         "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
     }
+    if master.startswith("spark://"):
+        # a standalone master hands an application every free core unless capped: cap it, so the
+        # continuous ingest job leaves cores for maintenance and backfills (LAKEHOUSE_SPARK_* below)
+        for key, variable, default in _STANDALONE_SIZING:
+            conf[key] = os.environ.get(variable) or default
     for name in catalogs:
         jdbc_url, props = platform.catalog(name).jdbc()
         prefix = f"spark.sql.catalog.{name}"
@@ -68,11 +91,19 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
 
 
 def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
-    """Get or create the SparkSession, with the Python workers on this interpreter."""
+    """Get or create the SparkSession, with the Python workers on this interpreter.
+
+    Under spark-submit (Airflow's SparkSubmitOperator) the master is the one spark-submit was
+    given (the `spark_default` connection), not the platform's.
+    """
+    submitted = _submitted_master()
+    if submitted:
+        platform = dataclasses.replace(platform, spark_master=submitted)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if platform.spark_master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback in local mode
+    if _on_loopback(platform.spark_master):
+        # stay on loopback: a local master, or executors of a local cluster calling back to the driver
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     from lakehouse.offsets import open_catalog
@@ -85,6 +116,16 @@ def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+def _submitted_master() -> str | None:
+    """spark-submit's --master when this driver was started by spark-submit, else None."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # set by spark-submit's PythonRunner only
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # joins spark-submit's JVM, whose properties hold --master
+    return SparkConf().get("spark.master", None)
 
 
 class _Callable:
