@@ -1,6 +1,8 @@
 """`lakehouse`: the platform's command line.
 
     lakehouse stack up|down|status [--json]      the embedded Kafka broker and local catalog
+    lakehouse stack up --spark-cluster           ... plus a Spark standalone master and worker
+    lakehouse stack up --auth scram-sha-512 --tls   ... with a broker that requires a SASL login over TLS
     lakehouse pipelines [--json]                 validate and list the pipeline specs
     lakehouse topics [--pipeline NAME]           create the pipelines' source topics
     lakehouse produce --pipeline NAME --count N  synthetic events, some of them bad
@@ -35,14 +37,18 @@ def _print_json(obj) -> None:
 
 
 def cmd_stack(args) -> int:
-    from lakehouse import stack
+    from lakehouse import spark_cluster, stack
 
     if args.action == "up":
-        result = stack.up(port=args.port)
+        result = stack.up(port=args.port, auth=args.auth, tls=args.tls)
+        if args.spark_cluster:
+            spark_cluster.up(port=args.spark_port, ui_port=args.spark_ui_port)
     elif args.action == "down":
-        result = stack.down(purge=args.purge)
+        result = {**stack.down(purge=args.purge), "spark_cluster": spark_cluster.down()}
     else:
         result = stack.status()
+    if args.action != "down":
+        result["spark_cluster"] = spark_cluster.status()
     if args.json:
         _print_json(result)
     else:
@@ -53,9 +59,24 @@ def cmd_stack(args) -> int:
             print(f"kafka      {result.get('bootstrap_servers')} "
                   f"({'embedded' if broker.get('embedded') else 'external'}, "
                   f"{'running' if broker.get('running') else 'NOT running'})")
+            security = broker.get("security") or {}
+            if security.get("protocol", "PLAINTEXT") != "PLAINTEXT":  # never the password: it is not in there
+                print(f"security   {security['protocol']}"
+                      + (f", {security['mechanism']} as user {security.get('username')!r}"
+                         if security.get("mechanism") else "")
+                      + (f", CA {security['ca_location']}" if security.get("ca_location") else ""))
+            if broker.get("error"):
+                print(f"error      {broker['error']}")
             print(f"catalog    {result.get('catalog_uri')}")
             print(f"warehouse  {result.get('warehouse')}")
             print(f"home       {result.get('home')}")
+            cluster = result["spark_cluster"]
+            if cluster.get("master"):
+                print(f"spark      {cluster['master']} ({cluster.get('workers_alive', 0)} worker(s), "
+                      f"{cluster.get('cores', 0)} cores, {'running' if cluster['running'] else 'NOT running'}; "
+                      f"UI {cluster.get('master_ui')})")
+            else:
+                print(f"spark      {config.load().spark_master}")
             for topic in result.get("topics") or []:
                 print(f"topic      {topic['name']} ({topic['partitions']} partitions)")
     return 0
@@ -283,7 +304,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stack", help="start, stop or inspect the embedded stack")
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--port", type=int, help="broker port for `up` (default 19092 or LAKEHOUSE_BROKER_PORT)")
+    p.add_argument("--auth", choices=("none", "scram-sha-512", "scram", "scram-sha-256"),
+                   help="with `up`: clients log in with SASL/SCRAM as user `lakehouse` (generated password in "
+                        "<home>/security/kafka.password) (default none or LAKEHOUSE_BROKER_AUTH)")
+    p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                   help="with `up`: TLS listener with a self-signed CA (<home>/security/ca.pem) "
+                        "(default off or LAKEHOUSE_BROKER_TLS)")
     p.add_argument("--purge", action="store_true", help="with `down`: also delete the catalog and warehouse")
+    p.add_argument("--spark-cluster", action="store_true",
+                   help="with `up`: also start a Spark standalone master and worker; jobs of this home run on it")
+    p.add_argument("--spark-port", type=int, help="Spark master port (default 7077)")
+    p.add_argument("--spark-ui-port", type=int, help="Spark master web UI port (default 8081; the worker's is +1)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_stack)
 
@@ -365,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     from lakehouse.airflow_stack import AirflowStackError
     from lakehouse.kafka_source import SourceError
     from lakehouse.replay import ReplayError
+    from lakehouse.spark_cluster import SparkClusterError
     from lakehouse.supervision import JobAlreadyRunningError
     from lakehouse.tables import SchemaIncompatibleError
 
@@ -373,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, UnknownPipelineError, config.ConfigError, ReplayError, SchemaIncompatibleError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except (AirflowStackError, JobAlreadyRunningError) as exc:
+    except (AirflowStackError, JobAlreadyRunningError, SparkClusterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except SourceError as exc:

@@ -8,11 +8,15 @@ platform at a real cluster is a matter of environment variables only:
     LAKEHOUSE_PIPELINES_DIR      folder of pipeline YAML specs (default: <repo>/include/pipelines)
     LAKEHOUSE_BOOTSTRAP_SERVERS  Kafka bootstrap servers (default: the embedded broker)
     LAKEHOUSE_BROKER_PORT        port of the embedded broker (default: 19092)
+    LAKEHOUSE_BROKER_AUTH        authentication of the embedded broker: none (default),
+                                 scram-sha-512 (or scram) or scram-sha-256
+    LAKEHOUSE_BROKER_TLS         true: the embedded broker listens with TLS (self-signed CA) (default false)
     LAKEHOUSE_KAFKA_<PROP>       extra librdkafka properties, e.g. LAKEHOUSE_KAFKA_SECURITY_PROTOCOL
     LAKEHOUSE_CATALOG_URI        SQLAlchemy URI of the Iceberg JDBC catalog database
                                  (default: sqlite:///<home>/catalog.db)
     LAKEHOUSE_WAREHOUSE          warehouse location (default: file://<home>/warehouse)
-    LAKEHOUSE_SPARK_MASTER       Spark master URL (default: local[2])
+    LAKEHOUSE_SPARK_MASTER       Spark master URL (default: the standalone master that
+                                 `lakehouse stack up --spark-cluster` started, else local[2])
     LAKEHOUSE_JARS               comma-separated jars for Spark (default: found by `make setup`)
 
 An s3:// (or s3a://) warehouse is read and written through Iceberg's S3FileIO
@@ -29,13 +33,27 @@ Credentials are not platform settings: both sides take them from the standard AW
 chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment of the driver and
 of every executor, a profile, or an instance role), so they never appear in Spark's
 configuration, its UI or its event logs.
+
+Kafka security is librdkafka configuration like any other property: for a secured
+cluster set LAKEHOUSE_KAFKA_SECURITY_PROTOCOL (SASL_SSL, SASL_PLAINTEXT, SSL),
+LAKEHOUSE_KAFKA_SASL_MECHANISM (SCRAM-SHA-512 ...), LAKEHOUSE_KAFKA_SASL_USERNAME,
+LAKEHOUSE_KAFKA_SASL_PASSWORD and LAKEHOUSE_KAFKA_SSL_CA_LOCATION. Every client (admin,
+producers, the planner and the readers in Spark tasks, status, sensors) gets them
+through `PlatformConfig.kafka()`. When the embedded broker runs with authentication or
+TLS (`lakehouse stack up --auth scram-sha-512 --tls`), its state file says how to reach
+it (protocol, mechanism, user, the CA) and where the generated password is kept (an
+owner-only file under LAKEHOUSE_HOME); `load()` gives clients those settings, and
+LAKEHOUSE_KAFKA_* variables override them. Secret values are never printed: use
+`redact_kafka()` for any Kafka configuration that goes into output, and
+`PlatformConfig`'s repr leaves the Kafka properties out.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -54,6 +72,8 @@ ENVIRONMENT = (
     "LAKEHOUSE_PIPELINES_DIR",
     "LAKEHOUSE_BOOTSTRAP_SERVERS",
     "LAKEHOUSE_BROKER_PORT",
+    "LAKEHOUSE_BROKER_AUTH",
+    "LAKEHOUSE_BROKER_TLS",
     "LAKEHOUSE_CATALOG_URI",
     "LAKEHOUSE_WAREHOUSE",
     "LAKEHOUSE_SPARK_MASTER",
@@ -66,6 +86,35 @@ ENVIRONMENT = (
 
 class ConfigError(ValueError):
     """The environment does not describe a usable platform."""
+
+
+# librdkafka properties whose values are secrets (plus any property whose name says so).
+SENSITIVE_KAFKA_PROPERTIES = frozenset({
+    "sasl.password", "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config",
+    "sasl.oauthbearer.assertion.private.key.passphrase", "sasl.oauthbearer.assertion.private.key.pem",
+    "ssl.key.password", "ssl.key.pem", "ssl.keystore.password", "ssl.truststore.password",
+})
+_SENSITIVE_WORDS = ("password", "secret", "passphrase", "private.key")
+
+
+def is_sensitive_kafka_property(name: str) -> bool:
+    """Whether librdkafka property `name` holds a secret (a password, a private key, a client secret)."""
+    name = name.lower()
+    return name in SENSITIVE_KAFKA_PROPERTIES or any(word in name for word in _SENSITIVE_WORDS)
+
+
+def redact_kafka(conf: dict) -> dict:
+    """A copy of the librdkafka configuration `conf` fit for output: secret values are ***,
+    callables (error_cb, a logger) are named, not shown."""
+    out = {}
+    for key, value in conf.items():
+        if is_sensitive_kafka_property(str(key)):
+            out[key] = "***"
+        elif callable(value) or isinstance(value, logging.Logger):
+            out[key] = f"<{getattr(value, '__name__', type(value).__name__)}>"
+        else:
+            out[key] = value
+    return out
 
 
 def redact(uri: str) -> str:
@@ -85,14 +134,13 @@ def pipelines_dir() -> Path:
     return Path(os.environ.get("LAKEHOUSE_PIPELINES_DIR", REPO_ROOT / "include" / "pipelines")).resolve()
 
 
-def _stack_state(home: Path) -> dict:
-    path = home / "stack.json"
-    if path.exists():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            return {}
-    return {}
+def read_state_file(home: Path, name: str = "stack.json") -> dict:
+    """The JSON object a stack component keeps in `<home>/<name>`; {} when it is missing or unreadable."""
+    try:
+        state = json.loads((home / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -170,7 +218,8 @@ class ObjectStoreConfig:
 class PlatformConfig:
     home: Path
     bootstrap_servers: str
-    kafka_extra: dict[str, str] = field(default_factory=dict)
+    # left out of repr: it may hold sasl.password (see redact_kafka for output)
+    kafka_extra: dict[str, str] = field(default_factory=dict, repr=False)
     catalog_uri: str = ""
     warehouse: str = ""
     spark_master: str = "local[2]"
@@ -186,10 +235,52 @@ class PlatformConfig:
         return urlsplit(self.warehouse).scheme in S3_SCHEMES
 
     def kafka(self, **overrides: object) -> dict:
-        """librdkafka configuration for any client of this platform."""
+        """librdkafka configuration for any client of this platform (secrets included: never print
+        it, print `redact_kafka(conf)`)."""
         conf = {"bootstrap.servers": self.bootstrap_servers, **self.kafka_extra}
         conf.update(overrides)
         return conf
+
+    def with_kafka(self, settings: dict) -> "PlatformConfig":
+        """This platform with the librdkafka `settings` laid over its Kafka configuration
+        (`bootstrap.servers` among them replaces the bootstrap servers); e.g. an Airflow connection's."""
+        if not settings:
+            return self
+        extra = {k: str(v) for k, v in settings.items() if k != "bootstrap.servers" and v is not None}
+        return replace(self, bootstrap_servers=str(settings.get("bootstrap.servers") or self.bootstrap_servers),
+                       kafka_extra={**self.kafka_extra, **extra})
+
+
+def embedded_broker_security() -> tuple[str | None, str | None]:
+    """The raw LAKEHOUSE_BROKER_AUTH and LAKEHOUSE_BROKER_TLS values (None when unset or empty);
+    `lakehouse.stack` validates them when it starts the embedded broker."""
+    return (os.environ.get("LAKEHOUSE_BROKER_AUTH") or None, os.environ.get("LAKEHOUSE_BROKER_TLS") or None)
+
+
+def embedded_kafka_security(home: Path, state: dict) -> dict[str, str]:
+    """librdkafka security settings of the embedded broker, as its state file describes them.
+
+    The password is read from the owner-only file the state names. Raises ConfigError when
+    that file cannot be read (the stack's home belongs to someone else, or was half deleted).
+    """
+    security = state.get("security") or {}
+    if not isinstance(security, dict) or not security.get("protocol"):
+        return {}
+    conf = {"security.protocol": security["protocol"]}
+    if security.get("mechanism"):
+        password_file = Path(security.get("password_file") or home / "security" / "kafka.password")
+        try:
+            password = password_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"the embedded broker requires {security['mechanism']} authentication but its "
+                              f"password file {password_file} cannot be read ({exc.strerror}); run as the "
+                              f"user who started the stack, or restart it with `lakehouse stack down` and "
+                              f"`lakehouse stack up --auth ...`") from None
+        conf.update({"sasl.mechanism": security["mechanism"], "sasl.username": security.get("username", ""),
+                     "sasl.password": password})
+    if security.get("ca_location"):
+        conf["ssl.ca.location"] = security["ca_location"]
+    return conf
 
 
 def _kafka_extra_from_env() -> dict[str, str]:
@@ -246,12 +337,15 @@ def _object_store_from_env() -> ObjectStoreConfig:
 def load() -> PlatformConfig:
     """The platform configuration from the environment and the embedded stack's state file."""
     home = lakehouse_home()
-    state = _stack_state(home)
+    state = read_state_file(home)
+    external = os.environ.get("LAKEHOUSE_BOOTSTRAP_SERVERS")
     bootstrap = (
-        os.environ.get("LAKEHOUSE_BOOTSTRAP_SERVERS")
+        external
         or state.get("bootstrap_servers")
         or f"127.0.0.1:{os.environ.get('LAKEHOUSE_BROKER_PORT') or DEFAULT_BROKER_PORT}"
     )
+    # the embedded broker's own security settings, under any the environment gives
+    kafka_extra = {**({} if external else embedded_kafka_security(home, state)), **_kafka_extra_from_env()}
     catalog_uri = os.environ.get("LAKEHOUSE_CATALOG_URI") or f"sqlite:///{home / 'catalog.db'}"
     warehouse = os.environ.get("LAKEHOUSE_WAREHOUSE") or (home / "warehouse").as_uri()
     jars_env = os.environ.get("LAKEHOUSE_JARS")
@@ -259,10 +353,11 @@ def load() -> PlatformConfig:
     return PlatformConfig(
         home=home,
         bootstrap_servers=bootstrap,
-        kafka_extra=_kafka_extra_from_env(),
+        kafka_extra=kafka_extra,
         catalog_uri=catalog_uri,
         warehouse=warehouse,
-        spark_master=os.environ.get("LAKEHOUSE_SPARK_MASTER", "local[2]"),
+        spark_master=(os.environ.get("LAKEHOUSE_SPARK_MASTER")
+                      or read_state_file(home, "spark-cluster.json").get("master") or "local[2]"),
         jars=jars,
         object_store=_object_store_from_env(),
     )

@@ -22,6 +22,7 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from lakehouse import kafka_security
 from lakehouse.offsets import OffsetRange, TableProgress
 from lakehouse.records import RecordValidator, Rejected
 from lakehouse.spec import PipelineSpec
@@ -92,13 +93,17 @@ def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = No
 
     `starts` (partition -> offset) lets the end probe begin past the high
     watermark; a start beyond the log's end raises TopicRecreatedError, and so
-    does a topic id other than `expected_id` (checked before any fetch).
+    does a topic id other than `expected_id` (checked before any fetch). A cluster
+    that refuses the credentials or the TLS handshake raises
+    kafka_security.KafkaAuthError at once (not after `timeout`).
     """
     from confluent_kafka import TopicCollection
 
-    admin = AdminClient(kafka_conf)
+    watched_conf, watch = kafka_security.watched(kafka_conf)
+    admin = AdminClient(watched_conf)
     try:
-        described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result()
+        future = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic]
+        described = kafka_security.wait_future(future, admin, watch, timeout)
     except KafkaException as exc:
         err = exc.args[0]
         if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
@@ -425,12 +430,14 @@ class BatchBuilder:
 
 
 def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batch_rows: int,
-               stall_timeout: float, fault=None, clock: StageClock | None = None) -> Iterator[pa.RecordBatch]:
+               stall_timeout: float, fault=None, clock: StageClock | None = None,
+               watch: kafka_security.ErrorWatch | None = None) -> Iterator[pa.RecordBatch]:
     """Decoded Arrow batches of exactly the records in `rng`.
 
     `clock` adds up the seconds spent in `consumer.consume` and in decoding and
     building batches, per consume() call and per chunk of records; the time this
-    generator is suspended at `yield` counts as neither.
+    generator is suspended at `yield` counts as neither. `watch`, the consumer's
+    error_cb, turns a refused login into KafkaAuthError when no records come.
     """
     if rng.count <= 0:
         return
@@ -449,6 +456,8 @@ def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batc
         msgs = consume(num_messages=want, timeout=0.5)
         decoding = time.perf_counter()
         clock.read_s += decoding - started
+        if not msgs and watch is not None:
+            watch.check()
         if not msgs and time.monotonic() - last_progress > stall_timeout:
             raise SourceError(f"{rng}: no records past offset {position} for {stall_timeout:.0f}s "
                               f"although they were planned; broker stalled?")
@@ -511,7 +520,8 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
         clock = StageClock()
         validator = RecordValidator(spec, quarantined)
         builder = BatchBuilder(spec, validator, ingested_at_us)
-        consumer = _consumer(kafka_conf, f"lakehouse-reader-{spec.name}",
+        conf, watch = kafka_security.watched(kafka_conf)  # a refused login fails the task, not a stall
+        consumer = _consumer(conf, f"lakehouse-reader-{spec.name}",
                              **{"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
                                 "queued.max.messages.kbytes": 262_144})
         try:
@@ -520,7 +530,8 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
                     if fault is not None:
                         fault("task_failure")
                     rng = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-                    yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock)
+                    yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock,
+                                          watch=watch)
         finally:
             try:
                 consumer.close()

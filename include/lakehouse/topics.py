@@ -14,7 +14,7 @@ from typing import Iterable
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from lakehouse import config
+from lakehouse import config, kafka_security
 from lakehouse.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -33,21 +33,29 @@ class TopicMismatchWarning(UserWarning):
 
 def admin_client(platform: config.PlatformConfig | None = None) -> AdminClient:
     """An AdminClient for the platform's Kafka (librdkafka logs go to the `lakehouse.kafka` logger)."""
-    platform = platform or config.load()
-    return AdminClient(platform.kafka(logger=logging.getLogger("lakehouse.kafka")))
+    return _watched_admin(platform or config.load())[0]
+
+
+def _watched_admin(platform: config.PlatformConfig) -> tuple[AdminClient, kafka_security.ErrorWatch]:
+    """An AdminClient whose authentication and TLS errors the returned watch keeps."""
+    conf, watch = kafka_security.watched(platform.kafka(logger=logging.getLogger("lakehouse.kafka")))
+    return AdminClient(conf), watch
 
 
 def topic_partitions(platform: config.PlatformConfig | None = None, timeout: float = 10.0,
                      include_internal: bool = False) -> dict[str, int]:
     """Partition count of every topic on the cluster, by name.
 
-    Raises TopicError when the cluster does not answer within `timeout` seconds.
+    Raises TopicError when the cluster does not answer within `timeout` seconds, and
+    kafka_security.KafkaAuthError at once when it refuses the credentials or the TLS handshake.
     """
     platform = platform or config.load()
+    admin, watch = _watched_admin(platform)
     try:
-        metadata = admin_client(platform).list_topics(timeout=timeout)
+        metadata = kafka_security.list_topics(admin, watch, timeout)
     except KafkaException as exc:
-        raise TopicError(f"cannot list topics on {platform.bootstrap_servers}: {exc.args[0].str()}") from None
+        raise TopicError(f"cannot list topics on {kafka_security.describe(platform.kafka())}: "
+                         f"{exc.args[0].str()}") from None
     return {name: len(meta.partitions) for name, meta in sorted(metadata.topics.items())
             if include_internal or not name.startswith(INTERNAL_PREFIX)}
 
@@ -58,14 +66,15 @@ def describe_retention(topic: str, platform: config.PlatformConfig | None = None
 
     Apache Kafka always reports a value (its default when the topic sets none);
     brokers that only report explicit settings give None for an unset retention.
-    Raises TopicError when the topic does not exist or the broker does not answer.
+    Raises TopicError when the topic does not exist or the broker does not answer, and
+    kafka_security.KafkaAuthError when it refuses the credentials.
     """
     platform = platform or config.load()
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    admin = admin_client(platform)  # keep a reference: a collected client fails its pending futures
+    admin, watch = _watched_admin(platform)  # keep a reference: a collected client fails its pending futures
     future = admin.describe_configs([resource], request_timeout=timeout)[resource]
     try:
-        entries = future.result(timeout=timeout)
+        entries = kafka_security.wait_future(future, admin, watch, timeout)
     except KafkaException as exc:
         err = exc.args[0]
         if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
@@ -88,10 +97,11 @@ def ensure_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig
     with fewer partitions than its spec, or a shorter retention, is left as it
     is and reported with a TopicMismatchWarning (adding partitions moves keys to
     other partitions, so it is an operator's decision, not a side effect).
-    Raises TopicError when Kafka rejects a creation or does not answer.
+    Raises TopicError when Kafka rejects a creation or does not answer, and
+    kafka_security.KafkaAuthError when it refuses the credentials.
     """
     platform = platform or config.load()
-    admin = admin_client(platform)
+    admin, watch = _watched_admin(platform)
     existing = topic_partitions(platform, timeout=timeout, include_internal=True)
     wanted: dict[str, PipelineSpec] = {}
     for spec in specs:
@@ -122,7 +132,7 @@ def ensure_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig
         futures = admin.create_topics(missing, request_timeout=timeout)
         for new in missing:
             try:
-                futures[new.topic].result(timeout=timeout)
+                kafka_security.wait_future(futures[new.topic], admin, watch, timeout)
             except KafkaException as exc:
                 err = exc.args[0]
                 if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:

@@ -1,4 +1,20 @@
-"""LakehouseHook: one pipeline's spec, the platform it runs on, its status and its timeline."""
+"""LakehouseHook: one pipeline's spec, the platform it runs on, its status and its timeline.
+
+Kafka settings come from the environment (`lakehouse.config`) and, when it exists, from
+the Airflow connection `lakehouse_kafka` (conn_type `kafka`, as the apache-kafka provider
+defines it): its extra is librdkafka configuration JSON, e.g.
+
+    {"bootstrap.servers": "broker:9093", "security.protocol": "SASL_SSL",
+     "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "lakehouse",
+     "sasl.password": "...", "ssl.ca.location": "/etc/kafka/ca.pem"}
+
+(host/port, login and password fields fill bootstrap.servers, sasl.username and
+sasl.password when the extra leaves them out). Its settings override and extend the
+environment's for the hook's platform (sensors, triggers, operators) and, through
+`kafka_environment`, for the Spark jobs the operators submit. A missing connection
+means the environment alone is used. Secrets stay out of templated fields, XCom and
+logs: Airflow masks the connection's password and password-like extras in task logs.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +22,59 @@ from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from lakehouse import config, events, spec as spec_module, status as status_module
+
+KAFKA_CONN_ID = "lakehouse_kafka"
+
+
+def _settings(conn) -> dict[str, str]:
+    """librdkafka settings of Airflow connection `conn`: its extra, then host/port, login, password."""
+    extra = conn.extra_dejson if isinstance(conn.extra_dejson, dict) else {}
+    settings = {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in extra.items()
+                if v is not None and not isinstance(v, (dict, list))}
+    if conn.host and "bootstrap.servers" not in settings:
+        settings["bootstrap.servers"] = ",".join(
+            f"{host.strip()}:{conn.port}" if conn.port and ":" not in host else host.strip()
+            for host in conn.host.split(","))
+    if conn.login and "sasl.username" not in settings:
+        settings["sasl.username"] = conn.login
+    if conn.password and "sasl.password" not in settings:
+        settings["sasl.password"] = conn.password
+    return settings
+
+
+def kafka_connection_settings(conn_id: str | None = KAFKA_CONN_ID) -> dict[str, str]:
+    """The librdkafka settings of Kafka connection `conn_id`; {} when it is not defined (or None)."""
+    if not conn_id:
+        return {}
+    try:
+        return _settings(BaseHook.get_connection(conn_id))
+    except AirflowNotFoundException:
+        return {}
+
+
+async def akafka_connection_settings(conn_id: str | None = KAFKA_CONN_ID) -> dict[str, str]:
+    """`kafka_connection_settings` for triggers: asks the triggerer without blocking its event loop."""
+    if not conn_id:
+        return {}
+    try:
+        return _settings(await BaseHook.aget_connection(conn_id))
+    except AirflowNotFoundException:
+        return {}
+
+
+def kafka_environment(settings: dict[str, str]) -> dict[str, str]:
+    """The LAKEHOUSE_* variables that give a process started from this one (spark-submit) the Kafka
+    `settings`: LAKEHOUSE_BOOTSTRAP_SERVERS and LAKEHOUSE_KAFKA_<PROPERTY> (see lakehouse.config)."""
+    env = {}
+    for key, value in settings.items():
+        if key == "bootstrap.servers":
+            env["LAKEHOUSE_BOOTSTRAP_SERVERS"] = value
+        else:
+            env[config.KAFKA_PREFIX + key.upper().replace(".", "_")] = value
+    return env
 
 
 class LakehouseHook(BaseHook):
@@ -15,23 +82,31 @@ class LakehouseHook(BaseHook):
 
     The spec comes from the pipelines folder (`LAKEHOUSE_PIPELINES_DIR`), the platform
     (Kafka, catalog, warehouse, Spark master) from `lakehouse.config`, exactly as the
-    ingest job reads them. Raises UnknownPipelineError / SpecError on first use when the
-    pipeline is not declared or its spec is invalid.
+    ingest job reads them, with the Kafka connection `kafka_conn_id` (default
+    `lakehouse_kafka`, skipped when it does not exist) laid over its Kafka settings.
+    Raises UnknownPipelineError / SpecError on first use when the pipeline is not declared
+    or its spec is invalid.
     """
 
     hook_name = "Lakehouse pipeline"
 
-    def __init__(self, pipeline: str, **kwargs: Any):
+    def __init__(self, pipeline: str, kafka_conn_id: str | None = KAFKA_CONN_ID, **kwargs: Any):
         super().__init__(**kwargs)
         self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
 
     @cached_property
     def spec(self) -> spec_module.PipelineSpec:
         return spec_module.load_pipeline(self.pipeline)
 
     @cached_property
+    def kafka_settings(self) -> dict[str, str]:
+        """The Kafka connection's librdkafka settings ({} without one). Secrets included: never log them."""
+        return kafka_connection_settings(self.kafka_conn_id)
+
+    @cached_property
     def platform(self) -> config.PlatformConfig:
-        return config.load()
+        return config.load().with_kafka(self.kafka_settings)
 
     def status(self) -> dict:
         """`lakehouse status` for this pipeline: positions, log ends, lag, freshness, last commit."""

@@ -4,6 +4,9 @@ Both check once in `execute`; when the SLO does not hold yet they defer to
 `SloTrigger` (default) or, with `deferrable=False`, poke like any sensor. When
 `timeout` seconds pass without the SLO holding they fail with
 AirflowSensorTimeout whose message says which limit was missed and by how much.
+Kafka settings: the environment's, overridden by the Kafka connection `kafka_conn_id`
+(default `lakehouse_kafka`, if it exists); refused credentials fail the sensor at once
+(kafka_security.KafkaAuthError naming broker, mechanism and user), without waiting.
 XCom: the passing check (`SloCheck.to_dict()`: kind, measured, limits, message).
 """
 
@@ -16,7 +19,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from lakehouse import config, slo
-from lakehouse_airflow.hooks import LakehouseHook
+from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
 from lakehouse_airflow.triggers import SloTrigger, check_once
 
 
@@ -27,18 +30,20 @@ class _SloSensor(BaseSensorOperator):
     template_fields = ("pipeline",)
 
     def __init__(self, *, pipeline: str, deferrable: bool = True, poke_interval: float = 30,
-                 timeout: float = 600, **kwargs: Any):
+                 timeout: float = 600, kafka_conn_id: str | None = KAFKA_CONN_ID, **kwargs: Any):
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
         self.pipeline = pipeline
         self.deferrable = deferrable
+        self.kafka_conn_id = kafka_conn_id
         self._last: slo.SloCheck | None = None
 
     def limits(self, hook: LakehouseHook) -> dict[str, float]:
         raise NotImplementedError
 
     def _check(self) -> slo.SloCheck:
-        hook = LakehouseHook(self.pipeline)
-        self._last = check_once(self.kind, self.pipeline, str(config.pipelines_dir()), self.limits(hook))
+        hook = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
+        self._last = check_once(self.kind, self.pipeline, str(config.pipelines_dir()), self.limits(hook),
+                                hook.kafka_settings)
         self.log.info("%s", self._last.message)
         return self._last
 
@@ -57,7 +62,7 @@ class _SloSensor(BaseSensorOperator):
             return check.to_dict()
         self.defer(trigger=SloTrigger(kind=self.kind, pipeline=self.pipeline, limits=check.limits,
                                       deadline=time.time() + self.timeout, poll_interval=self.poke_interval,
-                                      pipelines_dir=str(config.pipelines_dir())),
+                                      pipelines_dir=str(config.pipelines_dir()), kafka_conn_id=self.kafka_conn_id),
                    method_name="execute_complete")
 
     def execute_complete(self, context: Any, event: dict) -> dict:

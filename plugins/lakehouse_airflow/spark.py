@@ -5,14 +5,25 @@ spark://host:7077, yarn, k8s); `spark_connection()` returns the connection that
 points at the local master the embedded stack uses, for `AIRFLOW_CONN_SPARK_DEFAULT`.
 Arguments are passed as a list (never through a shell), and identifiers in them
 come from validated specs.
+
+Secrets never go through `env_vars`: it is a templated field, so its rendered value is
+stored with the task instance and shown in the UI. `submit_kwargs` leaves out of it any
+LAKEHOUSE_KAFKA_* variable that holds a secret (sasl.password, ssl.key.password, ...)
+and a catalog URI with a password; spark-submit inherits them from the worker's
+environment instead. The Kafka connection's settings (`lakehouse_kafka`, see
+hooks.py) reach the job the same way: `kafka_submit_environment` puts them into the
+worker process's environment only while the operator's `execute` runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlsplit
 
 from lakehouse import config
 from lakehouse.spec import PipelineSpec
@@ -29,10 +40,24 @@ def spark_connection(master: str | None = None) -> str:
     return json.dumps({"conn_type": "spark", "host": master or config.load().spark_master})
 
 
+def holds_secret(name: str, value: str) -> bool:
+    """Whether environment variable `name` carries a secret that must stay out of templated fields."""
+    if name.startswith(config.KAFKA_PREFIX):
+        return config.is_sensitive_kafka_property(name[len(config.KAFKA_PREFIX):].lower().replace("_", "."))
+    if name == "LAKEHOUSE_CATALOG_URI":
+        return bool(urlsplit(value).password)
+    return any(word in name.lower() for word in ("password", "secret"))
+
+
 def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_ID) -> dict:
-    """Keyword arguments for SparkSubmitOperator running `spark_jobs/<job>.py --pipeline <name> ARGS`."""
+    """Keyword arguments for SparkSubmitOperator running `spark_jobs/<job>.py --pipeline <name> ARGS`.
+
+    `env_vars` forwards the LAKEHOUSE_* and PYSPARK_* settings of this environment except
+    secrets (`holds_secret`), which spark-submit inherits from the worker's environment.
+    """
     python = sys.executable
-    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(FORWARDED_ENV_PREFIXES) and not holds_secret(k, v)}
     # spark-submit ships with pyspark next to this interpreter; the hook looks it up on this PATH
     env.update(PATH=os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
                PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", python),
@@ -48,3 +73,34 @@ def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_
         conf={"spark.pyspark.python": env["PYSPARK_PYTHON"],
               "spark.pyspark.driver.python": env["PYSPARK_DRIVER_PYTHON"]},
     )
+
+
+@contextlib.contextmanager
+def kafka_submit_environment(operator, settings: dict[str, str]) -> Iterator[None]:
+    """While the block runs, the Kafka connection's `settings` are in this process's environment
+    (as LAKEHOUSE_BOOTSTRAP_SERVERS / LAKEHOUSE_KAFKA_*), where spark-submit, started from it,
+    inherits them; the operator's `env_vars` lose the keys the connection sets, so the
+    connection wins over what the DAG file's environment forwarded. Restored afterwards.
+
+    Nothing is written into templated fields or XCom; Airflow has already stored the rendered
+    `env_vars` before `execute` runs, and they never held these values.
+    """
+    from lakehouse_airflow.hooks import kafka_environment
+
+    env = kafka_environment(settings)
+    if not env:
+        yield
+        return
+    saved = {key: os.environ.get(key) for key in env}
+    forwarded = operator.env_vars
+    operator.env_vars = {k: v for k, v in (forwarded or {}).items() if k not in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        operator.env_vars = forwarded
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

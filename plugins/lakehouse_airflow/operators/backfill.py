@@ -9,7 +9,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from lakehouse import backfill, spec as spec_module
-from lakehouse_airflow.hooks import LakehouseHook
+from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, kafka_connection_settings
+from lakehouse_airflow.spark import kafka_submit_environment
 
 
 class BackfillPlanOperator(BaseOperator):
@@ -21,12 +22,13 @@ class BackfillPlanOperator(BaseOperator):
     ranges, offsets, records, dry_run, notes, job_args.
     """
 
-    def __init__(self, *, pipeline: str, **kwargs: Any):
+    def __init__(self, *, pipeline: str, kafka_conn_id: str | None = KAFKA_CONN_ID, **kwargs: Any):
         super().__init__(**kwargs)
         self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context: Any) -> dict:
-        hook = LakehouseHook(self.pipeline)
+        hook = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
         request = backfill.parse_request(dict(context["params"]),
                                          backfill.live_tables(spec_module.load_all()))
         planned = backfill.plan(hook.spec, request, hook.platform).to_json()
@@ -38,13 +40,16 @@ class BackfillSparkSubmitOperator(SparkSubmitOperator):
     """Runs the replay job with the arguments of the plan that task `plan_task_id` pushed.
 
     Skipped for a dry run and for an empty plan. The job inserts only absent rows and records a
-    `backfill` event with what it inserted. Templated fields: those of SparkSubmitOperator.
+    `backfill` event with what it inserted. Kafka settings: the environment's, overridden by
+    the Kafka connection `kafka_conn_id` (default `lakehouse_kafka`, if it exists), given to
+    the job through its process environment. Templated fields: those of SparkSubmitOperator.
     XCom: none.
     """
 
-    def __init__(self, *, plan_task_id: str = "plan", **kwargs: Any):
+    def __init__(self, *, plan_task_id: str = "plan", kafka_conn_id: str | None = KAFKA_CONN_ID, **kwargs: Any):
         super().__init__(**kwargs)
         self.plan_task_id = plan_task_id
+        self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context: Any) -> None:
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
@@ -54,4 +59,5 @@ class BackfillSparkSubmitOperator(SparkSubmitOperator):
         if not planned["job_args"]:
             raise AirflowSkipException("nothing to backfill: " + "; ".join(planned["notes"]))
         self.application_args = [*(self.application_args or []), *planned["job_args"]]
-        super().execute(context)
+        with kafka_submit_environment(self, kafka_connection_settings(self.kafka_conn_id)):
+            super().execute(context)

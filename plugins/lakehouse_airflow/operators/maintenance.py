@@ -10,7 +10,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException
 
 from lakehouse import maintenance
-from lakehouse_airflow.hooks import LakehouseHook
+from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
+from lakehouse_airflow.spark import kafka_submit_environment
 
 
 class MaintenanceOperator(SparkSubmitOperator):
@@ -25,21 +26,23 @@ class MaintenanceOperator(SparkSubmitOperator):
     Templated fields: those of SparkSubmitOperator (application, application_args, conf, env_vars, ...).
     XCom: return value = the receipt {"pipeline", "run_id", "ok", "tables": [per-table receipt]};
     when the job fails (a table's maintenance failed), the receipt is pushed under key `receipt`
-    and the task fails.
+    and the task fails. Kafka settings: as SupervisedSparkSubmitOperator (`kafka_conn_id`).
     """
 
-    def __init__(self, *, pipeline: str, **kwargs: Any):
+    def __init__(self, *, pipeline: str, kafka_conn_id: str | None = KAFKA_CONN_ID, **kwargs: Any):
         super().__init__(**kwargs)
         self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context: Any) -> dict:
-        lakehouse = LakehouseHook(self.pipeline)
+        lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
         run_id = uuid.uuid4().hex
         since = datetime.now(timezone.utc) - timedelta(minutes=1)
         # appended, not replaced: argparse keeps the last --run-id, so a retried try stays unambiguous
         self.application_args = [*(self.application_args or []), "--run-id", run_id]
         try:
-            super().execute(context)
+            with kafka_submit_environment(self, lakehouse.kafka_settings):
+                super().execute(context)
         except AirflowException:
             context["ti"].xcom_push(key="receipt", value=self._receipt(lakehouse, run_id, since))
             raise

@@ -10,7 +10,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException
 
 from lakehouse import supervision
-from lakehouse_airflow.hooks import LakehouseHook
+from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
+from lakehouse_airflow.spark import kafka_submit_environment
 
 
 class _SubmittedJob:
@@ -57,24 +58,30 @@ class SupervisedSparkSubmitOperator(SparkSubmitOperator):
     an event on the ops timeline. A graceful stop of the job (SIGTERM to its driver, it
     exits 0) ends the task successfully; `on_kill` stops the job the same way.
 
+    Kafka settings: the environment's, overridden by the Kafka connection `kafka_conn_id`
+    (default `lakehouse_kafka`, skipped when it does not exist); the job gets the connection's
+    settings through its process environment, never through templated fields.
+
     Templated fields: those of SparkSubmitOperator (application, application_args, conf, ...).
     XCom (return value): {"restarts", "hangs", "exit_code", "stopped"}.
     """
 
     def __init__(self, *, pipeline: str, startup_grace_s: float = 300.0, stop_grace_s: float = 60.0,
-                 **kwargs: Any):
+                 kafka_conn_id: str | None = KAFKA_CONN_ID, **kwargs: Any):
         super().__init__(**kwargs)
         self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
         self.startup_grace_s = startup_grace_s
         self.stop_grace_s = stop_grace_s
         self._supervisor: supervision.Supervisor | None = None
 
     def execute(self, context: Any) -> dict:
-        lakehouse = LakehouseHook(self.pipeline)
-        self._supervisor = supervision.Supervisor(
-            lakehouse.spec, lakehouse.platform, self._launch, driver_marker=self.application,
-            startup_grace_s=self.startup_grace_s, stop_grace_s=self.stop_grace_s)
-        return self._supervisor.run().to_json()
+        lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
+        with kafka_submit_environment(self, lakehouse.kafka_settings):
+            self._supervisor = supervision.Supervisor(
+                lakehouse.spec, lakehouse.platform, self._launch, driver_marker=self.application,
+                startup_grace_s=self.startup_grace_s, stop_grace_s=self.stop_grace_s)
+            return self._supervisor.run().to_json()
 
     def _launch(self, lock_fd: int) -> _SubmittedJob:
         # the job runs under this supervisor's lock, so it must not try to take the lock itself
