@@ -2,19 +2,34 @@
 
 Everything lives under `<LAKEHOUSE_HOME>/airflow/` (AIRFLOW_HOME):
 
-    airflow.db                  the SQLite metadata database (`airflow db migrate` on every `up`)
+    airflow.db                  the SQLite metadata database, unless LAKEHOUSE_AIRFLOW_DB_URI names another
     passwords.json              the simple auth manager's password file; user `admin`, generated once
     secrets.json                JWT and API secret keys, generated once, shared by all components
     state.json                  port and URL of the running API server
     <component>.pid / .log      one per component: api-server, scheduler, dag-processor, triggerer
 
-DAGs and plugins are read from the repository's dags/ and plugins/ folders; the
-`spark_default` connection comes from `lakehouse_airflow.spark.spark_connection()`.
+Settings (environment variables, read on every `up`):
+
+    LAKEHOUSE_AIRFLOW_PORT         port of the API server (default 8080; `--port` wins)
+    LAKEHOUSE_AIRFLOW_DB_URI       SQLAlchemy URI of the metadata DB, e.g.
+                                   postgresql+psycopg2://airflow:PW@127.0.0.1:5432/airflow
+                                   (default: sqlite:///<AIRFLOW_HOME>/airflow.db). The PostgreSQL
+                                   database must exist; `up` migrates its schema.
+    LAKEHOUSE_AIRFLOW_DAGS_FOLDER  folder of DAG files (default: the repository's dags/)
+
+`airflow db migrate` runs on every `up`, on whichever database is configured. Use
+PostgreSQL for anything beyond one person's laptop: the scheduler, the DAG processor,
+the API server and the executor's workers then write to the metadata DB at the same time
+without SQLite's single-writer lock (the compose stack does the same).
+
+Plugins are read from the repository's plugins/ folder; the `spark_default` connection
+comes from `lakehouse_airflow.spark.spark_connection()`.
 
 Executor: Airflow 3 removed the SequentialExecutor, and its LocalExecutor runs on
-SQLite (tasks talk to the Execution API, not to the database), so the stack uses
-LocalExecutor with PARALLELISM slots: each continuous ingest job holds one for as
-long as it runs, and maintenance, publishing and backfills need the others.
+SQLite as on PostgreSQL (tasks talk to the Execution API, not to the database), so the
+stack uses LocalExecutor with PARALLELISM slots, whatever the metadata DB: task
+instances run in parallel worker processes. Each continuous ingest job holds one slot
+for as long as it runs, and maintenance, publishing and backfills need the others.
 `down()` stops the scheduler first, then the ingest jobs (they run in their own
 process groups, holding their pipeline locks), then the other components.
 """
@@ -22,6 +37,7 @@ process groups, holding their pipeline locks), then the other components.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import secrets
@@ -33,6 +49,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from lakehouse import config
 
@@ -45,6 +62,12 @@ PARALLELISM = 8
 MIGRATE_TIMEOUT_S = 300.0
 DAGS_FOLDER = config.REPO_ROOT / "dags"
 PLUGINS_FOLDER = config.REPO_ROOT / "plugins"
+DB_URI_VARIABLE = "LAKEHOUSE_AIRFLOW_DB_URI"
+DAGS_FOLDER_VARIABLE = "LAKEHOUSE_AIRFLOW_DAGS_FOLDER"
+# Every variable this module reads (config.ENVIRONMENT lists config's own).
+ENVIRONMENT = ("LAKEHOUSE_AIRFLOW_PORT", DB_URI_VARIABLE, DAGS_FOLDER_VARIABLE)
+# SQLAlchemy dialects Airflow 3 can keep its metadata in, as this stack configures it
+METADATA_DIALECTS = ("postgresql", "sqlite")
 
 
 class AirflowStackError(RuntimeError):
@@ -64,6 +87,48 @@ def _port(port: int | None) -> int:
         return int(raw)
     except ValueError:
         raise AirflowStackError(f"LAKEHOUSE_AIRFLOW_PORT={raw!r} is not a port number") from None
+
+
+def _configured_db() -> str:
+    return os.environ.get(DB_URI_VARIABLE) or f"sqlite:///{home() / 'airflow.db'}"
+
+
+def metadata_db() -> str:
+    """SQLAlchemy URI of the metadata DB: LAKEHOUSE_AIRFLOW_DB_URI, else SQLite in AIRFLOW_HOME.
+
+    Raises AirflowStackError for a URI that is not PostgreSQL or SQLite (`postgres://`, the
+    spelling SQLAlchemy no longer accepts, included), a SQLite URI without an absolute file
+    path, or PostgreSQL without the asyncpg driver (Airflow 3 opens the DB with it too).
+    """
+    uri = _configured_db()
+    dialect = urlsplit(uri).scheme.split("+")[0]
+    if dialect not in METADATA_DIALECTS:
+        raise AirflowStackError(
+            f"{DB_URI_VARIABLE}={config.redact(uri)!r}: Airflow's metadata DB must be PostgreSQL "
+            f"(postgresql+psycopg2://USER:PASSWORD@HOST:5432/DATABASE) or SQLite (sqlite:////absolute/path.db)")
+    if dialect == "postgresql" and importlib.util.find_spec("asyncpg") is None:
+        raise AirflowStackError(f"{DB_URI_VARIABLE} names a PostgreSQL metadata DB, which Airflow 3 also opens with "
+                                f"the asyncpg driver, and asyncpg is not installed: install the project's "
+                                f"requirements (make setup)")
+    if dialect == "sqlite" and not uri.startswith("sqlite:////"):
+        raise AirflowStackError(f"{DB_URI_VARIABLE}={uri!r}: a SQLite metadata DB needs an absolute file path "
+                                f"(sqlite:////absolute/path.db)")
+    return uri
+
+
+def dags_folder() -> Path:
+    """The folder Airflow reads DAG files from: LAKEHOUSE_AIRFLOW_DAGS_FOLDER, else the repository's dags/.
+
+    Raises AirflowStackError when the configured folder does not exist.
+    """
+    configured = os.environ.get(DAGS_FOLDER_VARIABLE)
+    if not configured:
+        return DAGS_FOLDER
+    folder = Path(configured).expanduser().resolve()
+    if not folder.is_dir():
+        raise AirflowStackError(f"{DAGS_FOLDER_VARIABLE}={configured!r} is not a folder; create it or unset "
+                                f"the variable to read the repository's dags/")
+    return folder
 
 
 def _json_once(path: Path, make: dict) -> dict:
@@ -97,9 +162,11 @@ def environment(port: int | None = None) -> dict[str, str]:
     """The environment every Airflow component of the embedded stack runs with.
 
     Settings here override inherited AIRFLOW__* variables: the embedded stack
-    owns its home, database, folders and secrets.
+    owns its home, database, folders and secrets. Raises AirflowStackError for an
+    unusable LAKEHOUSE_AIRFLOW_* setting.
     """
     port = _port(port)
+    database, dags = metadata_db(), dags_folder()
     airflow_home = home()
     keys = _json_once(airflow_home / "secrets.json",
                       {"jwt_secret": secrets.token_urlsafe(32), "secret_key": secrets.token_urlsafe(32)})
@@ -108,7 +175,7 @@ def environment(port: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "AIRFLOW_HOME": str(airflow_home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_FOLDER),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -116,7 +183,7 @@ def environment(port: int | None = None) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(airflow_home / "passwords.json"),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database,
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(airflow_home / "logs"),
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__API__SECRET_KEY": keys["secret_key"],
@@ -173,7 +240,8 @@ def _url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether something could listen on 127.0.0.1:`port` now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -194,10 +262,16 @@ def _answers(url: str, timeout: float = 2.0) -> bool:
 def migrate(port: int | None = None) -> None:
     """`airflow db migrate` on the stack's metadata DB. Raises AirflowStackError with its output."""
     home().mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([_airflow(), "db", "migrate"], env=environment(port), capture_output=True, text=True,
+    env = environment(port)
+    done = subprocess.run([_airflow(), "db", "migrate"], env=env, capture_output=True, text=True,
                           timeout=MIGRATE_TIMEOUT_S)
     if done.returncode != 0:
-        raise AirflowStackError(f"airflow db migrate failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        where = config.redact(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+        hint = ("" if where.startswith("sqlite") else
+                "; the database must exist and accept this user (CREATE DATABASE ... OWNER ...), "
+                f"or unset {DB_URI_VARIABLE} to use SQLite")
+        raise AirflowStackError(f"airflow db migrate failed on {where} (exit {done.returncode}){hint}:\n"
+                                f"{done.stderr[-3000:]}")
 
 
 def _start(component: str, port: int, env: dict[str, str]) -> subprocess.Popen:
@@ -230,7 +304,7 @@ def up(port: int | None = None, components: tuple[str, ...] = COMPONENTS,
     if _running_pid("api-server") and state.get("port") not in (None, port):
         raise AirflowStackError(f"Airflow's API server already runs on port {state['port']}; "
                                 f"stop it first (lakehouse airflow down) to move it to port {port}")
-    if _running_pid("api-server") is None and "api-server" in components and not _port_free(port):
+    if _running_pid("api-server") is None and "api-server" in components and not port_free(port):
         raise AirflowStackError(f"port {port} is already in use by another process, so Airflow's API server "
                                 f"cannot listen on it; choose another with LAKEHOUSE_AIRFLOW_PORT=<port> or --port")
     migrate(port)
@@ -306,7 +380,8 @@ def down(timeout: float = STOP_TIMEOUT_S) -> dict:
 
 
 def status() -> dict:
-    """{home, url, page, user, password, password_file, running: {component: pid or None}, healthy}."""
+    """{home, url, page, user, password, password_file, metadata_db (password redacted), dags_folder,
+    running: {component: pid or None}, healthy, logs: {component: log file}}."""
     state = _read_state()
     url = state.get("url") or _url(_port(None))
     password_file = home() / "passwords.json"
@@ -317,6 +392,8 @@ def status() -> dict:
         "user": ADMIN_USER,
         "password": admin_password() if password_file.exists() else None,
         "password_file": str(password_file),
+        "metadata_db": config.redact(_configured_db()),
+        "dags_folder": os.environ.get(DAGS_FOLDER_VARIABLE) or str(DAGS_FOLDER),
         "running": {component: _running_pid(component) for component in COMPONENTS},
         "healthy": _answers(url),
         "logs": {component: str(_log_file(component)) for component in COMPONENTS},

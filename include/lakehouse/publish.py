@@ -17,6 +17,8 @@ fan-out table `ns.t` gets the view `<view namespace>.t`.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -29,6 +31,11 @@ from sqlalchemy.orm import Session
 from lakehouse import config, events, offsets
 from lakehouse.quality import is_ancestor
 from lakehouse.spec import PipelineSpec
+
+log = logging.getLogger("lakehouse.publish")
+# a branch move that lost the catalog's compare-and-set to a commit on `main` is tried again
+PUBLISH_ATTEMPTS = 5
+PUBLISH_RETRY_S = 0.1
 
 
 class PublishError(RuntimeError):
@@ -146,11 +153,7 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
     for name, sid in snapshots.items():
         sid = int(sid)
         if heads[name] != sid:
-            try:
-                loaded[name].manage_snapshots().create_branch(sid, spec.publish.branch).commit()
-            except CommitFailedException as exc:
-                raise PublishError(f"{name}: the {spec.publish.branch!r} branch moved while publishing "
-                                   f"(another publisher?): {exc}") from None
+            _move_branch(spec, catalog, loaded[name], name, sid, heads[name])
         done.append(PublishedTable(name, sid, heads[name], view_name(spec, name)))
     # a view fixes its columns when created: (re)create it when missing or when the published
     # schema changed, unless readers were cut over to a candidate (then the view is not ours)
@@ -174,6 +177,35 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
                                    details={"branch": spec.publish.branch, "tables": [asdict(p) for p in done]}),
                       platform=platform, catalog=spec.catalog)
     return done
+
+
+def _move_branch(spec: PipelineSpec, catalog, table: Table, name: str, snapshot_id: int, head: int | None) -> None:
+    """Point the readers' branch of `table` at `snapshot_id` where it still points at `head`.
+
+    The commit asserts the branch head (compare-and-set). The catalog also refuses it when
+    any other commit to the table (ingestion or compaction on `main`) landed between its
+    read of the table and its write; that is retried on the fresh table after checking
+    again. Raises PublishError when the branch itself moved (another publisher), or after
+    PUBLISH_ATTEMPTS lost races; NotADescendantError when `main` was rolled back meanwhile.
+    """
+    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+        try:
+            table.manage_snapshots().create_branch(snapshot_id, spec.publish.branch).commit()
+            return
+        except CommitFailedException as exc:
+            table = catalog.load_table(name)
+            now = _check(spec, table, name, snapshot_id)
+            if now == snapshot_id:  # published meanwhile, by an identical publication
+                return
+            if now != head:
+                raise PublishError(f"{name}: the {spec.publish.branch!r} branch moved from {head} to {now} while "
+                                   f"publishing (another publisher?): {exc}") from None
+            if attempt == PUBLISH_ATTEMPTS:
+                raise PublishError(f"{name}: publishing lost {attempt} races with other commits to the table: "
+                                   f"{exc}; publish again") from None
+            log.warning("publishing %s to %r lost a race with another commit (attempt %d), retrying: %s",
+                        name, spec.publish.branch, attempt, exc)
+            time.sleep(PUBLISH_RETRY_S * attempt)
 
 
 def _schema_id(table: Table, snapshot_id: int) -> int | None:
