@@ -147,12 +147,16 @@ def test_a_job_that_keeps_failing_is_restarted_with_backoff_then_given_up(platfo
 # -- the supervision DAG against the real stack ------------------------------------------------
 
 
-def stop_gracefully(spec, runner_done: threading.Event) -> None:
-    """SIGTERM the pipeline's driver until the supervising task has ended (the test's way out)."""
+def stop_gracefully(spec, runner_done: threading.Event, signalled: set[int]) -> None:
+    """SIGTERM each of the pipeline's drivers once until the supervising task has ended (the test's
+    way out). Once: a second SIGTERM could land while Python shuts down, after it has put the
+    default handlers back, and kill a driver that is stopping gracefully."""
     while not runner_done.wait(2):
         for proc in job_processes(spec)[1]:
-            proc.send_signal(signal.SIGCONT)
-            proc.send_signal(signal.SIGTERM)
+            if proc.pid not in signalled:
+                signalled.add(proc.pid)
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
 
 
 def test_the_continuous_dag_restarts_a_killed_and_a_hung_job_and_ends_on_a_graceful_stop(
@@ -160,6 +164,7 @@ def test_the_continuous_dag_restarts_a_killed_and_a_hung_job_and_ends_on_a_grace
     spec = pipeline(partitions=2, trigger={"interval": "1s"},
                     supervision={"restart_backoff": "1s", "max_restarts": 3, "hung_after_triggers": 5})
     seen: dict = {}
+    signalled: set[int] = set()
     run_done = threading.Event()
 
     def operate() -> None:
@@ -203,11 +208,12 @@ def test_the_continuous_dag_restarts_a_killed_and_a_hung_job_and_ends_on_a_grace
             wait_for("every record after the hang", lambda: row_count(platform, spec) == seen["total"])
 
             # a graceful stop: SIGTERM to the driver, which finishes its batch and exits 0
+            signalled.add(driver3.pid)
             driver3.send_signal(signal.SIGTERM)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the test after the DAG run ends
             seen["error"] = exc
         finally:
-            stop_gracefully(spec, run_done)
+            stop_gracefully(spec, run_done, signalled)
 
     operator = threading.Thread(target=operate, daemon=True)
     operator.start()
