@@ -165,8 +165,8 @@ class IngestJob:
     def run_once(self, on_batch=None) -> list[BatchReceipt]:
         """Catch up to the log end of every partition as found at the start, then return."""
         receipts = []
+        state = self.topic_state()  # first: a refused login fails here at once, not in a group commit
         self.sync_group_offsets()
-        state = self.topic_state()
         target = {p: ps.end for p, ps in state.partitions.items()}
         while not self._stop.is_set():
             capped = {p: replace(ps, end=min(ps.end, target.get(p, ps.end))) for p, ps in state.partitions.items()}
@@ -186,6 +186,7 @@ class IngestJob:
         """Commit one batch per trigger until SIGTERM/SIGINT; the batch in flight finishes first."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
+        self.topic_state()  # a refused login fails here at once, not after the group commit's timeout
         self.sync_group_offsets()
         batches = 0
         while not self._stop.is_set():
@@ -358,7 +359,7 @@ class IngestJob:
             if oldest_read is not None:
                 # commit time minus this is how long Kafka had to hold the batch (retention alignment)
                 summary[offsets.K_MIN_KAFKA_TIME] = oldest_read.isoformat()
-            rows = self.rows_for(table, df, tp, dead_letter)
+            rows = self.rows_for(table, df, tp, dead_letter, {p: s for p, (s, _) in plan.range_map().items()})
             group = f"lakehouse-{self.spec.name}-{batch_id}-{table}-{attempt}"
             try:
                 with faults.kill_when_files_appear(self.platform.home, self.spec.name, lambda: self._data_dir(table)), \
@@ -392,8 +393,12 @@ class IngestJob:
     def _data_dir(self, table: str) -> Path:
         return Path(urlparse(self.catalog.load_table(table).location()).path) / "data"
 
-    def rows_for(self, table: str, df, tp: TableProgress, dead_letter: bool):
-        """The batch's rows for `table`, minus offsets the table already holds, in the table's columns."""
+    def rows_for(self, table: str, df, tp: TableProgress, dead_letter: bool, starts: dict[int, int] | None = None):
+        """The batch's rows for `table`, minus offsets the table already holds, in the table's columns.
+
+        `starts` (partition -> first offset of the batch) spares the filter for partitions where the
+        table is not past the batch's start; without it every position the table holds is applied.
+        """
         from pyspark.sql import functions as F
 
         if dead_letter:
@@ -404,11 +409,15 @@ class IngestJob:
                 "_ingested_at")
         else:
             rows = df.where(F.col("_route") == table)
-        if tp.positions:
-            done = F.lit(False)
-            for p, pos in tp.positions.items():
-                done = done | ((F.col("_kafka.partition") == p) & (F.col("_kafka.offset") < pos))
-            rows = rows.where(~done)
+        # only partitions where this table is already past the batch's start need a filter (after a
+        # crash between two tables' commits); one flat map lookup, not an OR per partition, which
+        # overflows Spark's analyser at about 1,000 partitions (docs/sizing.md)
+        ahead = {p: pos for p, pos in tp.positions.items() if starts is None or pos > starts.get(p, pos)}
+        if ahead:
+            held = F.create_map(*[c for p, pos in sorted(ahead.items())
+                                  for c in (F.lit(p).cast("int"), F.lit(pos).cast("long"))])
+            rows = rows.where(F.col("_kafka.offset")
+                              >= F.coalesce(F.element_at(held, F.col("_kafka.partition")), F.lit(0).cast("long")))
         if dead_letter:
             return rows
         target = self.spark.table(self.spec.qualified(table)).schema
