@@ -106,6 +106,22 @@ def summaries(platform: PlatformConfig, spec: PipelineSpec, name: str) -> list[d
     return [offsets.summary_properties(s) for s in sorted(t.snapshots(), key=lambda s: s.timestamp_ms)]
 
 
+def task_states(run) -> dict[str, str]:
+    """Each task's state in DAG run `run`, by task id."""
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def xcom(run, task_id: str, key: str = "return_value"):
+    """The XCom `key` that task `task_id` pushed in DAG run `run`."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id,
+                                                 key=key).one()
+        return XComModel.deserialize_value(row)
+
+
 @pytest.fixture
 def pipeline(make_spec, platform):
     """Factory: make_spec(**overrides) with the pipeline's source topic created as `lakehouse topics` does."""

@@ -10,32 +10,17 @@ from urllib.parse import urlparse
 
 import pytest
 
-from e2e import pipeline, assert_exactly_once, rows, send, table  # noqa: F401 (fixture)
+from e2e import pipeline, assert_exactly_once, rows, send, table, task_states, xcom  # noqa: F401 (fixture)
 from lakehouse import events, maintenance, offsets, produce
 from lakehouse.ingest import IngestJob
 
 pytestmark = pytest.mark.slow
 
 
-def xcom(run, task_id: str, key: str = "return_value"):
-    """The XCom `key` that task `task_id` pushed in DAG run `run`."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id,
-                                                 key=key).one()
-        return XComModel.deserialize_value(row)
-
-
 def order(i: int, status: str) -> tuple[bytes, bytes]:
     record = {"order_id": f"ord-{i}", "customer_id": "c-1", "amount": float(i), "currency": "EUR",
               "status": status, "event_time": "2026-11-20T12:00:00+00:00"}
     return record["order_id"].encode(), json.dumps(record).encode()
-
-
-def task_states(run) -> dict[str, str]:
-    return {ti.task_id: ti.state for ti in run.get_task_instances()}
 
 
 def small_batches(spec, job: IngestJob, batches: int, records: int) -> None:

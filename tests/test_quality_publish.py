@@ -13,7 +13,7 @@ import yaml
 from airflow.sdk.exceptions import AirflowSensorTimeout
 from confluent_kafka import Producer
 
-from e2e import lakehouse, pipeline, rows, send, table
+from e2e import lakehouse, pipeline, rows, send, table, task_states, xcom
 from lakehouse import events, produce, publish, quality
 from lakehouse.ingest import IngestJob
 from lakehouse.spec import load_spec
@@ -34,20 +34,6 @@ def head(platform, spec, name=None) -> int | None:
 
 def main_snapshot(platform, spec) -> int:
     return table(platform, spec, spec.target.table).current_snapshot().snapshot_id
-
-
-def task_states(run) -> dict[str, str]:
-    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-
-
-def xcom(run, task_id: str, key: str):
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id,
-                                                 key=key).one()
-        return XComModel.deserialize_value(row)
 
 
 def asset_events(name: str) -> list:

@@ -6,22 +6,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from e2e import pipeline, rows, send  # noqa: F401 (fixture)
+from e2e import pipeline, rows, send, xcom  # noqa: F401 (fixture)
 from lakehouse import events, produce, retention
 from lakehouse.ingest import IngestJob
 
 pytestmark = pytest.mark.slow
 WEEK_MS = 7 * 86400 * 1000
-
-
-def xcom(run, task_id: str, key: str = "return_value"):
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id,
-                                                 key=key).one()
-        return XComModel.deserialize_value(row)
 
 
 def test_the_retention_dag_fails_a_topic_too_short_for_outage_and_replay_and_passes_one_long_enough(

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port
-from e2e import assert_exactly_once, pipeline, rows  # noqa: F401 (fixture)
+from e2e import assert_exactly_once, pipeline, rows, task_states, xcom  # noqa: F401 (fixture)
 from lakehouse import config, produce, spark_cluster
 from lakehouse_airflow.spark import spark_connection
-from test_maintenance import task_states, xcom
 
 pytestmark = pytest.mark.slow
 LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))

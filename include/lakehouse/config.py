@@ -312,6 +312,19 @@ _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
 
+def parse_bool(raw: str | None, name: str, default: bool | None = None) -> bool | None:
+    """The boolean setting `name` from its text (true/false, 1/0, yes/no, on/off); `default` when
+    unset or empty. Raises ConfigError for anything else."""
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name} {raw!r}: expected true or false")
+
+
 def _object_store_from_env() -> ObjectStoreConfig:
     """The LAKEHOUSE_S3_* settings. Raises ConfigError for an endpoint that is not an http(s)
     URL or a path-style flag that is not a boolean."""
@@ -321,15 +334,7 @@ def _object_store_from_env() -> ObjectStoreConfig:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"LAKEHOUSE_S3_ENDPOINT {endpoint!r}: expected an http(s) URL such as "
                               f"http://minio:9000")
-    raw_style = os.environ.get("LAKEHOUSE_S3_PATH_STYLE_ACCESS") or None
-    path_style = None
-    if raw_style is not None:
-        if raw_style.strip().lower() in _TRUE:
-            path_style = True
-        elif raw_style.strip().lower() in _FALSE:
-            path_style = False
-        else:
-            raise ConfigError(f"LAKEHOUSE_S3_PATH_STYLE_ACCESS {raw_style!r}: expected true or false")
+    path_style = parse_bool(os.environ.get("LAKEHOUSE_S3_PATH_STYLE_ACCESS"), "LAKEHOUSE_S3_PATH_STYLE_ACCESS")
     return ObjectStoreConfig(endpoint=endpoint, path_style_access=path_style,
                              region=os.environ.get("LAKEHOUSE_S3_REGION") or None)
 

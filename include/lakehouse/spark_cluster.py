@@ -34,6 +34,7 @@ from pathlib import Path
 
 from lakehouse import config
 from lakehouse.airflow_stack import port_free
+from lakehouse.stack import pid_alive
 
 STATE_FILE = "spark-cluster.json"
 DEFAULT_PORT = 7077
@@ -67,20 +68,13 @@ def _spark_class() -> str:
 
 
 def _alive(pid: int | None) -> bool:
-    if not pid:
+    """Whether `pid` runs and is a Spark daemon (not a recycled pid)."""
+    if not pid_alive(pid):
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError, IndexError):
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
         return b"org.apache.spark.deploy." in Path(f"/proc/{pid}/cmdline").read_bytes()
-    return True
-
+    except OSError:
+        return True  # no /proc (macOS): trust the pid we recorded
 
 def master_info(ui_url: str, timeout: float = 2.0) -> dict | None:
     """The master's JSON view (workers, active and completed applications), None if it does not answer."""

@@ -103,15 +103,6 @@ def _parse_auth(value: str | None, source: str) -> str | None:
     return AUTH_CHOICES[key]
 
 
-def _parse_tls(value: str | None, source: str) -> bool:
-    key = (value or "false").strip().lower()
-    if key in ("true", "1", "yes", "on"):
-        return True
-    if key in ("false", "0", "no", "off", ""):
-        return False
-    raise StackError(f"{source}={value!r}: expected true or false")
-
-
 def _requested_security(auth: str | None, tls: bool | None) -> Security | None:
     """The security asked for by argument or LAKEHOUSE_BROKER_AUTH / LAKEHOUSE_BROKER_TLS; None when
     nobody asked (a running broker is then kept as it is)."""
@@ -119,7 +110,10 @@ def _requested_security(auth: str | None, tls: bool | None) -> Security | None:
     if auth is None and tls is None and not env_auth and not env_tls:
         return None
     mechanism = _parse_auth(auth, "auth") if auth is not None else _parse_auth(env_auth, "LAKEHOUSE_BROKER_AUTH")
-    secure = tls if tls is not None else _parse_tls(env_tls, "LAKEHOUSE_BROKER_TLS")
+    try:
+        secure = tls if tls is not None else config.parse_bool(env_tls, "LAKEHOUSE_BROKER_TLS", default=False)
+    except config.ConfigError as exc:
+        raise StackError(str(exc)) from None
     return Security(mechanism, bool(secure))
 
 
@@ -136,14 +130,6 @@ def _home() -> Path:
 
 def _state_path(home: Path) -> Path:
     return home / STATE_FILE
-
-
-def _read_state(home: Path) -> dict:
-    try:
-        state = json.loads(_state_path(home).read_text())
-    except (OSError, ValueError):
-        return {}
-    return state if isinstance(state, dict) else {}
 
 
 def _write_state(home: Path, state: dict) -> None:
@@ -186,7 +172,7 @@ def _requested_port(port: int | None) -> int | None:
 
 # ---------------------------------------------------------------------------- process and network probes
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
     """True when `pid` runs (a zombie, dead but not yet reaped, counts as dead)."""
     if not pid:
         return False
@@ -431,7 +417,7 @@ def status() -> dict:
     """
     platform = config.load()
     home = platform.home
-    state = _read_state(home)
+    state = config.read_state_file(home, STATE_FILE)
     external = _external_bootstrap()
     topic_counts, refused = _kafka_probe(platform.kafka(), timeout=3.0)
     reachable = topic_counts is not None
@@ -444,10 +430,10 @@ def status() -> dict:
                   "port": None, "log": None, "started_at": None}
     else:
         pid = state.get("pid")
-        alive = _pid_alive(pid) and _is_broker_process(pid)
+        alive = pid_alive(pid) and _is_broker_process(pid)
         gateway_pid = state.get("gateway_pid")
         if gateway_pid:
-            alive = alive and _pid_alive(gateway_pid) and _is_gateway_process(gateway_pid)
+            alive = alive and pid_alive(gateway_pid) and _is_gateway_process(gateway_pid)
         try:
             configured_port = _requested_port(None)
         except StackError:
@@ -505,11 +491,11 @@ def up(port: int | None = None, auth: str | None = None, tls: bool | None = None
 
         requested = _requested_port(port)
         wanted = _requested_security(auth, tls)
-        state = _read_state(home)
+        state = config.read_state_file(home, STATE_FILE)
         pid = state.get("pid")
         gateway_pid = state.get("gateway_pid")
-        gateway_ok = not gateway_pid or (_pid_alive(gateway_pid) and _is_gateway_process(gateway_pid))
-        if _pid_alive(pid) and _is_broker_process(pid) and gateway_ok:
+        gateway_ok = not gateway_pid or (pid_alive(gateway_pid) and _is_gateway_process(gateway_pid))
+        if pid_alive(pid) and _is_broker_process(pid) and gateway_ok:
             running_port = state.get("port")
             if _kafka_answers(_state_kafka_conf(home, state), timeout=3.0) is not None:
                 if requested is not None and requested != running_port:
@@ -648,25 +634,25 @@ def _stop(pid: int, timeout: float = STOP_TIMEOUT_S, is_ours=None) -> bool:
     `is_ours(pid)` (default: is it a tansu broker) guards against signalling a recycled pid.
     """
     is_ours = is_ours or _is_broker_process
-    if not (_pid_alive(pid) and is_ours(pid)):
+    if not (pid_alive(pid) and is_ours(pid)):
         _children.pop(pid, None)
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
     proc = _children.pop(pid, None)
     if proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         raise StackError(f"process {pid} survived SIGKILL")
     return True
 
@@ -682,7 +668,7 @@ def down(purge: bool = False) -> dict:
     """
     home = _home()
     with _locked(home):
-        state = _read_state(home)
+        state = config.read_state_file(home, STATE_FILE)
         pid = state.get("pid")
         gateway_pid = state.get("gateway_pid")
         if gateway_pid:
