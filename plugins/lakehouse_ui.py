@@ -8,8 +8,9 @@ in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
     GET /lakehouse/api/pipelines    the same numbers as JSON
 
 Every number comes from `lakehouse.history.overview` (the tables' snapshot summaries,
-Kafka and the ops timeline) at request time. A spec that does not load is shown
-with its SpecError text; a pipeline with no commits says so.
+Kafka and the ops timeline) at request time. A spec file that does not load (or claims a
+table, view or name another spec claims) is shown with its SpecError text next to the
+working pipelines; a pipeline with no commits says so.
 
 Access: Airflow 3 does not put plugin FastAPI apps behind its login; the page is
 read-only and served on the API server's address (127.0.0.1 in the embedded stack).
@@ -27,29 +28,27 @@ from fastapi.responses import HTMLResponse
 
 from lakehouse import config, history
 from lakehouse.ingest import STAGES
-from lakehouse.spec import SpecError, load_spec
+from lakehouse.spec import load_specs
 from lakehouse.status import format_age
 
 app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
 
 
 def _entries() -> list[dict]:
-    """One entry per spec file: the overview, or {"pipeline", "spec_path", "error"} when it cannot be read."""
+    """One entry per spec file, in path order: the overview, or {"pipeline", "spec_path", "error"} when
+    the file does not load (or overlaps another spec; see lakehouse.spec.load_specs) or its overview fails."""
     platform = config.load()
     now = datetime.now(timezone.utc)
-    entries = []
-    for path in sorted(config.pipelines_dir().glob("*.y*ml")):
+    found = load_specs()
+    entries = [{"pipeline": found.declared[path], "spec_path": path, "error": str(error)}
+               for path, error in found.errors.items()]
+    for spec in found.specs.values():
         try:
-            spec = load_spec(path)
-        except SpecError as exc:
-            entries.append({"pipeline": path.stem, "spec_path": str(path), "error": str(exc)})
-            continue
-        try:
-            entries.append({"spec_path": str(path), "error": None, **history.overview(spec, platform, now)})
+            entries.append({"spec_path": spec.path, "error": None, **history.overview(spec, platform, now)})
         except Exception as exc:  # noqa: BLE001 - one unreadable pipeline must not blank the whole page
-            entries.append({"pipeline": spec.name, "spec_path": str(path),
+            entries.append({"pipeline": spec.name, "spec_path": spec.path,
                             "error": f"{type(exc).__name__}: {exc}"})
-    return entries
+    return sorted(entries, key=lambda entry: entry["spec_path"])
 
 
 @app.get("/api/pipelines")

@@ -10,8 +10,9 @@
     consume_all        consume_all(topic, platform) -> list[Message], read with assign until partition EOF
     free_tcp_port      a TCP port nobody listens on
     airflow_db         (session) `airflow db migrate` in the session's private AIRFLOW_HOME
-    run_dag            run_dag(dag_id, pipelines_dir, conf=None) -> DagRun: parse dags/ as Airflow does
-                       (import errors fail the test) and run the DAG with `dag.test()`
+    run_dag            run_dag(dag_id, pipelines_dir, conf=None, broken_specs=False) -> DagRun: parse dags/
+                       as Airflow does (import errors fail the test, except that of dags/lakehouse_specs.py
+                       when broken_specs=True) and run the DAG with `dag.test()`
 
 Airflow reads its configuration when first imported, so `pytest_configure` points
 AIRFLOW_HOME (metadata DB, logs) at a private folder before any test module loads.
@@ -280,19 +281,26 @@ def airflow_db() -> Path:
 
 @pytest.fixture
 def run_dag(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
-    """run_dag(dag_id, pipelines_dir, conf=None) -> the finished DagRun.
+    """run_dag(dag_id, pipelines_dir, conf=None, broken_specs=False) -> the finished DagRun.
 
     Parses the repository's dags/ folder with Airflow's DagBag while
     LAKEHOUSE_PIPELINES_DIR points at `pipelines_dir` (so generated DAGs exist for the
     test's specs), fails on any import error, then runs the DAG with `dag.test()`:
     real task instances, XComs, deferrals and asset events in the session's metadata DB.
+    `broken_specs=True` says the folder deliberately holds a broken spec: the import error
+    of dags/lakehouse_specs.py (which lists broken specs) is then required, and the only one allowed.
     """
     from airflow.dag_processing.dagbag import DagBag
 
-    def run(dag_id: str, pipelines_dir: Path | str, conf: dict | None = None):
+    specs_file = str(DAGS_FOLDER / "lakehouse_specs.py")
+
+    def run(dag_id: str, pipelines_dir: Path | str, conf: dict | None = None, broken_specs: bool = False):
         monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(pipelines_dir))
         bag = DagBag(str(DAGS_FOLDER))
-        assert not bag.import_errors, bag.import_errors
+        errors = dict(bag.import_errors)
+        if broken_specs:
+            assert errors.pop(specs_file, None), f"no import error of {specs_file}: {errors}"
+        assert not errors, errors
         dag = bag.get_dag(dag_id)
         assert dag is not None, f"no DAG {dag_id!r}; have {sorted(bag.dag_ids)}"
         return dag.test(run_conf=conf)

@@ -52,6 +52,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from lakehouse import config
+from lakehouse.errors import LakehouseError
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 DEFAULT_PORT = 8080
@@ -70,7 +71,7 @@ ENVIRONMENT = ("LAKEHOUSE_AIRFLOW_PORT", DB_URI_VARIABLE, DAGS_FOLDER_VARIABLE)
 METADATA_DIALECTS = ("postgresql", "sqlite")
 
 
-class AirflowStackError(RuntimeError):
+class AirflowStackError(LakehouseError, RuntimeError):
     """Airflow cannot be migrated, started or stopped; the message quotes the component's log."""
 
 

@@ -3,7 +3,7 @@
     lakehouse stack up|down|status [--json]      the embedded Kafka broker and local catalog
     lakehouse stack up --spark-cluster           ... plus a Spark standalone master and worker
     lakehouse stack up --auth scram-sha-512 --tls   ... with a broker that requires a SASL login over TLS
-    lakehouse pipelines [--json]                 validate and list the pipeline specs
+    lakehouse pipelines [--json]                 validate and list the pipeline specs (exit 2: a file is broken)
     lakehouse topics [--pipeline NAME]           create the pipelines' source topics
     lakehouse produce --pipeline NAME --count N  synthetic events, some of them bad
     lakehouse ingest --pipeline NAME --once      Kafka -> Iceberg, exactly once
@@ -13,8 +13,15 @@
     lakehouse maintain --pipeline NAME           compact, expire snapshots, remove orphans (receipt per table)
     lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
 
-Exit codes: 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the source needs
-attention (offset gap, topic recreated, topic missing, retention too short).
+Exit codes (lakehouse.errors): 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the
+source or a table needs attention (offset gap, topic recreated, topic missing, retention too
+short, positions lost), 4 fenced (another ingest job of the pipeline took over its tables).
+
+Every argument is checked while parsing, before a command creates anything (a Spark
+session, a table, a topic, a stack): a bad one exits 2 naming it. A broken spec file
+stops only its own pipeline: `--pipeline NAME` works while a sibling file is broken, and
+`pipelines`, `topics` and `status` without `--pipeline` act on the valid specs, print
+each broken file's error on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -22,14 +29,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from datetime import datetime, timezone
+from typing import Callable
 
-from lakehouse import config
-from lakehouse.spec import SpecError, UnknownPipelineError, load_all, load_pipeline, parse_duration
+from lakehouse import config, errors
+from lakehouse.spec import (DURATION_CAPS_S, IDENTIFIER, PipelineSpec, SpecError,
+                            is_table_name, load_pipeline, load_specs, parse_duration)
 
-EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE = 1, 2, 3
+EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE = errors.EXIT_FAILURE, errors.EXIT_CONFIG, errors.EXIT_SOURCE
 
 
 def _print_json(obj) -> None:
@@ -83,31 +93,51 @@ def cmd_stack(args) -> int:
 
 
 def cmd_pipelines(args) -> int:
-    specs = load_all()
+    """Lists the valid specs; each broken file's error goes to stderr (in the JSON under "errors").
+    Returns EXIT_CONFIG when any file is broken."""
+    found = load_specs()
     if args.json:
-        _print_json([{"name": s.name, "topic": s.source.topic, "tables": list(s.target.tables),
-                      "dead_letter_table": s.dead_letter_table, "mode": s.target.mode, "path": s.path}
-                     for s in specs.values()])
+        _print_json({
+            "pipelines": [{"name": s.name, "topic": s.source.topic, "tables": list(s.target.tables),
+                           "dead_letter_table": s.dead_letter_table, "mode": s.target.mode, "path": s.path}
+                          for s in found.specs.values()],
+            "errors": [{"path": e.path, "pipeline": found.declared[path], "field": e.field, "why": e.why,
+                        "message": str(e)} for path, e in found.errors.items()],
+        })
     else:
-        for s in specs.values():
+        for s in found.specs.values():
             print(f"{s.name:<16} {s.source.topic} -> {', '.join(s.qualified(t) for t in s.target.tables)} "
                   f"({s.target.mode}; dead letters {s.qualified(s.dead_letter_table)})")
-    return 0
+        _report_broken(found.errors)
+    return EXIT_CONFIG if found.errors else 0
 
 
-def _specs(name: str | None):
-    return [load_pipeline(name)] if name else list(load_all().values())
+def _report_broken(errors: dict[str, SpecError]) -> None:
+    """Print each broken spec file's error on stderr."""
+    for error in errors.values():
+        print(f"error: {error}", file=sys.stderr)
+
+
+def _specs(name: str | None) -> tuple[list[PipelineSpec], bool]:
+    """The named pipeline, or every valid one with the broken files reported on stderr; and whether
+    any file was broken."""
+    if name:
+        return [load_pipeline(name)], False
+    found = load_specs()
+    _report_broken(found.errors)
+    return list(found.specs.values()), bool(found.errors)
 
 
 def cmd_topics(args) -> int:
     from lakehouse import topics
 
-    created = topics.ensure_topics(_specs(args.pipeline))
+    specs, broken = _specs(args.pipeline)
+    created = topics.ensure_topics(specs)
     for topic in created:
         print(f"created topic {topic}")
     if not created:
         print("all topics exist")
-    return 0
+    return EXIT_CONFIG if broken else 0
 
 
 def cmd_produce(args) -> int:
@@ -168,40 +198,18 @@ def _ingest(job, args) -> int:
         if not receipts and not args.json:
             print("nothing to ingest: every table is at the end of the log")
     else:
-        interval = parse_duration(args.trigger_interval) if args.trigger_interval else None
-        job.run_continuous(interval, on_batch=show, max_batches=args.max_batches)
+        job.run_continuous(args.trigger_interval, on_batch=show, max_batches=args.max_batches)
         if not args.json:
             print("stopped after finishing the batch in flight")
     return 0
 
 
-def _env_port(name: str) -> int | None:
-    value = os.environ.get(name)
-    if not value:
-        return None
-    if not value.isdigit():
-        raise SystemExit(f"error: {name}={value!r} is not a port number")
-    return int(value)
-
-
-def _time_ms(text: str) -> int:
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return int(parsed.timestamp() * 1000)
-
-
 def cmd_replay(args) -> int:
     from lakehouse.ingest import IngestJob
-    from lakehouse.replay import Replay, ReplayError, parse_offset_ranges
+    from lakehouse.replay import Replay
 
     spec = load_pipeline(args.pipeline)
-    if args.into_table and args.dead_letters:
-        raise ReplayError("--into-table replays offsets or a time range, not dead letters")
-    ranges = parse_offset_ranges(args.offsets) if args.offsets else None
+    ranges = args.offsets
     replay = Replay(IngestJob(spec))
     if args.dead_letters:
         receipt = replay.dead_letters(args.error_kind)
@@ -221,7 +229,7 @@ def cmd_replay(args) -> int:
         f"{receipt.kind} of {receipt.records} records into {target}: {inserted} rows inserted",
         metrics={"records": receipt.records, "inserted": inserted,
                  "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds},
-        details={**receipt.to_json(), "target": target}), catalog=spec.catalog)
+        details={**receipt.to_json(), "target": target}), platform=replay.job.platform, catalog=spec.catalog)
     if args.json:
         _print_json(receipt.to_json())
     else:
@@ -235,12 +243,13 @@ def cmd_replay(args) -> int:
 def cmd_status(args) -> int:
     from lakehouse.status import pipeline_status, render
 
-    statuses = [pipeline_status(s) for s in _specs(args.pipeline)]
+    specs, broken = _specs(args.pipeline)
+    statuses = [pipeline_status(s) for s in specs]
     if args.json:
         _print_json(statuses if not args.pipeline else statuses[0])
     else:
         print(render(statuses))
-    return 0
+    return EXIT_CONFIG if broken else 0
 
 
 def cmd_maintain(args) -> int:
@@ -295,6 +304,133 @@ def cmd_airflow(args) -> int:
     return 0
 
 
+# --- argument types: each returns the parsed value or raises ArgumentTypeError (argparse: exit 2) ----------
+
+def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
+    """`text` as a decimal integer from `minimum` to `maximum`."""
+    digits = text[1:] if text.startswith("-") else text
+    if not digits.isascii() or not digits.isdigit():  # int() would also take " 5", "5_000" and other scripts' digits
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    value = int(text) if len(digits) <= 30 else None  # int() refuses more than 4300 digits
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"{minimum} or more"
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: use {bounds}")
+    return value
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argument type: an integer of at least `minimum`."""
+    return lambda text: _integer(text, minimum)
+
+
+def _seed(text: str) -> int:
+    return _integer(text, -(2 ** 63), 2 ** 63 - 1)
+
+
+def _port(text: str) -> int:
+    return _integer(text, 1, 65535)
+
+
+def _float(text: str, minimum: float, maximum: float = math.inf, *, open_minimum: bool = False) -> float:
+    """`text` as a finite float from `minimum` (excluded when `open_minimum`) to `maximum`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < minimum or (open_minimum and value == minimum) or value > maximum:
+        low = f"above {minimum:g}" if open_minimum else f"from {minimum:g}"
+        high = f" to {maximum:g}" if math.isfinite(maximum) else ""
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: use a finite number {low}{high}")
+    return value
+
+
+def _rate(text: str) -> float:
+    return _float(text, 0.0, open_minimum=True)
+
+
+def _ratio(text: str) -> float:
+    return _float(text, 0.0, 1.0)
+
+
+def _trigger_interval(text: str) -> float:
+    """Seconds of a trigger interval: above 0 and at most the spec's cap for trigger.interval."""
+    try:
+        return parse_duration(text, positive=True, maximum=DURATION_CAPS_S["trigger.interval"])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _pipeline_name(text: str) -> str:
+    if not IDENTIFIER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pipeline name (lower_snake_case, e.g. orders)")
+    return text
+
+
+def _table_name(text: str) -> str:
+    if not is_table_name(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a table name: use namespace.table in lower case, "
+                                         f"e.g. raw.orders_rebuilt")
+    return text
+
+
+def _offsets(text: str) -> dict[int, tuple[int, int]]:
+    """Per-partition offset ranges, as lakehouse.replay.parse_offset_ranges reads them."""
+    from lakehouse.replay import ReplayError, parse_offset_ranges  # imports Spark's Python side: only when used
+
+    try:
+        return parse_offset_ranges(text)
+    except ReplayError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _error_kind(text: str) -> str:
+    from lakehouse.records import ERROR_KINDS
+
+    if text not in ERROR_KINDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an error kind (one of {', '.join(ERROR_KINDS)})")
+    return text
+
+
+def _time_ms(text: str) -> int:
+    """Milliseconds since the epoch of an ISO-8601 time (UTC when it has no offset)."""
+    try:
+        parsed = datetime.fromisoformat(text)
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        return int(parsed.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time, e.g. 2026-11-21T10:00:00Z") from None
+
+
+def _check_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Checks that span arguments (and LAKEHOUSE_METRICS_PORT); a failure exits 2 with the message."""
+    def fail(message: str) -> None:
+        parser.exit(EXIT_CONFIG, f"{parser.prog} {args.command}: error: {message}\n")
+
+    if args.command == "replay":
+        if args.to_time is not None and args.from_time is None:
+            fail("argument --to-time: needs --from-time")
+        if args.from_time is not None and args.to_time is not None and args.from_time >= args.to_time:
+            fail("argument --to-time: must be later than --from-time")
+        if args.into_table and args.dead_letters:
+            fail("argument --into-table: replays offsets or a time range, not --dead-letters")
+        if args.error_kind and not args.dead_letters:
+            fail("argument --error-kind: only applies with --dead-letters")
+    if args.command == "ingest" and args.metrics_port is None and os.environ.get("LAKEHOUSE_METRICS_PORT"):
+        try:
+            args.metrics_port = _port(os.environ["LAKEHOUSE_METRICS_PORT"])
+        except argparse.ArgumentTypeError as exc:
+            fail(f"LAKEHOUSE_METRICS_PORT: {exc}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line, every value checked; exits 2 naming the first bad argument."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_together(parser, args)
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakehouse", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -303,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stack", help="start, stop or inspect the embedded stack")
     p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--port", type=int, help="broker port for `up` (default 19092 or LAKEHOUSE_BROKER_PORT)")
+    p.add_argument("--port", type=_port, help="broker port for `up` (default 19092 or LAKEHOUSE_BROKER_PORT)")
     p.add_argument("--auth", choices=("none", "scram-sha-512", "scram", "scram-sha-256"),
                    help="with `up`: clients log in with SASL/SCRAM as user `lakehouse` (generated password in "
                         "<home>/security/kafka.password) (default none or LAKEHOUSE_BROKER_AUTH)")
@@ -313,8 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge", action="store_true", help="with `down`: also delete the catalog and warehouse")
     p.add_argument("--spark-cluster", action="store_true",
                    help="with `up`: also start a Spark standalone master and worker; jobs of this home run on it")
-    p.add_argument("--spark-port", type=int, help="Spark master port (default 7077)")
-    p.add_argument("--spark-ui-port", type=int, help="Spark master web UI port (default 8081; the worker's is +1)")
+    p.add_argument("--spark-port", type=_port, help="Spark master port (default 7077)")
+    p.add_argument("--spark-ui-port", type=_port,
+                   help="Spark master web UI port (default 8081; the worker's is +1)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_stack)
 
@@ -323,40 +460,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_pipelines)
 
     p = sub.add_parser("topics", help="create the source topics of the pipelines")
-    p.add_argument("--pipeline")
+    p.add_argument("--pipeline", type=_pipeline_name)
     p.set_defaults(fn=cmd_topics)
 
     p = sub.add_parser("produce", help="produce synthetic records for a pipeline")
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--count", type=int, required=True)
-    p.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
-    p.add_argument("--bad-ratio", type=float, default=0.0, help="share of malformed or invalid records")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--count", type=_at_least(0), required=True)
+    p.add_argument("--rate", type=_rate, help="records per second (default: as fast as possible)")
+    p.add_argument("--bad-ratio", type=_ratio, default=0.0, help="share of malformed or invalid records, 0 to 1")
+    p.add_argument("--seed", type=_seed)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_produce)
 
     p = sub.add_parser("ingest", help="ingest a pipeline's topic into its tables")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="catch up to the end of every partition and exit")
-    mode.add_argument("--trigger-interval", help="continuous mode: one batch per interval (default: spec)")
-    p.add_argument("--max-batches", type=int, help="continuous mode: stop after this many batches")
+    mode.add_argument("--trigger-interval", type=_trigger_interval,
+                      help="continuous mode: one batch per interval, above 0 and at most 1d (default: spec)")
+    p.add_argument("--max-batches", type=_at_least(1), help="continuous mode: stop after this many batches")
     p.add_argument("--accept-gap", action="store_true",
                    help="continue past records that aged out of Kafka, recording the gap in the table")
     p.add_argument("--json", action="store_true", help="one JSON receipt per batch")
-    p.add_argument("--metrics-port", type=int, default=_env_port("LAKEHOUSE_METRICS_PORT"),
+    p.add_argument("--metrics-port", type=_port,
                    help="continuous mode: serve Prometheus /metrics on 127.0.0.1:PORT (env LAKEHOUSE_METRICS_PORT)")
     p.set_defaults(fn=cmd_ingest)
 
     p = sub.add_parser("replay", help="re-ingest offsets, a time range, or dead letters (idempotent)")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--offsets", help="PARTITION:START-END[,...], end exclusive, e.g. 0:100-200,1:0-50")
+    what.add_argument("--offsets", type=_offsets,
+                      help="PARTITION:START-END[,...], end exclusive, e.g. 0:100-200,1:0-50")
     what.add_argument("--from-time", type=_time_ms, help="ISO-8601 start of a time range (Kafka timestamps)")
     what.add_argument("--dead-letters", action="store_true", help="decode dead letters again with the contract")
     p.add_argument("--to-time", type=_time_ms, help="ISO-8601 end of the time range (default: now)")
-    p.add_argument("--error-kind", help="with --dead-letters: only this error kind")
-    p.add_argument("--into-table", help="write the range's valid records into this namespace.table instead of "
+    p.add_argument("--error-kind", type=_error_kind, help="with --dead-letters: only this error kind")
+    p.add_argument("--into-table", type=_table_name, help="write the range's valid records into this namespace.table instead of "
                                         "the pipeline's tables (created from the contract if missing)")
     p.add_argument("--backfill", action="store_true",
                    help="record the run as a `backfill` event on the ops timeline (default: a `replay` event)")
@@ -364,53 +503,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_replay)
 
     p = sub.add_parser("status", help="lag, recovery points and counts per pipeline")
-    p.add_argument("--pipeline")
+    p.add_argument("--pipeline", type=_pipeline_name)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_status)
 
     p = sub.add_parser("airflow", help="start, stop or inspect Airflow for the embedded stack")
     p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--port", type=int, help="API server port for `up` (default 8080 or LAKEHOUSE_AIRFLOW_PORT)")
+    p.add_argument("--port", type=_port, help="API server port for `up` (default 8080 or LAKEHOUSE_AIRFLOW_PORT)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_airflow)
 
     p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots and remove orphan files")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--run-id", help="tag for this run's `maintenance` events (default: random)")
     p.add_argument("--json", action="store_true", help="the receipt as one JSON line")
     p.set_defaults(fn=cmd_maintain)
 
     p = sub.add_parser("retention", help="check Kafka retention covers lag, outages and the replay window; "
                                          "apply data retention")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_retention)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    from lakehouse.airflow_stack import AirflowStackError
-    from lakehouse.kafka_source import SourceError
-    from lakehouse.replay import ReplayError
-    from lakehouse.spark_cluster import SparkClusterError
-    from lakehouse.supervision import JobAlreadyRunningError
-    from lakehouse.tables import SchemaIncompatibleError
-
     try:
         return args.fn(args)
-    except (SpecError, UnknownPipelineError, config.ConfigError, ReplayError, SchemaIncompatibleError) as exc:
+    except errors.LakehouseError as exc:  # every error raised on purpose knows its exit code
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except (AirflowStackError, JobAlreadyRunningError, SparkClusterError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    except SourceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_SOURCE
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - the CLI's last word: say what failed, not a traceback wall

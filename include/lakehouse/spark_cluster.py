@@ -34,6 +34,7 @@ from pathlib import Path
 
 from lakehouse import config
 from lakehouse.airflow_stack import port_free
+from lakehouse.errors import LakehouseError
 from lakehouse.stack import pid_alive
 
 STATE_FILE = "spark-cluster.json"
@@ -47,7 +48,7 @@ MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 
-class SparkClusterError(RuntimeError):
+class SparkClusterError(LakehouseError, RuntimeError):
     """The standalone cluster cannot be started, reached or stopped; the message says what to do."""
 
 

@@ -49,6 +49,7 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 from lakehouse import config
+from lakehouse.errors import LakehouseError
 
 CATALOG_NAME = "lake"
 STATE_FILE = "stack.json"
@@ -73,7 +74,7 @@ _children: dict[int, subprocess.Popen] = {}
 logging.getLogger("lakehouse.kafka").addHandler(logging.NullHandler())
 
 
-class StackError(RuntimeError):
+class StackError(LakehouseError, RuntimeError):
     """The embedded stack cannot be started, reached or stopped; the message says what to do."""
 
 
@@ -393,11 +394,10 @@ def _prepare_storage(platform: config.PlatformConfig) -> None:
     if platform.catalog_uri.startswith("sqlite:///"):
         Path(platform.catalog_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     try:
-        from pyiceberg.catalog.sql import SqlCatalog
+        from lakehouse.offsets import open_catalog
 
         # pyiceberg creates the JDBC catalog tables (the V1 schema Spark's JdbcCatalog also reads)
-        catalog = SqlCatalog(CATALOG_NAME, uri=platform.catalog_uri, warehouse=platform.warehouse)
-        catalog.engine.dispose()
+        open_catalog(platform, CATALOG_NAME).engine.dispose()
     except Exception as exc:  # sqlalchemy and driver errors have no common base worth naming
         raise StackError(f"cannot initialise the Iceberg catalog at {config.redact(platform.catalog_uri)}: "
                          f"{exc}") from exc

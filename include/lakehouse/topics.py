@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from lakehouse import config, kafka_security
+from lakehouse.errors import LakehouseError
 from lakehouse.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 INTERNAL_PREFIX = "__"
 
 
-class TopicError(RuntimeError):
+class TopicError(LakehouseError, RuntimeError):
     """Kafka refused or could not answer a topic operation; the message says which and why."""
 
 

@@ -1,0 +1,125 @@
+"""Every CLI argument is checked while parsing: a bad one exits 2 naming it, before anything is created.
+
+The CLI runs in-process (`lakehouse.cli.main`) with LAKEHOUSE_HOME in an empty folder: after a refused
+command the folder is still empty (no catalog, no broker state) and no Spark session was started.
+"""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lakehouse import cli
+
+ORDERS = Path(__file__).resolve().parents[1] / "include" / "pipelines" / "orders.yaml"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """An empty LAKEHOUSE_HOME; the shipped specs; no metrics port from the environment."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
+    monkeypatch.delenv("LAKEHOUSE_PIPELINES_DIR", raising=False)
+    monkeypatch.delenv("LAKEHOUSE_METRICS_PORT", raising=False)
+    return home
+
+
+def refused(argv: list[str], capsys) -> str:
+    """The error message of `lakehouse ARGV`, which must exit 2."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ingest", "--pipeline", "orders", "--trigger-interval", "0s"], "argument --trigger-interval: '0s' must be longer"),
+    (["ingest", "--pipeline", "orders", "--trigger-interval", "2d"], "argument --trigger-interval: '2d' is longer than 1d"),
+    (["ingest", "--pipeline", "orders", "--trigger-interval", "nan"], "argument --trigger-interval: 'nan' is not a"),
+    (["ingest", "--pipeline", "orders", "--trigger-interval", "5s\n"], "argument --trigger-interval"),
+    (["ingest", "--pipeline", "orders", "--max-batches", "0"], "argument --max-batches: '0' is out of range"),
+    (["ingest", "--pipeline", "orders", "--metrics-port", "70000"], "argument --metrics-port: '70000' is out of range"),
+    (["ingest", "--pipeline", "orders\n", "--once"], "argument --pipeline: 'orders\\n' is not a pipeline name"),
+    (["ingest", "--pipeline", "Orders", "--once"], "argument --pipeline: 'Orders' is not a pipeline name"),
+    (["produce", "--pipeline", "orders", "--count", "-1"], "argument --count: '-1' is out of range"),
+    (["produce", "--pipeline", "orders", "--count", "1e3"], "argument --count: '1e3' is not an integer"),
+    (["produce", "--pipeline", "orders", "--count", "5", "--rate", "0"], "argument --rate: '0' is out of range"),
+    (["produce", "--pipeline", "orders", "--count", "5", "--rate", "inf"], "argument --rate: 'inf' is out of range"),
+    (["produce", "--pipeline", "orders", "--count", "5", "--bad-ratio", "1.5"], "argument --bad-ratio: '1.5'"),
+    (["produce", "--pipeline", "orders", "--count", "5", "--bad-ratio", "nan"], "argument --bad-ratio: 'nan'"),
+    (["replay", "--pipeline", "orders", "--offsets", "0:200-100"], "argument --offsets: offset range '0:200-100'"),
+    (["replay", "--pipeline", "orders", "--offsets", ""], "argument --offsets: no offset ranges given"),
+    (["replay", "--pipeline", "orders", "--offsets", "0:1-2", "--into-table", "raw.orders\n"],
+     "argument --into-table: 'raw.orders\\n' is not a table name"),
+    (["replay", "--pipeline", "orders", "--offsets", "0:1-2", "--into-table", "raw.x; drop table raw.orders"],
+     "argument --into-table"),
+    (["replay", "--pipeline", "orders", "--from-time", "yesterday"], "argument --from-time: 'yesterday' is not"),
+    (["replay", "--pipeline", "orders", "--from-time", "2026-11-21T10:00:00Z", "--to-time", "2026-11-21T09:00:00Z"],
+     "argument --to-time: must be later than --from-time"),
+    (["replay", "--pipeline", "orders", "--offsets", "0:1-2", "--to-time", "2026-11-21T09:00:00Z"],
+     "argument --to-time: needs --from-time"),
+    (["replay", "--pipeline", "orders", "--dead-letters", "--error-kind", "gremlins"],
+     "argument --error-kind: 'gremlins' is not an error kind"),
+    (["replay", "--pipeline", "orders", "--offsets", "0:1-2", "--error-kind", "bad_enum"],
+     "argument --error-kind: only applies with --dead-letters"),
+    (["replay", "--pipeline", "orders", "--dead-letters", "--into-table", "raw.x"],
+     "argument --into-table: replays offsets or a time range"),
+    (["stack", "up", "--port", "0"], "argument --port: '0' is out of range"),
+    (["stack", "up", "--spark-port", "65536"], "argument --spark-port: '65536' is out of range"),
+    (["stack", "up", "--spark-ui-port", "http"], "argument --spark-ui-port: 'http' is not an integer"),
+    (["airflow", "up", "--port", "-8080"], "argument --port: '-8080' is out of range"),
+    (["status", "--pipeline", "raw.orders"], "argument --pipeline: 'raw.orders' is not a pipeline name"),
+])
+def test_a_bad_argument_exits_2_naming_it_and_creates_nothing(home, capsys, argv, message):
+    from pyspark import SparkContext
+
+    assert message in refused(argv, capsys)
+    assert list(home.iterdir()) == []
+    assert SparkContext._active_spark_context is None
+
+
+def test_a_bad_metrics_port_in_the_environment_is_refused_by_ingest_only(home, capsys, monkeypatch):
+    monkeypatch.setenv("LAKEHOUSE_METRICS_PORT", "abc")
+    assert "LAKEHOUSE_METRICS_PORT: 'abc' is not an integer" in refused(
+        ["ingest", "--pipeline", "orders", "--trigger-interval", "1s"], capsys)
+    assert cli.main(["pipelines"]) == 0
+    assert list(home.iterdir()) == []
+
+
+def test_good_arguments_arrive_parsed(monkeypatch):
+    monkeypatch.setenv("LAKEHOUSE_METRICS_PORT", "9108")
+    ingest = cli.parse_args(["ingest", "--pipeline", "orders", "--trigger-interval", "500ms", "--max-batches", "3"])
+    assert (ingest.trigger_interval, ingest.max_batches, ingest.metrics_port) == (0.5, 3, 9108)
+    replay = cli.parse_args(["replay", "--pipeline", "orders", "--offsets", "0:100-200,2:0-50",
+                             "--into-table", "raw.orders_rebuilt"])
+    assert (replay.offsets, replay.into_table) == ({0: (100, 200), 2: (0, 50)}, "raw.orders_rebuilt")
+    window = cli.parse_args(["replay", "--pipeline", "orders", "--from-time", "2026-11-21T10:00:00Z",
+                             "--to-time", "2026-11-21T10:00:01+00:00"])
+    assert window.to_time - window.from_time == 1000
+    produce = cli.parse_args(["produce", "--pipeline", "orders", "--count", "0", "--rate", "0.5",
+                              "--bad-ratio", "1", "--seed", "-7"])
+    assert (produce.count, produce.rate, produce.bad_ratio, produce.seed) == (0, 0.5, 1.0, -7)
+
+
+def test_pipelines_lists_the_valid_specs_reports_broken_files_and_exits_2(home, tmp_path, capsys, monkeypatch):
+    specs = tmp_path / "pipelines"
+    specs.mkdir()
+    (specs / "orders.yaml").write_text(ORDERS.read_text())
+    (specs / "broken.yaml").write_text(ORDERS.read_text().replace("mode: append", "mode: sideways")
+                                       .replace("name: orders", "name: broken"))
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(specs))
+
+    assert cli.main(["pipelines"]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("orders ") and "broken" not in out
+    assert err == f"error: {specs / 'broken.yaml'}: target.mode: 'sideways' is not one of append, upsert\n"
+
+    assert cli.main(["pipelines", "--json"]) == 2
+    listed = yaml.safe_load(capsys.readouterr().out)
+    assert [p["name"] for p in listed["pipelines"]] == ["orders"]
+    assert [(e["pipeline"], e["field"]) for e in listed["errors"]] == [("broken", "target.mode")]
+
+    (specs / "broken.yaml").unlink()
+    assert cli.main(["pipelines"]) == 0
+    assert list(home.iterdir()) == []
