@@ -114,8 +114,9 @@ def produce_round(producer: Producer, topic: str, source: Iterator[produce.Synth
             rec = next(source)
             while True:
                 try:
+                    stamped = {} if rec.timestamp is None else {"timestamp": rec.timestamp}
                     producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, partition=p,
-                                     on_delivery=acks)
+                                     on_delivery=acks, **stamped)
                     break
                 except BufferError:
                     producer.poll(0.05)

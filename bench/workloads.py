@@ -123,13 +123,14 @@ def load_topic(spec: PipelineSpec, platform: config.PlatformConfig,
 
 def _send(producer: Producer, topic: str, rec: produce.SyntheticRecord, counter: _DeliveryCounter,
           timestamp_ms: int | None = None) -> None:
+    """Send `rec` stamped `timestamp_ms` (default: the producer's clock), unless the record brings its
+    own Kafka timestamp (a `bad_kafka_timestamp` defect)."""
+    stamp = rec.timestamp if rec.timestamp is not None else timestamp_ms
+    stamped = {} if stamp is None else {"timestamp": stamp}
     while True:
         try:
-            if timestamp_ms is None:
-                producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, on_delivery=counter)
-            else:
-                producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, on_delivery=counter,
-                                 timestamp=timestamp_ms)
+            producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, on_delivery=counter,
+                             **stamped)
             return
         except BufferError:  # local queue full: serve delivery reports until there is room
             producer.poll(0.05)
@@ -475,12 +476,9 @@ def paced_phase(producer: Producer, topic: str, source: Iterator[produce.Synthet
 
 def ingest_snapshots(table, pipeline: str) -> list[stats.Snapshot]:
     """The table's ingest commits of `pipeline`: commit time and offset ranges from the summaries."""
-    out = []
-    for snap in table.snapshots():
-        props = offsets.summary_properties(snap)
-        if props.get(offsets.K_PIPELINE) == pipeline and props.get(offsets.K_KIND) == "ingest":
-            out.append(stats.Snapshot(snap.timestamp_ms, offsets.decode_ranges(props.get(offsets.K_RANGES))))
-    return out
+    return [stats.Snapshot(snap.timestamp_ms,
+                           offsets.decode_ranges(offsets.summary_properties(snap).get(offsets.K_RANGES)))
+            for snap in offsets.ingest_commits(table, pipeline)]
 
 
 def coordinates(table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,8 +17,9 @@ from confluent_kafka import KafkaError
 
 from lakehouse import produce as producer_module
 from lakehouse import topics
+from lakehouse.kafka_source import MAX_KAFKA_TIMESTAMP_MS, BatchBuilder
 from lakehouse.produce import BAD_KINDS, ProduceError, RateLimiter, produce, synthesize
-from lakehouse.records import ERROR_KINDS, RecordValidator, Rejected
+from lakehouse.records import ERROR_KINDS, RecordValidator
 
 FIXED_NOW = datetime(2026, 11, 21, 10, 0, 0, 123000, tzinfo=timezone.utc)
 
@@ -117,6 +118,17 @@ def test_defects_are_real_on_the_wire(sent):
         assert not conforms(spec.contract.field("event_time"), json.loads(m.value())["event_time"])
     for m in by_kind["out_of_range"]:
         assert json.loads(m.value())["amount"] < 0  # the only bounded field: amount, min 0
+    for m in by_kind["bad_string"]:  # JSON text whose escapes decode to a lone surrogate
+        assert m.value().isascii()
+        assert any(isinstance(v, str) and re.search("[\ud800-\udfff]", v) for v in json.loads(m.value()).values())
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    first, last = (moment.replace(tzinfo=timezone.utc) - epoch for moment in (datetime.min, datetime.max))
+    for m in by_kind["timestamp_out_of_range"]:  # ISO-8601 with an offset, in year 0 or 10000 once in UTC
+        moment = datetime.fromisoformat(json.loads(m.value())["event_time"])
+        assert moment.utcoffset() is not None and not first <= moment - epoch <= last
+    for m in by_kind["bad_kafka_timestamp"]:  # the broker keeps the timestamp as sent
+        assert m.timestamp()[1] > MAX_KAFKA_TIMESTAMP_MS
+        assert conforms(spec.contract.field("event_time"), json.loads(m.value())["event_time"])
 
 
 def test_valid_records_keep_the_contract_and_are_keyed_by_the_key_field(sent):
@@ -189,21 +201,19 @@ def test_a_failed_delivery_fails_the_run_loudly(platform, orders_topic, monkeypa
 
 # ---------------------------------------------------------------------------- without a broker
 
-def verdict(validator: RecordValidator, record) -> str | None:
-    """The dead-letter kind the decoder gives `record`, or None when it is accepted."""
-    try:
-        validator.check(validator.check_key(record.key), record.value)
-    except Rejected as rejected:
-        return rejected.kind
-    return None
+def verdicts(spec, records) -> list[str | None]:
+    """The dead-letter kind the reader gives each record (Kafka timestamp included), None when accepted."""
+    builder = BatchBuilder(spec, RecordValidator(spec), ingested_at_us=0)
+    for offset, record in enumerate(records):
+        builder.add(spec.source.topic, 0, offset, record.timestamp, record.key, record.value, record.headers)
+    return builder.flush().column("_dlq_error_kind").to_pylist()
 
 
-def test_the_decoder_rejects_each_defect_as_its_kind_and_accepts_the_rest(make_spec):
+def test_the_reader_rejects_each_defect_as_its_kind_and_accepts_the_rest(make_spec):
     spec = make_spec()
-    validator = RecordValidator(spec)
     assert set(BAD_KINDS) <= set(ERROR_KINDS)
-    for record in synthesize(spec, 3_000, bad_ratio=0.3, seed=7):
-        assert verdict(validator, record) == record.kind, record
+    records = list(synthesize(spec, 3_000, bad_ratio=0.3, seed=7))
+    assert verdicts(spec, records) == [r.kind for r in records]
 
 
 def test_any_contract_is_generated_within_its_rules(make_spec):
@@ -222,7 +232,6 @@ def test_any_contract_is_generated_within_its_rules(make_spec):
         ],
         key={"field": "sku"}, partition_by=None,
     )
-    validator = RecordValidator(spec)
     records = list(synthesize(spec, 2_000, bad_ratio=0.25, seed=3))
     kinds = Counter(r.kind for r in records if r.kind)
     assert set(kinds) == set(BAD_KINDS)  # pattern, range, enum, timestamp and key rules all exist here
@@ -231,7 +240,7 @@ def test_any_contract_is_generated_within_its_rules(make_spec):
             value = json.loads(record.value)
             assert all(conforms(f, value.get(f.name)) for f in spec.contract.fields), value
             assert record.key == value["sku"].encode()
-        assert verdict(validator, record) == record.kind, record
+    assert verdicts(spec, records) == [r.kind for r in records]
 
 
 def test_kinds_a_spec_cannot_express_are_not_sent(make_spec):
@@ -245,7 +254,8 @@ def test_kinds_a_spec_cannot_express_are_not_sent(make_spec):
     kinds = Counter(r.kind for r in synthesize(spec, 1_000, bad_ratio=0.5, seed=5) if r.kind)
     # no key requirement: no null_key; an upsert keyed on the record key reads a tombstone as a delete;
     # no enum, range, pattern or timestamp; 1 MiB values are the broker's own limit
-    assert set(kinds) == {"malformed_json", "not_utf8", "not_an_object", "missing_required", "wrong_type"}
+    assert set(kinds) == {"malformed_json", "not_utf8", "not_an_object", "missing_required", "wrong_type",
+                          "bad_string", "bad_kafka_timestamp"}
 
 
 def test_a_seed_reproduces_the_same_records(make_spec):

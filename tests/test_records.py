@@ -1,7 +1,7 @@
 """Every way a record can be wrong maps to a specific dead-letter reason; valid records are typed."""
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -69,6 +69,12 @@ def test_integers_are_accepted_for_doubles_and_z_for_utc(orders):
     (with_(event_time="yesterday"), b"ord-1", "bad_timestamp", "not ISO-8601"),
     (with_(event_time="2026-11-21T10:00:00"), b"ord-1", "bad_timestamp", "no UTC offset"),
     (with_(event_time=1763719200000), b"ord-1", "bad_timestamp", "must be an ISO-8601 string"),
+    (with_(event_time="2016-12-31T23:59:60Z"), b"ord-1", "bad_timestamp", "not ISO-8601"),  # a leap second
+    (with_(event_time="9999-12-31T23:30:00-01:00"), b"ord-1", "timestamp_out_of_range",
+     "outside 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z in UTC"),
+    (with_(event_time="0001-01-01T00:30:00+01:00"), b"ord-1", "timestamp_out_of_range", "outside"),
+    (with_(customer_id="c-\ud800"), b"ord-1", "bad_string", "customer_id holds a lone surrogate '\\ud800'"),
+    (with_(status="paid\udc00"), b"ord-1", "bad_string", "status holds a lone surrogate"),
     (b"{" + b'"pad": "' + b"x" * 70000 + b'"}', b"ord-1", "oversize", "at most 65536"),
     (None, b"ord-1", "null_value", "tombstone"),
     (with_(), None, "null_key", "requires one"),
@@ -92,6 +98,14 @@ def test_deep_nesting_within_the_size_limit_is_malformed_not_a_crash():
     with pytest.raises(Rejected) as info:
         check(roomy, b'{"a":' * 200_000 + b"1" + b"}" * 200_000)
     assert info.value.kind == "malformed_json"
+
+
+def test_the_first_and_last_representable_instants_are_kept(orders):
+    first = check(orders, with_(event_time="0001-01-01T00:00:00-23:59"))["event_time"]
+    last = check(orders, with_(event_time="9999-12-31T23:59:59.999999+00:00"))["event_time"]
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert epoch + timedelta(microseconds=first) == datetime(1, 1, 1, 23, 59, tzinfo=timezone.utc)
+    assert epoch + timedelta(microseconds=last) == datetime.max.replace(tzinfo=timezone.utc)
 
 
 def test_unknown_fields_are_ignored(orders):

@@ -4,8 +4,10 @@ at a named point, once.
 
 Points: during_read, after_files, after_table_commit, before_group_commit, task_failure,
 concurrent_commit, executor_lost (on a cluster: the task's executor JVM is killed half way
-through its offset range, as the OOM killer or a lost node would). Markers under `<LAKEHOUSE_HOME>/faults/<pipeline>` make each fire once,
-so the retry or the rerun that follows can succeed.
+through its offset range, as the OOM killer or a lost node would), record_crash (the reader
+raises on the record half way through every range it decodes, on every attempt, as a bug
+triggered by one record would). Markers under `<LAKEHOUSE_HOME>/faults/<pipeline>` make
+each other point fire once, so the retry or the rerun that follows can succeed.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit", "task_failure",
-          "concurrent_commit", "executor_lost")
-TASK_POINTS = ("during_read", "task_failure", "executor_lost")  # reached inside Spark tasks
-# Task points that fire where another one is reached: the executor dies half way through a range.
-_SITE = {"executor_lost": "during_read"}
+          "concurrent_commit", "executor_lost", "record_crash")
+TASK_POINTS = ("during_read", "task_failure", "executor_lost", "record_crash")  # reached inside Spark tasks
+# Task points that fire where another one is reached: half way through a range.
+_SITE = {"executor_lost": "during_read", "record_crash": "during_read"}
 EXECUTOR_CLASS = b"org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 
@@ -67,7 +69,11 @@ class TaskFault:
         self.point, self.markers, self.driver_pid = point, str(markers), driver_pid
 
     def __call__(self, site: str) -> None:
-        if site != _SITE.get(self.point, self.point) or not _fire_once(Path(self.markers), self.point):
+        if site != _SITE.get(self.point, self.point):
+            return
+        if self.point == "record_crash":  # every time: only dead-lettering the record gets past it
+            raise RuntimeError("injected reader crash on this record (LAKEHOUSE_FAULT=record_crash)")
+        if not _fire_once(Path(self.markers), self.point):
             return
         if self.point == "task_failure":
             raise RuntimeError("injected task failure (LAKEHOUSE_FAULT=task_failure)")

@@ -12,6 +12,10 @@ express: no `bad_enum` without an enum field, no `null_key` when keys are
 optional, ...). The kind names are the decoder's `error_kind` values, so a test
 can compare what was sent with what was dead-lettered. Each broken record also
 carries a `fault` header naming its kind, to make a dead letter self-explaining.
+Some defects are hostile to the reader rather than the contract: a string that is
+not Unicode, an event time no datetime holds, a Kafka timestamp past year 9999.
+(A header key that is not UTF-8 cannot be among them: confluent-kafka's producer
+sends `str(key)` for a bytes key, and crashes on a str key with a lone surrogate.)
 
 `synthesize(...)` yields the same records without Kafka, for unit tests.
 """
@@ -56,12 +60,19 @@ BAD_KINDS = (
     "oversize",          # a value larger than source.max_value_bytes
     "null_value",        # a tombstone (value None)
     "null_key",          # no key although the spec requires one
+    "bad_string",        # a string cut inside a surrogate pair, sent as the JSON escape "Zo\ud83d"
+    "timestamp_out_of_range",  # ISO-8601, but year 0 or 10000 in UTC: "0001-01-01T00:00:00+02:00"
+    "bad_kafka_timestamp",     # a valid value sent with a Kafka timestamp in microseconds, not millis
 )
 FAULT_HEADER = "fault"
 SOURCE_HEADER = ("source", b"lakehouse-produce")
 # librdkafka refuses to send a message above its message.max.bytes (1,000,000 by default) and
 # Apache Kafka topics refuse ~1 MiB; an oversize record must still reach the topic to be tested.
 _MAX_SENDABLE_BYTES = 1_000_000
+# Event times that parse but fall outside 0001-01-01..9999-12-31 in UTC: .NET's DateTime.MinValue
+# and MaxValue written with a local offset, as services with unset clocks or "never" markers do.
+_UNREPRESENTABLE_TIMES = ("0001-01-01T00:00:00+02:00", "0001-01-01T00:30:00+01:00",
+                          "9999-12-31T23:59:59-05:00", "9999-12-31T23:30:00-01:00")
 
 CURRENCIES = (("EUR", 40), ("USD", 30), ("GBP", 12), ("JPY", 8), ("CHF", 5), ("SEK", 5))
 COUNTRIES = (("DE", 20), ("FR", 14), ("NL", 10), ("GB", 14), ("US", 18), ("SE", 6), ("ES", 8), ("IT", 6),
@@ -116,6 +127,7 @@ class SyntheticRecord:
     value: bytes | None
     headers: list[tuple[str, bytes]]
     kind: str | None = None  # the defect, None for a valid record
+    timestamp: int | None = None  # the Kafka timestamp (ms) to send; None: the producer's clock
 
 
 # ---------------------------------------------------------------------------- rate limiting
@@ -559,15 +571,17 @@ class RecordFactory:
         elif kind == "pattern_mismatch":
             found = [f for f in fields if f.type == "string" and f.pattern and not f.enum
                      and self._pattern_breaker(f, Random(0)) is not None]
-        elif kind == "bad_timestamp":
+        elif kind == "bad_timestamp" or kind == "timestamp_out_of_range":
             found = [f for f in fields if f.type == "timestamp"]
+        elif kind == "bad_string":
+            found = [f for f in fields if f.type == "string"]
         else:
             return []
         return _prefer_non_key(found, self.key_field) if found else []
 
     def _applicable(self, kind: str) -> bool:
         src = self.spec.source
-        if kind in ("malformed_json", "not_utf8", "not_an_object"):
+        if kind in ("malformed_json", "not_utf8", "not_an_object", "bad_kafka_timestamp"):
             return True
         if kind == "oversize":
             return src.max_value_bytes + 1024 < _MAX_SENDABLE_BYTES
@@ -579,8 +593,21 @@ class RecordFactory:
             return src.key_required
         return bool(self._candidates(kind))
 
-    def bad(self, kind: str) -> tuple[bytes | None, bytes | None]:
-        """Key and value of a record that is valid except for the one defect `kind`."""
+    def bad(self, kind: str) -> tuple[bytes | None, bytes | None, int | None]:
+        """Key, value and Kafka timestamp (None: the producer's clock) of a record that is valid
+        except for the one defect `kind`."""
+        if kind == "bad_kafka_timestamp":
+            record = self.valid()
+            return self.key_of(record), _dumps(record).encode("utf-8"), self._kafka_timestamp()
+        return (*self._bad_value(kind), None)
+
+    def _kafka_timestamp(self) -> int:
+        """A timestamp past what a batch can carry (year 9999), as clients with the unit wrong send."""
+        seconds = self.now().timestamp()
+        return self.rng.choice([int(seconds * 1_000_000), int(seconds * 1_000_000_000), 2**63 - 1])
+
+    def _bad_value(self, kind: str) -> tuple[bytes | None, bytes | None]:
+        """Key and value of a record whose value breaks the contract in the one way `kind`."""
         rng = self.rng
         record = self.valid()
         key = self.key_of(record)
@@ -625,6 +652,14 @@ class RecordFactory:
             record[f.name] = self._out_of_range(f)
         elif kind == "pattern_mismatch":
             record[f.name] = self._pattern_breaker(f, rng)
+        elif kind == "bad_string":
+            # a UTF-16 client cut the text inside an emoji; json escapes the surrogate left behind
+            current = record.get(f.name)
+            text = current if isinstance(current, str) and current else "Zoë"
+            record[f.name] = text[:max(1, len(text) // 2)] + "\ud83d"
+            return key, json.dumps(record, separators=(",", ":")).encode("ascii")
+        elif kind == "timestamp_out_of_range":
+            record[f.name] = rng.choice(_UNREPRESENTABLE_TIMES)
         elif kind == "bad_timestamp":
             moment = self.now() - timedelta(seconds=rng.uniform(0, 3600))
             record[f.name] = rng.choice([
@@ -698,8 +733,8 @@ def _records(factory: RecordFactory, rng: Random, count: int, bad_ratio: float) 
         if bad_ratio and rng.random() < bad_ratio:
             kind = factory.kinds[turn % len(factory.kinds)]
             turn += 1
-            key, value = factory.bad(kind)
-            yield SyntheticRecord(key, value, headers + [(FAULT_HEADER, kind.encode())], kind)
+            key, value, timestamp = factory.bad(kind)
+            yield SyntheticRecord(key, value, headers + [(FAULT_HEADER, kind.encode())], kind, timestamp)
         else:
             record = factory.valid()
             yield SyntheticRecord(factory.key_of(record), _dumps(record).encode("utf-8"), headers, None)
@@ -770,10 +805,11 @@ def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio
     for record in records:
         if limiter is not None:
             limiter.acquire()
+        stamped = {} if record.timestamp is None else {"timestamp": record.timestamp}
         while True:
             try:
                 producer.produce(topic, value=record.value, key=record.key, headers=record.headers,
-                                 on_delivery=on_delivery)
+                                 on_delivery=on_delivery, **stamped)
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.05)

@@ -31,6 +31,11 @@ INT64 = (-(2**63), 2**63 - 1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _EPOCH_DATE = date(1970, 1, 1)
 _ONE_MICROSECOND = timedelta(microseconds=1)
+# The instants Python's datetime can hold in UTC: pyspark turns collected timestamps into
+# datetimes, so a value outside breaks whoever reads it, even though Arrow and Iceberg hold more.
+MIN_TIMESTAMP_US = (datetime.min.replace(tzinfo=timezone.utc) - _EPOCH) // _ONE_MICROSECOND
+MAX_TIMESTAMP_US = (datetime.max.replace(tzinfo=timezone.utc) - _EPOCH) // _ONE_MICROSECOND
+TIMESTAMP_RANGE = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
 
 # The reasons a record can be dead-lettered; stored in the dead-letter table's error_kind.
 ERROR_KINDS = (
@@ -51,6 +56,11 @@ ERROR_KINDS = (
     "bad_key",             # key bytes are not UTF-8
     "key_mismatch",        # key differs from the key field in the value
     "schema_incompatible", # carries a field the table cannot take under the quarantine policy
+    "bad_string",          # a string field holds text that is not Unicode (an escaped lone surrogate "\ud800")
+    "timestamp_out_of_range",  # ISO-8601 with an offset, but outside TIMESTAMP_RANGE once in UTC
+    "bad_kafka_timestamp",     # the record's Kafka timestamp is outside TIMESTAMP_RANGE (set by the reader)
+    "reader_failure",      # the reader failed on this record (a bug, a library error) or the driver marked
+                           # it after a task failed on it; error_detail names the exception
 )
 
 
@@ -103,7 +113,11 @@ def _show(value: Any) -> str:
 
 
 def parse_timestamp(value: Any, name: str) -> int:
-    """Microseconds since the epoch for an ISO-8601 timestamp that carries a UTC offset."""
+    """Microseconds since the epoch for an ISO-8601 timestamp that carries a UTC offset.
+
+    The instant must lie in TIMESTAMP_RANGE: "9999-12-31T23:30:00-01:00" parses, but is
+    in year 10000 once in UTC.
+    """
     if not isinstance(value, str):
         raise Rejected("bad_timestamp", f"{name} must be an ISO-8601 string, got {_show(value)}")
     try:
@@ -113,7 +127,20 @@ def parse_timestamp(value: Any, name: str) -> int:
     if parsed.tzinfo is None:
         raise Rejected("bad_timestamp", f"{name} {_show(value)} has no UTC offset")
     delta = parsed - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if not MIN_TIMESTAMP_US <= micros <= MAX_TIMESTAMP_US:
+        raise Rejected("timestamp_out_of_range", f"{name} {_show(value)} is outside {TIMESTAMP_RANGE} in UTC")
+    return micros
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (JSON's "\\ud800" decodes to one), which no UTF-8 column
+    can store; None when it is valid Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def _field_checker(f: FieldSpec) -> Callable[[Any], Any]:
@@ -132,6 +159,10 @@ def _field_checker(f: FieldSpec) -> Callable[[Any], Any]:
         def check(v: Any) -> Any:
             if not isinstance(v, str):
                 raise Rejected("wrong_type", f"{name} must be a string, got {type(v).__name__} {_show(v)}")
+            at = None if v.isascii() else lone_surrogate(v)
+            if at is not None:
+                raise Rejected("bad_string", f"{name} holds a lone surrogate {v[at]!r} at character {at}, "
+                                             f"which is not Unicode")
             if enum is not None and v not in enum:
                 raise Rejected("bad_enum", f"{name} {_show(v)} is not one of {', '.join(sorted(enum))}")
             if f.max_length is not None and len(v) > f.max_length:
@@ -262,7 +293,7 @@ class JsonFastPath:
     last of duplicate keys, as json does, and refuses NaN/Infinity, lone
     surrogates and non-finite doubles. Python then checks what msgspec expresses
     differently: `pattern` (msgspec searches, the contract means fullmatch),
-    timestamps and dates (the reference's ISO-8601 parsing), and the key.
+    timestamps and dates (the reference's ISO-8601 parsing and range), and the key.
     """
 
     def __init__(self, spec: PipelineSpec):
@@ -314,6 +345,7 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
     astuple = msgspec.structs.astuple
     fromisoformat, date_fromisoformat = datetime.fromisoformat, date.fromisoformat
     converts = bool(timestamps or dates)
+    min_us, max_us = MIN_TIMESTAMP_US, MAX_TIMESTAMP_US
     # Up to 1024 values per field that matched are remembered (e.g. currency codes) to skip the regex.
     matching = [(i, fullmatch, set()) for i, fullmatch in patterns]
     # json turns integer literals longer than Python's digit limit into errors; msgspec does not
@@ -361,7 +393,10 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
                     moment = fromisoformat(text)
                     if moment.tzinfo is None:
                         return None
-                    values[i] = (moment - _EPOCH) // _ONE_MICROSECOND  # exact, like parse_timestamp
+                    micros = (moment - _EPOCH) // _ONE_MICROSECOND  # exact, like parse_timestamp
+                    if not min_us <= micros <= max_us:
+                        return None
+                    values[i] = micros
             for i in dates:
                 text = values[i]
                 if text is not None:
@@ -390,8 +425,7 @@ class RecordValidator:
         self.max_value_bytes = spec.source.max_value_bytes
         self.key_field = spec.source.key_field
         self.key_required = spec.source.key_required
-        self.tombstone_deletes = spec.target.mode == "upsert" and self.key_field is not None \
-            and spec.target.key == (self.key_field,)
+        self.tombstone_deletes = spec.tombstones_delete
         self.names = spec.contract.names
         # JSON-specific; a decoder registered over "json" or a quarantine means the reference only.
         self.fast_path = JsonFastPath.for_spec(spec) \
