@@ -62,6 +62,8 @@ PROCESS_VARIABLES = {
     # the AWS SDKs' default credential chain (S3FileIO on the JVM, pyarrow in pyiceberg)
     "AWS_ACCESS_KEY_ID": "AWS SDK", "AWS_SECRET_ACCESS_KEY": "AWS SDK",
 }
+# LAKEHOUSE_* settings something reads: config.py, and the Spark jobs (the allow-list Airflow forwards).
+PLATFORM_SETTINGS = config.ENVIRONMENT + config.JOB_ENVIRONMENT
 # Spark daemon variables, each checked against the Spark class that reads it.
 SPARK_VARIABLES = {
     "SPARK_WORKER_CORES": "org/apache/spark/deploy/worker/WorkerArguments.class",
@@ -346,7 +348,20 @@ def test_lakehouse_settings_are_the_ones_config_reads():
     settings = [key for name in SERVICES for key in environment(name)] + list(dockerfile_pairs("ENV"))
     for key in settings:
         if key.startswith("LAKEHOUSE_"):
-            assert key in config.ENVIRONMENT or key.startswith(config.KAFKA_PREFIX), key
+            assert key in PLATFORM_SETTINGS or key.startswith(config.KAFKA_PREFIX), key
+
+
+def test_settings_kept_out_of_airflow_templated_fields_reach_spark_submit_from_the_task_runner():
+    """submit_kwargs forwards only the allow-list into env_vars (rendered and stored by Airflow), from
+    the DAG processor's environment; what it withholds, the catalog URI with its password first of all,
+    must be in the environment of the container that runs the tasks, which spark-submit inherits."""
+    parsing, running = environment("airflow-dag-processor"), environment("airflow-scheduler")
+    assert running["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"  # tasks run in the scheduler container
+    withheld = {key for key, value in parsing.items()
+                if key.startswith("LAKEHOUSE_") and not airflow_spark.forwardable(key, VAR.sub("pw", value))}
+    assert "LAKEHOUSE_CATALOG_URI" in withheld
+    for key in withheld:
+        assert running.get(key) == parsing[key], f"airflow-scheduler does not get {key}"
 
 
 def test_config_environment_lists_every_variable_config_reads():
@@ -382,7 +397,7 @@ def test_every_variable_a_project_service_gets_is_read_by_something():
             elif key.startswith("AIRFLOW_CONN_"):
                 assert key[len("AIRFLOW_CONN_"):].lower() == airflow_spark.CONN_ID, key
             elif key.startswith("LAKEHOUSE_"):
-                assert key in config.ENVIRONMENT, key
+                assert key in PLATFORM_SETTINGS, key
             elif key in SPARK_VARIABLES:
                 assert _spark_reads(key), key
             else:

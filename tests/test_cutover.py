@@ -1,11 +1,21 @@
-"""Candidate cutover and rollback: readers move to a candidate only when it is as good, and can move back."""
+"""Candidate cutover and rollback: readers move to a candidate only when it is as good, and can move back.
+
+The slow tests run the real thing (Spark, the embedded broker, the catalog). The fast ones
+replace the views and the ops timeline by `FakeLake` to check what a rollback accepts from
+the timeline: only typed sources that name a known pipeline's published table, never SQL text.
+"""
+
+import dataclasses
+import json
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import pytest
 
 from e2e import lakehouse, pipeline  # noqa: F401 (fixture)
-from lakehouse import cutover, events, produce, publish, quality
+from lakehouse import config, cutover, events, produce, publish, quality
 
-pytestmark = pytest.mark.slow
+INJECTION = "SELECT * FROM lake.ops.pipeline_events; DROP TABLE lake.raw.orders"
 
 
 def ingest(spec):
@@ -23,6 +33,12 @@ def view_count(spark, spec) -> int:
     return spark.sql(f"SELECT count(*) FROM {cutover.view_name(spec)}").collect()[0][0]
 
 
+def typed(spec, table=None) -> dict:
+    """The typed source a cutover event records for `table` (default: the main table) of `spec`."""
+    return dataclasses.asdict(cutover.Source.of(spec, table))
+
+
+@pytest.mark.slow
 def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_rollback(
         platform, pipeline, make_spec, spark, run_dag):
     live = pipeline()
@@ -58,15 +74,18 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
     done = events.recent(live.name, kind="cutover", platform=platform)[0]
     assert done["status"] == "ok" and done["details"]["comparison"]["overlap_offsets"] == 250
     assert done["details"]["previous_query"] == publish.view_query(live)
+    assert (done["details"]["previous_source"], done["details"]["source"]) == (typed(live), typed(candidate))
 
     run = run_dag(f"{live.name}_cutover", make_spec.directory, conf={"candidate": candidate.name, "action": "rollback"})
     assert run.state == "success"
     assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(live)
-    assert events.recent(live.name, kind="rollback", platform=platform)[0]["status"] == "ok"
+    rolled_back = events.recent(live.name, kind="rollback", platform=platform)[0]
+    assert rolled_back["status"] == "ok" and rolled_back["details"]["source"] == typed(live)
     with pytest.raises(cutover.CutoverError, match="nothing to roll back"):
         cutover.rollback(spark, live, platform)
 
 
+@pytest.mark.slow
 def test_a_candidate_that_misses_offsets_of_the_overlap_window_is_refused(platform, pipeline, make_spec, spark):
     live = pipeline()
     candidate = make_spec(source={"topic": live.source.topic}, candidate_for=live.name, publish={"view": None})
@@ -81,6 +100,7 @@ def test_a_candidate_that_misses_offsets_of_the_overlap_window_is_refused(platfo
     assert any("offsets of the overlap window" in r for r in cmp.reasons)
 
 
+@pytest.mark.slow
 def test_cutover_refuses_a_pipeline_that_is_not_a_candidate(platform, pipeline, make_spec, spark):
     live = pipeline()
     other = make_spec()
@@ -89,3 +109,168 @@ def test_cutover_refuses_a_pipeline_that_is_not_a_candidate(platform, pipeline, 
     stranger = make_spec(candidate_for=live.name, publish={"view": None})
     with pytest.raises(cutover.CutoverError, match="no common offsets"):
         cutover.compare(spark, live, stranger, platform)
+
+
+@pytest.mark.slow
+def test_rollback_refuses_a_forged_cutover_event_and_leaves_the_view_alone(platform, pipeline, make_spec, spark):
+    live = pipeline()
+    candidate = make_spec(source={"topic": live.source.topic}, candidate_for=live.name, publish={"view": None})
+    produce.produce(live, 30, seed=9)
+    ingest(live)
+    audit_and_publish(spark, live)
+    view = cutover.view_name(live)
+
+    def forge(**details):
+        events.record(events.Event(live.name, "cutover", "ok", f"{view} now reads {candidate.name}",
+                                   details={"view": view, "candidate": candidate.name, **details}),
+                      platform=platform, catalog=live.catalog)
+
+    forged = [  # (cutover event details, what the refusal says)
+        ({"previous_query": INJECTION, "query": publish.view_query(live)}, "has no valid 'previous_source'"),
+        ({"previous_query": INJECTION, "previous_source": {"pipeline": live.name, "table": events.EVENTS_TABLE,
+                                                           "branch": live.publish.branch},
+          "query": publish.view_query(live), "source": typed(live)}, "not the published branch"),
+    ]
+    for details, refusal in forged:
+        forge(**details)
+        with pytest.raises(cutover.CutoverError, match=refusal):
+            cutover.rollback(spark, live, platform)
+        assert publish.current_view_query(spark, view) == publish.view_query(live)
+        assert view_count(spark, live) == 30
+        refused = events.recent(live.name, kind="rollback", platform=platform, catalog=live.catalog)[0]
+        assert refused["status"] == "failed" and "Nothing was changed" in refused["message"]
+
+    # a view someone replaced by hand (here: the unaudited main branch) is not the pipeline's to cut over
+    publish.replace_view(spark, view, f"SELECT * FROM {live.qualified(live.target.table)}")
+    with pytest.raises(cutover.CutoverError, match="not managed by this pipeline"):
+        cutover.cutover(spark, live, candidate, platform)
+    assert publish.current_view_query(spark, view) == f"SELECT * FROM {live.qualified(live.target.table)}"
+
+
+# ---------------------------------------------------------------------------- fast: views and timeline faked
+
+class FakeLake:
+    """Readers' views and the ops timeline in memory, for cutover and rollback without Spark.
+
+    `views` maps view names to their query; `timeline` holds (catalog, event row) as
+    lakehouse.events would return them; `compare` and the candidate's branch always pass.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.views: dict[str, str] = {}
+        self.timeline: list[tuple[str, dict]] = []
+        self.clock = datetime(2030, 1, 1, tzinfo=timezone.utc)
+        monkeypatch.setattr(cutover, "current_view_query", lambda spark, view: self.views.get(view))
+        monkeypatch.setattr(cutover, "replace_view", lambda spark, view, query: self.views.__setitem__(view, query))
+        monkeypatch.setattr(cutover.events, "record", self.record)
+        monkeypatch.setattr(cutover.events, "recent", self.recent)
+        monkeypatch.setattr(cutover, "compare", lambda spark, live, candidate, *args: cutover.Comparison(
+            live.name, candidate.name, 0, 0, 1.0, 1.0, overlap_offsets=10))
+        branch = SimpleNamespace(refs=lambda: {"published": object()})
+        monkeypatch.setattr(cutover.offsets, "open_catalog",
+                            lambda platform, name: SimpleNamespace(load_table=lambda table: branch))
+
+    def record(self, *recorded: events.Event, platform=None, catalog: str = "lake") -> None:
+        for event in recorded:
+            self.clock += timedelta(seconds=1)
+            row = dataclasses.replace(event, ts=self.clock).row()
+            self.timeline.append((catalog, {**row, "details": json.loads(row["details"])}))
+
+    def recent(self, pipeline=None, kind=None, since=None, limit=100, platform=None, catalog="lake") -> list[dict]:
+        rows = [row for where, row in self.timeline if where == catalog
+                and pipeline in (None, row["pipeline"]) and kind in (None, row["kind"])]
+        return list(reversed(rows))[:limit]
+
+    def events(self, kind: str) -> list[dict]:
+        return [row for _, row in self.timeline if row["kind"] == kind]
+
+
+@pytest.fixture
+def lake(monkeypatch) -> FakeLake:
+    return FakeLake(monkeypatch)
+
+
+@pytest.fixture
+def pipelines(make_spec):
+    """(live, candidate, another candidate) on the catalog `other`; the live view reads the live pipeline."""
+    live = make_spec(target={"catalog": "other"})
+    first, second = (make_spec(source={"topic": live.source.topic}, candidate_for=live.name,
+                               target={"catalog": "other"}, publish={"view": None}) for _ in range(2))
+    return live, first, second
+
+
+def test_rollback_rebuilds_the_view_from_the_specs_and_records_in_the_pipeline_catalog(lake, pipelines):
+    live, first, second = pipelines
+    platform, view = config.load(), cutover.view_name(live)
+    lake.views[view] = publish.view_query(live)
+    cutover.cutover(None, live, first, platform)
+    cutover.cutover(None, live, second, platform)  # from one candidate straight to another
+    assert lake.views[view] == publish.view_query(second)
+    assert [e["details"]["previous_source"] for e in lake.events("cutover")] == [typed(live), typed(first)]
+    assert cutover.rollback(None, live, platform)["source"] == typed(first)
+    assert lake.views[view] == publish.view_query(first)
+    assert cutover.rollback(None, live, platform)["query"] == publish.view_query(live)
+    assert lake.views[view] == publish.view_query(live)
+    with pytest.raises(cutover.CutoverError, match="nothing to roll back"):
+        cutover.rollback(None, live, platform)
+    assert {where for where, _ in lake.timeline} == {"other"}  # the pipeline's catalog, not `lake`
+
+
+@pytest.mark.parametrize(("forged", "refusal"), [
+    pytest.param({"previous_source": None, "previous_query": INJECTION}, "has no valid 'previous_source'",
+                 id="sql-text-only"),
+    pytest.param({"previous_source": {"table": "raw.secrets", "branch": "published"}, "previous_query": INJECTION},
+                 "not the published branch", id="foreign-table"),
+    pytest.param({"previous_source": {"pipeline": "intruder"}}, "not the published branch", id="unknown-pipeline"),
+    pytest.param({"previous_source": {"branch": "main"}}, "not the published branch", id="unaudited-branch"),
+    pytest.param({"previous_source": {"sql": INJECTION}}, "has no valid 'previous_source'", id="extra-field"),
+    pytest.param({"previous_source": INJECTION}, "has no valid 'previous_source'", id="not-an-object"),
+    pytest.param({"source": {"pipeline": "intruder"}}, "names source", id="unknown-source"),
+    pytest.param({"view": "other.serve.elsewhere"}, "is not one for view", id="another-view"),
+])
+def test_rollback_refuses_a_forged_or_malformed_cutover_event_and_changes_nothing(lake, pipelines, forged, refusal):
+    live, candidate, _ = pipelines
+    platform, view = config.load(), cutover.view_name(live)
+    lake.views[view] = publish.view_query(candidate)
+    details = {"view": view, "candidate": candidate.name, "previous_source": typed(live),
+               "previous_query": publish.view_query(live), "source": typed(candidate),
+               "query": publish.view_query(candidate)}
+    for key, value in forged.items():  # None removes the key, a dict changes fields of a typed source
+        if value is None:
+            del details[key]
+        else:
+            details[key] = {**details[key], **value} if isinstance(value, dict) else value
+    events.record(events.Event(live.name, "cutover", "ok", details=details), platform=platform, catalog=live.catalog)
+
+    with pytest.raises(cutover.CutoverError, match=refusal) as refused:
+        cutover.rollback(None, live, platform)
+    assert "Nothing was changed" in str(refused.value)
+    assert lake.views == {view: publish.view_query(candidate)}
+    assert [(e["status"], e["details"]["cutover_event"]) for e in lake.events("rollback")] == \
+        [("failed", lake.events("cutover")[0]["event_id"])]
+
+
+def test_rollback_refuses_when_the_view_changed_since_the_cutover(lake, pipelines):
+    live, candidate, _ = pipelines
+    platform, view = config.load(), cutover.view_name(live)
+    lake.views[view] = publish.view_query(live)
+    cutover.cutover(None, live, candidate, platform)
+    lake.views[view] = publish.view_query(live, f"{live.target.table}_dlq")  # replaced since, not by a rollback
+    with pytest.raises(cutover.CutoverError, match="the view changed since"):
+        cutover.rollback(None, live, platform)
+    assert lake.views == {view: publish.view_query(live, f"{live.target.table}_dlq")}
+
+
+def test_cutover_refuses_a_view_it_does_not_manage_or_a_candidate_it_cannot_verify(lake, pipelines):
+    live, candidate, _ = pipelines
+    platform, view = config.load(), cutover.view_name(live)
+    with pytest.raises(cutover.CutoverError, match="does not exist yet"):
+        cutover.cutover(None, live, candidate, platform)
+    lake.views[view] = "SELECT * FROM other.raw.secrets"
+    with pytest.raises(cutover.CutoverError, match="not managed by this pipeline") as refused:
+        cutover.cutover(None, live, candidate, platform)
+    assert publish.view_query(live) in str(refused.value)  # says how to give the view back to the pipeline
+    elsewhere = dataclasses.replace(candidate, name="declared_elsewhere")
+    with pytest.raises(cutover.CutoverError, match="is not a candidate for"):
+        cutover.cutover(None, live, elsewhere, platform)
+    assert lake.views == {view: "SELECT * FROM other.raw.secrets"} and not lake.timeline

@@ -283,16 +283,19 @@ def test_a_dag_run_takes_kafka_credentials_from_the_connection_and_never_shows_t
 
 
 def test_spark_submit_arguments_forward_kafka_settings_but_no_secret(make_spec, monkeypatch):
-    """env_vars is a templated field (stored and shown by Airflow): secrets stay in the worker's environment."""
+    """env_vars is a templated field (stored and shown by Airflow): only the allow-list of non-secret
+    settings goes there; secrets stay in the worker's environment (tests/test_secrets.py has more)."""
     from lakehouse_airflow.spark import submit_kwargs
 
     _with_env(monkeypatch, LAKEHOUSE_KAFKA_SECURITY_PROTOCOL="SASL_SSL", LAKEHOUSE_KAFKA_SASL_PASSWORD=WRONG,
               LAKEHOUSE_KAFKA_SSL_KEY_PASSWORD=WRONG + "-key",
+              # a property no deny-list names, yet it can carry a secret: not on the allow-list, so not forwarded
+              LAKEHOUSE_KAFKA_SASL_OAUTHBEARER_EXTENSIONS=f"apiKey={WRONG}",
               LAKEHOUSE_CATALOG_URI=f"postgresql+psycopg2://lake:{WRONG}@127.0.0.1:5432/lake")
     forwarded = submit_kwargs(make_spec(), "replay")["env_vars"]
     assert forwarded["LAKEHOUSE_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
     assert not {"LAKEHOUSE_KAFKA_SASL_PASSWORD", "LAKEHOUSE_KAFKA_SSL_KEY_PASSWORD",
-                "LAKEHOUSE_CATALOG_URI"} & set(forwarded)
+                "LAKEHOUSE_KAFKA_SASL_OAUTHBEARER_EXTENSIONS", "LAKEHOUSE_CATALOG_URI"} & set(forwarded)
     assert WRONG not in json.dumps(forwarded)
     monkeypatch.setenv("LAKEHOUSE_CATALOG_URI", "sqlite:////tmp/catalog.db")  # no password: forwarded as before
     assert submit_kwargs(make_spec(), "replay")["env_vars"]["LAKEHOUSE_CATALOG_URI"] == "sqlite:////tmp/catalog.db"

@@ -18,6 +18,8 @@ platform at a real cluster is a matter of environment variables only:
     LAKEHOUSE_SPARK_MASTER       Spark master URL (default: the standalone master that
                                  `lakehouse stack up --spark-cluster` started, else local[2])
     LAKEHOUSE_JARS               comma-separated jars for Spark (default: found by `make setup`)
+    LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS  SQLite catalog: how long a commit waits for another
+                                 process's lock (default 30000)
 
 An s3:// (or s3a://) warehouse is read and written through Iceberg's S3FileIO
 (Spark) and pyarrow (pyiceberg). These optional variables describe the object
@@ -46,6 +48,13 @@ owner-only file under LAKEHOUSE_HOME); `load()` gives clients those settings, an
 LAKEHOUSE_KAFKA_* variables override them. Secret values are never printed: use
 `redact_kafka()` for any Kafka configuration that goes into output, and
 `PlatformConfig`'s repr leaves the Kafka properties out.
+
+The repr (and str) of `PlatformConfig`, `CatalogConfig` and `ObjectStoreConfig` show URIs
+through `redact()`, so a catalog URI's password never reaches a log. What Airflow may write
+into a Spark job's templated `env_vars` (stored and shown in its UI) is an allow-list kept
+here: `ENVIRONMENT`, `JOB_ENVIRONMENT` (the other variables the Spark jobs read) and the
+LAKEHOUSE_KAFKA_<PROP> variables of `PUBLIC_KAFKA_PROPERTIES`, each only when its value holds
+no URI password (`holds_password`); see `lakehouse_airflow.spark`.
 """
 
 from __future__ import annotations
@@ -53,9 +62,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field, replace
+import re
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+from lakehouse.errors import ConfigurationError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BROKER_PORT = 19092
@@ -78,13 +90,45 @@ ENVIRONMENT = (
     "LAKEHOUSE_WAREHOUSE",
     "LAKEHOUSE_SPARK_MASTER",
     "LAKEHOUSE_JARS",
+    "LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS",
     "LAKEHOUSE_S3_ENDPOINT",
     "LAKEHOUSE_S3_PATH_STYLE_ACCESS",
     "LAKEHOUSE_S3_REGION",
 )
+# Variables the Spark jobs read besides ENVIRONMENT: sizing and logging (lakehouse.sparkenv), the
+# metrics port (lakehouse.cli), test fault injection (lakehouse.faults) and PySpark's interpreters.
+JOB_ENVIRONMENT = (
+    "LAKEHOUSE_SPARK_CORES_MAX",
+    "LAKEHOUSE_SPARK_EXECUTOR_CORES",
+    "LAKEHOUSE_SPARK_EXECUTOR_MEMORY",
+    "LAKEHOUSE_SHUFFLE_PARTITIONS",
+    "LAKEHOUSE_SPARK_UI",
+    "LAKEHOUSE_SPARK_LOG_LEVEL",
+    "LAKEHOUSE_METRICS_PORT",
+    "LAKEHOUSE_FAULT",
+    "PYSPARK_PYTHON",
+    "PYSPARK_DRIVER_PYTHON",
+)
+# librdkafka properties that never hold a secret: of the LAKEHOUSE_KAFKA_<PROP> variables only these
+# may be written where people read them (Airflow's templated env_vars). Passwords, keys and key
+# stores, JAAS and OAuth configurations, and any property missing here stay in the process environment.
+PUBLIC_KAFKA_PROPERTIES = (
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.kerberos.service.name",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.endpoint.identification.algorithm",
+    "enable.ssl.certificate.verification",
+    "client.id",
+    "client.rack",
+    "broker.address.family",
+)
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigurationError):
     """The environment does not describe a usable platform."""
 
 
@@ -117,13 +161,42 @@ def redact_kafka(conf: dict) -> dict:
     return out
 
 
+# A URI's password: from the ':' after the user name to the last '@'. SQLAlchemy accepts an
+# unescaped '/', '?', '#' or '@' in it, where urlsplit would see no password and print it in clear.
+_URI_PASSWORD = re.compile(r"^(?P<head>[\x00-\x20]*[\w+.:-]+://[^:/]*:)(?P<password>.+)@", re.DOTALL)
+# A secret given as a query parameter instead (psycopg2 takes ?password=...).
+_QUERY_SECRET = re.compile(r"(?P<head>[?&][^=&#]*(?:password|passwd|secret|token)[^=&#]*=)[^&#]*", re.IGNORECASE)
+# Characters urlsplit drops anywhere in a URL before parsing it.
+_URL_IGNORED = str.maketrans("", "", "\t\r\n")
+
+
 def redact(uri: str) -> str:
     """`uri` with its password (if any) replaced by ***, for output and error messages."""
-    parts = urlsplit(uri)
-    if not parts.password:
-        return uri
-    netloc = parts.netloc.rsplit("@", 1)
-    return parts._replace(netloc=f"{parts.username}:***@{netloc[1]}").geturl()
+    return _QUERY_SECRET.sub(r"\g<head>***", _URI_PASSWORD.sub(r"\g<head>***@", uri, count=1))
+
+
+def holds_password(value: str) -> bool:
+    """Whether `value` holds a password `redact` would mask (a URI's user info or a password-like
+    query parameter), also once the tabs and newlines urlsplit ignores are taken out."""
+    return any(_URI_PASSWORD.match(text) or _QUERY_SECRET.search(text)
+               for text in (value, value.translate(_URL_IGNORED)))
+
+
+def kafka_property(variable: str) -> str:
+    """The librdkafka property a LAKEHOUSE_KAFKA_<PROP> `variable` sets, e.g. LAKEHOUSE_KAFKA_SASL_USERNAME:
+    sasl.username."""
+    return variable[len(KAFKA_PREFIX):].lower().replace("_", ".")
+
+
+def _redacted_repr(self) -> str:
+    """The dataclass repr of `self` with every string shown through `redact` (no URI password);
+    fields declared repr=False (the Kafka properties) stay out."""
+    shown = []
+    for f in fields(self):
+        if f.repr:
+            value = getattr(self, f.name)
+            shown.append(f"{f.name}={(redact(value) if isinstance(value, str) else value)!r}")
+    return f"{type(self).__name__}({', '.join(shown)})"
 
 
 def lakehouse_home() -> Path:
@@ -150,6 +223,9 @@ class CatalogConfig:
     name: str
     uri: str  # SQLAlchemy URI, e.g. sqlite:////abs/catalog.db or postgresql+psycopg2://u:p@h:5432/db
     warehouse: str
+    busy_timeout_ms: int = 30_000  # SQLite: how long a commit waits for another process's lock
+
+    __repr__ = _redacted_repr  # the URI may hold the database password
 
     def jdbc(self) -> tuple[str, dict[str, str]]:
         """The JDBC URL and connection properties Spark's JdbcCatalog needs for `uri`."""
@@ -158,11 +234,11 @@ class CatalogConfig:
         if scheme == "sqlite":
             path = self.uri.split(":///", 1)[1] if ":///" in self.uri else ""
             if not path:
-                raise ConfigError(f"LAKEHOUSE_CATALOG_URI {self.uri!r}: a SQLite catalog needs a file path")
+                raise ConfigError(f"LAKEHOUSE_CATALOG_URI {redact(self.uri)!r}: a SQLite catalog needs a file path")
             # Several processes share one SQLite catalog (ingest, replay, maintenance, pyiceberg):
             # WAL so readers never block a commit, and a busy timeout so committers queue.
             return (f"jdbc:sqlite:{path if path.startswith('/') else '/' + path}",
-                    {"journal_mode": "WAL", "busy_timeout": "30000"})
+                    {"journal_mode": "WAL", "busy_timeout": str(self.busy_timeout_ms)})
         if scheme in ("postgresql", "postgres"):
             props = {}
             if parts.username:
@@ -171,10 +247,18 @@ class CatalogConfig:
                 props["password"] = unquote(parts.password)
             host = parts.hostname or "127.0.0.1"
             port = parts.port or 5432
-            query = f"?{parts.query}" if parts.query else ""
+            # a password given as a query parameter becomes a connection property too: the JDBC URL is
+            # shown in Spark's UI and logs, the `jdbc.password` property is redacted there
+            params = []
+            for key, value in parse_qsl(parts.query, keep_blank_values=True):
+                if key in ("user", "password"):
+                    props[key] = value
+                else:
+                    params.append((key, value))
+            query = f"?{urlencode(params)}" if params else ""
             return f"jdbc:postgresql://{host}:{port}{parts.path}{query}", props
         raise ConfigError(
-            f"LAKEHOUSE_CATALOG_URI {self.uri!r}: unsupported database {scheme!r} (use sqlite or postgresql)"
+            f"LAKEHOUSE_CATALOG_URI {redact(self.uri)!r}: unsupported database {scheme!r} (use sqlite or postgresql)"
         )
 
 
@@ -189,6 +273,8 @@ class ObjectStoreConfig:
     endpoint: str | None = None
     path_style_access: bool | None = None
     region: str | None = None
+
+    __repr__ = _redacted_repr  # an endpoint URL may carry user:password@
 
     def iceberg_properties(self) -> dict[str, str]:
         """Catalog properties of Iceberg's Java S3FileIO (spark.sql.catalog.<name>.<property>)."""
@@ -225,9 +311,13 @@ class PlatformConfig:
     spark_master: str = "local[2]"
     jars: tuple[str, ...] = ()
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
+    catalog_busy_timeout_ms: int = 30_000
+
+    __repr__ = _redacted_repr  # catalog_uri may hold the database password
 
     def catalog(self, name: str) -> CatalogConfig:
-        return CatalogConfig(name=name, uri=self.catalog_uri, warehouse=self.warehouse)
+        return CatalogConfig(name=name, uri=self.catalog_uri, warehouse=self.warehouse,
+                             busy_timeout_ms=self.catalog_busy_timeout_ms)
 
     @property
     def warehouse_on_s3(self) -> bool:
@@ -287,7 +377,7 @@ def _kafka_extra_from_env() -> dict[str, str]:
     extra = {}
     for key, value in os.environ.items():
         if key.startswith(KAFKA_PREFIX) and key != "LAKEHOUSE_KAFKA_BOOTSTRAP_SERVERS":
-            extra[key[len(KAFKA_PREFIX):].lower().replace("_", ".")] = value
+            extra[kafka_property(key)] = value
     return extra
 
 
@@ -339,6 +429,15 @@ def _object_store_from_env() -> ObjectStoreConfig:
                              region=os.environ.get("LAKEHOUSE_S3_REGION") or None)
 
 
+def _busy_timeout_from_env() -> int:
+    """LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS: how long a SQLite catalog commit waits for another process's
+    lock before failing (the ingest job then retries it within its retry budget); default 30 s."""
+    raw = os.environ.get("LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS") or "30000"
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 3_600_000:
+        raise ConfigError(f"LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS {raw!r}: expected milliseconds between 1 and 3600000")
+    return int(raw)
+
+
 def load() -> PlatformConfig:
     """The platform configuration from the environment and the embedded stack's state file."""
     home = lakehouse_home()
@@ -364,5 +463,6 @@ def load() -> PlatformConfig:
         spark_master=(os.environ.get("LAKEHOUSE_SPARK_MASTER")
                       or read_state_file(home, "spark-cluster.json").get("master") or "local[2]"),
         jars=jars,
+        catalog_busy_timeout_ms=_busy_timeout_from_env(),
         object_store=_object_store_from_env(),
     )

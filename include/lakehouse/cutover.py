@@ -12,18 +12,31 @@ table's published branch, only when
    accounts for every source offset exactly once (data or dead-letter table), like the
    live one, and its rows pass the candidate's quality suite.
 
-Each cutover records the view's previous query in a `cutover` event; `rollback()`
-restores the query of the newest cutover not yet rolled back and records a `rollback`
-event. Both act on the catalog atomically (one view replacement).
+The view only ever reads a `Source`: the published branch of a table of the live
+pipeline or of one of its candidates (`known_sources`, from the specs). A cutover
+refuses a view that reads anything else (created or replaced by hand: it is not managed
+by the pipeline). Each cutover records what the view read before and after as typed
+sources (`previous_source`, `source`) in a `cutover` event, next to the query texts
+for people to read. `rollback()` takes the newest cutover not yet rolled back, checks
+that its sources are known ones and that the view still reads what the cutover set, and
+rebuilds the query from the specs (`publish.view_query`): SQL text from the timeline is
+never executed, so whoever can append an event cannot choose what readers read. It
+records a `rollback` event (a `failed` one when the cutover event does not check out).
+Both act on the catalog atomically (one view replacement), and both record their events
+in the live pipeline's catalog.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from lakehouse import config, events, offsets, quality, status as status_module
+from lakehouse import config, events, offsets, quality, spec as spec_module, status as status_module
 from lakehouse.publish import current_view_query, replace_view, view_query
 from lakehouse.spec import PipelineSpec
+
+SOURCE_FIELDS = ("pipeline", "table", "branch")
+HISTORY_LIMIT = 1000  # cutover (and rollback) events read back to find the one to roll back
 
 
 class CutoverError(ValueError):
@@ -57,15 +70,58 @@ class Comparison:
         return out
 
 
+@dataclass(frozen=True)
+class Source:
+    """What a readers' view reads: `table` of pipeline `pipeline` at its published branch `branch`."""
+    pipeline: str
+    table: str
+    branch: str
+
+    @classmethod
+    def of(cls, spec: PipelineSpec, table: str | None = None) -> "Source":
+        """The published branch of `table` (default: the main table) of `spec`."""
+        return cls(spec.name, table or spec.target.table, spec.publish.branch)
+
+
 def view_name(spec: PipelineSpec) -> str:
+    """The readers' view (catalog.namespace.name) of `spec`. Raises CutoverError when it declares none."""
     if not spec.publish.view:
         raise CutoverError(f"pipeline {spec.name!r} declares no readers' view (publish.view); nothing to cut over")
     return spec.qualified(spec.publish.view)
 
 
-def _committed_ranges(spark, spec: PipelineSpec) -> dict[int, tuple[int, int]]:
+def known_sources(live: PipelineSpec) -> dict[Source, PipelineSpec]:
+    """Every source `live`'s view may read, with the spec that owns it: each table of `live` and of
+    every candidate for it that `spec.load_all` finds in `live`'s spec folder."""
+    specs = spec_module.load_all(Path(live.path).parent)
+    owners = [live, *(s for s in specs.values() if s.candidate_for == live.name)]
+    return {Source.of(spec, table): spec for spec in owners for table in spec.target.tables}
+
+
+def catalogs(live: PipelineSpec) -> list[str]:
+    """The catalogs a Spark session needs to cut `live`'s view over or roll it back (its own and its candidates')."""
+    return sorted({spec.catalog for spec in known_sources(live).values()})
+
+
+def _view_source(spark, view: str, live: PipelineSpec, known: dict[Source, PipelineSpec]) -> tuple[Source, str]:
+    """(The source `view` reads now, its query text). Raises CutoverError when the view does not exist
+    or reads anything but a known source: then it is not managed by `live`."""
+    query = current_view_query(spark, view)
+    if query is None:
+        raise CutoverError(f"{view} does not exist yet: publish {live.name!r} first (its first publication "
+                           f"creates the view), then cut over")
+    for source, spec in known.items():
+        if query == view_query(spec, source.table):
+            return source, query
+    raise CutoverError(f"{view} reads {query!r}, which is not the published branch of {live.name!r} or of a "
+                       f"candidate for it: the view is not managed by this pipeline. If readers should read "
+                       f"{live.name!r}, restore it with CREATE OR REPLACE VIEW {view} AS {view_query(live)} "
+                       f"and cut over again")
+
+
+def _committed_ranges(spark, spec: PipelineSpec, platform: config.PlatformConfig) -> dict[int, tuple[int, int]]:
     """Per partition, [first offset held, committed position) over the pipeline's tables."""
-    catalog = offsets.open_catalog(config.load(), spec.catalog)
+    catalog = offsets.open_catalog(platform, spec.catalog)
     positions = offsets.read_progress(catalog, spec.target.table, spec.name).positions
     starts: dict[int, int] = {}
     for name in (*spec.target.tables, spec.dead_letter_table):
@@ -113,7 +169,7 @@ def compare(spark, live: PipelineSpec, candidate: PipelineSpec, platform: config
     if ls["seconds_since_commit"] is not None and cs["seconds_since_commit"] > ls["seconds_since_commit"] + tolerance:
         cmp.reasons.append(f"candidate last commit {cs['seconds_since_commit']}s ago, live "
                            f"{ls['seconds_since_commit']}s ago (tolerance {tolerance:g}s)")
-    live_ranges, cand_ranges = _committed_ranges(spark, live), _committed_ranges(spark, candidate)
+    live_ranges, cand_ranges = _committed_ranges(spark, live, platform), _committed_ranges(spark, candidate, platform)
     cmp.overlap = {p: (max(lo, cand_ranges[p][0]), min(hi, cand_ranges[p][1]))
                    for p, (lo, hi) in live_ranges.items()
                    if p in cand_ranges and max(lo, cand_ranges[p][0]) < min(hi, cand_ranges[p][1])}
@@ -138,40 +194,49 @@ def cutover(spark, live: PipelineSpec, candidate: PipelineSpec, platform: config
             freshness_tolerance_s: float | None = None) -> dict:
     """Point `live`'s readers' view at `candidate`'s published branch if every check passes.
 
-    Returns the recorded event details (comparison, previous and new query). Raises
-    CutoverError naming the failed checks (and records a failed `cutover` event).
+    Returns the recorded event details: the view, what it read before and reads now (typed
+    sources and query texts) and the comparison. Raises CutoverError when `candidate` is not
+    declared as a candidate for `live`, when the view does not read a known source (it is not
+    managed by `live`), when the candidate has no published branch, or naming the failed
+    checks (then it records a failed `cutover` event).
     """
     platform = platform or config.load()
     view = view_name(live)
+    known = known_sources(live)
+    source = Source.of(candidate)
+    if source not in known:
+        raise CutoverError(f"{candidate.name!r} is not a candidate for {live.name!r} declared in "
+                           f"{Path(live.path).parent} (its spec says candidate_for: {candidate.candidate_for!r}); "
+                           f"put its spec there so a rollback can verify it")
+    previous, previous_query = _view_source(spark, view, live, known)
     cmp = compare(spark, live, candidate, platform, freshness_tolerance_s)
-    previous = current_view_query(spark, view)
-    details = {"view": view, "candidate": candidate.name, "previous_query": previous,
-               "comparison": cmp.as_dict()}
+    details = {"view": view, "candidate": candidate.name, "previous_source": asdict(previous),
+               "previous_query": previous_query, "comparison": cmp.as_dict()}
     if not cmp.ok:
         events.record(events.Event(live.name, "cutover", "failed", "; ".join(cmp.reasons), details=details),
-                      platform=platform)
+                      platform=platform, catalog=live.catalog)
         raise CutoverError(f"cutover of {view} to {candidate.name!r} refused: " + "; ".join(cmp.reasons))
     target = offsets.open_catalog(platform, candidate.catalog).load_table(candidate.target.table)
     if target.refs().get(candidate.publish.branch) is None:
         raise CutoverError(f"candidate table {candidate.qualified(candidate.target.table)} has no "
                            f"{candidate.publish.branch!r} branch yet: publish it (its quality gate) first")
-    details["query"] = view_query(candidate)
+    details.update(source=asdict(source), query=view_query(candidate))
     replace_view(spark, view, details["query"])
     events.record(events.Event(live.name, "cutover", "ok", f"{view} now reads {candidate.name}",
                                metrics={"overlap_offsets": cmp.overlap_offsets}, details=details),
-                  platform=platform)
+                  platform=platform, catalog=live.catalog)
     return details
 
 
-def rollback(spark, live: PipelineSpec, platform: config.PlatformConfig | None = None) -> dict:
-    """Restore the readers' view to its query before the newest cutover not yet rolled back.
+def _open_cutover(live: PipelineSpec, view: str, platform: config.PlatformConfig) -> dict:
+    """The newest `ok` cutover event of `live` that no later `ok` rollback undid.
 
-    Raises CutoverError when there is nothing to roll back.
+    Raises CutoverError when there is none.
     """
-    platform = platform or config.load()
-    view = view_name(live)
-    history = [e for e in reversed(events.recent(live.name, limit=1000, platform=platform))
-               if e["kind"] in ("cutover", "rollback") and e["status"] == "ok"]
+    history = sorted((e for kind in ("cutover", "rollback")
+                      for e in events.recent(live.name, kind=kind, limit=HISTORY_LIMIT, platform=platform,
+                                             catalog=live.catalog)
+                      if e["status"] == "ok"), key=lambda e: e["ts"])
     stack: list[dict] = []
     for event in history:  # oldest first: a rollback undoes the newest open cutover
         if event["kind"] == "cutover":
@@ -180,12 +245,72 @@ def rollback(spark, live: PipelineSpec, platform: config.PlatformConfig | None =
             stack.pop()
     if not stack:
         raise CutoverError(f"nothing to roll back: {view} has no cutover that is still in effect")
-    last = stack[-1]["details"]
-    previous = last.get("previous_query") or view_query(live)
+    return stack[-1]
+
+
+def _recorded_source(event: dict, key: str, known: dict[Source, PipelineSpec]) -> Source:
+    """The typed source `key` ("previous_source" or "source") of cutover `event`.
+
+    Raises CutoverError when it is missing or malformed, or is not a known source.
+    """
+    value = event["details"].get(key)
+    if not (isinstance(value, dict) and set(value) == set(SOURCE_FIELDS)
+            and all(isinstance(value[f], str) for f in SOURCE_FIELDS)):
+        raise CutoverError(f"cutover event {event['event_id']} ({event['ts']}) has no valid {key!r} (expected "
+                           f"{{pipeline, table, branch}}, found {value!r})")
+    source = Source(**value)
+    if source not in known:
+        raise CutoverError(f"cutover event {event['event_id']} ({event['ts']}) names {key} {value!r}, which is "
+                           f"not the published branch of a table of {event['pipeline']!r} or of a candidate for it")
+    return source
+
+
+def _rollback_details(spark, live: PipelineSpec, view: str, event: dict) -> dict:
+    """The details of a rollback of cutover `event`: the source it set and its query now (`previous_*`),
+    the source it replaced and the query built for it from the specs (`source`, `query`), once the
+    event checks out: it is for `view`, its typed sources are known ones, and the view still reads
+    what it set.
+
+    Raises CutoverError naming what does not check out.
+    """
+    recorded = event["details"]
+    if not isinstance(recorded, dict) or recorded.get("view") != view:
+        raise CutoverError(f"cutover event {event['event_id']} ({event['ts']}) is not one for view {view} "
+                           f"(its details: {recorded!r})")
+    known = known_sources(live)
+    restore = _recorded_source(event, "previous_source", known)
+    rolled_back = _recorded_source(event, "source", known)
     current = current_view_query(spark, view)
-    replace_view(spark, view, previous)
-    details = {"view": view, "rolled_back_candidate": last.get("candidate"), "previous_query": current,
-               "query": previous}
-    events.record(events.Event(live.name, "rollback", "ok", f"{view} reads {previous!r} again", details=details),
-                  platform=platform)
+    if current != view_query(known[rolled_back], rolled_back.table):
+        raise CutoverError(f"{view} reads {current!r}, not {rolled_back.pipeline!r} as cutover event "
+                           f"{event['event_id']} ({event['ts']}) left it: the view changed since")
+    return {"view": view, "rolled_back_candidate": rolled_back.pipeline, "cutover_event": event["event_id"],
+            "previous_source": asdict(rolled_back), "previous_query": current,
+            "source": asdict(restore), "query": view_query(known[restore], restore.table)}
+
+
+def rollback(spark, live: PipelineSpec, platform: config.PlatformConfig | None = None) -> dict:
+    """Point the readers' view back at what it read before the newest cutover not yet rolled back.
+
+    The query is built from the specs for the cutover event's typed `previous_source`, never taken
+    from the event. Returns the recorded event details. Raises CutoverError when there is nothing
+    to roll back, or, recording a failed `rollback` event and changing nothing, when the cutover
+    event does not check out (`_rollback_details`: forged, malformed, or the view changed since).
+    """
+    platform = platform or config.load()
+    view = view_name(live)
+    event = _open_cutover(live, view, platform)
+    try:
+        details = _rollback_details(spark, live, view, event)
+    except CutoverError as exc:
+        message = (f"rollback of {view} refused: {exc}. Nothing was changed; check the cutover and rollback "
+                   f"events of {live.name!r} in {live.catalog}.{events.EVENTS_TABLE}")
+        events.record(events.Event(live.name, "rollback", "failed", message,
+                                   details={"view": view, "cutover_event": event["event_id"]}),
+                      platform=platform, catalog=live.catalog)
+        raise CutoverError(message) from None
+    replace_view(spark, view, details["query"])
+    events.record(events.Event(live.name, "rollback", "ok", f"{view} reads {details['source']['pipeline']} again",
+                               details=details),
+                  platform=platform, catalog=live.catalog)
     return details

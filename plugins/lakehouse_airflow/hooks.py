@@ -122,4 +122,4 @@ class LakehouseHook(BaseHook):
                details: dict | None = None) -> None:
         """Append one event for this pipeline to the ops timeline (`ops.pipeline_events`)."""
         events.record(events.Event(self.pipeline, kind, status, message, metrics or {}, details or {}),
-                      platform=self.platform)
+                      platform=self.platform, catalog=self.spec.catalog)

@@ -6,13 +6,24 @@ points at the local master the embedded stack uses, for `AIRFLOW_CONN_SPARK_DEFA
 Arguments are passed as a list (never through a shell), and identifiers in them
 come from validated specs.
 
-Secrets never go through `env_vars`: it is a templated field, so its rendered value is
-stored with the task instance and shown in the UI. `submit_kwargs` leaves out of it any
-LAKEHOUSE_KAFKA_* variable that holds a secret (sasl.password, ssl.key.password, ...)
-and a catalog URI with a password; spark-submit inherits them from the worker's
-environment instead. The Kafka connection's settings (`lakehouse_kafka`, see
-hooks.py) reach the job the same way: `kafka_submit_environment` puts them into the
-worker process's environment only while the operator's `execute` runs.
+Secrets never go through `env_vars`: it is a templated field, so Airflow renders it,
+stores it with the task instance and shows it in the UI. `submit_kwargs` therefore
+forwards an allow-list, not everything minus known secrets (`forwardable`): the
+settings the jobs read (`config.ENVIRONMENT`, `config.JOB_ENVIRONMENT`) and the
+LAKEHOUSE_KAFKA_<PROP> variables of the non-secret librdkafka properties in
+`config.PUBLIC_KAFKA_PROPERTIES`, each only when its value holds no password
+(`config.holds_password`: a catalog URI with one stays out). Everything else,
+LAKEHOUSE_KAFKA_SASL_PASSWORD and any variable the lists do not name among it, reaches
+the job from the worker's own environment: SparkSubmitHook.submit
+(apache-airflow-providers-apache-spark 5.x) starts spark-submit with `os.environ.copy()`
+updated with `env_vars` (on Kubernetes with the worker's environment as it is), and in
+client deploy mode the driver runs in that process. A driver in cluster deploy mode
+(YARN, Kubernetes) runs elsewhere and must get its secrets from the cluster (e.g. a
+Kubernetes secret).
+
+The Kafka connection's settings (`lakehouse_kafka`, see hooks.py) reach the job the same
+way: `kafka_submit_environment` puts them into the worker process's environment only
+while the operator's `execute` runs.
 """
 
 from __future__ import annotations
@@ -22,16 +33,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
-from urllib.parse import urlsplit
+from typing import Iterator, Mapping
 
 from lakehouse import config
 from lakehouse.spec import PipelineSpec
 
 SPARK_JOBS = config.REPO_ROOT / "spark_jobs"
 CONN_ID = "spark_default"
-# LAKEHOUSE_* settings the job needs to find the same Kafka, catalog and warehouse as the DAG.
-FORWARDED_ENV_PREFIXES = ("LAKEHOUSE_", "PYSPARK_")
 
 
 def spark_connection(master: str | None = None) -> str:
@@ -40,24 +48,30 @@ def spark_connection(master: str | None = None) -> str:
     return json.dumps({"conn_type": "spark", "host": master or config.load().spark_master})
 
 
-def holds_secret(name: str, value: str) -> bool:
-    """Whether environment variable `name` carries a secret that must stay out of templated fields."""
+def forwardable(name: str, value: str) -> bool:
+    """Whether variable `name`=`value` may be written into templated `env_vars`: a setting the Spark
+    jobs read (the allow-lists of lakehouse.config) whose value holds no password."""
     if name.startswith(config.KAFKA_PREFIX):
-        return config.is_sensitive_kafka_property(name[len(config.KAFKA_PREFIX):].lower().replace("_", "."))
-    if name == "LAKEHOUSE_CATALOG_URI":
-        return bool(urlsplit(value).password)
-    return any(word in name.lower() for word in ("password", "secret"))
+        known = config.kafka_property(name) in config.PUBLIC_KAFKA_PROPERTIES
+    else:
+        known = name in config.ENVIRONMENT or name in config.JOB_ENVIRONMENT
+    return known and not config.holds_password(value)
+
+
+def forwarded_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` that `forwardable` lets into templated `env_vars`."""
+    return {name: value for name, value in environ.items() if forwardable(name, value)}
 
 
 def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_ID) -> dict:
     """Keyword arguments for SparkSubmitOperator running `spark_jobs/<job>.py --pipeline <name> ARGS`.
 
-    `env_vars` forwards the LAKEHOUSE_* and PYSPARK_* settings of this environment except
-    secrets (`holds_secret`), which spark-submit inherits from the worker's environment.
+    `env_vars` holds the allowed settings of this environment (`forwarded_environment`), the
+    interpreter's PATH and the spec's folder; spark-submit inherits everything else, secrets
+    among it, from the worker's environment.
     """
     python = sys.executable
-    env = {k: v for k, v in os.environ.items()
-           if k.startswith(FORWARDED_ENV_PREFIXES) and not holds_secret(k, v)}
+    env = forwarded_environment(os.environ)
     # spark-submit ships with pyspark next to this interpreter; the hook looks it up on this PATH
     env.update(PATH=os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
                PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", python),

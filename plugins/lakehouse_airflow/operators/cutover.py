@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from lakehouse import cutover, spec as spec_module
+from lakehouse import cutover, sparkenv, spec as spec_module
 from lakehouse_airflow.hooks import LakehouseHook
 
 ACTIONS = ("cutover", "rollback")
@@ -18,7 +18,10 @@ class CutoverOperator(BaseOperator):
     A cutover happens only when the candidate's lag and freshness are at least as good
     as the live pipeline's and it holds every offset of the overlap window exactly once
     with its quality suite passing (`lakehouse.cutover.compare`); otherwise the task
-    fails naming each failed check. Both actions are recorded in the ops timeline.
+    fails naming each failed check. A rollback rebuilds the view from the typed sources
+    of the cutover event and the specs, never from SQL text in the timeline, and fails
+    when that event does not check out. Both actions are recorded in the ops timeline
+    of the pipeline's catalog.
 
     :param pipeline: the live pipeline (owner of `publish.view`). Templated.
     :param candidate: the candidate pipeline (`candidate_for: <pipeline>`); unused for rollback. Templated.
@@ -27,7 +30,7 @@ class CutoverOperator(BaseOperator):
         (default: one candidate trigger interval).
 
     XCom: ``return_value`` = the recorded event details (view, previous and new
-    query, and for a cutover the full comparison).
+    source and query, and for a cutover the full comparison).
     """
 
     template_fields = ("pipeline", "candidate", "action")
@@ -45,7 +48,8 @@ class CutoverOperator(BaseOperator):
         if self.action not in ACTIONS:
             raise ValueError(f"action {self.action!r} is not one of {', '.join(ACTIONS)}")
         hook = LakehouseHook(self.pipeline)
-        spark = hook.spark(f"lakehouse-{self.action}-{self.pipeline}")
+        # the candidates' tables may live in other catalogs than the view
+        spark = sparkenv.session(hook.platform, cutover.catalogs(hook.spec), f"lakehouse-{self.action}-{self.pipeline}")
         if self.action == "rollback":
             return cutover.rollback(spark, hook.spec, hook.platform)
         if not self.candidate:
