@@ -1,11 +1,12 @@
 """Write-audit-publish, one DAG per pipeline: new data reaches readers only after it passed.
 
-`quality` validates the rows ingested into `main` since the last publication with the
-pipeline's expectation suite (a failure stops here: `main` keeps the rows, readers
-keep the published branch; Data Docs and the offending offsets are in the task log and
-the `quality` event). `freshness` and `lag` wait (deferred) until the pipeline is inside
-its SLOs. `publish` fast-forwards the readers' branch to exactly the audited snapshots
-and emits an asset event per table, which downstream DAGs can schedule on.
+`quality` validates the rows `main` gained since the last publication (ingested, replayed
+or backfilled: every snapshot after the published head) with the pipeline's expectation
+suite (a failure stops here: `main` keeps the rows, readers keep the published branch;
+Data Docs and the offending offsets are in the task log and the `quality` event).
+`freshness` and `lag` wait (deferred) until the pipeline is inside its SLOs. `publish`
+fast-forwards the readers' branch to exactly the audited snapshots and emits an asset
+event per table, which downstream DAGs can schedule on.
 
 A failed audit blocks every later publication too (each audit covers everything since the
 last publication): fix or delete the offending rows on `main` (the `quality` event names

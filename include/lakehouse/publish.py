@@ -11,8 +11,13 @@ snapshot id the audit pinned (not to whatever `main` is by now: ingestion keeps
 committing), with a compare-and-set on the branch head so a concurrent publisher
 cannot be overwritten. It refuses when the audited snapshot does not descend from
 the current published head (a rollback of `main`, an out-of-order run) or is no
-longer on `main`. The first publication creates the branch and the view; a
-fan-out table `ns.t` gets the view `<view namespace>.t`.
+longer on `main` (NotADescendantError: audit again), and when an expired snapshot
+breaks the chain between them, so that neither can be proven and the rows in between
+were not all audited (`quality.LineageBrokenError`, a TableStateError: auditing again
+fails the same way; its message says how to publish again). Ancestry is checked with
+pyiceberg's lineage helpers through `quality.lineage`, as the audit does. The first
+publication creates the branch and the view; a fan-out table `ns.t` gets the view
+`<view namespace>.t`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lakehouse import config, events, offsets
-from lakehouse.quality import is_ancestor
+from lakehouse.quality import lineage
 from lakehouse.spec import PipelineSpec
 
 log = logging.getLogger("lakehouse.publish")
@@ -112,17 +117,22 @@ def published_head(table: Table, branch: str) -> int | None:
 
 
 def _check(spec: PipelineSpec, table: Table, name: str, snapshot_id: int) -> int | None:
-    """The current published head of `table`, after checking `snapshot_id` may be published over it."""
+    """The current published head of `table`, after checking `snapshot_id` may be published over it.
+
+    Raises PublishError when the snapshot is not in the table; NotADescendantError when it
+    left main or does not descend from the head; quality.LineageBrokenError when an expired
+    snapshot breaks the chain from the head to it, or from it to main's head.
+    """
     if table.snapshot_by_id(snapshot_id) is None:
         raise PublishError(f"{name}: audited snapshot {snapshot_id} is not in the table (expired?); "
                            f"audit again")
     main = table.current_snapshot()
-    if main is None or not is_ancestor(table, snapshot_id, main.snapshot_id):
+    if main is None or lineage(spec, table, name, snapshot_id, main.snapshot_id) is None:
         raise NotADescendantError(
             f"{name}: audited snapshot {snapshot_id} is no longer on main (head "
             f"{main.snapshot_id if main else None}): main was rolled back after the audit; audit again")
     head = published_head(table, spec.publish.branch)
-    if head is not None and not is_ancestor(table, head, snapshot_id):
+    if head is not None and lineage(spec, table, name, head, snapshot_id) is None:
         raise NotADescendantError(
             f"{name}: audited snapshot {snapshot_id} does not descend from the {spec.publish.branch!r} head "
             f"{head}; publishing it would drop data readers already see. Audit main again.")
@@ -138,7 +148,8 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
     event unless `record_event` is False. Returns one PublishedTable per table.
     Raises PublishError when `snapshots` is empty, names a table the pipeline does
     not write, or another publisher moved a branch meanwhile; NotADescendantError
-    when a snapshot may not be published over the current head.
+    when a snapshot may not be published over the current head;
+    quality.LineageBrokenError when expired snapshots leave its ancestry unprovable.
     """
     platform = platform or config.load()
     if not snapshots:
@@ -186,7 +197,8 @@ def _move_branch(spec: PipelineSpec, catalog, table: Table, name: str, snapshot_
     any other commit to the table (ingestion or compaction on `main`) landed between its
     read of the table and its write; that is retried on the fresh table after checking
     again. Raises PublishError when the branch itself moved (another publisher), or after
-    PUBLISH_ATTEMPTS lost races; NotADescendantError when `main` was rolled back meanwhile.
+    PUBLISH_ATTEMPTS lost races; NotADescendantError when `main` was rolled back meanwhile;
+    quality.LineageBrokenError when a snapshot of the chain was expired meanwhile.
     """
     for attempt in range(1, PUBLISH_ATTEMPTS + 1):
         try:

@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from lakehouse import publish
+from lakehouse import publish, quality
 from lakehouse.spec import PipelineSpec
 from lakehouse_airflow.hooks import LakehouseHook
 
@@ -57,7 +57,7 @@ class PublishOperator(BaseOperator):
         try:
             done = publish.publish(hook.spec, audited["snapshots"], hook.platform,
                                    spark_factory=lambda: hook.spark(f"lakehouse-publish-{self.pipeline}"))
-        except publish.NotADescendantError as exc:
+        except (publish.NotADescendantError, quality.LineageError) as exc:  # auditing again cannot help
             raise AirflowFailException(str(exc)) from None
         for p in done:
             self.log.info("%s: %s -> %s%s", p.table, p.previous_snapshot_id, p.snapshot_id,

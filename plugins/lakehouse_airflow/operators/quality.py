@@ -15,21 +15,30 @@ class QualityCheckFailed(AirflowFailException):
     """Expectations failed: the audited rows must not be published. Not retried (same rows, same verdict)."""
 
 
+class LineageNotAuditable(AirflowFailException):
+    """The rows added since the published head cannot be known (a snapshot after it was expired, or main
+    was rolled back below it). Not retried: the table stays so until an operator acts."""
+
+
 class QualityOperator(BaseOperator):
     """Validate the rows added to `main` since the last publication with the pipeline's GE suite.
 
-    See `lakehouse.quality.audit`: it pins each data table's snapshot, validates the new
-    rows, renders Data Docs under LAKEHOUSE_HOME/quality/<pipeline>/ and records a
-    `quality` event.
+    See `lakehouse.quality.audit`: it pins each data table's snapshot, validates the rows
+    its lineage added since the published head (ingested, replayed and backfilled alike),
+    renders Data Docs under LAKEHOUSE_HOME/quality/<pipeline>/ and records a `quality`
+    event. Fails with LineageNotAuditable, naming the table and what to do, when an
+    expired snapshot or a rollback of `main` leaves those rows unknowable.
 
     :param pipeline: the pipeline name. Templated.
     :param fail_on_error: fail the task when an expectation fails (default), blocking
         downstream publication; False returns the result for a branch operator to route.
 
     XCom: ``result`` (pushed also when the task fails) and ``return_value``: the audit
-    result dict: success, rows, snapshots {table: audited snapshot id}, expectations,
-    offending_offsets [{table, topic, partition, offset, expectation, column, value}],
-    offending_total, docs (Data Docs index.html).
+    result dict: success, rows, snapshots {table: audited snapshot id}, tables {table:
+    {snapshot_id, published_snapshot_id, lineage [snapshot ids after the published head,
+    oldest first], offsets {"partition": [lowest, highest] offset audited}, rows, success,
+    docs_page}}, expectations, offending_offsets [{table, topic, partition, offset,
+    expectation, column, value}], offending_total, docs (Data Docs index.html).
     """
 
     template_fields = ("pipeline",)
@@ -42,7 +51,10 @@ class QualityOperator(BaseOperator):
 
     def execute(self, context) -> dict:
         hook = LakehouseHook(self.pipeline)
-        result = quality.audit(hook.spec, hook.platform)
+        try:
+            result = quality.audit(hook.spec, hook.platform)
+        except quality.LineageError as exc:
+            raise LineageNotAuditable(str(exc)) from None
         self.log.info("%s", result.summary())
         self.log.info("Data Docs: %s", result.docs)
         payload = result.to_dict()
