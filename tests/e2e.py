@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -32,9 +34,35 @@ def lakehouse(spec: PipelineSpec | None, *args: str, fault: str | None = None, t
                           start_new_session=True, **popen)
 
 
-def spawn(spec: PipelineSpec, *args: str) -> subprocess.Popen:
-    env = dict(os.environ, LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent))
-    env.pop("LAKEHOUSE_FAULT", None)
+def run_cli(spec: PipelineSpec | None, *args: str) -> subprocess.CompletedProcess:
+    """`lakehouse ARGS` run in this process, as `lakehouse.cli.main` (the entry point of the command),
+    reusing the test session's Spark session instead of starting a JVM per call. Tests of process
+    behaviour (kill -9, signals, the installed command) use `lakehouse()` instead."""
+    from lakehouse import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = os.environ.get("LAKEHOUSE_PIPELINES_DIR")
+    if spec is not None:
+        os.environ["LAKEHOUSE_PIPELINES_DIR"] = str(Path(spec.path).parent)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:  # argparse refusing an argument
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        if saved is None:
+            os.environ.pop("LAKEHOUSE_PIPELINES_DIR", None)
+        else:
+            os.environ["LAKEHOUSE_PIPELINES_DIR"] = saved
+    return subprocess.CompletedProcess(["lakehouse", *args], code, out.getvalue(), err.getvalue())
+
+
+def spawn(spec: PipelineSpec, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `lakehouse ARGS` in its own process group; `env` adds to (or overrides) this environment."""
+    base = dict(os.environ, LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent))
+    base.pop("LAKEHOUSE_FAULT", None)
+    env = {**base, **(env or {})}
     return subprocess.Popen([LAKEHOUSE, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 

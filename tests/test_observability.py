@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e import lakehouse, pipeline, spawn, summaries  # noqa: F401 (fixture)
+from e2e import pipeline, run_cli, spawn, summaries  # noqa: F401 (fixture)
 from lakehouse import events, ingest, offsets, produce
 
 pytestmark = pytest.mark.slow
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_every_batch_is_an_event_with_its_counts_stages_files_and_lag(platform, pipeline):
     spec = pipeline(partitions=2, trigger={"max_records_per_batch": 150})
     report = produce.produce(spec, 300, bad_ratio=0.1, seed=3)
-    done = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    done = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert done.returncode == 0, done.stderr[-3000:]
 
     batches = list(reversed(events.recent(spec.name, kind="batch", platform=platform)))
@@ -42,7 +42,7 @@ def test_every_batch_is_an_event_with_its_counts_stages_files_and_lag(platform, 
         ranges = {int(p): tuple(r) for p, r in batch["details"]["ranges"].items()}
         assert committed[batch["details"]["batch_id"]] == ranges, "the event names the offsets its commit holds"
 
-    replayed = lakehouse(spec, "replay", "--pipeline", spec.name, "--offsets", "0:0-10")
+    replayed = run_cli(spec, "replay", "--pipeline", spec.name, "--offsets", "0:0-10")
     assert replayed.returncode == 0, replayed.stderr[-3000:]
     replay = events.recent(spec.name, kind="replay", platform=platform)[0]
     assert replay["metrics"]["records"] == 10 and replay["metrics"]["inserted"] == 0

@@ -9,14 +9,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from confluent_kafka import Producer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from e2e import pipeline, assert_exactly_once, lakehouse, rows, send, summaries, table
+from e2e import pipeline, assert_exactly_once, rows, run_cli, send, summaries, table
 from lakehouse import offsets, produce
 from lakehouse.ingest import IngestJob
 from lakehouse.kafka_source import (OffsetGapError, PartitionState, TopicRecreatedError, TopicState, plan_batch,
                                     topic_state)
 from lakehouse.offsets import OffsetRange, TableProgress
+from lakehouse.records import ERROR_KINDS
 from lakehouse.spec import load_spec
+from test_poison_records import KEYS_AND_VALUES, MAX_KAFKA_TIMESTAMP_MS
 
 pytestmark = pytest.mark.slow
 
@@ -44,10 +49,12 @@ def test_every_kind_of_bad_record_lands_in_the_dead_letter_table_with_its_reason
         by_kind.setdefault(row["error_kind"], []).append(row)
     assert {k: len(v) for k, v in by_kind.items()} == report.bad_by_kind
     for kind in ("malformed_json", "not_utf8", "not_an_object", "missing_required", "wrong_type", "bad_enum",
-                 "out_of_range", "pattern_mismatch", "bad_timestamp", "oversize", "null_value", "null_key"):
+                 "out_of_range", "pattern_mismatch", "bad_timestamp", "oversize", "null_value", "null_key",
+                 "bad_string", "timestamp_out_of_range", "bad_kafka_timestamp"):
         assert kind in by_kind, f"the producer should have made {kind} records"
         assert all(r["error_detail"] and r["pipeline"] == spec.name for r in by_kind[kind])
     assert all(r["value"] is None for r in by_kind["null_value"])
+    assert all(r["_kafka"]["timestamp"] is None for r in by_kind["bad_kafka_timestamp"])
     assert all(r["key"] is None for r in by_kind["null_key"])
     for r in by_kind["not_utf8"]:
         with pytest.raises(UnicodeDecodeError):
@@ -117,14 +124,14 @@ def test_an_incompatible_change_stops_the_pipeline_with_an_explanation(platform,
     raw = yaml.safe_load(Path(spec.path).read_text())
     raw["contract"]["fields"][2]["type"] = "long"  # amount: double -> long narrows
     Path(spec.path).write_text(yaml.safe_dump(raw))
-    run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert run.returncode == 2
     assert "'amount' is double in the table but long in the contract" in run.stderr
 
 
 def test_a_misconfigured_pipeline_stops_instead_of_dead_lettering(platform, make_spec):
     spec = make_spec(source={"topic": "no-such-topic-anywhere"})
-    run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert run.returncode == 3, run.stderr[:1500]
     assert "topic 'no-such-topic-anywhere' does not exist" in run.stderr
 
@@ -146,7 +153,7 @@ def test_a_recreated_topic_stops_the_pipeline(platform, pipeline, spark):
         except Exception:
             time.sleep(0.2)
     send(platform, spec.source.topic, [encode(order(i)) for i in range(5)])
-    run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert run.returncode == 3, run.stderr
     assert "recreated" in run.stderr
 
@@ -208,3 +215,57 @@ def test_a_stopped_producer_sees_all_its_records_land_on_the_embedded_broker(pla
     IngestJob(spec, platform, spark).run_once()
     assert len(rows(platform, spec, spec.target.table)) == 100
     assert summaries(platform, spec, spec.target.table)[-1][offsets.K_POSITIONS] == '{"0":100}'
+
+
+def test_a_record_that_crashes_the_reader_is_dead_lettered_and_the_batch_commits(platform, pipeline, spark,
+                                                                                 monkeypatch):
+    # the reader raises on the record half way through each range, on every attempt (LAKEHOUSE_FAULT)
+    spec = pipeline(partitions=1, partition_by=[])
+    send(platform, spec.source.topic, [encode(order(i)) for i in range(40)], partition=0)
+    monkeypatch.setenv("LAKEHOUSE_FAULT", "record_crash")
+    job = IngestJob(spec, platform, spark)
+    [receipt] = job.run_once()
+    assert assert_exactly_once(platform, spec) == 40
+    dead = rows(platform, spec, spec.dead_letter_table)
+    assert [(r["error_kind"], r["_kafka"]["offset"]) for r in dead] == [("reader_failure", 20)]
+    assert "injected reader crash" in dead[0]["error_detail"] and dead[0]["value"] == encode(order(20))[1]
+    assert receipt.dead_letters == 1 and job.poisoned.keys() == {(0, 20)}
+
+
+# Kafka timestamps a producer can send: none (the producer's clock), any representable one, and the edges
+# and far future past the representable range (librdkafka refuses negative ones)
+SENDABLE_TIMESTAMPS = st.one_of(
+    st.none(), st.integers(1, MAX_KAFKA_TIMESTAMP_MS),
+    st.sampled_from([1, MAX_KAFKA_TIMESTAMP_MS, MAX_KAFKA_TIMESTAMP_MS + 1, 2**62, 2**63 - 1]))
+HOSTILE_FIELDS = [{"name": "id", "type": "string", "required": True, "max_length": 40},
+                  {"name": "label", "type": "string"}, {"name": "code", "type": "string", "pattern": "^[A-Z]{3}$"},
+                  {"name": "size", "type": "string", "enum": ["S", "M", "L"]}, {"name": "small", "type": "int"},
+                  {"name": "big", "type": "long"}, {"name": "ratio", "type": "double"},
+                  {"name": "flag", "type": "boolean"}, {"name": "at", "type": "timestamp"},
+                  {"name": "day", "type": "date"}]
+
+
+@settings(max_examples=3, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(records=st.lists(st.tuples(SENDABLE_TIMESTAMPS, KEYS_AND_VALUES, st.integers(0, 2)), min_size=20, max_size=60))
+def test_hostile_records_land_exactly_once_in_the_table_or_the_dead_letter_table(platform, make_spec, spark,
+                                                                                  records):
+    """Arbitrary bytes, arbitrary JSON and the edges of every contract type and of the Kafka timestamp,
+    through the real broker, Spark and catalog: every offset lands once, as a row or a dead letter."""
+    from lakehouse.topics import ensure_topics
+
+    spec = make_spec(fields=HOSTILE_FIELDS, key={"field": "id", "required": False}, partition_by=[],
+                     fanout={"field": "size", "routes": {"S": "raw.orders_{suffix}_small"}},
+                     source={"max_value_bytes": 20_000})
+    ensure_topics([spec], platform)
+    producer = Producer(platform.kafka(**{"linger.ms": 5}))
+    for ts_ms, (key, value), partition in records:
+        producer.produce(spec.source.topic, key=key, value=value, partition=partition,
+                         **({} if ts_ms is None else {"timestamp": ts_ms}))
+    assert producer.flush(30) == 0
+    IngestJob(spec, platform, spark).run_once()
+    assert assert_exactly_once(platform, spec) == len(records)
+    dead = rows(platform, spec, spec.dead_letter_table)
+    assert all(r["error_kind"] in ERROR_KINDS and r["error_kind"] != "reader_failure" for r in dead), \
+        {r["error_kind"]: r["error_detail"] for r in dead}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pyiceberg.expressions import EqualTo
 
-from e2e import pipeline, assert_exactly_once, lakehouse, log_ends, rows, send, spawn, summaries, table
+from e2e import pipeline, assert_exactly_once, log_ends, rows, run_cli, send, spawn, summaries, table
 from lakehouse import events, offsets, produce
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ def order(i: int, status="created", channel=None) -> tuple[bytes, bytes]:
 
 
 def cli(spec, *args):
-    run = lakehouse(spec, *args)
+    run = run_cli(spec, *args)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -60,10 +60,10 @@ def test_a_replay_past_the_committed_position_is_refused(platform, pipeline):
     spec = pipeline()
     send(platform, spec.source.topic, [order(i) for i in range(10)], partition=0)
     cli(spec, "ingest", "--pipeline", spec.name, "--once")
-    run = lakehouse(spec, "replay", "--pipeline", spec.name, "--offsets", "0:5-50")
+    run = run_cli(spec, "replay", "--pipeline", spec.name, "--offsets", "0:5-50")
     assert run.returncode == 2
     assert "goes past the pipeline's committed position 10" in run.stderr
-    bad = lakehouse(spec, "replay", "--pipeline", spec.name, "--offsets", "0:9-3")
+    bad = run_cli(spec, "replay", "--pipeline", spec.name, "--offsets", "0:9-3")
     assert bad.returncode == 2 and "START < END" in bad.stderr
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import lakehouse, log_ends, pipeline, rows  # noqa: F401 - pipeline is a fixture
+from e2e import lakehouse, log_ends, pipeline, rows, run_cli  # noqa: F401 - pipeline is a fixture
 from lakehouse import airflow_stack, config, events, offsets
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run
 
 
 def cli(spec, *args: str) -> subprocess.CompletedProcess:
-    run = lakehouse(spec, *args)
+    run = run_cli(spec, *args)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 

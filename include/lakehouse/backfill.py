@@ -15,15 +15,16 @@ from datetime import datetime, timezone
 from typing import Any
 
 from lakehouse import config, offsets
+from lakehouse.errors import ConfigurationError
 from lakehouse.kafka_source import offsets_for_time, topic_state_for
-from lakehouse.replay import TABLE_NAME, ReplayError, parse_offset_ranges
-from lakehouse.spec import PipelineSpec
+from lakehouse.replay import ReplayError, parse_offset_ranges
+from lakehouse.spec import PipelineSpec, is_table_name
 
 MODES = ("offsets", "time")
 TARGETS = ("in_place", "candidate")
 
 
-class BackfillError(ValueError):
+class BackfillError(ConfigurationError):
     """The backfill request is invalid or cannot be served; the message says which field and why."""
 
 
@@ -86,7 +87,7 @@ def parse_request(params: dict, live_tables: set[str] = frozenset()) -> Backfill
     if target == "candidate":
         if _blank(candidate):
             raise BackfillError("candidate_table: required when target is candidate")
-        if not TABLE_NAME.fullmatch(str(candidate)):
+        if not is_table_name(candidate):
             raise BackfillError(f"candidate_table: {candidate!r} is not valid: use namespace.table in lower case, "
                                 f"e.g. raw.orders_v2")
         if candidate in live_tables:
@@ -98,15 +99,14 @@ def parse_request(params: dict, live_tables: set[str] = frozenset()) -> Backfill
 
 
 def live_tables(specs: dict[str, PipelineSpec]) -> set[str]:
-    """Every table or view a declared pipeline writes or serves, plus the ops timeline."""
+    """Every table or view a declared pipeline writes or serves, plus the ops timeline. (A table of a
+    spec that does not load is still protected at run time: its owner property refuses the replay.)"""
     from lakehouse.events import EVENTS_TABLE
 
     names = {EVENTS_TABLE}
     for spec in specs.values():
-        names.update(spec.target.tables)
-        names.add(spec.dead_letter_table)
-        if spec.publish.view:
-            names.add(spec.publish.view)
+        names.update(spec.owned_tables)
+        names.update(spec.views)
     return names
 
 

@@ -44,10 +44,8 @@ def history(spec: PipelineSpec, batches: list[dict] | None, platform: config.Pla
     if not catalog.table_exists(spec.target.table):
         return {"source": "none", "points": []}
     points = []
-    for snap in sorted(catalog.load_table(spec.target.table).snapshots(), key=lambda s: s.timestamp_ms):
+    for snap in offsets.ingest_commits(catalog.load_table(spec.target.table), spec.name):
         props = offsets.summary_properties(snap)
-        if props.get(offsets.K_PIPELINE) != spec.name or offsets.K_POSITIONS not in props:
-            continue  # replays, maintenance and other writers carry no positions
         at = datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=timezone.utc)
         event_time = props.get(offsets.K_MAX_EVENT_TIME)
         points.append({

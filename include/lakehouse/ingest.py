@@ -10,7 +10,12 @@ One batch, top to bottom:
 6. publish   commit the consumer group's offsets, for monitoring tools only.
 
 A crash anywhere leaves each table either with the whole batch or none of it,
-and the next run starts from what the tables say.
+and the next run starts from what the tables say. Each table commit is staged by
+Spark and made visible by lakehouse.committer, fenced: a job whose tables were
+claimed by a newer ingest job of the pipeline stops (WriterFencedError). Transient
+failures (a locked or unreachable catalog, a stalled broker) are retried with backoff
+within `supervision.retry_budget`; a record whose decoding crashes a Spark task is
+dead-lettered as `reader_failure` and the batch runs again without it.
 """
 
 from __future__ import annotations
@@ -22,18 +27,20 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
 from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.exceptions import NoSuchTableError
 
-from lakehouse import config, events, faults, offsets, sparkenv, tables
+from lakehouse import committer, config, errors, events, faults, offsets, sparkenv, tables
 from lakehouse.kafka_source import BatchPlan, batch_schema, make_reader, plan_batch, topic_state_for
 from lakehouse.offsets import TableProgress
 from lakehouse.spec import PipelineSpec, load_spec
 
 log = logging.getLogger("lakehouse.ingest")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # The stages of a batch, in order; their seconds add up to the batch's (plus recording the event):
 #   plan          read the tables' positions, find the log ends, plan the ranges
 #   read, decode  the Spark stage that fetches the records and decodes them, split by the share of
@@ -43,10 +50,17 @@ log = logging.getLogger("lakehouse.ingest")
 #   group_commit  the consumer group's offsets (monitoring only)
 STAGES = ("plan", "read", "decode", "write", "commit", "group_commit")
 COMMIT_ATTEMPTS = 6
-RETRYABLE_COMMIT_ERRORS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException")
+# timeline events kept while the catalog cannot take them (the newest are kept)
+MAX_UNRECORDED_EVENTS = 1000
+# a batch whose tasks keep failing on different records is broken in a way dead-lettering cannot fix
+MAX_POISONED_PER_BATCH = 100
+# Which of two records of one key is newer (s: incoming, t: held): within a partition the higher
+# offset, across partitions the later Kafka timestamp.
+NEWER = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t._kafka.offset) OR "
+         "(s._kafka.partition <> t._kafka.partition AND s._kafka.timestamp >= t._kafka.timestamp))")
 
 
-class IngestError(RuntimeError):
+class IngestError(errors.CommitError):
     """The batch could not be committed; the message says why."""
 
 
@@ -114,11 +128,6 @@ class BatchReceipt:
         }
 
 
-def _is_retryable(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__}: {exc}"
-    return any(name in text for name in RETRYABLE_COMMIT_ERRORS)
-
-
 class IngestJob:
     """Runs batches of one pipeline against the platform's Kafka and catalog."""
 
@@ -136,6 +145,10 @@ class IngestJob:
         self._stop = threading.Event()
         # task seconds spent reading and decoding, summed over every task of the job (a stage clock)
         self._task_clock = (self.spark.sparkContext.accumulator(0.0), self.spark.sparkContext.accumulator(0.0))
+        self._writer: committer.Writer | None = None  # claimed before the first commit
+        self._unrecorded: list[events.Event] = []  # timeline events not written yet (catalog outage)
+        # records whose decoding crashed a Spark task: (partition, offset) -> why; dead-lettered unread
+        self.poisoned: dict[tuple[int, int], str] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -212,10 +225,93 @@ class IngestJob:
         return [*self.spec.target.tables, self.spec.dead_letter_table]
 
     def progress(self) -> list[TableProgress]:
-        return [offsets.read_progress(self.catalog, t, self.spec.name) for t in self._tables()]
+        """Each table's progress; raises PositionsLostError when a table holds rows but its positions
+        cannot be found (resume fails closed), and, once this job has claimed the tables,
+        WriterFencedError when another job claimed one since (an idle zombie stops too)."""
+        found = []
+        for name in self._tables():
+            try:
+                table = self.catalog.load_table(name)
+            except NoSuchTableError:
+                found.append(TableProgress(table=name, exists=False))
+                continue
+            if self._writer is not None:
+                self._writer.check(table)
+            found.append(offsets.progress_of(table, name, self.spec.name).require_positions())
+        return found
+
+    def writer(self) -> committer.Writer:
+        """This job's claim on the pipeline's tables, made on first use (a newer claim fences it)."""
+        if self._writer is None:
+            self._writer = committer.Writer.claim(self.catalog, self.spec.name, self._tables(),
+                                                  home=str(self.platform.home))
+            log.info("pipeline %s: writer %s claimed epoch %d", self.spec.name, self._writer.writer_id,
+                     self._writer.epoch)
+            self._record_best_effort(events.Event(
+                self.spec.name, "writer", "ok", f"writer {self._writer.writer_id} claimed the tables with epoch "
+                f"{self._writer.epoch}; older ingest jobs of the pipeline are fenced",
+                metrics={"epoch": self._writer.epoch}, details={"writer": self._writer.writer_id,
+                                                                 "tables": self._tables()}))
+        return self._writer
 
     def run_batch(self, state=None) -> BatchReceipt | None:
-        """Plan, read, route and commit one batch; None when there is nothing to do."""
+        """Plan, read, route and commit one batch; None when there is nothing to do (or a stop was
+        requested while waiting to retry).
+
+        A transient failure (errors.transient_cause) runs the batch again after a backoff, until
+        `supervision.retry_budget` has passed since the first failure; then OutageError. Each retry
+        is a `retry` event on the ops timeline.
+        """
+        first_failure: float | None = None
+        attempt = 0
+        while True:
+            try:
+                return self._run_batch(state)
+            except errors.WriterFencedError as exc:
+                self._record_best_effort(events.Event(self.spec.name, "writer", "failed", str(exc)[:2000]))
+                raise
+            except (errors.ConfigurationError, errors.TableStateError):
+                raise
+            except Exception as exc:
+                why = errors.transient_cause(exc)
+                if why is None:
+                    raise
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                budget = self.spec.supervision.retry_budget_s
+                if now - first_failure >= budget:
+                    raise errors.OutageError(
+                        f"pipeline {self.spec.name}: gave up after {attempt} retries over {now - first_failure:.0f}s "
+                        f"(supervision.retry_budget {budget:g}s): {why}. Nothing was lost: the next run resumes "
+                        f"from the tables once the catalog and the broker answer again.") from exc
+                attempt += 1
+                delay = min(30.0, 0.5 * 2 ** attempt, max(0.1, budget - (now - first_failure)))
+                log.warning("pipeline %s: transient failure (%s); retry %d in %.1fs", self.spec.name, why,
+                            attempt, delay)
+                self._record_best_effort(events.Event(
+                    self.spec.name, "retry", "warn",
+                    f"transient failure, retry {attempt} in {delay:.1f}s: {why}"[:2000],
+                    metrics={"attempt": attempt, "delay_s": delay}))
+                state = None  # plan again from the tables and the log as they are after the outage
+                if self._stop.wait(delay):
+                    return None
+
+    def _record_best_effort(self, *found: events.Event) -> None:
+        """Append events to the ops timeline; a timeline that cannot be written is logged, never fatal
+        (the tables hold the truth; the timeline is for people). The catalog may be what is down: events
+        that could not be written (stamped when they happened) go out with the next ones that can."""
+        now = datetime.now(timezone.utc)
+        self._unrecorded.extend(e if e.ts else replace(e, ts=now) for e in found)
+        del self._unrecorded[:-MAX_UNRECORDED_EVENTS]
+        try:
+            events.record(*self._unrecorded, platform=self.platform, catalog=self.spec.catalog)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not record %s event(s) of %s yet: %s", "/".join(e.kind for e in found),
+                        self.spec.name, exc)
+        else:
+            self._unrecorded.clear()
+
+    def _run_batch(self, state=None) -> BatchReceipt | None:
         started = time.monotonic()
         progress = self.progress()
         state = state or self.topic_state(progress)
@@ -227,10 +323,9 @@ class IngestJob:
         self.reload_spec_if_changed()
         planned = time.monotonic()
         batch_id = uuid.uuid4().hex
-        df = self.read_plan(plan)
-        df.persist()
+        df, summary = self._read(plan)
         try:
-            receipt = self._commit_all(df, plan, batch_id)
+            receipt = self._commit_all(df, summary, plan, batch_id)
         finally:
             df.unpersist()
         if faults.claim(self.platform.home, self.spec.name, "before_group_commit"):
@@ -262,10 +357,7 @@ class IngestJob:
                 self.spec.name, "gap", "warn", f"{lost} records aged out of Kafka before they were ingested",
                 metrics={"records_lost": lost},
                 details={"gaps": {str(p): list(r) for p, r in receipt.gaps.items()}, "batch_id": receipt.batch_id}))
-        try:
-            events.record(*found, platform=self.platform, catalog=self.spec.catalog)
-        except Exception as exc:  # noqa: BLE001 - the tables hold the truth; the timeline is for people
-            log.warning("could not record the batch event of %s: %s", self.spec.name, exc)
+        self._record_best_effort(*found)
 
     def read_plan(self, plan: BatchPlan):
         schema, ddl = batch_schema(self.spec)
@@ -277,36 +369,70 @@ class IngestJob:
                                              "topic string, partition int, start long, end long")
         reader = make_reader(self.spec, self.kafka_conf, self.quarantined,
                              ingested_at_us=int(time.time() * 1_000_000),
-                             fault=faults.task_fault(self.platform.home, self.spec.name), timers=self._task_clock)
+                             fault=faults.task_fault(self.platform.home, self.spec.name), timers=self._task_clock,
+                             poisoned=self._poisoned_in(plan))
         return plan_df.mapInArrow(reader, ddl)
 
+    def _poisoned_in(self, plan: BatchPlan) -> dict[tuple[int, int], str]:
+        ranges = plan.range_map()
+        return {(p, o): why for (p, o), why in self.poisoned.items()
+                if p in ranges and ranges[p][0] <= o < ranges[p][1]}
+
+    def _read(self, plan: BatchPlan):
+        """The batch's decoded rows (persisted) and their summary (the first Spark action).
+
+        A task that fails on a record names it (errors.task_marker "record-failure"): that record is
+        then dead-lettered as `reader_failure` without being decoded, and the batch is read again.
+        """
+        for _ in range(MAX_POISONED_PER_BATCH + 1):
+            df = self.read_plan(plan).persist()
+            read_before, decode_before = (acc.value for acc in self._task_clock)
+            read_started = time.monotonic()
+            try:
+                counts, dead, newest, oldest = self._summarise(df)
+            except Exception as exc:
+                df.unpersist()
+                failed = errors.marker_in(str(exc))
+                if failed is None or failed[0] != "record-failure" or len(self._poisoned_in(plan)) >= \
+                        MAX_POISONED_PER_BATCH:
+                    raise
+                where = (int(failed[1]["partition"]), int(failed[1]["offset"]))
+                if where in self.poisoned:
+                    raise  # dead-lettering it did not help: the failure is not the record's
+                self.poisoned[where] = f"the reader failed on this record: {_task_error(exc)}"
+                log.error("pipeline %s: %s[%d]@%d crashed the reader; dead-lettering it as reader_failure: %s",
+                          self.spec.name, plan.topic, where[0], where[1], self.poisoned[where])
+                continue
+            read_task = self._task_clock[0].value - read_before
+            decode_task = self._task_clock[1].value - decode_before
+            return df, (counts, dead, newest, oldest, time.monotonic() - read_started, read_task, decode_task)
+        raise IngestError(f"pipeline {self.spec.name}: more than {MAX_POISONED_PER_BATCH} records crashed the reader "
+                          f"in one batch; the reader itself is broken")
+
     def _summarise(self, df) -> tuple[dict[str, int], int, datetime | None, datetime | None]:
-        """Rows per table, dead letters, the newest event time and the oldest Kafka timestamp read."""
+        """Rows per table, dead letters, the newest event time and the oldest Kafka timestamp read.
+
+        Times are collected as epoch microseconds: pyspark would turn timestamps into datetimes in
+        the driver's local time zone, where the edges of the representable range overflow."""
         from pyspark.sql import functions as F
 
         ev = self.spec.event_time_field
-        agg = [F.count(F.lit(1)).alias("n"), F.min("_kafka.timestamp").alias("kt")]
-        agg.append(F.max(ev).alias("ev") if ev else F.lit(None).alias("ev"))
+        agg = [F.count(F.lit(1)).alias("n"), F.min(F.unix_micros("_kafka.timestamp")).alias("kt")]
+        if ev is None:
+            agg.append(F.lit(None).alias("ev"))
+        elif self.spec.contract.field(ev).type == "date":  # a day partition column: its midnight
+            agg.append(F.max(F.unix_date(ev).cast("long") * 86_400_000_000).alias("ev"))
+        else:
+            agg.append(F.max(F.unix_micros(ev)).alias("ev"))
         rows = df.groupBy("_route").agg(*agg).collect()
         counts = {r["_route"]: r["n"] for r in rows}
         dead = counts.pop(None, 0)
         times = [r["ev"] for r in rows if r["_route"] is not None and r["ev"] is not None]
-        newest = max(times) if times else None
-        if newest is not None and newest.tzinfo is None:
-            newest = newest.replace(tzinfo=timezone.utc)
         read = [r["kt"] for r in rows if r["kt"] is not None]
-        oldest = min(read) if read else None
-        if oldest is not None and oldest.tzinfo is None:
-            oldest = oldest.replace(tzinfo=timezone.utc)
-        return counts, dead, newest, oldest
+        return counts, dead, _utc(max(times)) if times else None, _utc(min(read)) if read else None
 
-    def _commit_all(self, df, plan: BatchPlan, batch_id: str) -> BatchReceipt:
-        read_started = time.monotonic()
-        read_before, decode_before = (acc.value for acc in self._task_clock)
-        counts, dead, newest, oldest = self._summarise(df)  # the first action: reads and decodes the batch
-        read_decode_s = time.monotonic() - read_started
-        read_task = self._task_clock[0].value - read_before
-        decode_task = self._task_clock[1].value - decode_before
+    def _commit_all(self, df, summary: tuple, plan: BatchPlan, batch_id: str) -> BatchReceipt:
+        counts, dead, newest, oldest, read_decode_s, read_task, decode_task = summary
         receipt = BatchReceipt(pipeline=self.spec.name, batch_id=batch_id, ranges=plan.range_map(),
                                records=plan.record_count, rows_by_table={t: counts.get(t, 0)
                                                                          for t in self.spec.target.tables},
@@ -330,65 +456,87 @@ class IngestJob:
 
     def _commit_table(self, table: str, df, plan: BatchPlan, batch_id: str, newest: datetime | None,
                       row_count: int, oldest_read: datetime | None = None) -> TableCommit:
-        """One atomic commit of this batch's rows for `table`, retried on conflicts with other writers."""
+        """One atomic, fenced commit of this batch's rows for `table`, retried on conflicts with other
+        writers: Spark stages the write, lakehouse.committer makes it the head of `main`."""
         dead_letter = table == self.spec.dead_letter_table
+        writer = self.writer()
         started = time.monotonic()
         last_error: BaseException | None = None
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            tp = offsets.read_progress(self.catalog, table, self.spec.name)
+            loaded = self.catalog.load_table(table)
+            tp = offsets.progress_of(loaded, table, self.spec.name).require_positions()
             if all(tp.positions.get(p, -1) >= end for p, (_, end) in plan.range_map().items()):
                 return TableCommit(table, 0, tp.snapshot_id, attempt, skipped=True,  # already committed
                                    seconds=time.monotonic() - started)
-            positions = dict(tp.positions)
-            for p, (_, end) in plan.range_map().items():
-                positions[p] = end
-            summary = {
-                offsets.K_PIPELINE: self.spec.name,
-                offsets.K_KIND: "ingest",
-                offsets.K_TOPIC: plan.topic,
-                offsets.K_TOPIC_ID: plan.topic_id or "",
-                offsets.K_RANGES: offsets.encode_ranges(
-                    {p: (max(s, tp.positions.get(p, s)), e) for p, (s, e) in plan.range_map().items()}),
-                offsets.K_POSITIONS: offsets.encode_positions(positions),
-                offsets.K_BATCH: batch_id,
-            }
-            if newest is not None:
-                summary[offsets.K_MAX_EVENT_TIME] = newest.isoformat()
-            if plan.gaps:
-                summary[offsets.K_GAPS] = offsets.encode_ranges(plan.gaps)
-            if oldest_read is not None:
-                # commit time minus this is how long Kafka had to hold the batch (retention alignment)
-                summary[offsets.K_MIN_KAFKA_TIME] = oldest_read.isoformat()
+            writer.check(loaded)  # a fenced job stops before writing anything
+            tables.require_staging(loaded, table)
+            summary = self._summary(plan, tp, batch_id, newest, oldest_read)
             rows = self.rows_for(table, df, tp, dead_letter, {p: s for p, (s, _) in plan.range_map().items()})
+            if table == self.spec.target.table and self.spec.tombstone_table:
+                self.record_tombstones(rows)
             group = f"lakehouse-{self.spec.name}-{batch_id}-{table}-{attempt}"
+            wap_id = f"{batch_id}-{attempt}-{table}"
             try:
                 with faults.kill_when_files_appear(self.platform.home, self.spec.name, lambda: self._data_dir(table)), \
-                        sparkenv.job_group(self.spark, group):
+                        sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
                     if faults.claim(self.platform.home, self.spec.name, "concurrent_commit"):
                         key = self.spec.target.key[0] if self.spec.target.key else None
-                        faults.commit_concurrently(self.spark, self.catalog.load_table(table), key)
+                        faults.commit_concurrently(self.spark, loaded, key)
                     if self.spec.target.mode == "upsert" and not dead_letter:
                         self.merge_upsert(table, rows, summary)
                     else:
-                        writer = rows.writeTo(self.spec.qualified(table))
+                        append = rows.writeTo(self.spec.qualified(table))
                         for key, value in summary.items():
-                            writer = writer.option(f"snapshot-property.{key}", value)
-                        writer.append()
-            except Exception as exc:  # py4j wraps Iceberg's exceptions
-                if not _is_retryable(exc):
-                    raise IngestError(f"commit to {table} failed") from exc
+                            append = append.option(f"snapshot-property.{key}", value)
+                        append.append()
+                staged = committer.staged_snapshot(self.catalog.load_table(table), wap_id)
+                if staged is None:
+                    raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "
+                                      f"write.wap.enabled still true on the table?")
+                committer.commit_staged(self.catalog, self.catalog.load_table(table), staged.snapshot_id,
+                                        staged.parent_snapshot_id, writer.fence(tp.snapshot_id))
+            except errors.WriterFencedError:
+                raise
+            except Exception as exc:
+                if not errors.commit_conflict(exc):
+                    raise IngestError(f"commit to {table} failed: {sparkenv.describe_error(exc)}") from exc
                 last_error = exc
-                log.warning("commit to %s conflicted (attempt %d): %s", table, attempt,
-                            sparkenv.describe_error(exc))
+                log.warning("commit to %s conflicted (attempt %d): %s", table, attempt, sparkenv.describe_error(exc))
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))
                 continue
-            committed = self.catalog.load_table(table)
-            ours = offsets.progress_of(committed, table, self.spec.name).snapshot_id  # not a concurrent writer's
-            added = offsets.summary_properties(committed.snapshot_by_id(ours)) if ours is not None else {}
-            return TableCommit(table, row_count, ours, attempt, files=int(added.get("added-data-files", 0)),
+            added = offsets.summary_properties(staged)
+            return TableCommit(table, row_count, staged.snapshot_id, attempt,
+                               files=int(added.get("added-data-files", 0)),
                                bytes=int(added.get("added-files-size", 0)), seconds=time.monotonic() - started,
                                write_seconds=sparkenv.job_seconds(self.spark, group) or 0.0)
         raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
+
+    def _summary(self, plan: BatchPlan, tp: TableProgress, batch_id: str, newest: datetime | None,
+                 oldest_read: datetime | None) -> dict[str, str]:
+        """The snapshot summary of one table's commit of the batch: the offsets it holds (past the table's
+        own position) and the positions after it, with the pipeline, topic, batch and writer."""
+        positions = dict(tp.positions)
+        for p, (_, end) in plan.range_map().items():
+            positions[p] = end
+        summary = {
+            offsets.K_PIPELINE: self.spec.name,
+            offsets.K_KIND: "ingest",
+            offsets.K_TOPIC: plan.topic,
+            offsets.K_TOPIC_ID: plan.topic_id or "",
+            offsets.K_RANGES: offsets.encode_ranges(
+                {p: (max(s, tp.positions.get(p, s)), e) for p, (s, e) in plan.range_map().items()}),
+            offsets.K_POSITIONS: offsets.encode_positions(positions),
+            offsets.K_BATCH: batch_id,
+            offsets.K_WRITER: self.writer().writer_id,
+        }
+        if newest is not None:
+            summary[offsets.K_MAX_EVENT_TIME] = newest.isoformat()
+        if plan.gaps:
+            summary[offsets.K_GAPS] = offsets.encode_ranges(plan.gaps)
+        if oldest_read is not None:
+            # commit time minus this is how long Kafka had to hold the batch (retention alignment)
+            summary[offsets.K_MIN_KAFKA_TIME] = oldest_read.isoformat()
+        return summary
 
     def _data_dir(self, table: str) -> Path:
         return Path(urlparse(self.catalog.load_table(table).location()).path) / "data"
@@ -431,30 +579,71 @@ class IngestJob:
                 cols.append(F.lit(None).cast(f.dataType).alias(f.name))
         return rows.select(*cols, *keep)
 
-    def merge_upsert(self, table: str, rows, summary: dict[str, str]) -> None:
-        """Upsert: the latest record per key wins, within the batch and against the table."""
+    def latest_per_key(self, rows):
+        """The newest record of each key in `rows` (see NEWER)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         keys = list(self.spec.target.key)
-        # within a partition the higher offset is newer; across partitions, the later Kafka timestamp
         per_partition = Window.partitionBy(*keys, "_kafka.partition").orderBy(F.col("_kafka.offset").desc())
         across = Window.partitionBy(*keys).orderBy(F.col("_kafka.timestamp").desc(),
                                                    F.col("_kafka.partition").desc())
-        latest = (rows.withColumn("_rn", F.row_number().over(per_partition)).where("_rn = 1").drop("_rn")
-                  .withColumn("_rn", F.row_number().over(across)).where("_rn = 1").drop("_rn"))
+        return (rows.withColumn("_rn", F.row_number().over(per_partition)).where("_rn = 1").drop("_rn")
+                .withColumn("_rn", F.row_number().over(across)).where("_rn = 1").drop("_rn"))
+
+    def merge_upsert(self, table: str, rows, summary: dict[str, str], respect_tombstones: bool = False) -> None:
+        """Upsert: the latest record per key wins, within the batch and against the table.
+
+        With `respect_tombstones` (replays), records older than their key's newest tombstone in the
+        pipeline's ledger are left out, so replaying old records cannot bring back a deleted key.
+        """
+        latest = self.latest_per_key(rows)
+        if respect_tombstones and self.spec.tombstone_table:
+            latest = self._after_tombstones(latest)
+        keys = list(self.spec.target.key)
         columns = [c for c in latest.columns if c != "_op"]
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
-        newer = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t._kafka.offset) OR "
-                 "(s._kafka.partition <> t._kafka.partition AND s._kafka.timestamp >= t._kafka.timestamp))")
         sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
         names = ", ".join(f"`{c}`" for c in columns)
         values = ", ".join(f"s.`{c}`" for c in columns)
         sparkenv.merge(self.spark, latest,
                        f"MERGE INTO {self.spec.qualified(table)} t USING {{source}} s ON {on} "
-                       f"WHEN MATCHED AND s._op = 'delete' AND {newer} THEN DELETE "
-                       f"WHEN MATCHED AND s._op = 'upsert' AND {newer} THEN UPDATE SET {sets} "
+                       f"WHEN MATCHED AND s._op = 'delete' AND {NEWER} THEN DELETE "
+                       f"WHEN MATCHED AND s._op = 'upsert' AND {NEWER} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
+
+    def record_tombstones(self, rows) -> None:
+        """Keep the batch's tombstones (key, coordinates) in the pipeline's ledger, newest per key.
+
+        Runs before the data table's commit: after a crash in between, the ledger knows of a delete the
+        table has not applied yet, which only makes replays skip records that are older anyway.
+        """
+        from pyspark.sql import functions as F
+
+        keys = list(self.spec.target.key)
+        dead = self.latest_per_key(rows).where(F.col("_op") == "delete") \
+            .select(*keys, "_kafka", F.current_timestamp().alias("_deleted_at"))
+        if dead.isEmpty():
+            return
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+        sparkenv.merge(self.spark, dead,
+                       f"MERGE INTO {self.spec.qualified(self.spec.tombstone_table)} t "
+                       f"USING {{source}} s ON {on} "
+                       f"WHEN MATCHED AND {NEWER} THEN UPDATE SET t._kafka = s._kafka, t._deleted_at = s._deleted_at "
+                       f"WHEN NOT MATCHED THEN INSERT *", {})
+
+    def _after_tombstones(self, latest):
+        """`latest` without the records older than their key's newest tombstone in the ledger."""
+        from pyspark.sql import functions as F
+
+        keys = list(self.spec.target.key)
+        ledger = self.spark.table(self.spec.qualified(self.spec.tombstone_table)).select(
+            *[F.col(k).alias(f"_tomb_{k}") for k in keys], F.col("_kafka").alias("_tomb"))
+        joined = latest.join(ledger, on=[latest[k] == ledger[f"_tomb_{k}"] for k in keys], how="left")
+        s, t = F.col("_kafka"), F.col("_tomb")
+        newer = (((s.partition == t.partition) & (s.offset > t.offset))
+                 | ((s.partition != t.partition) & (s.timestamp >= t.timestamp)))
+        return joined.where(t.isNull() | newer).drop("_tomb", *[f"_tomb_{k}" for k in keys])
 
     def sync_group_offsets(self) -> None:
         """Bring the consumer group up to the tables (after a crash between table and group commit)."""
@@ -477,6 +666,18 @@ class IngestJob:
             log.warning("consumer group commit for %s failed: %s", self.spec.consumer_group, exc)
         finally:
             consumer.close()
+
+
+def _utc(epoch_us: int) -> datetime:
+    """The UTC datetime of `epoch_us` microseconds since the epoch."""
+    return _EPOCH + timedelta(microseconds=epoch_us)
+
+
+def _task_error(exc: BaseException) -> str:
+    """The failing task's own error line out of a failed Spark action's long message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    marked = [line for line in lines if "[lakehouse:record-failure" in line]
+    return (marked[-1] if marked else lines[-1] if lines else type(exc).__name__)[:1000]
 
 
 def receipt_line(receipt: BatchReceipt) -> str:

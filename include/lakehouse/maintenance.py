@@ -11,10 +11,12 @@ table), one after the other, while ingestion keeps committing:
              of each compaction commit and of the snapshot it replaced must be equal;
 3. manifests `rewrite_manifests`;
 4. expire    snapshots older than `retention.replay_window` (time travel covers the
-             same window as Kafka replay), always keeping the newest snapshot that
-             carries the pipeline's `lakehouse.positions` and every snapshot between it
-             and the head (resume walks those ancestors), and the heads of branches and
-             tags such as `published`;
+             same window as Kafka replay), named one by one: never the newest snapshot
+             that carries the pipeline's `lakehouse.positions` nor any snapshot between
+             it and the head (resume walks those ancestors), never a snapshot between
+             `main`'s head and a branch or tag head such as `published` (the audit of
+             the next publication walks them), never a branch or tag head. Commits that
+             land meanwhile are newer than anything named, so they are kept too;
 5. orphans   files no snapshot references and older than
              `maintenance.orphan_safety_window` (a commit in flight is never that old).
 
@@ -40,18 +42,15 @@ from urllib.parse import urlsplit
 
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ancestors_of
 
-from lakehouse import config, events, offsets, sparkenv
+from lakehouse import config, errors, events, offsets, sparkenv
 from lakehouse.spec import PipelineSpec
 
 log = logging.getLogger("lakehouse.maintenance")
 COMMIT_ATTEMPTS = 4
-# Iceberg conflicts, and the SQLite catalog's lock errors when another process commits at the same moment
-RETRYABLE_ERRORS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException",
-                    "SQLITE_BUSY", "database is locked")
-# extra snapshots kept beyond the positions snapshot, for commits without positions (a replay)
-# that may land at the head between measuring the ancestry and expiring
-EXPIRY_MARGIN = 1
+# snapshot ids per expire_snapshots call (a SQL array literal)
+EXPIRE_CHUNK = 500
 # the ops timeline keeps its snapshots this long: enough for readers scanning it while it is maintained
 TIMELINE_SNAPSHOT_AGE = timedelta(hours=1)
 # summary keys only a data-file or delete-file rewrite writes (rewrite_manifests writes neither)
@@ -59,7 +58,7 @@ _REWRITE_KEYS = ("deleted-data-files", "removed-delete-files", "removed-position
 T = TypeVar("T")
 
 
-class MaintenanceError(RuntimeError):
+class MaintenanceError(errors.LakehouseError, RuntimeError):
     """A maintenance step on one table failed (after retries) or broke an invariant; says which and why."""
 
 
@@ -108,7 +107,7 @@ class TableReceipt:
     manifests_rewritten: int = 0
     snapshots_expired: int = 0
     expire_older_than: str | None = None
-    retain_last: int = 0
+    kept_for_resume: int = 0  # snapshots older than the window kept because resume or an audit walks them
     positions_snapshot_id: int | None = None
     orphans_removed: int = 0
     orphan_older_than: str | None = None
@@ -147,8 +146,8 @@ class MaintenanceReceipt:
 
 
 def _is_retryable(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__}: {exc}"
-    return any(name in text for name in RETRYABLE_ERRORS)
+    """Another commit won (Iceberg's optimistic concurrency) or the catalog was briefly unavailable."""
+    return errors.commit_conflict(exc) or errors.transient_cause(exc) is not None
 
 
 def retrying(what: str, fn: Callable[[], T]) -> tuple[T, int]:
@@ -192,12 +191,7 @@ def _totals(table: Table, snapshot_id: int) -> tuple[int, int, int]:
 
 def _ancestry(table: Table) -> list:
     """The current snapshot of main and its ancestors, newest first (stops where history was expired)."""
-    by_id = {s.snapshot_id: s for s in table.snapshots()}
-    chain, snap = [], table.current_snapshot()
-    while snap is not None:
-        chain.append(snap)
-        snap = by_id.get(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
-    return chain
+    return list(ancestors_of(table.current_snapshot(), table.metadata))
 
 
 def _rewrites_since(table: Table, since_ms: int) -> list:
@@ -213,14 +207,22 @@ def _rewrites_since(table: Table, since_ms: int) -> list:
     return list(reversed(found))
 
 
-def positions_depth(table: Table, pipeline: str) -> tuple[int | None, int | None]:
-    """(depth, snapshot id) of the newest snapshot on main carrying `pipeline`'s positions, the head
-    being depth 0; (None, None) when no ancestor carries them."""
-    for depth, snap in enumerate(_ancestry(table)):
-        props = offsets.summary_properties(snap)
-        if props.get(offsets.K_PIPELINE) == pipeline and offsets.K_POSITIONS in props:
-            return depth, snap.snapshot_id
-    return None, None
+def snapshots_to_keep(table: Table, pipeline: str | None) -> set[int]:
+    """Snapshots expiry must keep whatever their age: branch and tag heads; `main`'s head and its
+    ancestors down to the newest one carrying `pipeline`'s positions (resume walks them); and `main`'s
+    ancestors down to every branch or tag head that is one of them (the audit of the next publication
+    walks from the published head to `main`)."""
+    metadata = table.metadata
+    keep = {ref.snapshot_id for ref in metadata.refs.values()}
+    chain = [s.snapshot_id for s in ancestors_of(table.current_snapshot(), metadata)]
+    if pipeline is not None:
+        keep.update(offsets.resume_point(metadata, pipeline).chain)
+    else:
+        keep.update(chain[:1])
+    for ref in metadata.refs.values():
+        if ref.snapshot_id in chain:
+            keep.update(chain[:chain.index(ref.snapshot_id) + 1])
+    return keep
 
 
 class TableMaintenance:
@@ -322,26 +324,38 @@ class TableMaintenance:
         rows, _ = retrying(f"manifest rewrite of {self.qualified}", lambda: self._call("rewrite_manifests"))
         return int(rows[0]["rewritten_manifests_count"]) if rows else 0
 
-    def expiry(self, table: Table, receipt: TableReceipt) -> tuple[datetime, int]:
-        """Expire snapshots older than the replay window, but keep every ancestor of main's head down
-        to the snapshot carrying the pipeline's positions: `offsets.read_progress` walks parents to it."""
-        depth, receipt.positions_snapshot_id = positions_depth(table, self.spec.name)
-        retain_last = 1 if depth is None else depth + 1 + EXPIRY_MARGIN
-        return self.now - timedelta(seconds=self.spec.retention.replay_window_s), retain_last
+    def expiry_cutoff(self) -> datetime:
+        """Snapshots older than this may expire: the replay window (time travel reaches as far back)."""
+        return self.now - timedelta(seconds=self.spec.retention.replay_window_s)
+
+    def keep(self, table: Table) -> set[int]:
+        """Snapshots to keep whatever their age (see snapshots_to_keep)."""
+        return snapshots_to_keep(table, self.spec.name)
 
     def expire(self, receipt: TableReceipt) -> None:
-        """Expire snapshots older than `expiry` allows, keeping the resume chain and branch/tag heads."""
+        """Expire the snapshots older than the cutoff that nothing needs, by id (expire_snapshots with
+        `snapshot_ids`, nothing expired by age alone), then check the resume chain is intact."""
         table = self.catalog.load_table(self.table)
-        older_than, receipt.retain_last = self.expiry(table, receipt)
-        receipt.expire_older_than = older_than.isoformat()
-        before = {s.snapshot_id for s in table.snapshots()}
-        retrying(f"snapshot expiry of {receipt.table}", lambda: self._call(
-            "expire_snapshots", older_than=timestamp_literal(older_than), retain_last=str(receipt.retain_last)))
+        cutoff = self.expiry_cutoff()
+        receipt.expire_older_than = cutoff.isoformat()
+        point = offsets.resume_point(table.metadata, self.spec.name)
+        receipt.positions_snapshot_id = point.snapshot.snapshot_id if point.snapshot is not None else None
+        keep = self.keep(table)
+        old = [s for s in table.metadata.snapshots if s.timestamp_ms < cutoff.timestamp() * 1000]
+        doomed = sorted(s.snapshot_id for s in old if s.snapshot_id not in keep)
+        receipt.kept_for_resume = len(old) - len(doomed)
+        before = {s.snapshot_id for s in table.metadata.snapshots}
+        for i in range(0, len(doomed), EXPIRE_CHUNK):
+            ids = ", ".join(f"{int(sid)}L" for sid in doomed[i:i + EXPIRE_CHUNK])
+            # older_than at the epoch: the explicit ids are all that expires (Iceberg would otherwise
+            # also expire by the table's max-snapshot-age)
+            retrying(f"snapshot expiry of {receipt.table}", lambda: self._call(
+                "expire_snapshots", older_than="TIMESTAMP '1970-01-01 00:00:00.001'", snapshot_ids=f"array({ids})"))
         table = self.catalog.load_table(self.table)
-        receipt.snapshots_expired = len(before - {s.snapshot_id for s in table.snapshots()})
+        receipt.snapshots_expired = len(before - {s.snapshot_id for s in table.metadata.snapshots})
         if receipt.positions_snapshot_id is not None:
-            still = offsets.progress_of(table, self.table, self.spec.name).snapshot_id
-            if still is None:
+            progress = offsets.progress_of(table, self.table, self.spec.name)
+            if progress.snapshot_id is None:
                 raise MaintenanceError(f"snapshot expiry of {receipt.table} lost the positions snapshot "
                                        f"{receipt.positions_snapshot_id}: the next ingest run cannot resume; "
                                        f"stop ingestion and restore the table's metadata")
@@ -377,8 +391,11 @@ class TimelineMaintenance(TableMaintenance):
     def compaction_scope(self) -> dict[str, str]:
         return {"where": f"\"pipeline = '{self.spec.name}'\""}  # a validated spec name: [a-z0-9_]
 
-    def expiry(self, table: Table, receipt: TableReceipt) -> tuple[datetime, int]:
-        return self.now - TIMELINE_SNAPSHOT_AGE, 1
+    def expiry_cutoff(self) -> datetime:
+        return self.now - TIMELINE_SNAPSHOT_AGE
+
+    def keep(self, table: Table) -> set[int]:
+        return snapshots_to_keep(table, None)
 
 
 def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark=None, run_id: str | None = None,

@@ -5,7 +5,12 @@ topic and its id, the Kafka offset range `[start, end)` per partition it covers,
 and the resulting position (next offset to read) per partition. The table, not a
 checkpoint folder, is the source of truth for resume: `read_progress` walks the
 table's current snapshot and its ancestors back to the newest commit of the
-pipeline.
+pipeline (`resume_point`, the one implementation of "the committed position").
+
+Resume fails closed: a table that holds rows but whose walk ends before a commit
+carrying the pipeline's positions (expired history, rows written by something else)
+reports `TableProgress.lost` instead of an empty position, and the ingest job stops
+on it rather than read the topic again from its earliest offset.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from lakehouse.config import PlatformConfig
+from lakehouse.errors import TableStateError
 
 PREFIX = "lakehouse."
 K_PIPELINE = PREFIX + "pipeline"
@@ -32,6 +40,12 @@ K_BATCH = PREFIX + "batch-id"
 K_MAX_EVENT_TIME = PREFIX + "max-event-time"
 K_GAPS = PREFIX + "gaps"            # {"partition": [start, end)} aged out of Kafka before ingestion
 K_MIN_KAFKA_TIME = PREFIX + "min-kafka-time"  # oldest Kafka timestamp read by the batch (ingest only)
+K_WRITER = PREFIX + "writer"        # the ingest job instance that made the commit (see committer.Writer)
+
+
+class PositionsLostError(TableStateError):
+    """A table holds rows of the pipeline but none of its snapshots reachable from `main` carries
+    the pipeline's positions: resuming would read the topic again and duplicate rows."""
 
 
 @dataclass(frozen=True, order=True)
@@ -106,9 +120,51 @@ class TableProgress:
     current_snapshot_id: int | None = None
     total_records: int = 0
     snapshot_count: int = 0
+    lost: str | None = None             # why the positions cannot be known although the table holds rows
 
     def position(self, partition: int) -> int | None:
         return self.positions.get(partition)
+
+    def require_positions(self) -> TableProgress:
+        """This progress, or PositionsLostError when the table's positions cannot be found."""
+        if self.lost:
+            raise PositionsLostError(self.lost)
+        return self
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where `main`'s history says a pipeline stands: the newest ancestor of the head carrying the
+    pipeline's positions, and the snapshots a reader walks to reach it."""
+
+    snapshot: Snapshot | None  # None when no reachable ancestor carries positions
+    chain: tuple[int, ...]     # snapshot ids from main's head down to `snapshot` (inclusive)
+    broken_at: int | None      # a parent id the walk could not find (expired), when it stopped early
+
+
+def carries_positions(snapshot: Snapshot, pipeline: str) -> bool:
+    """Whether `snapshot` is an ingest commit of `pipeline` (its summary records positions)."""
+    props = summary_properties(snapshot)
+    return props.get(K_PIPELINE) == pipeline and K_POSITIONS in props
+
+
+def ingest_commits(table: Table, pipeline: str) -> list[Snapshot]:
+    """The ingest commits of `pipeline` that landed on `main` (its retained history), oldest first;
+    staged snapshots of attempts that were never published are not among them."""
+    return [snap for snap in reversed(list(ancestors_of(table.current_snapshot(), table.metadata)))
+            if carries_positions(snap, pipeline)]
+
+
+def resume_point(metadata: TableMetadata, pipeline: str) -> ResumePoint:
+    """The ResumePoint of `pipeline` in table metadata `metadata` (walking `main`'s ancestry)."""
+    chain: list[int] = []
+    last: Snapshot | None = None
+    for snap in ancestors_of(metadata.current_snapshot(), metadata):
+        chain.append(snap.snapshot_id)
+        if carries_positions(snap, pipeline):
+            return ResumePoint(snap, tuple(chain), None)
+        last = snap
+    return ResumePoint(None, tuple(chain), last.parent_snapshot_id if last is not None else None)
 
 
 def open_catalog(platform: PlatformConfig, name: str) -> Catalog:
@@ -116,9 +172,15 @@ def open_catalog(platform: PlatformConfig, name: str) -> Catalog:
 
     An s3:// or s3a:// warehouse gets the object store's endpoint, addressing style and
     region (LAKEHOUSE_S3_*); credentials come from the AWS environment, as on the JVM side.
+    A SQLite catalog waits `catalog_busy_timeout_ms` for a lock, like Spark's JDBC connection.
     """
     io_properties = platform.object_store.pyiceberg_properties() if platform.warehouse_on_s3 else {}
-    return SqlCatalog(name, uri=platform.catalog_uri, warehouse=platform.warehouse, **io_properties)
+    uri = platform.catalog_uri
+    if uri.startswith("sqlite:") and "?" not in uri:  # wait for another process's lock as long as Spark does
+        uri += f"?timeout={platform.catalog_busy_timeout_ms / 1000:g}"
+    # pool_pre_ping: a pooled connection the server dropped (restart, pg_terminate_backend) is replaced
+    # before use instead of failing the next catalog call
+    return SqlCatalog(name, uri=uri, warehouse=platform.warehouse, pool_pre_ping="true", **io_properties)
 
 
 def summary_properties(snapshot) -> dict[str, str]:
@@ -131,31 +193,46 @@ def summary_properties(snapshot) -> dict[str, str]:
 
 
 def progress_of(table: Table, name: str, pipeline: str) -> TableProgress:
+    """What table `table` (named `name`) holds of `pipeline`; `lost` says why not when it holds rows
+    but its positions cannot be found."""
     current = table.current_snapshot()
+    snapshot_count = len(table.metadata.snapshots)
     if current is None:
-        return TableProgress(table=name, exists=True, snapshot_count=len(table.snapshots()))
-    props = summary_properties(current)
-    total = int(props.get("total-records", 0))
-    by_id = {s.snapshot_id: s for s in table.snapshots()}
-    snap = current
-    while snap is not None:
+        return TableProgress(table=name, exists=True, snapshot_count=snapshot_count)
+    total = int(summary_properties(current).get("total-records", 0))
+    point = resume_point(table.metadata, pipeline)
+    snap = point.snapshot
+    if snap is not None:
         props = summary_properties(snap)
-        if props.get(K_PIPELINE) == pipeline and K_POSITIONS in props:
-            event_time = props.get(K_MAX_EVENT_TIME)
-            return TableProgress(
-                table=name, exists=True,
-                positions=decode_positions(props[K_POSITIONS]),
-                topic_id=props.get(K_TOPIC_ID) or None,
-                snapshot_id=snap.snapshot_id,
-                committed_at=datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=timezone.utc),
-                max_event_time=datetime.fromisoformat(event_time) if event_time else None,
-                current_snapshot_id=current.snapshot_id,
-                total_records=total,
-                snapshot_count=len(by_id),
-            )
-        snap = by_id.get(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
+        event_time = props.get(K_MAX_EVENT_TIME)
+        return TableProgress(
+            table=name, exists=True,
+            positions=decode_positions(props[K_POSITIONS]),
+            topic_id=props.get(K_TOPIC_ID) or None,
+            snapshot_id=snap.snapshot_id,
+            committed_at=datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=timezone.utc),
+            max_event_time=datetime.fromisoformat(event_time) if event_time else None,
+            current_snapshot_id=current.snapshot_id,
+            total_records=total,
+            snapshot_count=snapshot_count,
+        )
+    lost = None
+    if total > 0:
+        if point.broken_at is not None:
+            lost = (f"table {name} holds {total} rows, but its history was expired between the head "
+                    f"{current.snapshot_id} and the newest commit carrying pipeline {pipeline!r}'s positions "
+                    f"(parent snapshot {point.broken_at} is gone), so nobody can tell which offsets it holds. "
+                    f"Reading the topic again from its earliest offset would duplicate rows, so the job stops. "
+                    f"Point the catalog back at a metadata file that still has the positions snapshot (see "
+                    f"`previous_metadata_location` in the catalog), or move the table aside and ingest the "
+                    f"topic again into a new table.")
+        else:
+            lost = (f"table {name} holds {total} rows, but no commit of pipeline {pipeline!r} with positions is in "
+                    f"its history (the rows were written by something else, e.g. a replay into a new table), so "
+                    f"ingesting from the earliest offset would duplicate them. Ingest into an empty table, or "
+                    f"drop the rows first.")
     return TableProgress(table=name, exists=True, current_snapshot_id=current.snapshot_id,
-                         total_records=total, snapshot_count=len(by_id))
+                         total_records=total, snapshot_count=snapshot_count, lost=lost)
 
 
 def read_progress(catalog: Catalog, table: str, pipeline: str) -> TableProgress:

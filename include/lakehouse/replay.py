@@ -4,28 +4,31 @@ Replays are idempotent: a row is inserted only if its source coordinates
 (topic, partition, offset) are not in the table yet, in one atomic commit per
 table, so each source offset is in the table exactly once afterwards however
 often a replay runs. Upsert tables merge as ingestion does (the newer record
-wins). Replays never move the pipeline's positions; their commits record the
-replayed ranges under `lakehouse.kind=replay`.
+wins), and a record older than its key's newest tombstone in the pipeline's ledger
+is left out, so a replay never brings back a deleted key. Replays never move the
+pipeline's positions; their commits record the replayed ranges under
+`lakehouse.kind=replay`, and the next publication audits them (the audit covers
+every snapshot since the published head).
 """
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 
 from lakehouse import offsets, sparkenv, tables
+from lakehouse.errors import ConfigurationError
 from lakehouse.ingest import IngestJob
 from lakehouse.kafka_source import BatchPlan, batch_schema, make_redecoder, offsets_for_time
 from lakehouse.offsets import OffsetRange, TableProgress
+from lakehouse.spec import is_table_name
 
-TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*")  # as tables in specs
 COORDS = ("t._kafka.topic = s._kafka.topic AND t._kafka.partition = s._kafka.partition "
           "AND t._kafka.offset = s._kafka.offset")
 
 
-class ReplayError(ValueError):
+class ReplayError(ConfigurationError):
     """The replay request cannot be served as asked; the message says why."""
 
 
@@ -108,7 +111,7 @@ class Replay:
         """
         from pyspark.sql import functions as F
 
-        if not TABLE_NAME.fullmatch(table):
+        if not is_table_name(table):
             raise ReplayError(f"{table!r} is not a table name: use namespace.table in lower case, e.g. raw.orders_v2")
         if table in (*self.spec.target.tables, self.spec.dead_letter_table):
             raise ReplayError(f"{table} is a table of pipeline {self.spec.name}; replay in place instead")
@@ -124,7 +127,7 @@ class Replay:
             rows = self.job.rows_for(table, df, TableProgress(table, True), dead_letter=False)
             receipt.inserted_by_table[table] = self._absent(rows, table).count()
             if self.spec.target.mode == "upsert":
-                self.job.merge_upsert(table, rows, self._summary(receipt))
+                self.job.merge_upsert(table, rows, self._summary(receipt), respect_tombstones=True)
             else:
                 self._insert_absent(table, rows, self._summary(receipt))
         finally:
@@ -195,7 +198,7 @@ class Replay:
             rows = self.job.rows_for(table, df, TableProgress(table, True), dead_letter=False)
             receipt.inserted_by_table[table] = self._absent(rows, table).count()
             if self.spec.target.mode == "upsert":
-                self.job.merge_upsert(table, rows, summary)
+                self.job.merge_upsert(table, rows, summary, respect_tombstones=True)
             else:
                 self._insert_absent(table, rows, summary)
         # dead letters: drop those now in a table, add rejected ones not there yet

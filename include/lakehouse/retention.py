@@ -89,10 +89,9 @@ def observed_lag(spec: PipelineSpec, platform: config.PlatformConfig) -> tuple[f
             table = catalog.load_table(name)
         except NoSuchTableError:
             continue
-        for snap in table.snapshots():
-            props = offsets.summary_properties(snap)
-            oldest = props.get(offsets.K_MIN_KAFKA_TIME)
-            if props.get(offsets.K_PIPELINE) != spec.name or props.get(offsets.K_KIND) != "ingest" or not oldest:
+        for snap in offsets.ingest_commits(table, spec.name):
+            oldest = offsets.summary_properties(snap).get(offsets.K_MIN_KAFKA_TIME)
+            if not oldest:
                 continue
             batches += 1
             worst = max(worst, snap.timestamp_ms / 1000 - datetime.fromisoformat(oldest).timestamp())

@@ -180,6 +180,18 @@ def merge(spark, source, statement: str, properties: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
+def staged(spark, wap_id: str):
+    """Within the block, Iceberg writes and MERGEs of this session to tables with
+    `write.wap.enabled=true` commit a *staged* snapshot tagged `wap.id` = `wap_id` instead of moving
+    `main` (write-audit-publish staging); lakehouse.committer then publishes it with its checks."""
+    spark.conf.set("spark.wap.id", wap_id)
+    try:
+        yield wap_id
+    finally:
+        spark.conf.unset("spark.wap.id")
+
+
+@contextlib.contextmanager
 def job_group(spark, group: str):
     """Run the Spark jobs started inside the block (on this thread) under job group `group`."""
     sc = spark.sparkContext

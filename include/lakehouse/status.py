@@ -86,6 +86,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
             "snapshots": tp.snapshot_count,
             "current_snapshot_id": tp.current_snapshot_id,
             "recovery_snapshot_id": tp.snapshot_id,
+            "lost": tp.lost,  # why the positions cannot be found although the table holds rows
             "positions": {str(p): o for p, o in sorted(tp.positions.items())},
             "last_commit_at": _iso(tp.committed_at),
             "max_event_time": _iso(tp.max_event_time),
@@ -195,6 +196,8 @@ def render(statuses: list[dict]) -> str:
         for t in s["tables"]:
             if not t["exists"]:
                 lines.append(f"  {t['table']}: not created yet")
+            elif t.get("lost"):
+                lines.append(f"  {t['table']}: POSITIONS LOST: {t['lost']}")
             else:
                 lines.append(f"  {t['table']}: {t['rows']} rows, {t['snapshots']} snapshots, recovery point "
                              f"snapshot {t['recovery_snapshot_id']} at {t['last_commit_at'] or '-'}")

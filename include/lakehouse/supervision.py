@@ -1,9 +1,11 @@
 """Keeping one continuous ingest job alive: health checks, hang detection, restarts with backoff.
 
-The ingest job has no fencing, so two jobs of one pipeline must never run at once:
-`JobLock` is an exclusive lock file per pipeline that the supervisor holds and hands
-to the job's processes (an inherited descriptor), so the lock is held while any of
-them lives, even when the supervisor itself dies.
+Two jobs of one pipeline must never commit at once. Across hosts the catalog fences them
+(lakehouse.committer: the newest job's writer claim wins, an older job's commits fail and
+it exits with code 4, which is never restarted). On one host `JobLock` also refuses a
+second job before it starts: an exclusive lock file per pipeline that the supervisor holds
+and hands to the job's processes (an inherited descriptor), so the lock is held while any
+of them lives, even when the supervisor itself dies.
 
 Health comes from the tables and Kafka, not from the job's own word: `observe()`
 reads the newest commits carrying the pipeline's positions and the true log ends;
@@ -31,7 +33,7 @@ from typing import Callable, Protocol
 
 import psutil
 
-from lakehouse import config, events, offsets, status
+from lakehouse import config, errors, events, offsets, status
 from lakehouse.kafka_source import topic_state_for
 from lakehouse.spec import PipelineSpec
 
@@ -41,12 +43,17 @@ MAX_BACKOFF_S = 600.0
 SUPERVISED_ENV = "LAKEHOUSE_SUPERVISED_PIPELINE"
 
 
-class SupervisionError(RuntimeError):
+class SupervisionError(errors.LakehouseError, RuntimeError):
     """The job could not be kept alive (restarts exhausted, or its processes would not die)."""
 
 
 class JobAlreadyRunningError(SupervisionError):
     """Another job of the same pipeline holds the pipeline's job lock."""
+
+
+class JobFencedError(SupervisionError):
+    """The job exited because a newer ingest job of the pipeline claimed its tables (exit code 4):
+    restarting it would only fence the other job in turn."""
 
 
 class RunningJob(Protocol):
@@ -344,6 +351,12 @@ class Supervisor:
                 if code == 0:
                     report.exit_code = 0
                     return report
+                if code == errors.EXIT_FENCED:
+                    report.exit_code = code
+                    message = ("the job was fenced: another ingest job of the pipeline claimed its tables; not "
+                               "restarting it (it would fence the other job in turn)")
+                    self._event("restart", "failed", message, {"exit_code": code}, {"exit_code": code})
+                    raise JobFencedError(f"pipeline {self.spec.name}: {message}")
                 if hung:
                     report.hangs += 1
                     self._event("hung", "warn", f"job hung: {hung}; killing it",

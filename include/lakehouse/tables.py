@@ -7,6 +7,16 @@ Schema policy (spec `schema_policy`):
 - a new required field or any other type change is incompatible: `fail` stops
   with an explanation, `quarantine` keeps the table as it is and dead-letters
   records that carry the field (`schema_incompatible`) until someone fixes it.
+
+One table has one owner: every table records the pipeline that created it
+(`lakehouse.pipeline`), and `ensure_tables` refuses a table another pipeline (or
+nobody) owns. Tables are created with `write.wap.enabled=true`, so the ingest job's
+writes are staged and only lakehouse.committer makes them visible.
+
+An upsert pipeline whose tombstones delete keys keeps a tombstone ledger beside its
+default table (`<table>__tombstones`: the key columns and the newest tombstone's
+coordinates), so a replay of older records cannot bring back a key that a later
+tombstone deleted.
 """
 
 from __future__ import annotations
@@ -15,9 +25,11 @@ from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
 from pyiceberg.types import (BooleanType, DateType, DoubleType, IntegerType, LongType, StringType,
                              TimestampType, TimestamptzType)
 
+from lakehouse.errors import ConfigurationError, TableStateError
 from lakehouse.kafka_source import SPARK_HEADERS, SPARK_KAFKA_STRUCT
 from lakehouse.spec import PipelineSpec
 
@@ -37,8 +49,25 @@ DEAD_LETTER_COLUMNS = (
 )
 
 
-class SchemaIncompatibleError(RuntimeError):
+OWNER = "lakehouse.pipeline"
+STAGING = "write.wap.enabled"  # Spark stages writes that carry spark.wap.id (see sparkenv.staged)
+
+
+class SchemaIncompatibleError(ConfigurationError):
     """The spec changed the contract in a way the table cannot take under the pipeline's policy."""
+
+
+class TableOwnershipError(ConfigurationError):
+    """A table the spec names belongs to another pipeline (or was not created by one)."""
+
+
+def require_staging(table: Table, name: str) -> None:
+    """Raise TableStateError unless `table` stages Spark writes (else a write would bypass the committer
+    and become visible without its positions)."""
+    if table.metadata.properties.get(STAGING) != "true":
+        raise TableStateError(f"table {name} has {STAGING}={table.metadata.properties.get(STAGING)!r}: the ingest "
+                              f"job stages its writes and publishes them with their positions; set it back with "
+                              f"ALTER TABLE ... SET TBLPROPERTIES ('{STAGING}'='true')")
 
 
 @dataclass
@@ -61,7 +90,8 @@ def table_properties(spec: PipelineSpec) -> dict[str, str]:
         "write.target-file-size-bytes": str(spec.target.target_file_size_bytes),
         "write.metadata.delete-after-commit.enabled": "true",
         "write.metadata.previous-versions-max": "50",
-        "lakehouse.pipeline": spec.name,
+        OWNER: spec.name,
+        STAGING: "true",
     }
     if spec.target.mode == "upsert":
         props.update({"write.merge.mode": "merge-on-read", "write.update.mode": "merge-on-read",
@@ -85,12 +115,40 @@ def _create_data_table(spark, spec: PipelineSpec, table: str) -> None:
 
 def _create_dead_letter_table(spark, spec: PipelineSpec) -> None:
     props = {"format-version": "2", "write.parquet.compression-codec": "zstd",
-             "lakehouse.pipeline": spec.name, "lakehouse.role": "dead-letter",
+             OWNER: spec.name, "lakehouse.role": "dead-letter", STAGING: "true",
              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "50"}
     rendered = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(spec.dead_letter_table)} "
               f"({', '.join(DEAD_LETTER_COLUMNS)}) USING iceberg PARTITIONED BY (days(_ingested_at)) "
               f"TBLPROPERTIES ({rendered})")
+
+
+def _create_tombstone_table(spark, spec: PipelineSpec) -> None:
+    keys = [f"`{k}` {spec.contract.field(k).spark_type}" for k in spec.target.key]
+    props = {"format-version": "2", OWNER: spec.name, "lakehouse.role": "tombstones",
+             "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "50"}
+    rendered = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items())
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(spec.tombstone_table)} "
+              f"({', '.join(keys)}, _kafka {SPARK_KAFKA_STRUCT} COMMENT 'coordinates of the newest tombstone', "
+              f"_deleted_at timestamp COMMENT 'when the pipeline applied it') USING iceberg "
+              f"TBLPROPERTIES ({rendered})")
+
+
+def check_owner(spec: PipelineSpec, name: str, table: Table) -> None:
+    """Raise TableOwnershipError unless `table` records `spec`'s pipeline as its owner."""
+    owner = table.metadata.properties.get(OWNER)
+    if owner == spec.name:
+        return
+    if owner is None:
+        raise TableOwnershipError(
+            f"{spec.path}: table {spec.qualified(name)} exists but was not created by a lakehouse pipeline (no "
+            f"{OWNER} property); writing into it could duplicate rows. Choose another table, or adopt it "
+            f"with ALTER TABLE {spec.qualified(name)} SET TBLPROPERTIES ('{OWNER}'='{spec.name}') if it is "
+            f"meant for this pipeline")
+    raise TableOwnershipError(
+        f"{spec.path}: table {spec.qualified(name)} belongs to pipeline {owner!r}; two pipelines writing one "
+        f"table would duplicate every row. Choose another table for {spec.name!r}, or, if {owner!r} is gone "
+        f"and its table should move to {spec.name!r}, set {OWNER}='{spec.name}' on it")
 
 
 def diff_schema(spec: PipelineSpec, table: str, schema) -> SchemaChanges:
@@ -120,23 +178,39 @@ def diff_schema(spec: PipelineSpec, table: str, schema) -> SchemaChanges:
     return changes
 
 
+def _load_owned(catalog: Catalog, spec: PipelineSpec, name: str) -> Table | None:
+    """Table `name` when it exists and belongs to `spec`'s pipeline (staging switched on), else None."""
+    try:
+        table = catalog.load_table(name)
+    except NoSuchTableError:
+        return None
+    check_owner(spec, name, table)
+    if table.metadata.properties.get(STAGING) != "true":  # created before writes were staged
+        with table.transaction() as tx:
+            tx.set_properties({STAGING: "true"})
+        table = catalog.load_table(name)
+    return table
+
+
 def ensure_tables(spark, catalog: Catalog, spec: PipelineSpec) -> frozenset[str]:
     """Create missing tables and apply the schema policy; returns the quarantined fields.
 
-    Raises SchemaIncompatibleError when the policy says to stop.
+    Raises SchemaIncompatibleError when the policy says to stop, TableOwnershipError when a table
+    the spec names belongs to another pipeline.
     """
-    namespaces = {t.split(".")[0] for t in (*spec.target.tables, spec.dead_letter_table)}
+    namespaces = {t.split(".")[0] for t in spec.owned_tables}
     existing = {ns[0] for ns in catalog.list_namespaces()}
     for ns in sorted(namespaces - existing):
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {spec.catalog}.{ns}")
+    loaded = {name: _load_owned(catalog, spec, name) for name in spec.owned_tables}  # every owner checked first
     quarantined: set[str] = set()
+    if spec.tombstone_table and loaded[spec.tombstone_table] is None:
+        _create_tombstone_table(spark, spec)
     for table in spec.target.tables:
-        try:
-            schema = catalog.load_table(table).schema()
-        except NoSuchTableError:
+        if loaded[table] is None:
             _create_data_table(spark, spec, table)
             continue
-        changes = diff_schema(spec, table, schema)
+        changes = diff_schema(spec, table, loaded[table].schema())
         if changes.added and spec.schema_policy.on_additive == "fail":
             raise SchemaIncompatibleError(
                 f"{spec.path}: table {table} lacks fields {changes.added} and schema_policy.on_additive "
@@ -154,8 +228,6 @@ def ensure_tables(spark, catalog: Catalog, spec: PipelineSpec) -> frozenset[str]
             spark.sql(f"ALTER TABLE {spec.qualified(table)} ADD COLUMN `{name}` {f.spark_type}{comment}")
         for name in changes.widened:
             spark.sql(f"ALTER TABLE {spec.qualified(table)} ALTER COLUMN `{name}` TYPE bigint")
-    try:
-        catalog.load_table(spec.dead_letter_table)
-    except NoSuchTableError:
+    if loaded[spec.dead_letter_table] is None:
         _create_dead_letter_table(spark, spec)
     return frozenset(quarantined)

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from lakehouse import supervision
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
@@ -54,7 +54,8 @@ class SupervisedSparkSubmitOperator(SparkSubmitOperator):
     A job that exits non-zero or hangs (no commit for `supervision.hung_after_triggers`
     triggers while lag grows) is killed with its process group and restarted after
     `supervision.restart_backoff`, doubled per restart, at most `supervision.max_restarts`
-    times; then the task fails and Airflow's retries take over. Each hang and restart is
+    times; then the task fails and Airflow's retries take over. A job fenced by a newer ingest job
+    of the pipeline (exit code 4) fails the task without restarts or retries. Each hang and restart is
     an event on the ops timeline. A graceful stop of the job (SIGTERM to its driver, it
     exits 0) ends the task successfully; `on_kill` stops the job the same way.
 
@@ -81,7 +82,10 @@ class SupervisedSparkSubmitOperator(SparkSubmitOperator):
             self._supervisor = supervision.Supervisor(
                 lakehouse.spec, lakehouse.platform, self._launch, driver_marker=self.application,
                 startup_grace_s=self.startup_grace_s, stop_grace_s=self.stop_grace_s)
-            return self._supervisor.run().to_json()
+            try:
+                return self._supervisor.run().to_json()
+            except supervision.JobFencedError as exc:  # a retry would fence the job that took over
+                raise AirflowFailException(str(exc)) from None
 
     def _launch(self, lock_fd: int) -> _SubmittedJob:
         # the job runs under this supervisor's lock, so it must not try to take the lock itself

@@ -1,0 +1,100 @@
+"""Transient faults are retried inside the continuous job, not fatal: a SQLite catalog locked longer than
+its busy timeout, and a broker that stops answering for a while. Each retry is a `retry` event on the
+ops timeline, and every offset still lands exactly once. (Killed PostgreSQL connections: see
+tests/test_postgres.py.)"""
+
+import contextlib
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e import pipeline, assert_exactly_once, spawn  # noqa: F401 (fixture)
+from lakehouse import events, offsets, produce
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(what: str, probe, job, timeout: float = 120.0):
+    """probe()'s first truthy result while `job` keeps running; fails the test naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found:
+            return found
+        if job.poll() is not None:
+            pytest.fail(f"the job exited with {job.returncode} before {what}: {job.communicate()[1][-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout:.0f}s")
+        time.sleep(0.3)
+
+
+def ingested(platform, spec) -> int:
+    """Records the dead-letter table's positions account for (it commits last in a batch)."""
+    progress = offsets.read_progress(offsets.open_catalog(platform, spec.catalog), spec.dead_letter_table, spec.name)
+    return sum(progress.positions.values())
+
+
+def stop(job) -> str:
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err[-3000:]
+    return err
+
+
+@contextlib.contextmanager
+def catalog_locked(platform):
+    """Hold the SQLite catalog's write lock (another process in the middle of a long transaction)."""
+    path = platform.catalog_uri.split(":///", 1)[1]
+    con = sqlite3.connect(path, isolation_level=None, timeout=30)
+    con.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        con.execute("ROLLBACK")
+        con.close()
+
+
+def test_a_catalog_locked_longer_than_the_busy_timeout_is_waited_out(platform, pipeline):
+    spec = pipeline(partition_by=[], trigger={"interval": "500ms"})
+    produce.produce(spec, 300, bad_ratio=0.1, seed=31)
+    job = spawn(spec, "ingest", "--pipeline", spec.name, "--json",
+                env={"LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS": "500"})
+    try:
+        wait_for("the first batch", lambda: ingested(platform, spec) == 300, job)
+        with catalog_locked(platform):
+            produce.produce(spec, 300, bad_ratio=0.1, seed=32)
+            time.sleep(6)  # a dozen busy timeouts
+            assert job.poll() is None, job.communicate()[1][-3000:]
+        wait_for("the records produced during the lock", lambda: ingested(platform, spec) == 600, job)
+    finally:
+        err = stop(job) if job.poll() is None else job.communicate()[1]
+    retries = events.recent(spec.name, "retry", platform=platform)
+    assert retries, f"the lock should have been retried: {err[-3000:]}"
+    assert all("locked" in e["message"] or "busy" in e["message"] for e in retries), retries[0]["message"]
+    assert assert_exactly_once(platform, spec) == 600
+
+
+def test_a_stalled_broker_is_retried_until_it_answers_again(platform, pipeline):
+    spec = pipeline(partition_by=[], trigger={"interval": "500ms"})
+    produce.produce(spec, 200, bad_ratio=0.1, seed=41)
+    job = spawn(spec, "ingest", "--pipeline", spec.name, "--json")
+    broker = int(Path(platform.home, "stack.json").read_text().split('"pid": ')[1].split(",")[0])
+    try:
+        wait_for("the first batch", lambda: ingested(platform, spec) == 200, job)
+        os.kill(broker, signal.SIGSTOP)  # the broker hangs: no answer, no error
+        try:
+            time.sleep(20)  # longer than the planner waits for metadata (kafka_source.PLAN_TIMEOUT_S)
+            assert job.poll() is None, job.communicate()[1][-3000:]
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        produce.produce(spec, 200, bad_ratio=0.1, seed=42)
+        wait_for("the records produced after the stall", lambda: ingested(platform, spec) == 400, job)
+    finally:
+        err = stop(job) if job.poll() is None else job.communicate()[1]
+    retries = events.recent(spec.name, "retry", platform=platform)
+    assert retries, f"the stall should have been retried: {err[-3000:]}"
+    assert assert_exactly_once(platform, spec) == 400
