@@ -518,7 +518,7 @@ class FreshnessRun:
 
 
 def _positions_reached(catalog, spec: PipelineSpec, ends: dict[int, int]) -> bool:
-    for table in (*spec.target.tables, spec.dead_letter_table):
+    for table in spec.positioned_tables:
         progress = offsets.read_progress(catalog, table, spec.name)
         if any(progress.positions.get(p, 0) < end for p, end in ends.items()):
             return False
@@ -580,7 +580,7 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
     finally:
         stop_process_group(proc, timeout=90)
     parts, offs, stamps, visible = [], [], [], []
-    for name in (*spec.target.tables, spec.dead_letter_table):
+    for name in spec.positioned_tables:
         table = catalog.load_table(name)
         p, o, ts = coordinates(table)
         parts.append(p), offs.append(o), stamps.append(ts)

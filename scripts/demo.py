@@ -48,7 +48,7 @@ def reset_if_broker_was_restarted(specs) -> None:
     """The embedded broker keeps topics in memory: after a restart, old tables point at offsets
     of topics that no longer exist (the pipeline would rightly stop: topic recreated)."""
     catalog = offsets.open_catalog(config.load(), "lake")
-    existing = {t for s in specs for t in (*s.target.tables, s.dead_letter_table) if catalog.table_exists(t)}
+    existing = {t for s in specs for t in s.owned_tables if catalog.table_exists(t)}
     if existing:
         print(f"the broker was restarted, so its topics are new; dropping the demo tables from the "
               f"previous run: {', '.join(sorted(existing))}")
@@ -61,7 +61,7 @@ def wait_until_ready(specs, jobs, timeout: float = 300.0) -> bool:
     catalog = offsets.open_catalog(config.load(), "lake")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(catalog.table_exists(t) for s in specs for t in (*s.target.tables, s.dead_letter_table)):
+        if all(catalog.table_exists(t) for s in specs for t in s.owned_tables):
             return True
         if any(j.poll() is not None for j in jobs):
             return True  # reported by the progress loop
@@ -207,7 +207,7 @@ def main() -> int:
         counts.setdefault(row["error_kind"], []).append(row)
     for kind, rows_ in sorted(counts.items()):
         example = rows_[0]
-        print(f"  {kind:<18} {len(rows_):>5}  e.g. offset {example['_kafka']['partition']}:"
+        print(f"  {kind:<22} {len(rows_):>5}  e.g. offset {example['_kafka']['partition']}:"
               f"{example['_kafka']['offset']}: {example['error_detail'][:70]}")
 
     table = catalog.load_table(orders.target.table)

@@ -1,6 +1,7 @@
 """Shared fixtures: the platform started the way users start it, one broker per test session.
 
-    lakehouse_home     (session, autouse) a private LAKEHOUSE_HOME and a free LAKEHOUSE_BROKER_PORT;
+    lakehouse_home     (session, autouse) a private LAKEHOUSE_HOME, a free LAKEHOUSE_BROKER_PORT and JVMs
+                       that start quickly (LAKEHOUSE_SPARK_JAVA_OPTIONS);
                        variables that would point tests at a real cluster are removed meanwhile
     stack              (session) `stack.up()` in that home, yields its status; `stack.down(purge=True)` after
     platform           `config.load()` once the stack runs
@@ -91,6 +92,8 @@ def lakehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 mp.delenv(name)
         mp.setenv("LAKEHOUSE_HOME", str(home))
         mp.setenv("LAKEHOUSE_BROKER_PORT", str(free_port()))
+        # the tests' JVMs handle little data and start often: quick start-up over peak speed
+        mp.setenv("LAKEHOUSE_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         yield home
 
 

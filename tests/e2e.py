@@ -34,16 +34,19 @@ def lakehouse(spec: PipelineSpec | None, *args: str, fault: str | None = None, t
                           start_new_session=True, **popen)
 
 
-def run_cli(spec: PipelineSpec | None, *args: str) -> subprocess.CompletedProcess:
+def run_cli(spec: PipelineSpec | None, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
     """`lakehouse ARGS` run in this process, as `lakehouse.cli.main` (the entry point of the command),
-    reusing the test session's Spark session instead of starting a JVM per call. Tests of process
-    behaviour (kill -9, signals, the installed command) use `lakehouse()` instead."""
+    reusing the test session's Spark session instead of starting a JVM per call; `fault` is its
+    LAKEHOUSE_FAULT (one that does not kill the process). Tests of process behaviour (kill -9,
+    signals, the installed command) use `lakehouse()` instead."""
     from lakehouse import cli
 
     out, err = io.StringIO(), io.StringIO()
-    saved = os.environ.get("LAKEHOUSE_PIPELINES_DIR")
+    settings = {"LAKEHOUSE_FAULT": fault}
     if spec is not None:
-        os.environ["LAKEHOUSE_PIPELINES_DIR"] = str(Path(spec.path).parent)
+        settings["LAKEHOUSE_PIPELINES_DIR"] = str(Path(spec.path).parent)
+    saved = {name: os.environ.get(name) for name in settings}
+    _set_environment(settings)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -51,11 +54,17 @@ def run_cli(spec: PipelineSpec | None, *args: str) -> subprocess.CompletedProces
             except SystemExit as exc:  # argparse refusing an argument
                 code = exc.code if isinstance(exc.code, int) else 1
     finally:
-        if saved is None:
-            os.environ.pop("LAKEHOUSE_PIPELINES_DIR", None)
-        else:
-            os.environ["LAKEHOUSE_PIPELINES_DIR"] = saved
+        _set_environment(saved)
     return subprocess.CompletedProcess(["lakehouse", *args], code, out.getvalue(), err.getvalue())
+
+
+def _set_environment(values: dict[str, str | None]) -> None:
+    """Set each variable of `values`, removing those whose value is None."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def spawn(spec: PipelineSpec, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -82,7 +91,7 @@ def rows(platform: PlatformConfig, spec: PipelineSpec, name: str) -> list[dict]:
 def coordinates(platform: PlatformConfig, spec: PipelineSpec) -> Counter:
     """How often each (partition, offset) of the topic appears across data and dead-letter tables."""
     seen: Counter = Counter()
-    for name in (*spec.target.tables, spec.dead_letter_table):
+    for name in spec.positioned_tables:
         for row in rows(platform, spec, name):
             seen[(row["_kafka"]["partition"], row["_kafka"]["offset"])] += 1
     return seen

@@ -1,8 +1,10 @@
 """Exactly once across the data and dead-letter tables, whatever kills the ingest process.
 
-Each test runs `lakehouse ingest` as a user would, in its own process group, on
-the real embedded broker, Spark and the JDBC catalog; faults are injected with
-LAKEHOUSE_FAULT (see lakehouse.faults) and end in kill -9 of driver and JVM.
+A run that is killed is `lakehouse ingest` as a user would start it, in its own process
+group, on the real embedded broker, Spark and the JDBC catalog; the fault (LAKEHOUSE_FAULT,
+see lakehouse.faults) ends in kill -9 of driver and JVM. Runs that nothing kills (the
+resume, a task retry, a concurrent writer) are the same command run in the test process,
+on its Spark session.
 """
 
 import json
@@ -13,15 +15,22 @@ from urllib.parse import urlparse
 import pytest
 
 from e2e import (pipeline,  # noqa: F401 (fixture)
-                 assert_exactly_once, committed_group_offsets, lakehouse, log_ends, receipts, rows, send, summaries,
-                 table)
+                 assert_exactly_once, committed_group_offsets, lakehouse, log_ends, receipts, rows, run_cli, send,
+                 summaries, table)
 from lakehouse import offsets, produce
 
 pytestmark = pytest.mark.slow
 
 
-def ingest_once(spec, fault=None, *extra):
-    return lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", *extra, fault=fault)
+KILLING = ("during_read", "after_files", "after_table_commit", "before_group_commit")
+
+
+def ingest_once(spec, fault=None):
+    """`lakehouse ingest --once --json`: its own process when `fault` kills it, else in this process."""
+    args = ("ingest", "--pipeline", spec.name, "--once", "--json")
+    if fault in KILLING:
+        return lakehouse(spec, *args, fault=fault)
+    return run_cli(spec, *args, fault=fault)
 
 
 def produce_orders(spec, count=3000, bad_ratio=0.1, seed=7):
@@ -71,7 +80,7 @@ def orphan_files(platform, spec, name) -> set[str]:
     return {str(p) for p in data_dir.rglob("*.parquet")} - referenced
 
 
-@pytest.mark.parametrize("point", ["during_read", "after_files", "after_table_commit", "before_group_commit"])
+@pytest.mark.parametrize("point", KILLING)
 def test_kill_9_at_any_point_neither_loses_nor_duplicates(platform, pipeline, point):
     spec = pipeline()
     produce_orders(spec)

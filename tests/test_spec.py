@@ -45,6 +45,7 @@ def test_demo_pipelines_load_as_declared():
     (lambda r: r["target"].update(table="Orders"), "target.table", "namespace.table"),
     (lambda r: r["target"].update(mode="merge"), "target.mode", "is not one of append, upsert"),
     (lambda r: r["target"].update(mode="upsert"), "target.key", "upsert mode needs key columns"),
+    (lambda r: r["target"].update(mode="upsert", key=["amount"]), "target.key[0]", "is a double"),
     (lambda r: r["target"].update(key=["nope"]), "target.key[0]", "'nope' is not a contract field"),
     (lambda r: r["target"].update(partition_by=["day(amount)"]), "target.partition_by[0]",
      "needs a timestamp or date column"),

@@ -152,7 +152,7 @@ def plan(spec: PipelineSpec, request: BackfillRequest, platform: config.Platform
     """
     platform = platform or config.load()
     catalog = offsets.open_catalog(platform, spec.catalog)
-    progress = [offsets.read_progress(catalog, t, spec.name) for t in (*spec.target.tables, spec.dead_letter_table)]
+    progress = [offsets.read_progress(catalog, t, spec.name) for t in spec.positioned_tables]
     state = topic_state_for(platform.kafka(), spec.source.topic, progress)
     committed = {p: min(tp.positions.get(p, 0) for tp in progress) for p in state.partitions}
     notes: list[str] = []

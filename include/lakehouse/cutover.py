@@ -124,7 +124,7 @@ def _committed_ranges(spark, spec: PipelineSpec, platform: config.PlatformConfig
     catalog = offsets.open_catalog(platform, spec.catalog)
     positions = offsets.read_progress(catalog, spec.target.table, spec.name).positions
     starts: dict[int, int] = {}
-    for name in (*spec.target.tables, spec.dead_letter_table):
+    for name in spec.positioned_tables:
         for row in spark.sql(f"SELECT _kafka.partition AS p, min(_kafka.offset) AS o FROM {spec.qualified(name)} "
                              f"GROUP BY _kafka.partition").collect():
             starts[row.p] = min(row.o, starts.get(row.p, row.o))
@@ -139,7 +139,7 @@ def _offsets_held(spark, spec: PipelineSpec, overlap: dict[int, tuple[int, int]]
                         for p, (lo, hi) in overlap.items())
     union = " UNION ALL ".join(
         f"SELECT _kafka.partition AS p, _kafka.offset AS o FROM {spec.qualified(name)} WHERE {where}"
-        for name in (*spec.target.tables, spec.dead_letter_table))
+        for name in spec.positioned_tables)
     row = spark.sql(f"SELECT count(*) AS n, count(DISTINCT p, o) AS d FROM ({union})").collect()[0]
     return row.d, row.n - row.d
 

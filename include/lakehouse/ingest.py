@@ -222,7 +222,7 @@ class IngestJob:
                                progress if progress is not None else self.progress())
 
     def _tables(self) -> list[str]:
-        return [*self.spec.target.tables, self.spec.dead_letter_table]
+        return list(self.spec.positioned_tables)
 
     def progress(self) -> list[TableProgress]:
         """Each table's progress; raises PositionsLostError when a table holds rows but its positions

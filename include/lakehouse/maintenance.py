@@ -1,7 +1,8 @@
 """Table maintenance: compaction, manifest rewrite, snapshot expiry and orphan removal, with receipts.
 
-`run(spec)` maintains every table of a pipeline (data tables and the dead-letter
-table), one after the other, while ingestion keeps committing:
+`run(spec)` maintains every table of a pipeline (data tables, the tombstone ledger of an
+upsert pipeline and the dead-letter table), one after the other, while ingestion keeps
+committing:
 
 1. compact   `rewrite_data_files` toward `target.target_file_size_bytes`, only where a
              file group has `maintenance.min_input_files` small files; upsert
@@ -239,7 +240,7 @@ class TableMaintenance:
         self.qualified = spec.qualified(table)
         self.now = now
         # merge-on-read tables also carry delete files to compact
-        self.upsert = spec.target.mode == "upsert" and table != spec.dead_letter_table
+        self.upsert = spec.target.mode == "upsert" and table in spec.target.tables
 
     def _call(self, procedure: str, **args: str):
         sql_args = ", ".join(f"{k} => {v}" for k, v in {"table": f"'{self.table}'", **args}.items())
@@ -329,8 +330,9 @@ class TableMaintenance:
         return self.now - timedelta(seconds=self.spec.retention.replay_window_s)
 
     def keep(self, table: Table) -> set[int]:
-        """Snapshots to keep whatever their age (see snapshots_to_keep)."""
-        return snapshots_to_keep(table, self.spec.name)
+        """Snapshots to keep whatever their age (see snapshots_to_keep); the tombstone ledger carries
+        no positions, so only its head and refs."""
+        return snapshots_to_keep(table, self.spec.name if self.table in self.spec.positioned_tables else None)
 
     def expire(self, receipt: TableReceipt) -> None:
         """Expire the snapshots older than the cutoff that nothing needs, by id (expire_snapshots with
@@ -410,7 +412,7 @@ def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark
     catalog = offsets.open_catalog(platform, spec.catalog)
     now = now or datetime.now(timezone.utc)
     receipt = MaintenanceReceipt(pipeline=spec.name, run_id=run_id or uuid.uuid4().hex)
-    work = [TableMaintenance(spark, catalog, spec, name, now) for name in (*spec.target.tables, spec.dead_letter_table)]
+    work = [TableMaintenance(spark, catalog, spec, name, now) for name in spec.owned_tables]
     events.events_table(platform, spec.catalog)  # the timeline exists from here on
     for maintenance in [*work, TimelineMaintenance(spark, catalog, spec, now)]:
         table_receipt = maintenance.run()

@@ -113,7 +113,7 @@ class Replay:
 
         if not is_table_name(table):
             raise ReplayError(f"{table!r} is not a table name: use namespace.table in lower case, e.g. raw.orders_v2")
-        if table in (*self.spec.target.tables, self.spec.dead_letter_table):
+        if table in self.spec.owned_tables:
             raise ReplayError(f"{table} is a table of pipeline {self.spec.name}; replay in place instead")
         started = time.monotonic()
         plan = self.plan(ranges)

@@ -84,7 +84,7 @@ def observed_lag(spec: PipelineSpec, platform: config.PlatformConfig) -> tuple[f
     pipeline's tables: commit time minus the oldest Kafka timestamp the batch read."""
     catalog = offsets.open_catalog(platform, spec.catalog)
     worst, batches = 0.0, 0
-    for name in (*spec.target.tables, spec.dead_letter_table):
+    for name in spec.positioned_tables:
         try:
             table = catalog.load_table(name)
         except NoSuchTableError:

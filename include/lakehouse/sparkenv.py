@@ -45,6 +45,10 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
     if master.startswith("local[") and "," not in master:
         # local mode gives a task one attempt unless told otherwise; allow retries like a cluster does
         master = master[:-1] + ",4]"
+    # LAKEHOUSE_SPARK_JAVA_OPTIONS: extra JVM flags of the driver and the executors (GC, heap dumps; the
+    # tests trade peak speed for start-up time with -XX:TieredStopAtLevel=1)
+    java_options = " ".join(filter(None, (f"-Dlog4j.configurationFile=file:{LOG4J}",
+                                          os.environ.get("LAKEHOUSE_SPARK_JAVA_OPTIONS", "").strip())))
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
@@ -55,8 +59,8 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.ui.enabled": os.environ.get("LAKEHOUSE_SPARK_UI", "false"),
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J}",
-        "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J}",
+        "spark.driver.extraJavaOptions": java_options,
+        "spark.executor.extraJavaOptions": java_options,
         "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
     }
     if master.startswith("spark://"):

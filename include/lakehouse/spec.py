@@ -365,6 +365,12 @@ class PipelineSpec:
         return f"{self.target.table}__tombstones" if self.tombstones_delete else None
 
     @property
+    def positioned_tables(self) -> tuple[str, ...]:
+        """The tables whose commits carry the pipeline's positions (every offset lands in one of them):
+        its data tables (fan-out included), then the dead-letter table."""
+        return (*self.target.tables, self.dead_letter_table)
+
+    @property
     def owned_tables(self) -> tuple[str, ...]:
         """Every table this pipeline writes: its data tables (fan-out included), the tombstone ledger
         if any, then the dead-letter table."""
@@ -720,6 +726,9 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
             raise r.fail(f"target.key[{i}]", f"{_shown(k)} is not a contract field")
         if not contract.field(k).required:
             raise r.fail(f"target.key[{i}]", f"key column {k!r} must be required in the contract")
+        if contract.field(k).type == "double":  # NaN never equals itself, -0.0 equals 0.0: keys would not match
+            raise r.fail(f"target.key[{i}]", f"key column {k!r} is a double; floating-point values do not "
+                                             f"identify rows (NaN, -0.0): use a string, int, long or date key")
     if mode == "upsert" and not keys:
         raise r.fail("target.key", "upsert mode needs key columns")
     parts = tgt.get("partition_by") or []

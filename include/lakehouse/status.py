@@ -75,7 +75,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     catalog = offsets.open_catalog(platform, spec.catalog)
     tables = []
     progress = {}
-    for name in (*spec.target.tables, spec.dead_letter_table):
+    for name in spec.positioned_tables:
         tp = offsets.read_progress(catalog, name, spec.name)
         progress[name] = tp
         tables.append({

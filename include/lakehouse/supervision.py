@@ -87,7 +87,7 @@ def observe(spec: PipelineSpec, platform: config.PlatformConfig, clock: Callable
     Raises SourceError when Kafka cannot be read, pyiceberg errors when the catalog cannot.
     """
     catalog = offsets.open_catalog(platform, spec.catalog)
-    progress = [offsets.read_progress(catalog, t, spec.name) for t in (*spec.target.tables, spec.dead_letter_table)]
+    progress = [offsets.read_progress(catalog, t, spec.name) for t in spec.positioned_tables]
     state = topic_state_for(platform.kafka(), spec.source.topic, progress, timeout=10.0)
     positions = {p: min(tp.positions.get(p, 0) for tp in progress) for p in state.partitions}
     committed = [tp.committed_at for tp in progress if tp.committed_at]
