@@ -33,7 +33,7 @@ from lakehouse import errors, kafka_source
 from lakehouse.kafka_source import (MAX_KAFKA_TIMESTAMP_MS, MIN_KAFKA_TIMESTAMP_MS, BatchBuilder, BrokerStalledError,
                                     RecordFailureError, make_reader, make_redecoder, read_range)
 from lakehouse.offsets import OffsetRange
-from lakehouse.records import ERROR_KINDS, MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, RecordValidator, Rejected
+from lakehouse.records import ERROR_KINDS, MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, RecordValidator
 from lakehouse.spec import Contract, FanoutSpec, FieldSpec, load_pipeline
 from test_fast_decode import outcome
 
