@@ -70,15 +70,15 @@ def test_the_fence_is_checked_inside_the_catalog_swap_not_before_it(platform, pi
     send(platform, spec.source.topic, [order(i) for i in range(60)])
     zombie = IngestJob(spec, platform, spark)
     zombie.writer()
-    real_commit = committer.commit_staged
+    real_commit = committer.append_files
     taken_over = []
 
-    def pause_then_commit(catalog, table_, staged_id, parent_id, fence):
+    def pause_then_commit(catalog, table_, files, summary, fence):
         if not taken_over:  # the pause: a newer job claims the tables right before the swap
             taken_over.append(committer.Writer.claim(catalog, spec.name, zombie._tables()))
-        return real_commit(catalog, table_, staged_id, parent_id, fence)
+        return real_commit(catalog, table_, files, summary, fence)
 
-    monkeypatch.setattr(committer, "commit_staged", pause_then_commit)
+    monkeypatch.setattr(committer, "append_files", pause_then_commit)
     with pytest.raises(WriterFencedError):
         zombie.run_batch()
     monkeypatch.undo()

@@ -33,7 +33,7 @@ def small_batches(spec, job: IngestJob, batches: int, records: int) -> None:
 def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, pipeline, run_dag, make_spec):
     spec = pipeline(partition_by=[])
     job = IngestJob(spec)
-    small_batches(spec, job, 4, 50)
+    small_batches(spec, job, spec.maintenance.min_input_files + 1, 50)  # one file per table per small batch
     before = table(platform, spec, spec.target.table)
     files_before = int(offsets.summary_properties(before.current_snapshot())["total-data-files"])
     assert files_before >= spec.maintenance.min_input_files

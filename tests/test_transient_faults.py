@@ -85,6 +85,9 @@ def test_a_stalled_broker_is_retried_until_it_answers_again(platform, pipeline):
     broker = int(Path(platform.home, "stack.json").read_text().split('"pid": ')[1].split(",")[0])
     try:
         wait_for("the first batch", lambda: ingested(platform, spec) == 200, job)
+        # stalled only once the batch is over (its event is recorded after the consumer group's commit,
+        # which waits for the broker however long it takes): the stall meets the job planning
+        wait_for("the first batch's event", lambda: events.recent(spec.name, "batch", platform=platform), job)
         os.kill(broker, signal.SIGSTOP)  # the broker hangs: no answer, no error
         try:
             time.sleep(20)  # longer than the planner waits for metadata (kafka_source.PLAN_TIMEOUT_S)

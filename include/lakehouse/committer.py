@@ -1,14 +1,18 @@
 """The one place an ingest commit becomes visible: a fenced, compare-and-set move of `main`.
 
-Spark writes each table's share of a batch as a *staged* snapshot (Iceberg's
-write-audit-publish staging: `spark.wap.id`), which no branch references. `commit_staged`
-then moves `main` to it in one catalog commit whose requirements are checked against
-exactly the metadata the catalog swaps (pyiceberg's SqlCatalog validates them inside
-the compare-and-set on the metadata location), so nothing can slip in between the check
-and the commit:
+Both kinds of commit are one catalog commit whose requirements are checked against exactly
+the metadata the catalog swaps (pyiceberg's SqlCatalog validates them inside the
+compare-and-set on the metadata location), so nothing can slip in between check and commit:
 
-- `main` still points at the staged snapshot's parent (no other commit landed since
-  Spark wrote it; otherwise the caller writes again on the new head);
+- an append table's commit is `append_files`: the data files the Spark tasks wrote become
+  one new snapshot on `main` (pyiceberg writes the manifests; no rows pass through here);
+- an upsert table's MERGE runs in Spark, which writes the result as a *staged* snapshot
+  (Iceberg's write-audit-publish staging: `spark.wap.id`) that no branch references;
+  `commit_staged` then moves `main` to it.
+
+Requirements of both:
+- `main` is still where the commit was built on (no other commit landed since; otherwise
+  the caller appends again on the new head, or merges again);
 - `PipelineFence`: the table is still claimed by this job's writer, and the newest
   commit carrying the pipeline's positions is still the one the batch was planned from.
 
@@ -190,6 +194,26 @@ def staged_snapshot(table: Table, wap_id: str):
         if snap.summary is not None and snap.summary.additional_properties.get("wap.id") == wap_id:
             return snap
     return None
+
+
+def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str, str],
+                 fence: PipelineFence) -> int:
+    """Append the data files the tasks wrote (pyiceberg DataFiles) to `main` of `table` in one snapshot
+    whose summary carries `summary`, atomically, only if `main` is still where `table` was loaded and
+    `fence` holds; returns the new snapshot's id. An empty `files` still commits (the positions move).
+
+    pyiceberg writes the manifests; the commit is one compare-and-set with the fence beside
+    pyiceberg's own requirement on `main`, so every attempt is checked, not only the first (the
+    caller reloads the table and calls again on CommitFailedException: the files stay valid). A
+    failed attempt's manifests are orphans for maintenance, as are files never committed.
+    """
+    append = table.transaction().update_snapshot(snapshot_properties=summary).fast_append()
+    for data_file in files:
+        append.append_data_file(data_file)
+    updates, requirements = append._commit()
+    catalog.commit_table(table, requirements=(AssertTableUUID(uuid=table.metadata.table_uuid), *requirements, fence),
+                         updates=updates)
+    return append.snapshot_id
 
 
 def commit_staged(catalog: Catalog, table: Table, staged_id: int, parent_id: int | None,

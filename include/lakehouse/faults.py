@@ -12,13 +12,11 @@ each other point fire once, so the retry or the rerun that follows can succeed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
 
 POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit", "task_failure",
           "concurrent_commit", "executor_lost", "record_crash")
@@ -107,31 +105,6 @@ def task_fault(home: Path, pipeline: str) -> TaskFault | None:
     return TaskFault(point, marker_dir(home, pipeline), os.getpid()) if point in TASK_POINTS else None
 
 
-@contextlib.contextmanager
-def kill_when_files_appear(home: Path, pipeline: str, data_dir: Callable[[], Path]) -> Iterator[None]:
-    """With LAKEHOUSE_FAULT=after_files: kill -9 once the write's data files exist, before its commit."""
-    if configured() != "after_files":
-        yield
-        return
-    directory = data_dir()
-    before = set(directory.rglob("*.parquet")) if directory.exists() else set()
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            if directory.exists() and set(directory.rglob("*.parquet")) - before:
-                if claim(home, pipeline, "after_files"):
-                    kill_process()
-                return
-            time.sleep(0.002)
-
-    threading.Thread(target=watch, daemon=True).start()
-    try:
-        yield
-    finally:
-        stop.set()
-
-
 def commit_concurrently(spark, table, key: str | None) -> None:
     """Another writer commits to `table` (a pyiceberg Table) while this process's write runs.
 
@@ -144,13 +117,19 @@ def commit_concurrently(spark, table, key: str | None) -> None:
         deadline = time.monotonic() + 60
         while not tracker.getActiveStageIds() and time.monotonic() < deadline:
             time.sleep(0.01)
-        from pyiceberg.expressions import EqualTo
-
-        victim = table.scan(selected_fields=(key,), limit=1).to_arrow().to_pylist() if key else []
-        if victim:
-            table.delete(EqualTo(key, victim[0][key]))
-        else:
-            with table.transaction() as tx:
-                tx.set_properties({"lakehouse.test.concurrent-writer": str(time.time())})
+        commit_conflicting_change(table, key)
 
     threading.Thread(target=commit_when_running, daemon=True).start()
+
+
+def commit_conflicting_change(table, key: str | None) -> None:
+    """Another writer's commit to `table` (a pyiceberg Table): it deletes one existing row when there
+    is a key and a row, else it sets a table property."""
+    from pyiceberg.expressions import EqualTo
+
+    victim = table.scan(selected_fields=(key,), limit=1).to_arrow().to_pylist() if key else []
+    if victim:
+        table.delete(EqualTo(key, victim[0][key]))
+    else:
+        with table.transaction() as tx:
+            tx.set_properties({"lakehouse.test.concurrent-writer": str(time.time())})

@@ -1,21 +1,26 @@
-"""The ingest job: Kafka offset ranges -> decoded rows -> one atomic Iceberg commit per table.
+"""The ingest job: Kafka offset ranges -> data files written by Spark tasks -> one atomic Iceberg
+commit per table.
 
 One batch, top to bottom:
 1. progress  read each table's committed positions from its snapshot summaries;
-2. plan      find the log end per partition, plan `[position, end)` within the batch budget;
-3. read      Spark tasks read exactly those ranges and decode/validate every record;
-4. route     valid rows to their table, rejected records to the dead-letter table;
-5. commit    per table, only offsets past that table's own position, in one commit
-             whose summary carries the ranges and new positions (data tables first);
-6. publish   commit the consumer group's offsets, for monitoring tools only.
+2. plan      find the log end per partition, plan `[position, end)` within the batch budget,
+             cut and pack the ranges into about two tasks per core;
+3. write     one Spark job: each task reads its ranges, decodes and validates every record,
+             routes rows to their table and rejected records to the dead-letter table, and
+             writes the Parquet data files itself (lakehouse.taskwriter); only file
+             descriptions and counts come back;
+4. commit    per table (data tables first), one fenced commit by lakehouse.committer whose
+             summary carries the offsets it holds and the new positions: the tasks' files
+             appended, or an upsert's staged rows merged by Spark;
+5. publish   commit the consumer group's offsets, for monitoring tools only.
 
-A crash anywhere leaves each table either with the whole batch or none of it,
-and the next run starts from what the tables say. Each table commit is staged by
-Spark and made visible by lakehouse.committer, fenced: a job whose tables were
-claimed by a newer ingest job of the pipeline stops (WriterFencedError). Transient
-failures (a locked or unreachable catalog, a stalled broker) are retried with backoff
-within `supervision.retry_budget`; a record whose decoding crashes a Spark task is
-dead-lettered as `reader_failure` and the batch runs again without it.
+A crash anywhere leaves each table either with the whole batch or none of it (files
+written but never committed are orphans), and the next run starts from what the tables
+say. A job whose tables were claimed by a newer ingest job of the pipeline stops
+(WriterFencedError). Transient failures (a locked or unreachable catalog, a stalled
+broker) are retried with backoff within `supervision.retry_budget`; a record whose
+decoding crashes a Spark task is dead-lettered as `reader_failure` and the batch runs
+again without it.
 """
 
 from __future__ import annotations
@@ -29,27 +34,30 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from urllib.parse import urlparse
 
 from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
 
-from lakehouse import committer, config, errors, events, faults, offsets, sparkenv, tables
+from lakehouse import committer, config, errors, events, faults, offsets, sparkenv, tables, taskwriter
 from lakehouse.kafka_source import BatchPlan, batch_schema, make_reader, plan_batch, topic_state_for
 from lakehouse.offsets import TableProgress
 from lakehouse.spec import PipelineSpec, load_spec
+from lakehouse.taskwriter import TableTarget, TaskResult
 
 log = logging.getLogger("lakehouse.ingest")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # The stages of a batch, in order; their seconds add up to the batch's (plus recording the event):
 #   plan          read the tables' positions, find the log ends, plan the ranges
-#   read, decode  the Spark stage that fetches the records and decodes them, split by the share of
-#                 task time spent in consumer.consume (read) versus decoding and building batches
-#   write         the Spark jobs that write each table's data files (summed over tables)
-#   commit        the rest of each table commit: Iceberg metadata, the catalog swap, conflict retries
+#   read, decode, the Spark job whose tasks fetch the records, decode them and write the files, split
+#   write         by the share of task time in consumer.consume (read), decoding and building Arrow
+#                 batches (decode) and routing and writing Parquet (write); plus an upsert's MERGE
+#   commit        the table commits: manifests, the catalog swap, conflict retries
 #   group_commit  the consumer group's offsets (monitoring only)
 STAGES = ("plan", "read", "decode", "write", "commit", "group_commit")
 COMMIT_ATTEMPTS = 6
+# tasks of a large batch per Spark task slot: more than one evens out tasks that run slower than others
+TASKS_PER_SLOT = 1
 # timeline events kept while the catalog cannot take them (the newest are kept)
 MAX_UNRECORDED_EVENTS = 1000
 # a batch whose tasks keep failing on different records is broken in a way dead-lettering cannot fix
@@ -62,6 +70,64 @@ NEWER = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t._kaf
 
 class IngestError(errors.CommitError):
     """The batch could not be committed; the message says why."""
+
+
+class PlanStaleError(IngestError, errors.RetryableError):
+    """A table's positions moved between planning and committing (another commit of the pipeline):
+    the batch is planned and written again."""
+
+
+@dataclass
+class Written:
+    """What the tasks of one batch wrote: files per table and the batch's numbers, summed."""
+
+    files: dict[str, list] = field(default_factory=dict)  # table -> pyiceberg DataFiles
+    staged: dict[str, list[str]] = field(default_factory=dict)  # upsert table -> staging Parquet files
+    rows: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    max_event_us: int | None = None
+    min_kafka_us: int | None = None
+    seconds: float = 0.0  # wall time of the Spark job
+    read_s: float = 0.0  # task seconds, summed over the tasks
+    decode_s: float = 0.0
+    write_s: float = 0.0
+    tasks: int = 0
+    busy_s: float = 0.0  # wall seconds from each task's start to its end, summed over the tasks
+    launch_s: float = 0.0  # from the job's start to its first task's start (scheduling, worker hand-off)
+    tail_s: float = 0.0  # from the last task's end to the results on the driver
+
+    @classmethod
+    def of(cls, results: list[TaskResult], started: float, ended: float) -> Written:
+        """The tasks' `results` of a Spark job that ran from `started` to `ended` (time.time)."""
+        out = cls(seconds=ended - started, tasks=len(results))
+        for r in results:
+            for table, files in r.files.items():
+                out.files.setdefault(table, []).extend(files)
+            for table, paths in r.staged.items():
+                out.staged.setdefault(table, []).extend(paths)
+            for table, n in r.rows.items():
+                out.rows[table] = out.rows.get(table, 0) + n
+            out.dead_letters += r.dead_letters
+            if r.max_event_us is not None:
+                out.max_event_us = max(r.max_event_us, out.max_event_us or r.max_event_us)
+            if r.min_kafka_us is not None:
+                out.min_kafka_us = min(r.min_kafka_us, out.min_kafka_us or r.min_kafka_us)
+            out.read_s += r.read_s
+            out.decode_s += r.decode_s
+            out.write_s += r.write_s
+            out.busy_s += r.ended - r.started
+        if results:
+            out.launch_s = max(0.0, min(r.started for r in results) - started)
+            out.tail_s = max(0.0, ended - max(r.ended for r in results))
+        return out
+
+    @property
+    def max_event_time(self) -> datetime | None:
+        return _utc(self.max_event_us) if self.max_event_us is not None else None
+
+    @property
+    def min_kafka_time(self) -> datetime | None:
+        return _utc(self.min_kafka_us) if self.min_kafka_us is not None else None
 
 
 @dataclass
@@ -228,7 +294,11 @@ class IngestJob:
         """Each table's progress; raises PositionsLostError when a table holds rows but its positions
         cannot be found (resume fails closed), and, once this job has claimed the tables,
         WriterFencedError when another job claimed one since (an idle zombie stops too)."""
-        found = []
+        return self._progress_and_tables()[0]
+
+    def _progress_and_tables(self) -> tuple[list[TableProgress], dict[str, Table]]:
+        """`progress()`, and the tables as loaded for it (one catalog load per table)."""
+        found, loaded = [], {}
         for name in self._tables():
             try:
                 table = self.catalog.load_table(name)
@@ -238,7 +308,8 @@ class IngestJob:
             if self._writer is not None:
                 self._writer.check(table)
             found.append(offsets.progress_of(table, name, self.spec.name).require_positions())
-        return found
+            loaded[name] = table
+        return found, loaded
 
     def writer(self) -> committer.Writer:
         """This job's claim on the pipeline's tables, made on first use (a newer claim fences it)."""
@@ -313,21 +384,24 @@ class IngestJob:
 
     def _run_batch(self, state=None) -> BatchReceipt | None:
         started = time.monotonic()
-        progress = self.progress()
+        progress, loaded = self._progress_and_tables()
         state = state or self.topic_state(progress)
         plan = plan_batch(self.spec, state, progress, self.spec.trigger.max_records_per_batch, self.accept_gap)
         if not plan.ranges:
             return None
         # after planning, not before: a spec edited before its first records were produced then
         # decodes every record of the plan (they were all in Kafka when the plan fixed its end)
-        self.reload_spec_if_changed()
-        planned = time.monotonic()
+        changed = self.reload_spec_if_changed()
         batch_id = uuid.uuid4().hex
-        df, summary = self._read(plan)
-        try:
-            receipt = self._commit_all(df, summary, plan, batch_id)
-        finally:
-            df.unpersist()
+        planned_from = {tp.table: tp for tp in progress}
+        if changed or self._writer is None:  # the tables as the schema change or the claim left them
+            self.writer()
+            loaded = {name: self.catalog.load_table(name) for name in self._written_tables()}
+        planned = time.monotonic()
+        written = self._write_files(plan, batch_id, loaded, planned_from)
+        if faults.claim(self.platform.home, self.spec.name, "after_files"):
+            faults.kill_process()
+        receipt = self._commit_all(written, plan, batch_id, loaded, planned_from)
         if faults.claim(self.platform.home, self.spec.name, "before_group_commit"):
             faults.kill_process()
         grouped = time.monotonic()
@@ -378,123 +452,130 @@ class IngestJob:
         return {(p, o): why for (p, o), why in self.poisoned.items()
                 if p in ranges and ranges[p][0] <= o < ranges[p][1]}
 
-    def _read(self, plan: BatchPlan):
-        """The batch's decoded rows (persisted) and their summary (the first Spark action).
+    def _written_tables(self) -> list[str]:
+        """The tables the tasks write, in commit order: the data tables, then the dead-letter table."""
+        return [*self.spec.target.tables, self.spec.dead_letter_table]
+
+    def _targets(self, plan: BatchPlan, batch_id: str, loaded: dict[str, Table],
+                 planned_from: dict[str, TableProgress]) -> list[TableTarget]:
+        starts = {p: s for p, (s, _) in plan.range_map().items()}
+        found = []
+        for name in self._written_tables():
+            table = loaded[name]
+            tp = planned_from.get(name) or TableProgress(name, True)
+            dead_letter = name == self.spec.dead_letter_table
+            staging = None
+            if self.spec.target.mode == "upsert" and not dead_letter:
+                staging = f"{table.location().rstrip('/')}/staging/{batch_id}"
+            found.append(TableTarget(
+                name=name, metadata=taskwriter.shipped_metadata(table.metadata),
+                io_properties=taskwriter.io_properties(table.io.properties), dead_letter=dead_letter,
+                held={p: pos for p, pos in tp.positions.items() if pos > starts.get(p, pos)}, staging=staging))
+        return found
+
+    def _write_files(self, plan: BatchPlan, batch_id: str, loaded: dict[str, Table],
+                     planned_from: dict[str, TableProgress]) -> Written:
+        """One Spark job: the tasks read the plan's ranges, decode them and write every table's files.
 
         A task that fails on a record names it (errors.task_marker "record-failure"): that record is
-        then dead-lettered as `reader_failure` without being decoded, and the batch is read again.
+        then dead-lettered as `reader_failure` without being decoded, and the batch is written again
+        (the failed attempt's files are orphans, never committed).
         """
+        targets = self._targets(plan, batch_id, loaded, planned_from)
+        groups = offsets.task_groups(plan.ranges, self.spark.sparkContext.defaultParallelism * TASKS_PER_SLOT)
         for _ in range(MAX_POISONED_PER_BATCH + 1):
-            df = self.read_plan(plan).persist()
-            read_before, decode_before = (acc.value for acc in self._task_clock)
-            read_started = time.monotonic()
+            run = taskwriter.make_task_writer(
+                self.spec, self.kafka_conf, self.quarantined, ingested_at_us=int(time.time() * 1_000_000),
+                targets=targets, write_uuid=uuid.uuid4(), fault=faults.task_fault(self.platform.home, self.spec.name),
+                poisoned=self._poisoned_in(plan))
+            started = time.time()
             try:
-                counts, dead, newest, oldest = self._summarise(df)
+                with sparkenv.job_group(self.spark, f"lakehouse-{self.spec.name}-{batch_id}-write"):
+                    results = self.spark.sparkContext.parallelize(groups, len(groups)).mapPartitionsWithIndex(
+                        lambda index, items: run(index, (r for group in items for r in group))).collect()
             except Exception as exc:
-                df.unpersist()
-                failed = errors.marker_in(str(exc))
-                if failed is None or failed[0] != "record-failure" or len(self._poisoned_in(plan)) >= \
-                        MAX_POISONED_PER_BATCH:
+                if not self._poison(plan, exc):
                     raise
-                where = (int(failed[1]["partition"]), int(failed[1]["offset"]))
-                if where in self.poisoned:
-                    raise  # dead-lettering it did not help: the failure is not the record's
-                self.poisoned[where] = f"the reader failed on this record: {_task_error(exc)}"
-                log.error("pipeline %s: %s[%d]@%d crashed the reader; dead-lettering it as reader_failure: %s",
-                          self.spec.name, plan.topic, where[0], where[1], self.poisoned[where])
                 continue
-            read_task = self._task_clock[0].value - read_before
-            decode_task = self._task_clock[1].value - decode_before
-            return df, (counts, dead, newest, oldest, time.monotonic() - read_started, read_task, decode_task)
+            return Written.of(results, started, time.time())
         raise IngestError(f"pipeline {self.spec.name}: more than {MAX_POISONED_PER_BATCH} records crashed the reader "
                           f"in one batch; the reader itself is broken")
 
-    def _summarise(self, df) -> tuple[dict[str, int], int, datetime | None, datetime | None]:
-        """Rows per table, dead letters, the newest event time and the oldest Kafka timestamp read.
+    def _poison(self, plan: BatchPlan, exc: Exception) -> bool:
+        """Whether `exc`, a failed Spark job, names a record that crashed the reader and that record was
+        added to the poisoned records (dead-lettered as `reader_failure` when the batch runs again)."""
+        failed = errors.marker_in(str(exc))
+        if failed is None or failed[0] != "record-failure" or len(self._poisoned_in(plan)) >= MAX_POISONED_PER_BATCH:
+            return False
+        where = (int(failed[1]["partition"]), int(failed[1]["offset"]))
+        if where in self.poisoned:
+            return False  # dead-lettering it did not help: the failure is not the record's
+        self.poisoned[where] = f"the reader failed on this record: {_task_error(exc)}"
+        log.error("pipeline %s: %s[%d]@%d crashed the reader; dead-lettering it as reader_failure: %s",
+                  self.spec.name, plan.topic, where[0], where[1], self.poisoned[where])
+        return True
 
-        Times are collected as epoch microseconds: pyspark would turn timestamps into datetimes in
-        the driver's local time zone, where the edges of the representable range overflow."""
-        from pyspark.sql import functions as F
-
-        ev = self.spec.event_time_field
-        agg = [F.count(F.lit(1)).alias("n"), F.min(F.unix_micros("_kafka.timestamp")).alias("kt")]
-        if ev is None:
-            agg.append(F.lit(None).alias("ev"))
-        elif self.spec.contract.field(ev).type == "date":  # a day partition column: its midnight
-            agg.append(F.max(F.unix_date(ev).cast("long") * 86_400_000_000).alias("ev"))
-        else:
-            agg.append(F.max(F.unix_micros(ev)).alias("ev"))
-        rows = df.groupBy("_route").agg(*agg).collect()
-        counts = {r["_route"]: r["n"] for r in rows}
-        dead = counts.pop(None, 0)
-        times = [r["ev"] for r in rows if r["_route"] is not None and r["ev"] is not None]
-        read = [r["kt"] for r in rows if r["kt"] is not None]
-        return counts, dead, _utc(max(times)) if times else None, _utc(min(read)) if read else None
-
-    def _commit_all(self, df, summary: tuple, plan: BatchPlan, batch_id: str) -> BatchReceipt:
-        counts, dead, newest, oldest, read_decode_s, read_task, decode_task = summary
+    def _commit_all(self, written: Written, plan: BatchPlan, batch_id: str, loaded: dict[str, Table],
+                    planned_from: dict[str, TableProgress]) -> BatchReceipt:
         receipt = BatchReceipt(pipeline=self.spec.name, batch_id=batch_id, ranges=plan.range_map(),
-                               records=plan.record_count, rows_by_table={t: counts.get(t, 0)
-                                                                         for t in self.spec.target.tables},
-                               dead_letters=dead, max_event_time=newest, gaps=plan.gaps)
+                               records=plan.record_count,
+                               rows_by_table={t: written.rows.get(t, 0) for t in self.spec.target.tables},
+                               dead_letters=written.dead_letters, max_event_time=written.max_event_time,
+                               gaps=plan.gaps)
         # every table commits every batch, even with no rows: its position must move with the
         # batch, or a restart (and every later batch) would read again from where it stood
-        for table in self.spec.target.tables:
-            receipt.commits.append(self._commit_table(table, df, plan, batch_id, newest, counts.get(table, 0),
-                                                      oldest))
-        if faults.claim(self.platform.home, self.spec.name, "after_table_commit"):
-            faults.kill_process()
-        receipt.commits.append(self._commit_table(self.spec.dead_letter_table, df, plan, batch_id, None, dead,
-                                                  oldest))
-        read_share = read_task / (read_task + decode_task) if read_task + decode_task > 0 else 0.0
-        write = sum(c.write_seconds for c in receipt.commits)
-        receipt.timings.update({
-            "read": read_decode_s * read_share, "decode": read_decode_s * (1 - read_share),
-            "write": write, "commit": sum(c.seconds for c in receipt.commits) - write,
-            "read_task": read_task, "decode_task": decode_task})
+        for table in self._written_tables():
+            if table == self.spec.dead_letter_table and \
+                    faults.claim(self.platform.home, self.spec.name, "after_table_commit"):
+                faults.kill_process()
+            count = written.dead_letters if table == self.spec.dead_letter_table else written.rows.get(table, 0)
+            receipt.commits.append(self._commit_table(table, written, plan, batch_id, count, loaded[table],
+                                                      planned_from.get(table)))
+        task_s = written.read_s + written.decode_s + written.write_s
+        shares = {stage: (getattr(written, f"{stage}_s") / task_s if task_s > 0 else 0.0)
+                  for stage in ("read", "decode", "write")}
+        merge = sum(c.write_seconds for c in receipt.commits)  # an upsert's MERGE writes in Spark
+        receipt.timings.update({stage: written.seconds * share for stage, share in shares.items()})
+        receipt.timings["write"] += merge
+        receipt.timings.update({"commit": sum(c.seconds for c in receipt.commits) - merge,
+                                "read_task": written.read_s, "decode_task": written.decode_s,
+                                "write_task": written.write_s, "tasks": written.tasks,
+                                "task_busy": written.busy_s, "task_launch": written.launch_s,
+                                "task_tail": written.tail_s})
         return receipt
 
-    def _commit_table(self, table: str, df, plan: BatchPlan, batch_id: str, newest: datetime | None,
-                      row_count: int, oldest_read: datetime | None = None) -> TableCommit:
-        """One atomic, fenced commit of this batch's rows for `table`, retried on conflicts with other
-        writers: Spark stages the write, lakehouse.committer makes it the head of `main`."""
-        dead_letter = table == self.spec.dead_letter_table
+    def _commit_table(self, table: str, written: Written, plan: BatchPlan, batch_id: str, row_count: int,
+                      loaded: Table, planned: TableProgress | None) -> TableCommit:
+        """One atomic, fenced commit of this batch's share of `table`, retried on conflicts with other
+        writers (compaction, a replay): the tasks' files are appended, or an upsert's staged rows
+        merged, by lakehouse.committer."""
         writer = self.writer()
         started = time.monotonic()
         last_error: BaseException | None = None
+        upsert = self.spec.target.mode == "upsert" and table != self.spec.dead_letter_table
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            loaded = self.catalog.load_table(table)
+            if attempt > 1:
+                loaded = self.catalog.load_table(table)
             tp = offsets.progress_of(loaded, table, self.spec.name).require_positions()
             if all(tp.positions.get(p, -1) >= end for p, (_, end) in plan.range_map().items()):
                 return TableCommit(table, 0, tp.snapshot_id, attempt, skipped=True,  # already committed
                                    seconds=time.monotonic() - started)
-            writer.check(loaded)  # a fenced job stops before writing anything
-            tables.require_staging(loaded, table)
-            summary = self._summary(plan, tp, batch_id, newest, oldest_read)
-            rows = self.rows_for(table, df, tp, dead_letter, {p: s for p, (s, _) in plan.range_map().items()})
-            if table == self.spec.target.table and self.spec.tombstone_table:
-                self.record_tombstones(rows)
-            group = f"lakehouse-{self.spec.name}-{batch_id}-{table}-{attempt}"
-            wap_id = f"{batch_id}-{attempt}-{table}"
+            if planned is not None and tp.snapshot_id != planned.snapshot_id:
+                # the files leave out what the table held when planned; another commit of the pipeline moved it
+                raise PlanStaleError(f"{table}: the pipeline's positions moved from snapshot {planned.snapshot_id} to "
+                                     f"{tp.snapshot_id} since the batch was planned; planning again")
+            writer.check(loaded)  # a fenced job stops before committing anything
+            summary = self._summary(plan, tp, batch_id, written.max_event_time, written.min_kafka_time)
+            merge_s = 0.0
             try:
-                with faults.kill_when_files_appear(self.platform.home, self.spec.name, lambda: self._data_dir(table)), \
-                        sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
+                if upsert:
+                    merge_s, snapshot_id = self._merge_staged(table, written.staged.get(table, []), summary, loaded,
+                                                              tp, batch_id, attempt, writer)
+                else:
                     if faults.claim(self.platform.home, self.spec.name, "concurrent_commit"):
-                        key = self.spec.target.key[0] if self.spec.target.key else None
-                        faults.commit_concurrently(self.spark, loaded, key)
-                    if self.spec.target.mode == "upsert" and not dead_letter:
-                        self.merge_upsert(table, rows, summary)
-                    else:
-                        append = rows.writeTo(self.spec.qualified(table))
-                        for key, value in summary.items():
-                            append = append.option(f"snapshot-property.{key}", value)
-                        append.append()
-                staged = committer.staged_snapshot(self.catalog.load_table(table), wap_id)
-                if staged is None:
-                    raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "
-                                      f"write.wap.enabled still true on the table?")
-                committer.commit_staged(self.catalog, self.catalog.load_table(table), staged.snapshot_id,
-                                        staged.parent_snapshot_id, writer.fence(tp.snapshot_id))
+                        faults.commit_conflicting_change(self.catalog.load_table(table), None)
+                    snapshot_id = committer.append_files(self.catalog, loaded, written.files.get(table, []), summary,
+                                                         writer.fence(tp.snapshot_id))
             except errors.WriterFencedError:
                 raise
             except Exception as exc:
@@ -504,12 +585,55 @@ class IngestJob:
                 log.warning("commit to %s conflicted (attempt %d): %s", table, attempt, sparkenv.describe_error(exc))
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))
                 continue
-            added = offsets.summary_properties(staged)
-            return TableCommit(table, row_count, staged.snapshot_id, attempt,
-                               files=int(added.get("added-data-files", 0)),
-                               bytes=int(added.get("added-files-size", 0)), seconds=time.monotonic() - started,
-                               write_seconds=sparkenv.job_seconds(self.spark, group) or 0.0)
+            if upsert:
+                self._drop_staging(loaded, written.staged.get(table, []))
+            files = written.files.get(table, [])
+            return TableCommit(table, row_count, snapshot_id, attempt, files=len(files),
+                               bytes=sum(f.file_size_in_bytes for f in files), seconds=time.monotonic() - started,
+                               write_seconds=merge_s)
         raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
+
+    def _merge_staged(self, table: str, paths: list[str], summary: dict[str, str], loaded: Table,
+                      tp: TableProgress, batch_id: str, attempt: int, writer: committer.Writer) -> tuple[float, int]:
+        """An upsert table's commit: Spark MERGEs the rows the tasks staged, as a staged (WAP) snapshot that
+        lakehouse.committer makes the head of `main`. Returns the MERGE's Spark seconds and the snapshot id."""
+        tables.require_staging(loaded, table)
+        rows = self.staged_rows(table, paths)
+        if table == self.spec.target.table and self.spec.tombstone_table:
+            self.record_tombstones(rows)
+        group = f"lakehouse-{self.spec.name}-{batch_id}-{table}-{attempt}"
+        wap_id = f"{batch_id}-{attempt}-{table}"
+        with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
+            if faults.claim(self.platform.home, self.spec.name, "concurrent_commit"):
+                key = self.spec.target.key[0] if self.spec.target.key else None
+                faults.commit_concurrently(self.spark, loaded, key)
+            self.merge_upsert(table, rows, summary)
+        staged = committer.staged_snapshot(self.catalog.load_table(table), wap_id)
+        if staged is None:
+            raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "
+                              f"write.wap.enabled still true on the table?")
+        committer.commit_staged(self.catalog, self.catalog.load_table(table), staged.snapshot_id,
+                                staged.parent_snapshot_id, writer.fence(tp.snapshot_id))
+        return sparkenv.job_seconds(self.spark, group) or 0.0, staged.snapshot_id
+
+    def staged_rows(self, table: str, paths: list[str]):
+        """The rows the tasks staged for an upsert `table` (its columns and `_op`) as a DataFrame."""
+        from pyspark.sql import functions as F
+
+        target = self.spark.table(self.spec.qualified(table))
+        if not paths:
+            return target.limit(0).withColumn(taskwriter.UPSERT_OP, F.lit(None).cast("string"))
+        staged = self.spark.read.parquet(*paths)
+        return staged.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in target.schema.fields],
+                             taskwriter.UPSERT_OP)
+
+    def _drop_staging(self, table: Table, paths: list[str]) -> None:
+        """Delete an upsert's staging files once merged (left behind by a crash, maintenance removes them)."""
+        for path in paths:
+            try:
+                table.io.delete(path)
+            except Exception as exc:  # noqa: BLE001 - an orphan, not an error
+                log.warning("could not delete staging file %s: %s", path, exc)
 
     def _summary(self, plan: BatchPlan, tp: TableProgress, batch_id: str, newest: datetime | None,
                  oldest_read: datetime | None) -> dict[str, str]:
@@ -537,9 +661,6 @@ class IngestJob:
             # commit time minus this is how long Kafka had to hold the batch (retention alignment)
             summary[offsets.K_MIN_KAFKA_TIME] = oldest_read.isoformat()
         return summary
-
-    def _data_dir(self, table: str) -> Path:
-        return Path(urlparse(self.catalog.load_table(table).location()).path) / "data"
 
     def rows_for(self, table: str, df, tp: TableProgress, dead_letter: bool, starts: dict[int, int] | None = None):
         """The batch's rows for `table`, minus offsets the table already holds, in the table's columns.

@@ -1,8 +1,9 @@
 """Kafka side of a batch: find the log's end, plan offset ranges, read them in Spark tasks.
 
 The driver plans one `OffsetRange` per partition from the positions committed in
-the tables; each Spark task reads exactly its range with confluent-kafka (so a
-retried task reads the same records) and hands Arrow batches to the JVM.
+the tables; each Spark task reads exactly its ranges with confluent-kafka (so a
+retried task reads the same records) and decodes them into Arrow batches, which the
+task writes as data files (lakehouse.taskwriter) or, for replays, hands to the JVM.
 
 The end of a partition is where a consumer's fetch reports end-of-partition,
 probed from the ListOffsets high watermark. On Apache Kafka that probe returns at
@@ -19,6 +20,7 @@ so that the driver can dead-letter that record and read the batch again.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -29,7 +31,7 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from lakehouse import config, errors, kafka_security
+from lakehouse import config, errors, kafka_security, sparkenv
 from lakehouse.offsets import OffsetRange, TableProgress
 from lakehouse.records import (MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, TIMESTAMP_RANGE, RecordValidator, Rejected,
                                lone_surrogate)
@@ -702,6 +704,8 @@ def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batc
                                              f"was being read (retention); rerun to plan again")
                     raise SourceError(f"{rng}: {err.str()}")
                 at = offset = msg.offset()
+                if offset < position:  # fetched for an earlier assignment of this partition
+                    continue
                 if offset >= end:
                     position = end
                     break
@@ -735,6 +739,31 @@ def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batc
         raise _task_failure(exc, rng, at if type(at) is int else position) from exc
 
 
+# librdkafka settings of the consumers in reader tasks: large fetches, a deep prefetch queue, and no
+# long poll: a task reads records known to exist, and a fetch the broker holds open at the end of one
+# range (500 ms by default) would delay the task's next range on the same broker connection
+READER_FETCH = {"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
+                "queued.max.messages.kbytes": 262_144, "fetch.wait.max.ms": 10}
+
+
+@contextlib.contextmanager
+def reader_consumer(kafka_conf: dict, pipeline: str) -> Iterator[tuple[Consumer, kafka_security.ErrorWatch]]:
+    """A consumer for one reader task, with the error watch that turns a refused login into a task
+    failure (not a stall); closed when the task is done.
+
+    Not kept for the next task: reassigned to another range of a partition it read before, a
+    kept consumer can stall on what it fetched for the old range (measured on 100k-record
+    batches: with consumers kept, some batches' reads took 3-4x as long; without, reads were
+    steady).
+    """
+    conf, watch = kafka_security.watched(kafka_conf)
+    consumer = _consumer(conf, f"lakehouse-reader-{pipeline}", **READER_FETCH)
+    try:
+        yield consumer, watch
+    finally:
+        consumer.close()
+
+
 def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
                 batch_rows: int = 10_000, stall_timeout: float = 60.0, fault=None, timers=None,
                 poisoned: Mapping[tuple[int, int], str] | None = None):
@@ -759,26 +788,21 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
     poisoned = dict(poisoned or {})
 
     def read(plan_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sparkenv.steady_zip_imports()
         clock = StageClock()
         validator = RecordValidator(spec, quarantined)
         builder = BatchBuilder(spec, validator, ingested_at_us)
-        conf, watch = kafka_security.watched(kafka_conf)  # a refused login fails the task, not a stall
-        consumer = _consumer(conf, f"lakehouse-reader-{spec.name}",
-                             **{"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
-                                "queued.max.messages.kbytes": 262_144})
         try:
-            for plan in plan_batches:
-                for row in plan.to_pylist():
-                    rng = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-                    poison = {o: why for (p, o), why in poisoned.items()
-                              if p == rng.partition and rng.start <= o < rng.end}
-                    yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock,
-                                          watch=watch, poisoned=poison)
+            with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
+                for plan in plan_batches:
+                    for row in plan.to_pylist():
+                        rng = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
+                        poison = {o: why for (p, o), why in poisoned.items()
+                                  if p == rng.partition and rng.start <= o < rng.end}
+                        yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock,
+                                              watch=watch, poisoned=poison)
         finally:
-            try:
-                consumer.close()
-            finally:
-                clock.report(timers)
+            clock.report(timers)
 
     return read
 

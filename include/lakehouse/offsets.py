@@ -16,6 +16,7 @@ on it rather than read the topic again from its earliest offset.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -84,6 +85,29 @@ def split_for_tasks(ranges: list[OffsetRange] | tuple[OffsetRange, ...], tasks: 
         step = -(-r.count // -(-r.count // target))  # ceil(count / pieces), pieces = ceil(count / target)
         pieces += [OffsetRange(r.topic, r.partition, s, min(s + step, r.end)) for s in range(r.start, r.end, step)]
     return pieces
+
+
+def pack_for_tasks(pieces: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
+    """`pieces` packed into at most `tasks` groups of similar record counts (largest first, each to the
+    lightest group), so that 1,000 quiet partitions make `tasks` tasks, not 1,000. Empty pieces are
+    left out; a group's pieces are in partition order."""
+    groups: list[list[OffsetRange]] = [[] for _ in range(max(1, tasks))]
+    load = [0] * len(groups)
+    for piece in sorted((p for p in pieces if p.count > 0), key=lambda p: p.count, reverse=True):
+        lightest = load.index(min(load))
+        groups[lightest].append(piece)
+        load[lightest] += piece.count
+    return [sorted(g, key=lambda p: (p.partition, p.start)) for g in groups if g]
+
+
+def task_groups(ranges: list[OffsetRange] | tuple[OffsetRange, ...], tasks: int,
+                min_records: int = 10_000) -> list[list[OffsetRange]]:
+    """The offset ranges of each task of a batch: large partitions cut so that every one of about
+    `tasks` slots has work (`split_for_tasks`), many small ones packed into few tasks (`pack_for_tasks`),
+    and no more tasks than `min_records` apiece fill (a 10-record batch is one task, one file per table)."""
+    total = sum(r.count for r in ranges)
+    tasks = max(1, min(tasks, -(-total // min_records)))
+    return pack_for_tasks(split_for_tasks(ranges, tasks, min_records), tasks)
 
 
 def encode_ranges(ranges: dict[int, tuple[int, int]]) -> str:
@@ -167,8 +191,13 @@ def resume_point(metadata: TableMetadata, pipeline: str) -> ResumePoint:
     return ResumePoint(None, tuple(chain), last.parent_snapshot_id if last is not None else None)
 
 
-def open_catalog(platform: PlatformConfig, name: str) -> Catalog:
-    """The pyiceberg view of the JDBC catalog Spark writes (same database, same tables).
+_CATALOGS: dict[tuple, Catalog] = {}
+_CATALOGS_LOCK = threading.Lock()
+
+
+def open_catalog(platform: PlatformConfig, name: str, fresh: bool = False) -> Catalog:
+    """The pyiceberg view of the JDBC catalog Spark writes (same database, same tables): one per
+    process for each catalog (its connection pool is shared), unless `fresh`.
 
     An s3:// or s3a:// warehouse gets the object store's endpoint, addressing style and
     region (LAKEHOUSE_S3_*); credentials come from the AWS environment, as on the JVM side.
@@ -178,9 +207,15 @@ def open_catalog(platform: PlatformConfig, name: str) -> Catalog:
     uri = platform.catalog_uri
     if uri.startswith("sqlite:") and "?" not in uri:  # wait for another process's lock as long as Spark does
         uri += f"?timeout={platform.catalog_busy_timeout_ms / 1000:g}"
-    # pool_pre_ping: a pooled connection the server dropped (restart, pg_terminate_backend) is replaced
-    # before use instead of failing the next catalog call
-    return SqlCatalog(name, uri=uri, warehouse=platform.warehouse, pool_pre_ping="true", **io_properties)
+    key = (name, uri, platform.warehouse, tuple(sorted(io_properties.items())))
+    with _CATALOGS_LOCK:
+        if not fresh and key in _CATALOGS:
+            return _CATALOGS[key]
+        # pool_pre_ping: a pooled connection the server dropped (restart, pg_terminate_backend) is replaced
+        # before use instead of failing the next catalog call
+        catalog = SqlCatalog(name, uri=uri, warehouse=platform.warehouse, pool_pre_ping="true", **io_properties)
+        _CATALOGS[key] = catalog
+        return catalog
 
 
 def summary_properties(snapshot) -> dict[str, str]:

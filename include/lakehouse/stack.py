@@ -397,7 +397,7 @@ def _prepare_storage(platform: config.PlatformConfig) -> None:
         from lakehouse.offsets import open_catalog
 
         # pyiceberg creates the JDBC catalog tables (the V1 schema Spark's JdbcCatalog also reads)
-        open_catalog(platform, CATALOG_NAME).engine.dispose()
+        open_catalog(platform, CATALOG_NAME, fresh=True).engine.dispose()
     except Exception as exc:  # sqlalchemy and driver errors have no common base worth naming
         raise StackError(f"cannot initialise the Iceberg catalog at {config.redact(platform.catalog_uri)}: "
                          f"{exc}") from exc
