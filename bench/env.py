@@ -109,12 +109,19 @@ class BenchStack:
                              f"{tail(done.stderr or done.stdout)}")
         return done.stdout
 
-    def spawn(self, *args: str, log_name: str) -> subprocess.Popen:
-        """Start `lakehouse ARGS` in its own process group; stdout is piped, stderr goes to a log file."""
+    def broker_pid(self) -> int | None:
+        """The scratch broker's process id (None when it is not running)."""
+        pid = config.read_state_file(self.home).get("pid")
+        return pid if isinstance(pid, int) else None
+
+    def spawn(self, *args: str, log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start `lakehouse ARGS` in its own process group; stdout is piped, stderr goes to a log file.
+        `env` adds to (or overrides) the stack's environment."""
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         stderr = open(self.logs_dir / f"{log_name}.stderr.log", "w")
         try:
-            return subprocess.Popen([*lakehouse_command(), *args], env=self.environ(), stdout=subprocess.PIPE,
+            return subprocess.Popen([*lakehouse_command(), *args], env={**self.environ(), **(env or {})},
+                                    stdout=subprocess.PIPE,
                                     stderr=stderr, text=True, cwd=config.REPO_ROOT, start_new_session=True)
         finally:
             stderr.close()  # the child holds its own descriptor

@@ -16,8 +16,8 @@ Each batch is preceded by a produce round of `--per-partition` records to every 
 (about 1 % broken, so the dead-letter table commits rows too). The run's first batch is a
 warm-up (the JVM and Spark's Python workers start) and is reported apart.
 
-It also probes the commit path alone (IngestJob._commit_table of an empty batch, whose offset
-filter in IngestJob.rows_for has one term per partition) at growing partition counts, times a
+It also probes the commit path alone (IngestJob._commit_table of an empty batch, whose snapshot
+summary holds one position per partition) at growing partition counts, times a
 pyiceberg load and write of a synthetic metadata.json holding a long history of such commits, and a
 no-op stage of Python tasks shaped like the reader's (Spark's own cost per task, the reference for
 the read stage). A batch that fails is a finding: it is recorded with its error and the run goes on.
@@ -47,7 +47,7 @@ from confluent_kafka import Producer
 from bench import stats
 from bench.env import BenchError, BenchStack
 from lakehouse import config, kafka_source, offsets, produce, sparkenv, topics
-from lakehouse.ingest import IngestJob
+from lakehouse.ingest import IngestJob, Written
 from lakehouse.spec import PipelineSpec
 
 DEFAULT_PARTITIONS = (3, 100, 1000)
@@ -72,8 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="measured batches per partition count (the run starts with one warm-up batch)")
     parser.add_argument("--filter-probe", default="100,300,500,700,1000",
                         type=lambda s: [int(x) for x in s.split(",") if x.strip()],
-                        help="partition counts of the commit-path probe (the offset filter of "
-                             "IngestJob.rows_for); empty skips it")
+                        help="partition counts of the commit-path probe (an empty batch's commit "
+                             "with one position per partition); empty skips it")
     parser.add_argument("--metadata-snapshots", default="1440,4320",
                         type=lambda s: [int(x) for x in s.split(",") if x.strip()],
                         help="snapshot counts of the synthetic metadata.json load/write probe; empty skips it")
@@ -205,7 +205,7 @@ def measure(stack: BenchStack, spark, platform: config.PlatformConfig, partition
     if jobs is not None:
         jobs[partitions] = job
     catalog = offsets.open_catalog(platform, spec.catalog)
-    slots = spark.sparkContext.defaultParallelism * 2  # what IngestJob.read_plan cuts ranges for
+    slots = spark.sparkContext.defaultParallelism * 2  # the task slots IngestJob plans a batch for
     rows: list[dict[str, Any]] = []
     metadata_s = None
     error = None
@@ -225,8 +225,8 @@ def measure(stack: BenchStack, spark, platform: config.PlatformConfig, partition
             break
         if receipt is None:
             raise BenchError(f"{spec.name}: batch {index} found nothing to ingest after {sent} records were produced")
-        pieces = offsets.split_for_tasks([offsets.OffsetRange(spec.source.topic, p, s, e)
-                                          for p, (s, e) in receipt.ranges.items()], slots)
+        pieces = offsets.task_groups([offsets.OffsetRange(spec.source.topic, p, s, e)
+                                      for p, (s, e) in receipt.ranges.items()], slots)
         t = receipt.timings
         row: dict[str, Any] = {
             "batch": index, "warm_up": warm_up and index == 0, "produced": sent, "produce_s": round(produce_s, 3),
@@ -298,22 +298,21 @@ def offset_filter_probe(stack: BenchStack, spark, platform: config.PlatformConfi
                         say) -> list[dict[str, Any]]:
     """The commit path alone at growing partition counts, no Kafka reads: for each count, a pipeline
     of its own commits an empty batch covering every partition twice with IngestJob._commit_table
-    (the data table's commit of a batch). The first commit finds no positions; the second finds one
-    per partition, so IngestJob.rows_for builds its offset filter with one term per partition.
-    Returns both commits' seconds; stops at the first count that fails (a larger one fails too)."""
+    (the data table's commit of a batch). The first commit finds no positions; the second finds and
+    rewrites one per partition. Returns both commits' seconds; stops at the first count that fails (a
+    larger one fails too)."""
     out = []
     for count in counts:
         spec = stack.write_spec(f"sizing_probe_p{count}", f"sizing-probe-p{count}", count, 100_000)
         job = IngestJob(spec, platform, spark=spark)
-        _, ddl = kafka_source.batch_schema(spec)
-        empty = spark.createDataFrame(spark.sparkContext.parallelize([], 1), ddl)
         entry: dict[str, Any] = {"partitions": count}
         for step, start in (("first", 0), ("second", 10)):
             plan = kafka_source.BatchPlan(spec.source.topic, None, tuple(
                 offsets.OffsetRange(spec.source.topic, p, start, start + 10) for p in range(count)), {})
             started = time.monotonic()
             try:
-                job._commit_table(spec.target.table, empty, plan, f"probe-{step}", None, 0)
+                job._commit_table(spec.target.table, Written(), plan, f"probe-{step}", 0,
+                                  job.catalog.load_table(spec.target.table), None)
             except Exception as exc:  # noqa: BLE001 - the failure is the finding
                 entry.update({"failed_commit": step, "failed_after_s": round(time.monotonic() - started, 3),
                               "error": short_error(exc)})

@@ -6,10 +6,13 @@ Order of work, all on the same synthetic records:
      `batch size` of them into a third topic for the memory check;
   3. ceilings: raw consume (per topic), the pipeline's decoder on one core, raw Parquet write;
   4. the pipeline: `lakehouse ingest --once` over each topic, repeated, plus the 1x-backlog run;
-  5. the hand-written baseline with N = 10,000 and 50,000;
-  6. freshness: one continuous job per trigger while a paced producer runs each rate;
-  7. maintenance on the table the 1 s-trigger job left;
-  8. stop the stack; write results.json, the PNG plots and report.md.
+  5. scaling: the same `--once` run on the 3-partition topic under local[1], beside local[2], with the
+     CPU seconds each part of the machine used (driver, JVM, Python workers, broker);
+  6. small batches: a warm continuous job fed 10 records at a time, what one small batch costs;
+  7. the hand-written baseline with N = 10,000 and 50,000;
+  8. freshness: one continuous job per trigger while a paced producer runs each rate;
+  9. maintenance on the table the 1 s-trigger job left;
+ 10. stop the stack; write results.json, the PNG plots and report.md.
 
 A section that fails is reported (with its error) and the others still run; the exit code
 is then 1. Targets that do not hold do not change the exit code: they are findings.
@@ -45,9 +48,10 @@ from bench.env import DEFAULT_BROKER_PORT, BenchError, BenchStack
 from lakehouse import config
 
 DEFAULT_RECORDS = 300_000
-SECTIONS = ("ceilings", "pipeline", "baseline", "freshness", "maintenance")
+SECTIONS = ("ceilings", "pipeline", "scaling", "small_batches", "baseline", "freshness", "maintenance")
 BASELINE_EVERY = (10_000, 50_000)
 FRESHNESS_BATCH = 200_000  # the orders spec's max_records_per_batch, for the continuous jobs
+SMALL_BATCH = 10  # records per batch of the small-batch section
 
 
 class Progress:
@@ -253,6 +257,29 @@ class Bench:
             "large": {"backlog": self.args.records, "pipeline": large.pipeline, **large.memory,
                       "peak_mb": stats.median(r.memory["peak_mb"] for r in runs["p3"])},
         }
+
+    def scaling(self) -> None:
+        """The p3 `--once` run again on one core (local[1]); the pipeline section's local[2] runs are the
+        other half of the ratio. CPU seconds per role say where the second core went."""
+        base = self.specs["p3"]
+        runs = []
+        for repeat in range(1, self.args.pipeline_repeats + 1):
+            spec = self.stack.write_spec(f"{base.name}_one_core_r{repeat}", base.source.topic, base.source.partitions,
+                                         self.batch_size)
+            run = workloads.run_once(self.stack, spec, self.args.records, self.value_bytes_per_record,
+                                     env={"LAKEHOUSE_SPARK_MASTER": "local[1]"})
+            runs.append(run)
+            self.say(f"{spec.name} (local[1]): steady {_fmt(run.rate.steady_rate)} rec/s, CPU s by role "
+                     f"{run.memory.get('cpu_by_role_s')}")
+        self.results["scaling"] = {"local[1]": _pipeline_summary(runs)}
+
+    def small_batches(self) -> None:
+        assert self.backlog is not None
+        spec = self.stack.write_spec("bench_small", "bench-small", 3, FRESHNESS_BATCH, trigger_interval="1s")
+        run = workloads.run_small_batches(self.stack, spec, self.backlog.records, per_batch=SMALL_BATCH)
+        self.results["small_batches"] = run.to_json()
+        self.say(f"{SMALL_BATCH}-record batches: median {_fmt(run.to_json()['median_s'], 3)}s, "
+                 f"max {_fmt(run.to_json()['max_s'], 3)}s over {len(run.batches)} batches")
 
     def baseline(self) -> None:
         platform = self.stack.platform()

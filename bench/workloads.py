@@ -299,6 +299,17 @@ def _role(proc: psutil.Process, root_pid: int) -> str:
     return "other"
 
 
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of `pid` so far (None when it is not running)."""
+    if not pid:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return times.user + times.system
+
+
 class MemorySampler:
     """Samples the RSS of a process and all its descendants every `interval` seconds in a thread.
 
@@ -307,9 +318,14 @@ class MemorySampler:
     JVM that forks to run a shell command shows, until the exec, a child with the JVM's whole RSS.
     """
 
-    def __init__(self, pid: int, interval: float = 0.2):
+    def __init__(self, pid: int, interval: float = 0.2, broker_pid: int | None = None):
         self.pid = pid
         self.interval = interval
+        # CPU seconds (user + system) per process, the last seen, with its role: where the cores went
+        self._cpu: dict[int, tuple[str, float]] = {}
+        self.broker_pid = broker_pid
+        self._broker_cpu_start = _cpu_seconds(broker_pid)
+        self.broker_cpu_s: float | None = None
         self.peak_mb = 0.0
         self.peak_by_role: dict[str, float] = {r: 0.0 for r in ROLES}
         self.timeline: list[tuple[float, float]] = []  # (seconds since start, total MB)
@@ -324,6 +340,18 @@ class MemorySampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        end = _cpu_seconds(self.broker_pid)
+        if end is not None and self._broker_cpu_start is not None:
+            self.broker_cpu_s = end - self._broker_cpu_start
+
+    @property
+    def cpu_by_role_s(self) -> dict[str, float]:
+        out = {r: 0.0 for r in ROLES}
+        for role, seconds in self._cpu.values():
+            out[role] += seconds
+        if self.broker_cpu_s is not None:
+            out["broker"] = self.broker_cpu_s
+        return out
 
     def _run(self) -> None:
         try:
@@ -342,9 +370,12 @@ class MemorySampler:
                     if proc.pid != self.pid and now - proc.create_time() < YOUNG_PROCESS_S:
                         continue
                     rss = proc.memory_info().rss / 2**20
+                    times = proc.cpu_times()
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
-                by_role[_role(proc, self.pid)] += rss
+                role = _role(proc, self.pid)
+                by_role[role] += rss
+                self._cpu[proc.pid] = (role, times.user + times.system)
             total = sum(by_role.values())
             self.peak_mb = max(self.peak_mb, total)
             for role, mb in by_role.items():
@@ -355,6 +386,7 @@ class MemorySampler:
     def to_json(self) -> dict[str, Any]:
         return {"peak_mb": round(self.peak_mb, 1), "peak_by_role_mb": {k: round(v, 1) for k, v in
                                                                        self.peak_by_role.items()},
+                "cpu_by_role_s": {k: round(v, 2) for k, v in self.cpu_by_role_s.items()},
                 "timeline": self.timeline[:: max(1, len(self.timeline) // 300)]}
 
 
@@ -395,16 +427,17 @@ class OnceRun:
 
 
 def run_once(stack: BenchStack, spec: PipelineSpec, backlog: int, value_bytes_per_record: float,
-             timeout: float = 600.0) -> OnceRun:
-    """`lakehouse ingest --pipeline P --once` over the topic's backlog, its process tree's RSS sampled.
+             timeout: float = 600.0, env: dict[str, str] | None = None) -> OnceRun:
+    """`lakehouse ingest --pipeline P --once` over the topic's backlog, its process tree's RSS and the
+    CPU seconds of each role (and of the broker) sampled. `env` adds to the job's environment.
 
     Raises BenchError when the job fails, times out, or did not ingest the whole backlog.
     """
     platform = stack.platform()
     log_name = f"ingest-once-{spec.name}"
     started = time.monotonic()
-    proc = stack.spawn("ingest", "--pipeline", spec.name, "--once", "--json", log_name=log_name)
-    with MemorySampler(proc.pid) as sampler:
+    proc = stack.spawn("ingest", "--pipeline", spec.name, "--once", "--json", log_name=log_name, env=env)
+    with MemorySampler(proc.pid, broker_pid=stack.broker_pid()) as sampler:
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -545,13 +578,7 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
     catalog = offsets.open_catalog(platform, spec.catalog)
     try:
         # warm-up: the JVM starts and commits a first small batch before the measured phases
-        for _ in range(100):
-            _send(producer, spec.source.topic, next(source), counter)
-        _flush(producer, counter, spec.source.topic)
-        if not lines.wait_for_receipt(timeout=180, proc=proc):
-            raise BenchError(f"the continuous job of {spec.name} committed no warm-up batch "
-                             f"({'exit code ' + str(proc.returncode) if proc.poll() is not None else 'within 180s'}): "
-                             f"{stack.stderr_tail(log_name)}")
+        _feed_batch(stack, spec, proc, lines, producer, source, counter, 100, log_name, "warm-up batch")
         phases: list[stats.Phase] = []
         not_before = 0
         for rate in rates:
@@ -592,6 +619,61 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
                                           max_batch_records=spec.trigger.max_records_per_batch)
     return FreshnessRun(spec.name, spec.trigger.interval_s, phases_out, drain_took, drained, batches,
                         spec.trigger.max_records_per_batch)
+
+
+def _feed_batch(stack: BenchStack, spec: PipelineSpec, proc: subprocess.Popen, lines: _LineReader,
+                producer: Producer, source: Iterator[produce.SyntheticRecord], counter: _DeliveryCounter, count: int,
+                log_name: str, what: str) -> None:
+    """Produce `count` records and wait for the continuous job's next receipt; BenchError naming `what`
+    when none comes within 180 s or the job exits."""
+    for _ in range(count):
+        _send(producer, spec.source.topic, next(source), counter)
+    _flush(producer, counter, spec.source.topic)
+    if not lines.wait_for_receipt(timeout=180, proc=proc):
+        raise BenchError(f"the continuous job of {spec.name} committed no {what} "
+                         f"({'exit code ' + str(proc.returncode) if proc.poll() is not None else 'within 180s'}): "
+                         f"{stack.stderr_tail(log_name)}")
+
+
+@dataclass
+class SmallBatchRun:
+    pipeline: str
+    records_per_batch: int
+    batches: list[dict]  # batch events after the warm-up
+
+    def to_json(self) -> dict[str, Any]:
+        seconds = [float(b["metrics"].get("seconds", 0.0)) for b in self.batches]
+        return {"pipeline": self.pipeline, "records_per_batch": self.records_per_batch, "batches": len(seconds),
+                "median_s": stats.median(seconds), "max_s": max(seconds, default=None),
+                "p95_s": float(np.percentile(seconds, 95)) if seconds else None,
+                "stages_s": stats.stage_breakdown([b["metrics"] for b in self.batches]),
+                "seconds": [round(x, 3) for x in seconds]}
+
+
+def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
+                      per_batch: int = 10, rounds: int = 8) -> SmallBatchRun:
+    """A warm continuous `lakehouse ingest` job fed `per_batch` records at a time, each round waiting for
+    its receipt: what one small batch costs end to end (plan, Spark job, commits, group commit), from
+    the batch events. The first batch (JVM and Python workers starting) is left out.
+
+    Raises BenchError when the job dies or a round's batch does not come within a minute.
+    """
+    platform = stack.platform()
+    topics.ensure_topics([spec], platform)
+    producer = _producer(spec, platform)
+    counter = _DeliveryCounter()
+    source = itertools.cycle(records)
+    log_name = f"ingest-small-{spec.name}"
+    proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
+    lines = _LineReader(proc.stdout)
+    try:
+        for _ in range(rounds + 1):
+            _feed_batch(stack, spec, proc, lines, producer, source, counter, per_batch, log_name,
+                        f"batch of {per_batch} records")
+    finally:
+        stop_process_group(proc, timeout=90)
+    batches = batch_metrics(spec.name, platform)
+    return SmallBatchRun(spec.name, per_batch, batches[1:])
 
 
 def batch_timings(batches: Sequence[dict]) -> list[stats.BatchTiming]:
