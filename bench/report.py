@@ -180,11 +180,18 @@ def explanations(results: Mapping[str, Any], h: Mapping[str, Any]) -> dict[str, 
 
     scaling = (results.get("scaling") or {}).get("local[1]") or {}
     two = (results.get("pipeline") or {}).get("p3") or {}
-    cpu_one, cpu_two = _cpu_split(scaling), _cpu_split(two)
-    if cpu_one and cpu_two:
-        out[stats.T_SCALING] = (f"CPU seconds per 100k records, local[1]: {cpu_one}; local[2]: {cpu_two}. The broker "
-                                f"and the driver run on the same two cores as the tasks, so a second task slot "
-                                f"gets what they leave")
+    busy_one, busy_two = _cores_busy(scaling), _cores_busy(two)
+    if busy_one and busy_two:
+        total = sum(_cpu_per_100k(two).values())
+        machine = cores / total * 100_000  # records/s with every core busy at local[2]'s cost per record
+        room = stats.ratio(machine, scaling.get("median_steady_records_per_s")) or 0.0
+        out[stats.T_SCALING] = (
+            f"local[1] is one task slot, not one core: at its steady rate it kept {busy_one:.2f} of the {cores} "
+            f"cores busy (CPU seconds per 100k records: {_cpu_split(scaling)}; python_workers includes "
+            f"librdkafka's fetch threads, which run beside the task's decoding), and local[2] kept {busy_two:.2f} "
+            f"busy ({_cpu_split(two)}). At {total:.2f} CPU seconds per 100k records the whole machine tops out "
+            f"near {num(machine)} records/s, {room:.2f}x the one-slot rate: the second slot can only add the "
+            f"cores the first one leaves idle")
 
     baseline = h.get("baseline_rate")
     if baseline:
@@ -210,17 +217,32 @@ def explanations(results: Mapping[str, Any], h: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def _cpu_split(summary: Mapping[str, Any]) -> str:
-    """CPU seconds per role per 100k records of a pipeline summary's median run, e.g. 'jvm 1.2 s, ...'."""
+def _cpu_per_100k(summary: Mapping[str, Any]) -> dict[str, float]:
+    """CPU seconds per role per 100k records of a pipeline summary's median run: in its steady batches when
+    measured, else over the whole run (JVM start included). {} when not measured."""
     runs = summary.get("runs") or []
     if not runs:
-        return ""
+        return {}
     run = sorted(runs, key=lambda r: r.get("steady_records_per_s") or 0)[(len(runs) - 1) // 2]
-    cpu = (run.get("memory") or {}).get("cpu_by_role_s") or {}
-    records = run.get("records") or 0
+    memory = run.get("memory") or {}
+    if memory.get("steady_cpu_by_role_s") and memory.get("steady_records"):
+        cpu, records = memory["steady_cpu_by_role_s"], memory["steady_records"]
+    else:
+        cpu, records = memory.get("cpu_by_role_s") or {}, run.get("records") or 0
     if not cpu or not records:
-        return ""
-    return ", ".join(f"{role} {seconds * 100_000 / records:.1f} s" for role, seconds in cpu.items() if seconds)
+        return {}
+    return {role: seconds * 100_000 / records for role, seconds in cpu.items() if seconds}
+
+
+def _cpu_split(summary: Mapping[str, Any]) -> str:
+    """'driver 0.1 s, jvm 0.2 s, ...': CPU seconds per 100k records by role (see _cpu_per_100k)."""
+    return ", ".join(f"{role} {seconds:.1f} s" for role, seconds in _cpu_per_100k(summary).items())
+
+
+def _cores_busy(summary: Mapping[str, Any]) -> float | None:
+    """Cores the run kept busy at its steady rate: CPU seconds per record x records per second."""
+    cpu, rate = _cpu_per_100k(summary), summary.get("median_steady_records_per_s")
+    return sum(cpu.values()) / 100_000 * rate if cpu and rate else None
 
 
 def cost_sentence(cost: Mapping[str, float], rate: int, trigger_s: float, max_records: int | None = None) -> str:
@@ -321,7 +343,8 @@ def _scaling(results: Mapping[str, Any]) -> list[str]:
             for label, entry in (("local[1]", one), ("local[2]", two))]
     return ["## Scaling: one core and two", "",
             "The same `--once` run over the 3-partition topic with one Spark task slot and with two; CPU "
-            "seconds per 100k records by process role (the broker too), summed over the run:", "",
+            "seconds per 100k records by process role (the broker too) in the steady batches (from the end of "
+            "the first batch to the end of the last):", "",
             table(["master", "steady records/s", "CPU s per 100k records"], rows), ""]
 
 

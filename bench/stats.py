@@ -17,7 +17,8 @@ import numpy as np
 
 # Batch-event metric keys that are not stages of a batch (they are ages or totals); keys ending in
 # `_task_s` are seconds summed over parallel Spark tasks, which overlap and do not add up to wall time.
-NON_STAGE_KEYS = frozenset({"seconds", "freshness_s", "commit_age_s"})
+# not stages: `launch_s` and `tail_s` are parts of the write stage's wall time (Spark before and after the tasks)
+NON_STAGE_KEYS = frozenset({"seconds", "freshness_s", "commit_age_s", "launch_s", "tail_s"})
 TASK_SUFFIX = "_task_s"
 # Stages in pipeline order, the finer split first; keys not listed here are appended in name order.
 STAGE_ORDER = ("plan_s", "read_s", "decode_s", "read_decode_s", "write_s", "commit_s", "write_commit_s",

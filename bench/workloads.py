@@ -326,6 +326,7 @@ class MemorySampler:
         self.broker_pid = broker_pid
         self._broker_cpu_start = _cpu_seconds(broker_pid)
         self.broker_cpu_s: float | None = None
+        self.cpu_timeline: list[tuple[float, dict[str, float]]] = []  # (wall clock, CPU s by role so far)
         self.peak_mb = 0.0
         self.peak_by_role: dict[str, float] = {r: 0.0 for r in ROLES}
         self.timeline: list[tuple[float, float]] = []  # (seconds since start, total MB)
@@ -346,12 +347,23 @@ class MemorySampler:
 
     @property
     def cpu_by_role_s(self) -> dict[str, float]:
+        return self._cpu_now(self.broker_cpu_s)
+
+    def _cpu_now(self, broker_s: float | None) -> dict[str, float]:
         out = {r: 0.0 for r in ROLES}
-        for role, seconds in self._cpu.values():
+        for role, seconds in list(self._cpu.values()):
             out[role] += seconds
-        if self.broker_cpu_s is not None:
-            out["broker"] = self.broker_cpu_s
+        if broker_s is not None:
+            out["broker"] = broker_s
         return out
+
+    def cpu_between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds by role spent between two wall-clock times (the nearest samples inside)."""
+        inside = [(t, cpu) for t, cpu in self.cpu_timeline if start <= t <= end]
+        if len(inside) < 2:
+            return {}
+        (_, first), (_, last) = inside[0], inside[-1]
+        return {role: round(last.get(role, 0.0) - first.get(role, 0.0), 2) for role in last}
 
     def _run(self) -> None:
         try:
@@ -381,6 +393,10 @@ class MemorySampler:
             for role, mb in by_role.items():
                 self.peak_by_role[role] = max(self.peak_by_role[role], mb)
             self.timeline.append((round(time.monotonic() - self._started, 2), round(total, 1)))
+            broker = _cpu_seconds(self.broker_pid)
+            self.cpu_timeline.append((time.time(), self._cpu_now(
+                broker - self._broker_cpu_start if broker is not None and self._broker_cpu_start is not None
+                else None)))
             self._stop.wait(self.interval)
 
     def to_json(self) -> dict[str, Any]:
@@ -452,8 +468,14 @@ def run_once(stack: BenchStack, spec: PipelineSpec, backlog: int, value_bytes_pe
         raise BenchError(f"`lakehouse ingest --pipeline {spec.name} --once` exited with {proc.returncode}: "
                          f"{stack.stderr_tail(log_name)}")
     (stack.logs_dir / f"{log_name}.stdout.log").write_text(out)
-    run = OnceRun(spec.name, spec.source.partitions, backlog, wall, batch_metrics(spec.name, platform),
-                  sampler.to_json(), value_bytes_per_record=value_bytes_per_record)
+    batches = batch_metrics(spec.name, platform)
+    memory = sampler.to_json()
+    if len(batches) > 1:  # where the cores went in the steady batches: from the first batch's end to the last's
+        memory["steady_cpu_by_role_s"] = sampler.cpu_between(datetime.fromisoformat(batches[0]["ts"]).timestamp(),
+                                                             datetime.fromisoformat(batches[-1]["ts"]).timestamp())
+        memory["steady_records"] = int(sum(b["metrics"].get("records", 0) for b in batches[1:]))
+    run = OnceRun(spec.name, spec.source.partitions, backlog, wall, batches, memory,
+                  value_bytes_per_record=value_bytes_per_record)
     if run.rate.records != backlog:
         raise BenchError(f"{spec.name}: the batch events account for {run.rate.records} records, the backlog "
                          f"has {backlog}")
@@ -488,23 +510,28 @@ class _LineReader:
 
 def paced_phase(producer: Producer, topic: str, source: Iterator[produce.SyntheticRecord], rate: int,
                 seconds: float, counter: _DeliveryCounter, not_before_ms: int) -> stats.Phase:
-    """Produce at `rate` msg/s for `seconds`, every record stamped (CreateTime) at its produce call."""
+    """Produce at `rate` msg/s for `seconds`, every record stamped (CreateTime) at its produce call.
+
+    The phase's `produced` leaves out records that bring their own Kafka timestamp (the
+    `bad_kafka_timestamp` defect): their time says nothing of when they were sent."""
     start_ms = max(int(time.time() * 1000), not_before_ms)
     started = time.monotonic()
-    sent = 0
+    sent = own_stamps = 0
     while True:
         elapsed = time.monotonic() - started
         if elapsed >= seconds:
             break
         due = min(int(rate * elapsed) + 1, int(rate * seconds))
         while sent < due:
-            _send(producer, topic, next(source), counter, max(int(time.time() * 1000), start_ms))
+            rec = next(source)
+            own_stamps += rec.timestamp is not None
+            _send(producer, topic, rec, counter, max(int(time.time() * 1000), start_ms))
             sent += 1
         producer.poll(0)
         if sent >= due:
             time.sleep(0.001)
     end_ms = max(int(time.time() * 1000) + 1, start_ms + 1)
-    return stats.Phase(rate=rate, start_ms=start_ms, end_ms=end_ms, produced=sent)
+    return stats.Phase(rate=rate, start_ms=start_ms, end_ms=end_ms, produced=sent - own_stamps)
 
 
 def ingest_snapshots(table, pipeline: str) -> list[stats.Snapshot]:
@@ -736,6 +763,14 @@ class BaselineRun:
                 "mb_per_s": round(self.value_bytes / MB / self.seconds, 3) if self.seconds > 0 else None}
 
 
+def _kafka_time(ms: int) -> datetime | None:
+    """A Kafka timestamp as a datetime; None when no datetime holds it (a broker takes any 64-bit value)."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def hand_written_baseline(platform: config.PlatformConfig, topic: str, partitions: Sequence[int], expected: int,
                           table_name: str, every: int) -> BaselineRun:
     """What a user might write by hand: a confluent-kafka `assign` loop, json.loads, undecodable records
@@ -796,16 +831,19 @@ def hand_written_baseline(platform: config.PlatformConfig, topic: str, partition
                     event_time = datetime.fromisoformat(obj["event_time"])
                     if event_time.tzinfo is None:
                         raise ValueError("no UTC offset")
+                    event_time = event_time.astimezone(timezone.utc)  # year 0 or 10000 in UTC: OverflowError
                     row = (str(obj["order_id"]), str(obj["customer_id"]), float(obj["amount"]),
                            str(obj["currency"]), str(obj["status"]), event_time)
-                except (TypeError, ValueError, KeyError, AttributeError):
+                    for text in row[:2] + row[3:5]:  # a lone surrogate (JSON "\ud83d") that Arrow refuses
+                        text.encode("utf-8")
+                except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
                     skipped += 1
                     continue
                 for name, v in zip(names[:6], row):
                     columns[name].append(v)
                 key = msg.key()
                 columns["_kafka"].append({"topic": topic, "partition": msg.partition(), "offset": msg.offset(),
-                                          "timestamp": datetime.fromtimestamp(msg.timestamp()[1] / 1000, timezone.utc),
+                                          "timestamp": _kafka_time(msg.timestamp()[1]),
                                           "key": key.decode("utf-8", "replace") if key is not None else None})
                 if len(columns["order_id"]) >= every:
                     flush()

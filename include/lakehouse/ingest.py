@@ -38,6 +38,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
 from lakehouse import committer, config, errors, events, faults, offsets, sparkenv, tables, taskwriter
 from lakehouse.kafka_source import BatchPlan, batch_schema, make_reader, plan_batch, topic_state_for
@@ -159,6 +160,7 @@ class BatchReceipt:
     seconds: float = 0.0
     log_ends: dict[int, int] = field(default_factory=dict)  # per partition, the log end the plan saw
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage (STAGES) and task totals
+    tasks: int = 0  # Spark tasks that read and wrote the batch
 
     @property
     def commit_retries(self) -> int:
@@ -177,7 +179,7 @@ class BatchReceipt:
         out = {"records": self.records, "rows": sum(self.rows_by_table.values()), "dead_letters": self.dead_letters,
                "commit_retries": self.commit_retries, "files_added": files, "bytes_added": size,
                "mean_file_bytes": size / files if files else 0.0, "lag_records": self.lag_records,
-               "seconds": round(self.seconds, 3), "commit_age_s": 0.0}
+               "seconds": round(self.seconds, 3), "commit_age_s": 0.0, "tasks": self.tasks}
         out.update({f"{stage}_s": round(value, 3) for stage, value in self.timings.items()})
         if self.max_event_time is not None:
             out["freshness_s"] = round((now - self.max_event_time).total_seconds(), 3)
@@ -208,6 +210,7 @@ class IngestJob:
         faults.configured()  # a misspelt LAKEHOUSE_FAULT fails at start, not silently
         self._spec_mtime = self._mtime()
         self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
+        sparkenv.warm_python_workers(self.spark, ("lakehouse.taskwriter", "pyiceberg.io.pyarrow"))
         self._stop = threading.Event()
         # task seconds spent reading and decoding, summed over every task of the job (a stage clock)
         self._task_clock = (self.spark.sparkContext.accumulator(0.0), self.spark.sparkContext.accumulator(0.0))
@@ -539,9 +542,10 @@ class IngestJob:
         receipt.timings["write"] += merge
         receipt.timings.update({"commit": sum(c.seconds for c in receipt.commits) - merge,
                                 "read_task": written.read_s, "decode_task": written.decode_s,
-                                "write_task": written.write_s, "tasks": written.tasks,
-                                "task_busy": written.busy_s, "task_launch": written.launch_s,
-                                "task_tail": written.tail_s})
+                                "write_task": written.write_s, "busy_task": written.busy_s,
+                                # inside the write stage's wall time: Spark's share before and after the tasks
+                                "launch": written.launch_s, "tail": written.tail_s})
+        receipt.tasks = written.tasks
         return receipt
 
     def _commit_table(self, table: str, written: Written, plan: BatchPlan, batch_id: str, row_count: int,
@@ -567,10 +571,14 @@ class IngestJob:
             writer.check(loaded)  # a fenced job stops before committing anything
             summary = self._summary(plan, tp, batch_id, written.max_event_time, written.min_kafka_time)
             merge_s = 0.0
+            files = written.files.get(table, [])
+            added = (len(files), sum(f.file_size_in_bytes for f in files))
             try:
                 if upsert:
-                    merge_s, snapshot_id = self._merge_staged(table, written.staged.get(table, []), summary, loaded,
-                                                              tp, batch_id, attempt, writer)
+                    merge_s, staged = self._merge_staged(table, written.staged.get(table, []), summary, loaded, tp,
+                                                         batch_id, attempt, writer)
+                    snapshot_id, merged = staged.snapshot_id, offsets.summary_properties(staged)
+                    added = (int(merged.get("added-data-files", 0)), int(merged.get("added-files-size", 0)))
                 else:
                     if faults.claim(self.platform.home, self.spec.name, "concurrent_commit"):
                         faults.commit_conflicting_change(self.catalog.load_table(table), None)
@@ -587,16 +595,14 @@ class IngestJob:
                 continue
             if upsert:
                 self._drop_staging(loaded, written.staged.get(table, []))
-            files = written.files.get(table, [])
-            return TableCommit(table, row_count, snapshot_id, attempt, files=len(files),
-                               bytes=sum(f.file_size_in_bytes for f in files), seconds=time.monotonic() - started,
-                               write_seconds=merge_s)
+            return TableCommit(table, row_count, snapshot_id, attempt, files=added[0], bytes=added[1],
+                               seconds=time.monotonic() - started, write_seconds=merge_s)
         raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
 
     def _merge_staged(self, table: str, paths: list[str], summary: dict[str, str], loaded: Table,
-                      tp: TableProgress, batch_id: str, attempt: int, writer: committer.Writer) -> tuple[float, int]:
+                      tp: TableProgress, batch_id: str, attempt: int, writer: committer.Writer) -> tuple[float, Snapshot]:
         """An upsert table's commit: Spark MERGEs the rows the tasks staged, as a staged (WAP) snapshot that
-        lakehouse.committer makes the head of `main`. Returns the MERGE's Spark seconds and the snapshot id."""
+        lakehouse.committer makes the head of `main`. Returns the MERGE's Spark seconds and the snapshot."""
         tables.require_staging(loaded, table)
         rows = self.staged_rows(table, paths)
         if table == self.spec.target.table and self.spec.tombstone_table:
@@ -614,7 +620,7 @@ class IngestJob:
                               f"write.wap.enabled still true on the table?")
         committer.commit_staged(self.catalog, self.catalog.load_table(table), staged.snapshot_id,
                                 staged.parent_snapshot_id, writer.fence(tp.snapshot_id))
-        return sparkenv.job_seconds(self.spark, group) or 0.0, staged.snapshot_id
+        return sparkenv.job_seconds(self.spark, group) or 0.0, staged
 
     def staged_rows(self, table: str, paths: list[str]):
         """The rows the tasks staged for an upsert `table` (its columns and `_op`) as a DataFrame."""

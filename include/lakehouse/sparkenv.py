@@ -235,6 +235,33 @@ def job_seconds(spark, group: str, timeout_s: float = 2.0) -> float | None:
     return (max(ends) - min(starts)) / 1000
 
 
+# SparkContexts (by application id) whose Python workers warm_python_workers has started
+_WARMED: set[str] = set()
+
+
+def _import_modules(modules: tuple[str, ...], items) -> list[int]:
+    import importlib
+
+    steady_zip_imports()
+    for name in modules:
+        importlib.import_module(name)
+    return [os.getpid() for _ in items]  # the input consumed: Spark reuses the worker afterwards
+
+
+def warm_python_workers(spark, modules: tuple[str, ...]) -> None:
+    """Start a Python worker on every task slot and import `modules` there, once per SparkContext.
+
+    A worker imports pyiceberg, pyarrow and the reader the first time it runs a task (1-2 s here):
+    without this, the first batch large enough for a second task stalls that long mid-stream.
+    """
+    sc = spark.sparkContext
+    if sc.applicationId in _WARMED:
+        return
+    slots = sc.defaultParallelism
+    sc.parallelize(range(slots), slots).mapPartitions(lambda items: _import_modules(modules, items)).collect()
+    _WARMED.add(sc.applicationId)
+
+
 class _SteadyZipImporter(zipimport.zipimporter):
     """A zip importer for an archive that does not change: invalidating its caches does nothing."""
 

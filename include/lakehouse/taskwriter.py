@@ -73,7 +73,6 @@ class TaskResult:
     dead_letters: int = 0
     max_event_us: int | None = None  # newest event time of a routed row, epoch micros
     min_kafka_us: int | None = None  # oldest Kafka timestamp read, epoch micros
-    records: int = 0
     read_s: float = 0.0
     decode_s: float = 0.0
     write_s: float = 0.0
@@ -254,10 +253,8 @@ def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozense
         started = time.perf_counter()
         decoded = pa.Table.from_batches(batches)
         del batches
-        result.records = decoded.num_rows
         route = decoded.column("_route")
-        kafka_ts = pc.min(_epoch_us(pc.struct_field(decoded.column("_kafka"), "timestamp"))).as_py()
-        result.min_kafka_us = kafka_ts
+        result.min_kafka_us = pc.min(_epoch_us(pc.struct_field(decoded.column("_kafka"), "timestamp"))).as_py()
         result.dead_letters = route.null_count
         for target in targets:
             if target.dead_letter:
