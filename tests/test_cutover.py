@@ -29,6 +29,11 @@ def audit_and_publish(spark, spec):
     publish.publish(spec, result.snapshots, spark_factory=lambda: spark, record_event=False)
 
 
+def candidate_of(make_spec, live, **overrides):
+    """A candidate pipeline for `live`: same topic, its own tables, no view of its own."""
+    return make_spec(source={"topic": live.source.topic}, candidate_for=live.name, publish={"view": None}, **overrides)
+
+
 def view_count(spark, spec) -> int:
     return spark.sql(f"SELECT count(*) FROM {cutover.view_name(spec)}").collect()[0][0]
 
@@ -42,8 +47,7 @@ def typed(spec, table=None) -> dict:
 def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_rollback(
         platform, pipeline, make_spec, spark, run_dag):
     live = pipeline()
-    candidate = make_spec(source={"topic": live.source.topic}, candidate_for=live.name,
-                          partition_by=["hour(event_time)"], publish={"view": None})
+    candidate = candidate_of(make_spec, live, partition_by=["hour(event_time)"])
     produce.produce(live, 200, seed=5)
     ingest(live)
     audit_and_publish(spark, live)
@@ -88,7 +92,7 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
 @pytest.mark.slow
 def test_a_candidate_that_misses_offsets_of_the_overlap_window_is_refused(platform, pipeline, make_spec, spark):
     live = pipeline()
-    candidate = make_spec(source={"topic": live.source.topic}, candidate_for=live.name, publish={"view": None})
+    candidate = candidate_of(make_spec, live)
     produce.produce(live, 120, seed=8)
     ingest(live)
     ingest(candidate)
@@ -114,7 +118,7 @@ def test_cutover_refuses_a_pipeline_that_is_not_a_candidate(platform, pipeline, 
 @pytest.mark.slow
 def test_rollback_refuses_a_forged_cutover_event_and_leaves_the_view_alone(platform, pipeline, make_spec, spark):
     live = pipeline()
-    candidate = make_spec(source={"topic": live.source.topic}, candidate_for=live.name, publish={"view": None})
+    candidate = candidate_of(make_spec, live)
     produce.produce(live, 30, seed=9)
     ingest(live)
     audit_and_publish(spark, live)

@@ -57,8 +57,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #   group_commit  the consumer group's offsets (monitoring only)
 STAGES = ("plan", "read", "decode", "write", "commit", "group_commit")
 COMMIT_ATTEMPTS = 6
-# tasks of a large batch per Spark task slot: more than one evens out tasks that run slower than others
-TASKS_PER_SLOT = 1
 # timeline events kept while the catalog cannot take them (the newest are kept)
 MAX_UNRECORDED_EVENTS = 1000
 # a batch whose tasks keep failing on different records is broken in a way dead-lettering cannot fix
@@ -485,7 +483,8 @@ class IngestJob:
         (the failed attempt's files are orphans, never committed).
         """
         targets = self._targets(plan, batch_id, loaded, planned_from)
-        groups = offsets.task_groups(plan.ranges, self.spark.sparkContext.defaultParallelism * TASKS_PER_SLOT)
+        # one task per slot at most: two per slot measured slower (more task starts, half-size files)
+        groups = offsets.task_groups(plan.ranges, self.spark.sparkContext.defaultParallelism)
         for _ in range(MAX_POISONED_PER_BATCH + 1):
             run = taskwriter.make_task_writer(
                 self.spec, self.kafka_conf, self.quarantined, ingested_at_us=int(time.time() * 1_000_000),
