@@ -10,7 +10,7 @@ LAKEHOUSE := $(VENV)/bin/lakehouse
 export PYSPARK_PYTHON := $(PYTHON)
 export PYSPARK_DRIVER_PYTHON := $(PYTHON)
 
-.PHONY: setup demo test bench stack-up stack-down clean
+.PHONY: setup demo test test-unit test-e2e bench stack-up stack-down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -18,11 +18,24 @@ setup:
 demo: setup
 	$(PYTHON) scripts/demo.py
 
-# pytest exits 5 when it collects no tests: that is a failure, said plainly.
-test: setup
-	@rc=0; $(PYTHON) -m pytest -q tests || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit code 5)" >&2; fi; \
+# `make test` runs both layers; `make test-unit` only the tests not marked slow (no Spark, broker,
+# Airflow or `lakehouse` process: tests/conftest.py fails a test that starts one), `make test-e2e`
+# only the end-to-end tests marked slow. pytest exits 5 when it collects no tests: that is a
+# failure, said plainly.
+define pytest
+	@rc=0; $(PYTHON) -m pytest -q $(1) tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make $@: FAILED: pytest collected no tests (exit code 5)" >&2; fi; \
 	exit $$rc
+endef
+
+test: setup
+	$(call pytest,)
+
+test-unit: setup
+	$(call pytest,-m "not slow")
+
+test-e2e: setup
+	$(call pytest,-m slow)
 
 # The benchmark against the machine's ceilings (about 10-15 min on 2 cores): its own scratch stack on
 # broker port 19192, report in reports/bench/report.md. Knobs: BENCH_SCALE, BENCH_RECORDS, BENCH_REPEATS,

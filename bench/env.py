@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 
-from lakehouse import config
-from lakehouse.spec import PipelineSpec, load_spec
+from lakehouse.core import config
+from lakehouse.core.spec import PipelineSpec, load_spec
+from lakehouse_dev.settings import read_state_file
 
 DEFAULT_BROKER_PORT = 19192
 TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
@@ -111,7 +112,7 @@ class BenchStack:
 
     def broker_pid(self) -> int | None:
         """The scratch broker's process id (None when it is not running)."""
-        pid = config.read_state_file(self.home).get("pid")
+        pid = read_state_file(self.home).get("pid")
         return pid if isinstance(pid, int) else None
 
     def spawn(self, *args: str, log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen:

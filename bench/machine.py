@@ -42,7 +42,7 @@ def java_version() -> str:
 
 def iceberg_runtime() -> str:
     """The Iceberg Spark runtime version from the jar the platform loads."""
-    from lakehouse import config
+    from lakehouse.core import config
 
     for jar in config.default_jars():
         match = re.search(r"iceberg-spark-runtime-([\d.]+)_([\d.]+)-([\d.]+)\.jar", jar)

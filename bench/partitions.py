@@ -16,7 +16,7 @@ Each batch is preceded by a produce round of `--per-partition` records to every 
 (about 1 % broken, so the dead-letter table commits rows too). The run's first batch is a
 warm-up (the JVM and Spark's Python workers start) and is reported apart.
 
-It also probes the commit path alone (IngestJob._commit_table of an empty batch, whose snapshot
+It also probes the commit path alone (IngestJob.commit_table of an empty batch, whose snapshot
 summary holds one position per partition) at growing partition counts, times a
 pyiceberg load and write of a synthetic metadata.json holding a long history of such commits, and a
 no-op stage of Python tasks shaped like the reader's (Spark's own cost per task, the reference for
@@ -46,9 +46,12 @@ from confluent_kafka import Producer
 
 from bench import stats
 from bench.env import BenchError, BenchStack
-from lakehouse import config, kafka_source, offsets, produce, sparkenv, topics
-from lakehouse.ingest import IngestJob, Written
-from lakehouse.spec import PipelineSpec
+from lakehouse.core import config, offsets, sparkenv, topics
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest.job import IngestJob, Written
+from lakehouse.ingest.plan import BatchPlan, task_groups, topic_state
+from lakehouse_dev import produce
 
 DEFAULT_PARTITIONS = (3, 100, 1000)
 DEFAULT_HOME = Path("/tmp/lakehouse-sizing-home")
@@ -204,7 +207,7 @@ def measure(stack: BenchStack, spark, platform: config.PlatformConfig, partition
     job_init_s = time.monotonic() - started
     if jobs is not None:
         jobs[partitions] = job
-    catalog = offsets.open_catalog(platform, spec.catalog)
+    catalog = open_catalog(platform, spec.catalog)
     slots = spark.sparkContext.defaultParallelism * 2  # the task slots IngestJob plans a batch for
     rows: list[dict[str, Any]] = []
     metadata_s = None
@@ -215,7 +218,7 @@ def measure(stack: BenchStack, spark, platform: config.PlatformConfig, partition
         produce_s = time.monotonic() - produce_started
         if index == 0:
             started = time.monotonic()
-            kafka_source.topic_state(platform.kafka(), spec.source.topic, timeout=60)
+            topic_state(platform.kafka(), spec.source.topic, timeout=60)
             metadata_s = time.monotonic() - started
         try:
             receipt = job.run_batch()
@@ -225,7 +228,7 @@ def measure(stack: BenchStack, spark, platform: config.PlatformConfig, partition
             break
         if receipt is None:
             raise BenchError(f"{spec.name}: batch {index} found nothing to ingest after {sent} records were produced")
-        pieces = offsets.task_groups([offsets.OffsetRange(spec.source.topic, p, s, e)
+        pieces = task_groups([offsets.OffsetRange(spec.source.topic, p, s, e)
                                       for p, (s, e) in receipt.ranges.items()], slots)
         t = receipt.timings
         row: dict[str, Any] = {
@@ -297,7 +300,7 @@ def extrapolate(result: dict[str, Any]) -> dict[str, Any]:
 def offset_filter_probe(stack: BenchStack, spark, platform: config.PlatformConfig, counts: list[int],
                         say) -> list[dict[str, Any]]:
     """The commit path alone at growing partition counts, no Kafka reads: for each count, a pipeline
-    of its own commits an empty batch covering every partition twice with IngestJob._commit_table
+    of its own commits an empty batch covering every partition twice with IngestJob.commit_table
     (the data table's commit of a batch). The first commit finds no positions; the second finds and
     rewrites one per partition. Returns both commits' seconds; stops at the first count that fails (a
     larger one fails too)."""
@@ -308,12 +311,12 @@ def offset_filter_probe(stack: BenchStack, spark, platform: config.PlatformConfi
         job.writer()  # claimed first, as a batch does: the commit checks the claim on the table it loaded
         entry: dict[str, Any] = {"partitions": count}
         for step, start in (("first", 0), ("second", 10)):
-            plan = kafka_source.BatchPlan(spec.source.topic, None, tuple(
+            plan = BatchPlan(spec.source.topic, None, tuple(
                 offsets.OffsetRange(spec.source.topic, p, start, start + 10) for p in range(count)), {})
             started = time.monotonic()
             try:
-                job._commit_table(spec.target.table, Written(), plan, f"probe-{step}", 0,
-                                  job.catalog.load_table(spec.target.table), None)
+                job.commit_table(spec.target.table, Written(), plan, f"probe-{step}", 0,
+                                 job.catalog.load_table(spec.target.table), None)
             except Exception as exc:  # noqa: BLE001 - the failure is the finding
                 entry.update({"failed_commit": step, "failed_after_s": round(time.monotonic() - started, 3),
                               "error": short_error(exc)})

@@ -437,7 +437,7 @@ def _stages(results: Mapping[str, Any]) -> list[str]:
     if not rows:
         return []
     return ["## Where a batch spends its time", "",
-            "From the per-stage seconds the `batch` events carry (`lakehouse.events`, kind `batch`).", "",
+            "From the per-stage seconds the `batch` events carry (`lakehouse.core.events`, kind `batch`).", "",
             table(["run", "share of batch time per stage", "batch seconds summed"], rows), ""]
 
 

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from bench import machine, report, stats, workloads
 from bench.env import DEFAULT_BROKER_PORT, BenchError, BenchStack
-from lakehouse import config
+from lakehouse.core import config
 
 DEFAULT_RECORDS = 300_000
 SECTIONS = ("ceilings", "pipeline", "scaling", "small_batches", "baseline", "freshness", "maintenance")

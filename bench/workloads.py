@@ -26,10 +26,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from bench import stats
 from bench.env import BenchError, BenchStack, stop_process_group, tail
-from lakehouse import config, events, offsets, produce, topics
-from lakehouse.kafka_source import BatchBuilder
-from lakehouse.records import RecordValidator
-from lakehouse.spec import PipelineSpec
+from lakehouse.core import config, events, offsets, topics
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest.reader import BatchBuilder
+from lakehouse.ingest.records import RecordValidator
+from lakehouse_dev import produce
 
 MB = 1_000_000
 YOUNG_PROCESS_S = 1.0  # memory samples skip processes younger than this (see MemorySampler)
@@ -65,7 +67,7 @@ class Backlog:
 
 
 def generate(spec: PipelineSpec, count: int, bad_ratio: float, seed: int) -> Backlog:
-    """`count` realistic orders from lakehouse.produce (about `bad_ratio` of them broken on purpose)."""
+    """`count` realistic orders from lakehouse_dev.produce (about `bad_ratio` of them broken on purpose)."""
     started = time.monotonic()
     records = list(produce.synthesize(spec, count, bad_ratio=bad_ratio, seed=seed))
     return Backlog(records, time.monotonic() - started)
@@ -578,11 +580,10 @@ class FreshnessRun:
 
 
 def _positions_reached(catalog, spec: PipelineSpec, ends: dict[int, int]) -> bool:
-    for table in spec.positioned_tables:
-        progress = offsets.read_progress(catalog, table, spec.name)
-        if any(progress.positions.get(p, 0) < end for p, end in ends.items()):
-            return False
-    return True
+    """Whether the pipeline's committed position reached `ends` (partition -> offset) in every partition."""
+    progress = [offsets.read_progress(catalog, t, spec.name) for t in spec.positioned_tables]
+    committed = offsets.committed_positions(progress, {p: 0 for p in ends})
+    return all(committed[p] >= end for p, end in ends.items())
 
 
 def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
@@ -602,7 +603,7 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
     log_name = f"ingest-continuous-{spec.name}"
     proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
     lines = _LineReader(proc.stdout)
-    catalog = offsets.open_catalog(platform, spec.catalog)
+    catalog = open_catalog(platform, spec.catalog)
     try:
         # warm-up: the JVM starts and commits a first small batch before the measured phases
         _feed_batch(stack, spec, proc, lines, producer, source, counter, 100, log_name, "warm-up batch")
@@ -713,8 +714,7 @@ def batch_timings(batches: Sequence[dict]) -> list[stats.BatchTiming]:
 
 def _baseline_schema():
     from pyiceberg.schema import Schema
-    from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, StructType, \
-        TimestamptzType
+    from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, StructType, TimestamptzType
 
     return Schema(
         NestedField(1, "order_id", StringType(), required=False),
@@ -784,7 +784,7 @@ def hand_written_baseline(platform: config.PlatformConfig, topic: str, partition
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import DayTransform
 
-    catalog = offsets.open_catalog(platform, "lake")
+    catalog = open_catalog(platform, "lake")
     try:
         catalog.create_namespace("bench")
     except NamespaceAlreadyExistsError:
@@ -879,7 +879,7 @@ def maintenance_effect(stack: BenchStack, spec: PipelineSpec, repeats: int) -> d
     measured after it anyway: a failure on another table may come after this one was compacted.
     """
     platform = stack.platform()
-    catalog = offsets.open_catalog(platform, spec.catalog)
+    catalog = open_catalog(platform, spec.catalog)
     table = spec.target.table
     files_before = _data_files(catalog.load_table(table))
     scan_before, rows_before = scan_seconds(catalog, table, repeats)

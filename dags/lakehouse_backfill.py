@@ -13,14 +13,10 @@ from __future__ import annotations
 
 from airflow.sdk import Param
 
-from lakehouse.spec import TABLE_NAME
+from lakehouse.core.spec import TABLE_NAME_FORM_PATTERN
 from lakehouse_airflow.dag_defaults import pipeline_dag, pipelines
 from lakehouse_airflow.operators.backfill import BackfillPlanOperator, BackfillSparkSubmitOperator
 from lakehouse_airflow.spark import submit_kwargs
-
-# The form checks with JSON Schema (Python's re.search here, JavaScript in the browser): a `$` anchor would let
-# "raw.x\n" through in Python, `(?![\s\S])` (nothing follows) means the end of the text in both.
-_FULL_TABLE_NAME = rf"^{TABLE_NAME.pattern}(?![\s\S])"
 
 for _spec in pipelines().values():
     with pipeline_dag(
@@ -40,7 +36,7 @@ for _spec in pipelines().values():
                               description="mode time: end of the window; empty = up to the committed position"),
             "target": Param("in_place", type="string", enum=["in_place", "candidate"],
                             description="in_place: the pipeline's tables; candidate: a separate table"),
-            "candidate_table": Param(None, type=["null", "string"], pattern=_FULL_TABLE_NAME,
+            "candidate_table": Param(None, type=["null", "string"], pattern=TABLE_NAME_FORM_PATTERN,
                                      description="target candidate: namespace.table to fill (not a live table)"),
             "dry_run": Param(True, type="boolean", description="only plan: show what would be written"),
         },

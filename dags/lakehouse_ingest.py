@@ -14,6 +14,7 @@ catches up to the end of the log (`--once`) and exits.
 from __future__ import annotations
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
 from lakehouse_airflow.dag_defaults import pipeline_dag, pipelines
 from lakehouse_airflow.operators.supervision import SupervisedSparkSubmitOperator
 from lakehouse_airflow.spark import submit_kwargs

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from airflow.sdk import DAG
 
+from lakehouse.core.spec import RETENTION_DAG_ID
 from lakehouse_airflow.dag_defaults import START_DATE, default_args, pipelines
 from lakehouse_airflow.operators.retention import RetentionAlignmentOperator
 
 _specs = pipelines()
 
 with DAG(
-    dag_id="retention_alignment",
+    dag_id=RETENTION_DAG_ID,
     schedule="@daily",
     start_date=START_DATE,
     catchup=False,

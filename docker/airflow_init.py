@@ -5,7 +5,7 @@
 1. Writes the simple auth manager's password file (AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE)
    so the one user of AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS logs in with AIRFLOW_ADMIN_PASSWORD.
    Airflow would otherwise generate a password and print it to the api-server's log.
-2. Creates the Iceberg catalog tables (lakehouse.offsets.open_catalog), so the first Spark job
+2. Creates the Iceberg catalog tables (lakehouse.core.catalog.open_catalog), so the first Spark job
    and the first status page find them.
 
 Exits 2 with a message naming the variable when the configuration is unusable. Never prints
@@ -62,9 +62,10 @@ def write_password_file() -> Path:
 
 def create_catalog_tables(catalog_name: str = "lake") -> None:
     """Open the platform's Iceberg catalog once, which creates its JDBC tables if missing."""
-    from lakehouse import config, offsets
+    from lakehouse.core import config
+    from lakehouse.core.catalog import open_catalog
 
-    offsets.open_catalog(config.load(), catalog_name).engine.dispose()
+    open_catalog(config.load(), catalog_name).engine.dispose()
 
 
 def main() -> int:

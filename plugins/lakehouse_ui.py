@@ -7,7 +7,7 @@ in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
                                     a lag/freshness chart and links to each pipeline's DAGs
     GET /lakehouse/api/pipelines    the same numbers as JSON
 
-Every number comes from `lakehouse.history.overview` (the tables' snapshot summaries,
+Every number comes from `lakehouse.ops.history.overview` (the tables' snapshot summaries,
 Kafka and the ops timeline) at request time. A spec file that does not load (or claims a
 table, view or name another spec claims) is shown with its SpecError text next to the
 working pipelines; a pipeline with no commits says so.
@@ -26,10 +26,11 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from lakehouse import config, history
-from lakehouse.ingest import STAGES
-from lakehouse.spec import load_specs
-from lakehouse.status import format_age
+from lakehouse.core import config
+from lakehouse.core.spec import load_specs
+from lakehouse.ingest.job import STAGES
+from lakehouse.ops import history
+from lakehouse.ops.status import format_age
 
 app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
 
@@ -53,7 +54,7 @@ def _entries() -> list[dict]:
 
 @app.get("/api/pipelines")
 def pipelines_json() -> list[dict]:
-    """Every pipeline's overview (see lakehouse.history.overview), or its spec error."""
+    """Every pipeline's overview (see lakehouse.ops.history.overview), or its spec error."""
     return _entries()
 
 

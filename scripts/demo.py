@@ -20,10 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from lakehouse import airflow_stack, config, offsets, stack
-from lakehouse.cli import print_airflow_login
-from lakehouse.spec import load_all
-from lakehouse.status import pipeline_status, render
+from lakehouse.core import config
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.spec import load_all
+from lakehouse.ops.status import pipeline_status, render
+from lakehouse_dev import airflow_stack, stack
+from lakehouse_dev.cli import print_airflow_login
 
 LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))
 SECONDS = int(os.environ.get("DEMO_SECONDS", "60"))
@@ -47,7 +49,7 @@ def start(*args: str, log: Path) -> subprocess.Popen:
 def reset_if_broker_was_restarted(specs) -> None:
     """The embedded broker keeps topics in memory: after a restart, old tables point at offsets
     of topics that no longer exist (the pipeline would rightly stop: topic recreated)."""
-    catalog = offsets.open_catalog(config.load(), "lake")
+    catalog = open_catalog(config.load(), "lake")
     existing = {t for s in specs for t in s.owned_tables if catalog.table_exists(t)}
     if existing:
         print(f"the broker was restarted, so its topics are new; dropping the demo tables from the "
@@ -58,7 +60,7 @@ def reset_if_broker_was_restarted(specs) -> None:
 
 def wait_until_ready(specs, jobs, timeout: float = 300.0) -> bool:
     """An ingest job is ready once it has created its tables (Spark is up); False on timeout."""
-    catalog = offsets.open_catalog(config.load(), "lake")
+    catalog = open_catalog(config.load(), "lake")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(catalog.table_exists(t) for s in specs for t in s.owned_tables):
@@ -192,7 +194,7 @@ def main() -> int:
     say("status")
     print(render([pipeline_status(s) for s in specs]))
 
-    catalog = offsets.open_catalog(config.load(), "lake")
+    catalog = open_catalog(config.load(), "lake")
     orders = next(s for s in specs if s.name == "orders")
     say(f"sample of {orders.qualified(orders.target.table)}")
     sample = catalog.load_table(orders.target.table).scan(limit=5).to_arrow()

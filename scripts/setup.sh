@@ -92,7 +92,7 @@ fi
 "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
   || die ".venv uses $("$VENV/bin/python" -V 2>&1), not Python 3.11: remove .venv and run again"
 
-KEY="$(cat requirements.txt requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)"
+KEY="$(cat requirements.txt requirements.lock pyproject.toml devstack/pyproject.toml | sha256sum | cut -d' ' -f1)"
 KEY="$KEY $("$VENV/bin/python" -V 2>&1) pip=$PIP_VERSION"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
@@ -107,6 +107,8 @@ else
   quiet "$VENV/bin/python" -m pip install -r requirements.txt -c requirements.lock
   say "installing the lakehouse package (editable)"
   quiet "$VENV/bin/python" -m pip install --no-deps -e .
+  say "installing the development stack (editable, outside the product wheel)"
+  quiet "$VENV/bin/python" -m pip install --no-deps -e devstack
   say "pip check"
   quiet "$VENV/bin/python" -m pip check
   NEW_STAMP=1

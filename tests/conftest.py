@@ -6,6 +6,7 @@
     stack              (session) `stack.up()` in that home, yields its status; `stack.down(purge=True)` after
     platform           `config.load()` once the stack runs
     spark              (session) the in-process Spark session with the Iceberg extensions and catalog `lake`
+    own_home           an empty LAKEHOUSE_HOME of the test's own (tmp_path/home), set in the environment
     make_spec          factory: make_spec(**overrides) -> PipelineSpec with unique name, topic and tables
     unique_topic_spec  make_spec() with no overrides
     consume_all        consume_all(topic, platform) -> list[Message], read with assign until partition EOF
@@ -17,6 +18,12 @@
 
 Airflow reads its configuration when first imported, so `pytest_configure` points
 AIRFLOW_HOME (metadata DB, logs) at a private folder before any test module loads.
+
+Two layers: tests marked `slow` are the end-to-end layer (`make test-e2e`: Spark, the embedded broker,
+Airflow, `lakehouse` processes); every other test is the unit layer (`make test-unit`), which starts none
+of them. A unit-layer test that asks for `stack`, `spark` or `airflow_db` (also through `platform`,
+`run_dag`, ...) fails before its set-up, one that starts a Spark session, a stack or such a process
+fails when it does (`unit_layer_guard`). Waiting for something is `polling.wait_until`.
 """
 
 from __future__ import annotations
@@ -30,16 +37,18 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
+from polling import wait_until
 
-from lakehouse import config, spec as spec_module, stack as stack_module
+from lakehouse.core import config
+from lakehouse.core import spec as spec_module
 from lakehouse_airflow.spark import spark_connection
+from lakehouse_dev import stack as stack_module
 
 config_module = config
 DAGS_FOLDER = config.REPO_ROOT / "dags"
@@ -60,6 +69,9 @@ def pytest_configure(config: pytest.Config) -> None:
     home = Path(tempfile.mkdtemp(prefix="lakehouse-airflow-"))
     os.environ.update({
         "AIRFLOW_HOME": str(home),
+        # the product's fault hook (lakehouse.core.hooks) loads tests/faults.py here and in every process
+        # the tests start, so that LAKEHOUSE_FAULT can inject a fault
+        "LAKEHOUSE_TEST_HOOKS": str(Path(__file__).with_name("faults.py")),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(config_module.REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -82,6 +94,73 @@ def free_tcp_port() -> int:
     return free_port()
 
 
+# ---------------------------------------------------------------------------- the two layers
+
+# The fixtures that start the end-to-end machinery, and what each starts.
+END_TO_END_FIXTURES = {"stack": "the embedded broker", "spark": "a Spark session",
+                       "airflow_db": "Airflow (`airflow db migrate`)"}
+# Programs whose processes belong to the end-to-end layer: the CLI (ingest jobs, the stacks), Spark, Airflow.
+END_TO_END_PROGRAMS = ("lakehouse", "spark-submit", "spark-class", "airflow")
+
+
+def is_end_to_end(item: pytest.Item) -> bool:
+    """Whether `item` is in the end-to-end layer (marked slow, itself or through its module's pytestmark)."""
+    return item.get_closest_marker("slow") is not None
+
+
+def _refusal(item: pytest.Item, what: str) -> str:
+    return (f"{item.nodeid} is in the unit layer (not marked slow) but starts {what}: mark it "
+            "@pytest.mark.slow (the end-to-end layer) or keep it off the real machinery")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A unit-layer test that asks for an end-to-end fixture fails before that fixture starts anything."""
+    if is_end_to_end(item):
+        return
+    started = [f"{what} (fixture `{name}`)" for name, what in END_TO_END_FIXTURES.items()
+               if name in getattr(item, "fixturenames", ())]
+    if started:
+        pytest.fail(_refusal(item, " and ".join(started)), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def unit_layer_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the unit layer, starting a Spark session (SparkSession.Builder.getOrCreate, which
+    lakehouse.core.sparkenv.session calls), the embedded stack, Airflow's stack, a Spark standalone
+    cluster or a process of END_TO_END_PROGRAMS fails the test where it happens. pytest.fail raises
+    an OutcomeException, which `except Exception` in the code under test does not swallow."""
+    if is_end_to_end(request.node):
+        return
+    from pyspark.sql import SparkSession
+
+    from lakehouse_dev import airflow_stack, spark_cluster
+
+    def refuse(what: str) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            pytest.fail(_refusal(request.node, what))
+        return refused
+
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", refuse("a Spark session"))
+    monkeypatch.setattr(stack_module, "up", refuse("the embedded stack (lakehouse_dev.stack.up)"))
+    monkeypatch.setattr(airflow_stack, "up", refuse("Airflow (lakehouse_dev.airflow_stack.up)"))
+    monkeypatch.setattr(spark_cluster, "up", refuse("a Spark cluster (lakehouse_dev.spark_cluster.up)"))
+
+    class GuardedPopen(subprocess.Popen):
+        def __init__(self, args, *more: Any, **kwargs: Any):
+            first = args if isinstance(args, (str, bytes, os.PathLike)) else next(iter(args), "")
+            first = os.fsdecode(first)
+            if kwargs.get("shell") and first.strip():
+                first = first.split()[0]
+            if Path(first).name in END_TO_END_PROGRAMS:
+                pytest.fail(_refusal(request.node, f"a `{Path(first).name}` process"))
+            super().__init__(args, *more, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", GuardedPopen)
+
+
+# ---------------------------------------------------------------------------- homes, the stack, Spark
+
 @pytest.fixture(scope="session", autouse=True)
 def lakehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A private LAKEHOUSE_HOME and broker port for the whole session; the environment is restored after."""
@@ -95,6 +174,16 @@ def lakehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # the tests' JVMs handle little data and start often: quick start-up over peak speed
         mp.setenv("LAKEHOUSE_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         yield home
+
+
+@pytest.fixture
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty LAKEHOUSE_HOME of the test's own (`<tmp_path>/home`), set in the environment for the test;
+    the session's home (and its stack, if one runs) stays untouched."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
+    return home
 
 
 def _interrupt_on_sigterm() -> None:
@@ -121,7 +210,7 @@ def stack(lakehouse_home: Path) -> dict:
 def spark(stack: dict):
     """One in-process Spark session (Iceberg extensions, catalog `lake`) for the whole test session;
     operators that open a session in-process under dag.test() get this one too."""
-    from lakehouse import sparkenv
+    from lakehouse.core import sparkenv
 
     session = sparkenv.session(config.load(), ["lake"], "lakehouse-tests")
     yield session
@@ -251,10 +340,9 @@ def consume_everything(topic: str, platform: config.PlatformConfig, timeout: flo
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         pending, messages = set(partitions), []
-        deadline = time.monotonic() + timeout
-        while pending:
-            assert time.monotonic() < deadline, f"{topic}: no EOF from partitions {sorted(pending)} in {timeout}s"
-            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+
+        def read_to_eof() -> bool:
+            for msg in consumer.consume(num_messages=10_000, timeout=0.5):  # blocks up to 0.5 s itself
                 err = msg.error()
                 if err is None:
                     messages.append(msg)
@@ -262,6 +350,10 @@ def consume_everything(topic: str, platform: config.PlatformConfig, timeout: flo
                     pending.discard(msg.partition())
                 else:
                     raise AssertionError(f"{topic} partition {msg.partition()}: {err.str()}")
+            return not pending
+
+        if pending:
+            wait_until(read_to_eof, timeout, lambda: f"{topic}: EOF from partitions {sorted(pending)}", interval=0)
         return messages
     finally:
         consumer.close()

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from lakehouse import offsets
-from lakehouse.config import PlatformConfig
-from lakehouse.spec import PipelineSpec
+from lakehouse.core import offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.config import PlatformConfig
+from lakehouse.core.spec import PipelineSpec
 
 LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))
 
@@ -81,7 +82,7 @@ def receipts(stdout: str) -> list[dict]:
 
 
 def table(platform: PlatformConfig, spec: PipelineSpec, name: str):
-    return offsets.open_catalog(platform, spec.catalog).load_table(name)
+    return open_catalog(platform, spec.catalog).load_table(name)
 
 
 def rows(platform: PlatformConfig, spec: PipelineSpec, name: str) -> list[dict]:
@@ -99,7 +100,7 @@ def coordinates(platform: PlatformConfig, spec: PipelineSpec) -> Counter:
 
 def log_ends(platform: PlatformConfig, topic: str) -> dict[int, int]:
     """The true end of each partition (reads to partition EOF, not the high watermark)."""
-    from lakehouse.kafka_source import topic_state
+    from lakehouse.ingest.plan import topic_state
 
     return {p: ps.end for p, ps in topic_state(platform.kafka(), topic).partitions.items()}
 
@@ -162,7 +163,7 @@ def xcom(run, task_id: str, key: str = "return_value"):
 @pytest.fixture
 def pipeline(make_spec, platform):
     """Factory: make_spec(**overrides) with the pipeline's source topic created as `lakehouse topics` does."""
-    from lakehouse.topics import ensure_topics
+    from lakehouse.core.topics import ensure_topics
 
     def factory(**overrides) -> PipelineSpec:
         spec = make_spec(**overrides)

@@ -18,9 +18,12 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform
 
-from lakehouse import config, events, offsets, publish, quality, tables
-from lakehouse.kafka_source import ARROW_TYPES, KAFKA_STRUCT
-from lakehouse.spec import PipelineSpec
+from lakehouse.core import config, events, offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest import tables
+from lakehouse.ingest.reader import ARROW_TYPES, KAFKA_STRUCT
+from lakehouse.wap import publish, quality
 
 
 @pytest.fixture
@@ -89,7 +92,7 @@ def audit(spec: PipelineSpec, platform: config.PlatformConfig, **kwargs) -> qual
 
 
 def published(spec: PipelineSpec, platform: config.PlatformConfig) -> int | None:
-    table = offsets.open_catalog(platform, spec.catalog).load_table(spec.target.table)
+    table = open_catalog(platform, spec.catalog).load_table(spec.target.table)
     return publish.published_head(table, spec.publish.branch)
 
 

@@ -12,7 +12,10 @@ from pyiceberg.expressions import EqualTo
 
 from conftest import DAGS_FOLDER
 from e2e import assert_exactly_once, lakehouse, pipeline, rows, summaries, table  # noqa: F401 (fixture)
-from lakehouse import backfill, events, offsets, produce
+from lakehouse.core import events, offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse.recovery import backfill
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +26,7 @@ def ingest(spec) -> None:
 
 
 def positions(platform, spec) -> dict[int, int]:
-    return offsets.read_progress(offsets.open_catalog(platform, spec.catalog), spec.target.table,
+    return offsets.read_progress(open_catalog(platform, spec.catalog), spec.target.table,
                                  spec.name).positions
 
 

@@ -14,8 +14,7 @@ import yaml
 
 from bench import report, stats
 from bench.env import TEMPLATE_SPEC, derive_spec
-from lakehouse.spec import load_spec  # noqa: E402
-
+from lakehouse.core.spec import load_spec
 
 # ---------------------------------------------------------------------------------------------- medians, percentiles
 

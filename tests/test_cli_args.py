@@ -15,14 +15,11 @@ ORDERS = Path(__file__).resolve().parents[1] / "include" / "pipelines" / "orders
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
+def home(own_home, monkeypatch) -> Path:
     """An empty LAKEHOUSE_HOME; the shipped specs; no metrics port from the environment."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
     monkeypatch.delenv("LAKEHOUSE_PIPELINES_DIR", raising=False)
     monkeypatch.delenv("LAKEHOUSE_METRICS_PORT", raising=False)
-    return home
+    return own_home
 
 
 def refused(argv: list[str], capsys) -> str:

@@ -34,8 +34,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from lakehouse import airflow_stack, config
+from lakehouse.core import config
 from lakehouse_airflow import spark as airflow_spark
+from lakehouse_dev import airflow_stack
 
 REPO = config.REPO_ROOT
 DOCKER = REPO / "docker"
@@ -57,7 +58,7 @@ IMAGE_VARIABLES = {"apache/kafka": ("KAFKA_", "CLUSTER_ID"), "postgres": ("POSTG
 # Process-level variables of the project image and who reads them.
 PROCESS_VARIABLES = {
     "AIRFLOW_HOME": "Airflow",
-    "PYSPARK_PYTHON": "PySpark, lakehouse.sparkenv", "PYSPARK_DRIVER_PYTHON": "PySpark",
+    "PYSPARK_PYTHON": "PySpark, lakehouse.core.sparkenv", "PYSPARK_DRIVER_PYTHON": "PySpark",
     "PYTHONDONTWRITEBYTECODE": "Python", "PYTHONUNBUFFERED": "Python", "DEBIAN_FRONTEND": "apt",
     # the AWS SDKs' default credential chain (S3FileIO on the JVM, pyarrow in pyiceberg)
     "AWS_ACCESS_KEY_ID": "AWS SDK", "AWS_SECRET_ACCESS_KEY": "AWS SDK",
@@ -231,7 +232,7 @@ def test_the_project_image_builds_from_a_pinned_python_with_the_locked_requireme
     assert ("WORKDIR", APP_ROOT) in dockerfile_instructions()
     runs = " ".join(args for name, args in dockerfile_instructions() if name == "RUN")
     assert "pip install --no-cache-dir -r requirements.txt -c requirements.lock" in runs
-    # editable, as scripts/setup.sh installs it: lakehouse.config.REPO_ROOT is then APP_ROOT
+    # editable, as scripts/setup.sh installs it: lakehouse.core.config.REPO_ROOT is then APP_ROOT
     assert "pip install --no-cache-dir --no-deps -e ." in runs
     setup_pip = re.search(r'^PIP_VERSION="([^"]+)"', (REPO / "scripts/setup.sh").read_text(), re.M).group(1)
     assert dockerfile_pairs("ARG")["PIP_VERSION"] == setup_pip

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import config, offsets, sparkenv
+from lakehouse.core import config, sparkenv
+from lakehouse.core.catalog import open_catalog
 
 S3_SETTINGS = {
     "LAKEHOUSE_S3_ENDPOINT": "http://minio:9000",
@@ -72,8 +73,8 @@ def test_s3_settings_do_not_touch_a_file_warehouse(environment, tmp_path: Path):
     assert sparkenv.spark_conf(with_settings, ["lake", "other"], "app") == \
         sparkenv.spark_conf(without, ["lake", "other"], "app")
     # the catalog's own settings only: the database (waiting for locks as Spark does) and the warehouse
-    assert offsets.open_catalog(with_settings, "lake").properties == \
-        offsets.open_catalog(without, "lake").properties == {"uri": f"{without.catalog_uri}?timeout=30",
+    assert open_catalog(with_settings, "lake").properties == \
+        open_catalog(without, "lake").properties == {"uri": f"{without.catalog_uri}?timeout=30",
                                                               "warehouse": warehouse, "pool_pre_ping": "true"}
 
 
@@ -106,11 +107,11 @@ def test_an_s3_warehouse_without_settings_uses_the_aws_defaults(environment):
 def test_path_style_off_is_said_explicitly_to_both_sides(environment):
     platform = environment("s3://lakehouse/warehouse", LAKEHOUSE_S3_PATH_STYLE_ACCESS="false")
     assert catalog_properties(sparkenv.spark_conf(platform, ["lake"], "app"), "lake")["s3.path-style-access"] == "false"
-    assert offsets.open_catalog(platform, "lake").properties["s3.force-virtual-addressing"] == "true"
+    assert open_catalog(platform, "lake").properties["s3.force-virtual-addressing"] == "true"
 
 
 def test_pyiceberg_reaches_the_same_endpoint_region_and_addressing(environment):
-    catalog = offsets.open_catalog(environment("s3://lakehouse/warehouse", **S3_SETTINGS), "lake")
+    catalog = open_catalog(environment("s3://lakehouse/warehouse", **S3_SETTINGS), "lake")
     assert {k: v for k, v in catalog.properties.items() if k.startswith("s3.")} == {
         "s3.endpoint": "http://minio:9000", "s3.force-virtual-addressing": "false", "s3.region": "us-east-1"}
     # the filesystem pyiceberg reads and writes table files with
@@ -126,7 +127,7 @@ def test_pyiceberg_reaches_the_same_endpoint_region_and_addressing(environment):
 def test_credentials_appear_in_no_configuration(environment):
     platform = environment("s3://lakehouse/warehouse", **S3_SETTINGS)
     conf = sparkenv.spark_conf(platform, ["lake"], "app")
-    catalog = offsets.open_catalog(platform, "lake")
+    catalog = open_catalog(platform, "lake")
     for value in [*conf.values(), *catalog.properties.values(), repr(platform)]:
         assert ACCESS_KEY not in value and SECRET_KEY not in value
 

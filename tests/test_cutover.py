@@ -13,7 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from e2e import lakehouse, pipeline  # noqa: F401 (fixture)
-from lakehouse import config, cutover, events, produce, publish, quality
+from lakehouse.core import config, events
+from lakehouse.wap import cutover, publish, quality
+from lakehouse_dev import produce
 
 INJECTION = "SELECT * FROM lake.ops.pipeline_events; DROP TABLE lake.raw.orders"
 
@@ -157,7 +159,7 @@ class FakeLake:
     """Readers' views and the ops timeline in memory, for cutover and rollback without Spark.
 
     `views` maps view names to their query; `timeline` holds (catalog, event row) as
-    lakehouse.events would return them; `compare` and the candidate's branch always pass.
+    lakehouse.core.events would return them; `compare` and the candidate's branch always pass.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
@@ -171,7 +173,7 @@ class FakeLake:
         monkeypatch.setattr(cutover, "compare", lambda spark, live, candidate, *args: cutover.Comparison(
             live.name, candidate.name, 0, 0, 1.0, 1.0, overlap_offsets=10))
         branch = SimpleNamespace(refs=lambda: {"published": object()})
-        monkeypatch.setattr(cutover.offsets, "open_catalog",
+        monkeypatch.setattr(cutover, "open_catalog",
                             lambda platform, name: SimpleNamespace(load_table=lambda table: branch))
 
     def record(self, *recorded: events.Event, platform=None, catalog: str = "lake") -> None:
@@ -198,8 +200,7 @@ def lake(monkeypatch) -> FakeLake:
 def pipelines(make_spec):
     """(live, candidate, another candidate) on the catalog `other`; the live view reads the live pipeline."""
     live = make_spec(target={"catalog": "other"})
-    first, second = (make_spec(source={"topic": live.source.topic}, candidate_for=live.name,
-                               target={"catalog": "other"}, publish={"view": None}) for _ in range(2))
+    first, second = (candidate_of(make_spec, live, target={"catalog": "other"}) for _ in range(2))
     return live, first, second
 
 

@@ -2,7 +2,7 @@
 
 A run that is killed is `lakehouse ingest` as a user would start it, in its own process
 group, on the real embedded broker, Spark and the JDBC catalog; the fault (LAKEHOUSE_FAULT,
-see lakehouse.faults) ends in kill -9 of driver and JVM. Runs that nothing kills (the
+see tests/faults.py) ends in kill -9 of driver and JVM. Runs that nothing kills (the
 resume, a task retry, a concurrent writer) are the same command run in the test process,
 on its Spark session.
 """
@@ -14,10 +14,22 @@ from urllib.parse import urlparse
 
 import pytest
 
-from e2e import (pipeline,  # noqa: F401 (fixture)
-                 assert_exactly_once, committed_group_offsets, lakehouse, log_ends, receipts, rows, run_cli, send,
-                 summaries, table)
-from lakehouse import offsets, produce
+from e2e import (  # noqa: F401 (fixture)
+    assert_exactly_once,
+    committed_group_offsets,
+    lakehouse,
+    log_ends,
+    pipeline,
+    receipts,
+    rows,
+    run_cli,
+    send,
+    summaries,
+    table,
+)
+from lakehouse.core import offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +100,7 @@ def test_kill_9_at_any_point_neither_loses_nor_duplicates(platform, pipeline, po
     assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-2000:])
     ends = log_ends(platform, spec.source.topic)
 
-    catalog = offsets.open_catalog(platform, spec.catalog)
+    catalog = open_catalog(platform, spec.catalog)
     data_positions = offsets.read_progress(catalog, spec.target.table, spec.name).positions
     dlq_positions = offsets.read_progress(catalog, spec.dead_letter_table, spec.name).positions
     if point in ("during_read", "after_files"):

@@ -16,12 +16,17 @@ import time
 import pyarrow as pa
 import pytest
 
-from lakehouse import topics
-from lakehouse.kafka_source import (ARROW_TYPES, MAX_KAFKA_TIMESTAMP_MS, MIN_KAFKA_TIMESTAMP_MS, make_reader,
-                                    make_redecoder)
-from lakehouse.produce import produce, synthesize
-from lakehouse.records import DECODERS, ERROR_KINDS, JsonDecoder, RecordValidator, Rejected
-from lakehouse.spec import load_pipeline
+from lakehouse.core import topics
+from lakehouse.core.spec import load_pipeline
+from lakehouse.ingest.reader import (
+    ARROW_TYPES,
+    MAX_KAFKA_TIMESTAMP_MS,
+    MIN_KAFKA_TIMESTAMP_MS,
+    make_reader,
+    make_redecoder,
+)
+from lakehouse.ingest.records import DECODERS, ERROR_KINDS, JsonDecoder, RecordValidator, Rejected
+from lakehouse_dev.produce import produce, synthesize
 
 # Every field type, optional fields, bounds, enums, a pattern and a key: the contract the traps run against.
 SINK_FIELDS = [
@@ -370,6 +375,7 @@ def sent_items(platform, make_spec):
     return spec, report
 
 
+@pytest.mark.slow
 def test_the_reader_gives_the_reference_verdict_of_every_record_and_reports_its_clock(
         platform, sent_items, consume_all):
     spec, report = sent_items
@@ -408,6 +414,7 @@ def test_the_reader_gives_the_reference_verdict_of_every_record_and_reports_its_
     assert read.added[0] + decode.added[0] <= elapsed  # disjoint parts of the task's time
 
 
+@pytest.mark.slow
 def test_a_failing_task_still_reports_its_clock(platform, sent_items):
     spec, _ = sent_items
 

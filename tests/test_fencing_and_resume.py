@@ -12,16 +12,21 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import wait_until, while_running
 from pyiceberg.expressions import EqualTo
-from pyiceberg.table.snapshots import ancestors_of
 
-from e2e import pipeline, assert_exactly_once, rows, run_cli, send, spawn, table  # noqa: F401 (fixture)
-from lakehouse import committer, events, maintenance, offsets, produce, quality, publish
-from lakehouse.errors import WriterFencedError
-from lakehouse.ingest import IngestJob
-from lakehouse.offsets import PositionsLostError
-from lakehouse.spec import load_spec
-from lakehouse.tables import TableOwnershipError
+from e2e import assert_exactly_once, pipeline, rows, run_cli, send, spawn, table  # noqa: F401 (fixture)
+from lakehouse.core import events, offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import WriterFencedError
+from lakehouse.core.offsets import PositionsLostError
+from lakehouse.core.spec import load_spec
+from lakehouse.ingest import committer
+from lakehouse.ingest.job import IngestJob
+from lakehouse.ingest.tables import TableOwnershipError
+from lakehouse.upkeep import maintenance
+from lakehouse.wap import publish, quality
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +39,8 @@ def order(i: int, status: str = "created") -> tuple[bytes, bytes]:
 
 def writers_of_ingest_commits(platform, spec, name) -> list[str]:
     """The writer id of every ingest commit on `main`, oldest first."""
-    t = table(platform, spec, name)
-    chain = list(ancestors_of(t.current_snapshot(), t.metadata))
-    return [offsets.summary_properties(s)[offsets.K_WRITER] for s in reversed(chain)
-            if offsets.carries_positions(s, spec.name)]
+    return [offsets.summary_properties(s)[offsets.K_WRITER]
+            for s in offsets.ingest_commits(table(platform, spec, name), spec.name)]
 
 
 def test_a_newer_ingest_job_fences_the_older_one_in_the_catalog(platform, pipeline, spark):
@@ -75,7 +78,7 @@ def test_the_fence_is_checked_inside_the_catalog_swap_not_before_it(platform, pi
 
     def pause_then_commit(catalog, table_, files, summary, fence):
         if not taken_over:  # the pause: a newer job claims the tables right before the swap
-            taken_over.append(committer.Writer.claim(catalog, spec.name, zombie._tables()))
+            taken_over.append(committer.Writer.claim(catalog, spec.name, list(spec.positioned_tables)))
         return real_commit(catalog, table_, files, summary, fence)
 
     monkeypatch.setattr(committer, "append_files", pause_then_commit)
@@ -83,7 +86,7 @@ def test_the_fence_is_checked_inside_the_catalog_swap_not_before_it(platform, pi
         zombie.run_batch()
     monkeypatch.undo()
     for name in (spec.target.table, spec.dead_letter_table):
-        assert offsets.read_progress(offsets.open_catalog(platform, spec.catalog), name, spec.name).positions == {}
+        assert offsets.read_progress(open_catalog(platform, spec.catalog), name, spec.name).positions == {}
 
 
 def test_two_continuous_jobs_with_different_homes_leave_every_offset_exactly_once(platform, pipeline, tmp_path):
@@ -95,26 +98,31 @@ def test_two_continuous_jobs_with_different_homes_leave_every_offset_exactly_onc
               "LAKEHOUSE_BOOTSTRAP_SERVERS": platform.bootstrap_servers}
     jobs = [spawn(spec, "ingest", "--pipeline", spec.name, "--json",
                   env={**shared, "LAKEHOUSE_HOME": str(tmp_path / f"home-{n}")}) for n in ("a", "b")]
-    catalog = offsets.open_catalog(platform, spec.catalog)
+    catalog = open_catalog(platform, spec.catalog)
     produced, seed = 0, 21
+
+    def exited_job():
+        """The first job that exited; until one does, 50 more records each time (the interval sets the rate)."""
+        nonlocal produced, seed
+        exited = [job for job in jobs if job.poll() is not None]
+        if exited:
+            return exited[0]
+        produce.produce(spec, 50, bad_ratio=0.1, seed=seed)  # records keep coming until one job is fenced
+        produced, seed = produced + 50, seed + 1
+        return None
+
+    def ingested() -> int:
+        return sum(offsets.read_progress(catalog, spec.dead_letter_table, spec.name).positions.values())
+
     try:
-        deadline = time.monotonic() + 180
-        while all(job.poll() is None for job in jobs):  # records keep coming until one job is fenced
-            assert time.monotonic() < deadline, "one of the jobs should have been fenced by the other"
-            produce.produce(spec, 50, bad_ratio=0.1, seed=seed)
-            produced, seed = produced + 50, seed + 1
-            time.sleep(0.5)
-        fenced = next(job for job in jobs if job.poll() is not None)
+        fenced = wait_until(exited_job, 180, "one of the jobs to be fenced by the other", interval=0.5)
         survivor = next(job for job in jobs if job is not fenced)
         _, err = fenced.communicate(timeout=60)
         assert fenced.returncode == 4 and "another ingest job took over" in err, err[-3000:]
         produce.produce(spec, 100, bad_ratio=0.1, seed=seed)
         produced += 100
-        deadline = time.monotonic() + 120
-        while sum(offsets.read_progress(catalog, spec.dead_letter_table, spec.name).positions.values()) < produced:
-            assert survivor.poll() is None, survivor.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the surviving job should have ingested every record"
-            time.sleep(0.3)
+        wait_until(while_running(survivor, lambda: ingested() >= produced), 120,
+                   "the surviving job to ingest every record", interval=0.3)
     finally:
         for job in jobs:
             if job.poll() is None:
@@ -136,7 +144,7 @@ def test_resume_stops_when_the_history_holding_the_positions_was_expired(platfor
     # someone expires aggressively with Iceberg's own procedure, taking the positions snapshot
     spark.sql(f"CALL {spec.catalog}.system.expire_snapshots(table => '{spec.target.table}', "
               f"snapshot_ids => array({positions_id}L))")
-    progress = offsets.read_progress(offsets.open_catalog(platform, spec.catalog), spec.target.table, spec.name)
+    progress = offsets.read_progress(open_catalog(platform, spec.catalog), spec.target.table, spec.name)
     assert progress.positions == {} and "was expired" in progress.lost
     send(platform, spec.source.topic, [order(i) for i in range(50, 60)])
     with pytest.raises(PositionsLostError, match="would duplicate rows"):
@@ -160,14 +168,14 @@ def test_aggressive_expiry_keeps_the_resume_chain_and_the_unpublished_lineage(pl
         send(platform, spec.source.topic, [order(i) for i in range(start, start + 30)])
         job.run_once()
         spark.sql(f"CALL {spec.catalog}.system.rewrite_manifests(table => '{spec.target.table}')")
-    time.sleep(1.5)  # everything is older than the replay window now
+    time.sleep(1.5)  # the behaviour under test, not an event: everything ages past the 1s replay window
     receipt = maintenance.run(spec, platform, spark)
     assert receipt.ok, receipt.to_json()
     data = next(t for t in receipt.tables if t.table == spec.qualified(spec.target.table))
     assert data.snapshots_expired == 0 and data.kept_for_resume > 0, "every snapshot is still walked by someone"
     t = table(platform, spec, spec.target.table)
     published = t.metadata.refs[spec.publish.branch].snapshot_id
-    chain = [s.snapshot_id for s in ancestors_of(t.current_snapshot(), t.metadata)]
+    chain = [s.snapshot_id for s in offsets.main_ancestry(t.metadata)]
     assert published in chain, "the lineage from main down to the published head is intact"
     # the next ingest resumes exactly once, and the next audit covers everything since the publication
     send(platform, spec.source.topic, [order(i) for i in range(120, 150)])
@@ -176,11 +184,11 @@ def test_aggressive_expiry_keeps_the_resume_chain_and_the_unpublished_lineage(pl
     audited = quality.audit(spec, platform, record_event=False)
     assert audited.success and audited.rows == 120
     publish.publish(spec, audited.snapshots, platform, spark_factory=lambda: spark)
-    time.sleep(1.5)
+    time.sleep(1.5)  # the behaviour under test, not an event: the new commits age past the 1s replay window
     receipt = maintenance.run(spec, platform, spark)
     data = next(t for t in receipt.tables if t.table == spec.qualified(spec.target.table))
     assert data.snapshots_expired > 0, "once published, the old lineage may go"
-    assert offsets.read_progress(offsets.open_catalog(platform, spec.catalog), spec.target.table,
+    assert offsets.read_progress(open_catalog(platform, spec.catalog), spec.target.table,
                                  spec.name).positions
 
 

@@ -10,9 +10,11 @@ from urllib.parse import urlparse
 
 import pytest
 
-from e2e import pipeline, assert_exactly_once, rows, send, table, task_states, xcom  # noqa: F401 (fixture)
-from lakehouse import events, maintenance, offsets, produce
-from lakehouse.ingest import IngestJob
+from e2e import assert_exactly_once, pipeline, rows, send, table, task_states, xcom  # noqa: F401 (fixture)
+from lakehouse.core import events, offsets
+from lakehouse.ingest.job import IngestJob
+from lakehouse.upkeep import maintenance
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +114,7 @@ def test_expiry_keeps_the_resume_snapshot_and_the_published_branch(platform, pip
         path.write_bytes(b"PAR1 not referenced by any snapshot")
     two_hours_ago = time.time() - 7200
     os.utime(old_orphan, (two_hours_ago, two_hours_ago))
-    time.sleep(1.5)  # every ingest snapshot is now older than the replay window
+    time.sleep(1.5)  # the behaviour under test, not an event: every ingest snapshot ages past the 1s replay window
 
     receipt = maintenance.run(spec, platform, spark=job.spark)
     assert receipt.ok, [t.message for t in receipt.tables]

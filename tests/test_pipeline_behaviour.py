@@ -12,16 +12,19 @@ import yaml
 from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from e2e import pipeline, assert_exactly_once, rows, run_cli, send, summaries, table
-from lakehouse import offsets, produce
-from lakehouse.ingest import IngestJob
-from lakehouse.kafka_source import (OffsetGapError, PartitionState, TopicRecreatedError, TopicState, plan_batch,
-                                    topic_state)
-from lakehouse.offsets import OffsetRange, TableProgress
-from lakehouse.records import ERROR_KINDS
-from lakehouse.spec import load_spec
+from polling import wait_until
 from test_poison_records import KEYS_AND_VALUES, MAX_KAFKA_TIMESTAMP_MS
+
+from e2e import assert_exactly_once, pipeline, rows, run_cli, send, summaries, table
+from lakehouse.core import offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import OffsetGapError, TopicRecreatedError
+from lakehouse.core.offsets import OffsetRange, TableProgress
+from lakehouse.core.spec import load_spec
+from lakehouse.ingest.job import IngestJob
+from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch, split_for_tasks, topic_state
+from lakehouse.ingest.records import ERROR_KINDS
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +80,7 @@ def test_upsert_keeps_the_latest_record_per_key_within_and_across_batches(platfo
     job.run_once()
     current = {r["order_id"]: r["status"] for r in rows(platform, spec, spec.target.table)}
     assert current == {"ord-1": "shipped", "ord-3": "refunded"}, "ord-2 was deleted by its tombstone"
-    positions = offsets.read_progress(offsets.open_catalog(platform, spec.catalog), spec.target.table,
+    positions = offsets.read_progress(open_catalog(platform, spec.catalog), spec.target.table,
                                       spec.name).positions
     assert positions[0] == 8
 
@@ -144,14 +147,18 @@ def test_a_recreated_topic_stops_the_pipeline(platform, pipeline, spark):
     IngestJob(spec, platform, spark).run_once()
     admin = AdminClient(platform.kafka())
     admin.delete_topics([spec.source.topic])[spec.source.topic].result()
-    import time
+    refusals: list[Exception] = []
 
-    for _ in range(50):  # deletion is asynchronous
+    def recreated() -> bool:
         try:
             admin.create_topics([NewTopic(spec.source.topic, 3, 1)])[spec.source.topic].result()
-            break
-        except Exception:
-            time.sleep(0.2)
+            return True
+        except Exception as exc:  # noqa: BLE001 - deletion is asynchronous: the old topic may still exist
+            refusals.append(exc)
+            return False
+
+    wait_until(recreated, 30, lambda: f"topic {spec.source.topic} to be created again after its deletion "
+                                      f"(last refusal: {refusals[-1] if refusals else None})", interval=0.2)
     send(platform, spec.source.topic, [encode(order(i)) for i in range(5)])
     run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert run.returncode == 3, run.stderr
@@ -195,14 +202,14 @@ def test_batches_are_bounded_and_shared_fairly_across_partitions(make_spec):
 
 def test_large_partition_ranges_are_cut_so_every_task_slot_reads():
     three = [OffsetRange("t", p, 0, 60_000) for p in range(3)]
-    pieces = offsets.split_for_tasks(three, tasks=4)
+    pieces = split_for_tasks(three, tasks=4)
     assert len(pieces) == 6  # three 60k partitions on four slots: two pieces each, not three tasks
     for p in range(3):
         mine = [(r.start, r.end) for r in pieces if r.partition == p]
         assert mine == [(0, 30_000), (30_000, 60_000)]  # contiguous, exactly the partition's range
     many = [OffsetRange("t", p, 100, 5_000) for p in range(12)]
-    assert offsets.split_for_tasks(many, tasks=4) == many  # enough partitions: nothing to cut
-    assert offsets.split_for_tasks([OffsetRange("t", 0, 7, 7)], tasks=4) == [OffsetRange("t", 0, 7, 7)]
+    assert split_for_tasks(many, tasks=4) == many  # enough partitions: nothing to cut
+    assert split_for_tasks([OffsetRange("t", 0, 7, 7)], tasks=4) == [OffsetRange("t", 0, 7, 7)]
 
 
 def test_a_stopped_producer_sees_all_its_records_land_on_the_embedded_broker(platform, pipeline, spark):
@@ -253,7 +260,7 @@ def test_hostile_records_land_exactly_once_in_the_table_or_the_dead_letter_table
                                                                                   records):
     """Arbitrary bytes, arbitrary JSON and the edges of every contract type and of the Kafka timestamp,
     through the real broker, Spark and catalog: every offset lands once, as a row or a dead letter."""
-    from lakehouse.topics import ensure_topics
+    from lakehouse.core.topics import ensure_topics
 
     spec = make_spec(fields=HOSTILE_FIELDS, key={"field": "id", "required": False}, partition_by=[],
                      fanout={"field": "size", "routes": {"S": "raw.orders_{suffix}_small"}},

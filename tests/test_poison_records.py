@@ -26,14 +26,30 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, cimpl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from lakehouse import errors, kafka_source
-from lakehouse.kafka_source import (MAX_KAFKA_TIMESTAMP_MS, MIN_KAFKA_TIMESTAMP_MS, BatchBuilder, BrokerStalledError,
-                                    RecordFailureError, make_reader, make_redecoder, read_range)
-from lakehouse.offsets import OffsetRange
-from lakehouse.records import ERROR_KINDS, MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, RecordValidator
-from lakehouse.spec import Contract, FanoutSpec, FieldSpec, load_pipeline
+from polling import wait_until
 from test_fast_decode import outcome
+
+from lakehouse.core import errors
+from lakehouse.core.errors import (
+    BrokerStalledError,
+    OffsetGapError,
+    RecordFailureError,
+    SourceError,
+    TopicMissingError,
+    TopicRecreatedError,
+)
+from lakehouse.core.offsets import OffsetRange
+from lakehouse.core.spec import Contract, FanoutSpec, FieldSpec, load_pipeline
+from lakehouse.ingest import reader as kafka_source
+from lakehouse.ingest.reader import (
+    MAX_KAFKA_TIMESTAMP_MS,
+    MIN_KAFKA_TIMESTAMP_MS,
+    BatchBuilder,
+    make_reader,
+    make_redecoder,
+    read_range,
+)
+from lakehouse.ingest.records import ERROR_KINDS, MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, RecordValidator
 
 TOPIC = "hostile"
 INGESTED_AT = 1_763_719_200_000_000
@@ -386,11 +402,12 @@ def _message_with_raw_header_keys(lib, headers: list[tuple[bytes, bytes | None]]
                                          "auto.offset.reset": "earliest"})
     try:
         consumer.assign([confluent_kafka.TopicPartition("t", 0, 0)])
-        for _ in range(40):
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                return message
-        raise AssertionError("the mock cluster did not give the record back")
+
+        def record():
+            message = consumer.poll(0.5)  # blocks up to 0.5 s itself
+            return message if message is not None and message.error() is None else None
+
+        return wait_until(record, 20, "the mock cluster to give the record back", interval=0)
     finally:
         consumer.close()
 
@@ -572,7 +589,7 @@ def test_poisoned_records_are_dead_lettered_undecoded_and_every_offset_comes_out
 def test_make_reader_dead_letters_the_poisoned_records_of_each_range(monkeypatch):
     messages = [FakeMessage(i, headers=[("trace", b"%d" % i)]) for i in range(10)]
     consumer = FakeConsumer(messages)
-    monkeypatch.setattr(kafka_source, "_consumer", lambda conf, group, **extra: consumer)
+    monkeypatch.setattr(kafka_source, "kafka_consumer", lambda conf, group, **extra: consumer)
     reader = make_reader(SPEC, {}, frozenset(), INGESTED_AT, batch_rows=4,
                          poisoned={(0, 3): "crashed the reader: SIGSEGV", (0, 42): "not in this range",
                                    (1, 5): "another partition"})
@@ -623,7 +640,7 @@ def test_a_fault_half_way_names_the_record_it_hit():
 def test_an_error_of_the_kafka_client_is_a_source_error_never_a_record_failure(code, transient):
     consumer = FakeConsumer([FakeMessage(i) for i in range(10)], fail_at=4,
                             failure=KafkaException(KafkaError(code, "broker trouble")))
-    with pytest.raises(kafka_source.SourceError) as info:
+    with pytest.raises(SourceError) as info:
         read(consumer, 10)
     assert not isinstance(info.value, RecordFailureError)
     assert f"{TOPIC}[0]@[0,10): Kafka failed at offset 4" in str(info.value)
@@ -637,13 +654,13 @@ def test_an_error_of_the_kafka_client_is_a_source_error_never_a_record_failure(c
 
 def test_kafka_errors_on_messages_keep_their_types():
     gone = [FakeMessage(0), FakeMessage(1, error=FakeError(KafkaError.OFFSET_OUT_OF_RANGE))]
-    with pytest.raises(kafka_source.OffsetGapError, match="deleted from Kafka") as info:
+    with pytest.raises(OffsetGapError, match="deleted from Kafka") as info:
         read(FakeConsumer(gone), 5)
     assert marker(info.value) is None
     broken = [FakeMessage(0), FakeMessage(1, error=FakeError(KafkaError._MSG_TIMED_OUT))]
-    with pytest.raises(kafka_source.SourceError, match="error") as info:
+    with pytest.raises(SourceError, match="error") as info:
         read(FakeConsumer(broken), 5)
-    assert type(info.value) is kafka_source.SourceError
+    assert type(info.value) is SourceError
 
 
 def test_a_stalled_broker_is_a_retryable_source_error():
@@ -651,7 +668,7 @@ def test_a_stalled_broker_is_a_retryable_source_error():
         list(read_range(FakeConsumer([]), OffsetRange(TOPIC, 2, 100, 200), builder(), batch_rows=10,
                         stall_timeout=0))
     stalled = info.value
-    assert isinstance(stalled, kafka_source.SourceError) and isinstance(stalled, errors.BrokerUnavailableError)
+    assert isinstance(stalled, SourceError) and isinstance(stalled, errors.BrokerUnavailableError)
     assert isinstance(stalled, errors.RetryableError) and isinstance(stalled, errors.SourceError)
     assert "no records past offset 100" in str(stalled)
     assert marker(stalled) == ("retryable", {"why": "broker-stalled", "topic": TOPIC, "partition": "2",
@@ -660,10 +677,10 @@ def test_a_stalled_broker_is_a_retryable_source_error():
 
 
 def test_kafka_source_errors_are_lakehouse_source_errors():
-    assert issubclass(kafka_source.SourceError, errors.SourceError)
-    for cls in (kafka_source.TopicMissingError, kafka_source.OffsetGapError, kafka_source.TopicRecreatedError):
-        assert cls.__bases__ == (kafka_source.SourceError,)
-    assert kafka_source.SourceError("x").exit_code == errors.EXIT_SOURCE
+    assert issubclass(SourceError, errors.SourceError)
+    for cls in (TopicMissingError, OffsetGapError, TopicRecreatedError):
+        assert cls.__bases__ == (SourceError,)
+    assert SourceError("x").exit_code == errors.EXIT_SOURCE
 
 
 def test_the_bounds_are_what_python_datetime_holds():

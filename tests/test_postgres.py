@@ -31,13 +31,18 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from polling import wait_until, while_running
 from pyiceberg.exceptions import NoSuchTableError
 
 from e2e import LAKEHOUSE, assert_exactly_once, lakehouse, log_ends, receipts, send, table
-from lakehouse import airflow_stack, config, events, maintenance, offsets, produce, publish, quality, sparkenv
-from lakehouse import stack as stack_module
-from lakehouse.spec import PipelineSpec, load_spec
-from lakehouse.topics import ensure_topics
+from lakehouse.core import config, events, offsets, sparkenv
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.spec import PipelineSpec, load_spec
+from lakehouse.core.topics import ensure_topics
+from lakehouse.upkeep import maintenance
+from lakehouse.wap import publish, quality
+from lakehouse_dev import airflow_stack, produce
+from lakehouse_dev import stack as stack_module
 
 pytestmark = pytest.mark.slow
 
@@ -53,9 +58,9 @@ WAIT_S = 240.0  # the most a worker waits for ingestion to commit again before g
 # What each process logs when one of its commits lost the catalog's compare-and-set to another writer
 CONFLICT_MARKERS = {"iceberg": "Retrying task after failure",  # Iceberg (Java) retrying a commit
                     "pyiceberg": "Commit failed due to a concurrent update",  # pyiceberg retrying an append
-                    "maintenance": "conflicted with another commit",  # lakehouse.maintenance retrying a step
+                    "maintenance": "conflicted with another commit",  # lakehouse.upkeep.maintenance retrying a step
                     "ingest": "conflicted (attempt",  # lakehouse.ingest retrying a table commit
-                    "publish": "lost a race with another commit"}  # lakehouse.publish retrying a branch move
+                    "publish": "lost a race with another commit"}  # lakehouse.wap.publish retrying a branch move
 
 
 # ---------------------------------------------------------------------------- PostgreSQL
@@ -132,12 +137,7 @@ def props(snapshot) -> dict[str, str]:
 
 def main_chain(tbl) -> list:
     """The snapshots of `main`, oldest first: the current snapshot and its ancestors."""
-    by_id = {s.snapshot_id: s for s in tbl.snapshots()}
-    chain, snap = [], tbl.current_snapshot()
-    while snap is not None:
-        chain.append(snap)
-        snap = by_id.get(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
-    return chain[::-1]
+    return list(offsets.main_ancestry(tbl.metadata))[::-1]
 
 
 def ingest_snapshots(tbl, pipeline: str) -> list:
@@ -181,19 +181,6 @@ def audit_and_publish(spec: PipelineSpec, platform: config.PlatformConfig) -> di
 
 # ---------------------------------------------------------------------------- the race's worker processes
 
-def until(what: str, probe, timeout: float = WAIT_S, pause: float = 0.5):
-    """probe()'s first truthy result, polled every `pause` seconds; raises TimeoutError saying
-    `what` did not happen within `timeout` seconds (a bound on waiting, never on the outcome)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout:.0f}s")
-        time.sleep(pause)
-
-
 def _ingest_ids(catalog, spec: PipelineSpec) -> set[int]:
     """The ingest commits on `main` of the data table (none while ingestion has not created it)."""
     try:
@@ -217,7 +204,7 @@ def produce_until_stopped(spec: PipelineSpec, work: Path) -> None:
     while not (work / "stop").exists():
         sent += produce.produce(spec, CHUNK, bad_ratio=BAD_RATIO, seed=1000 + chunks, platform=platform).sent
         chunks += 1
-        time.sleep(CHUNK_PAUSE_S)
+        time.sleep(CHUNK_PAUSE_S)  # the production rate, not a wait for an event
     send(platform, spec.source.topic, [poison_order(i) for i in range(POISON)])
     print(json.dumps({"sent": sent, "chunks": chunks, "poison": POISON}), flush=True)
 
@@ -227,15 +214,15 @@ def compact_rounds(spec: PipelineSpec, work: Path) -> None:
     dead-letter and timeline tables) in one Spark session, the first once ingestion left enough files in
     both tables to compact, each later one after ingestion committed again; one receipt (JSON) per round."""
     platform = config.load()
-    catalog = offsets.open_catalog(platform, spec.catalog)
+    catalog = open_catalog(platform, spec.catalog)
     spark = sparkenv.session(platform, [spec.catalog], f"test-compaction-{spec.name}")
     tables = (spec.target.table, spec.dead_letter_table)
-    until(f"ingestion did not leave {spec.maintenance.min_input_files} files in each of {tables}",
-          lambda: all(_data_files(catalog, t) >= spec.maintenance.min_input_files for t in tables))
+    wait_until(lambda: all(_data_files(catalog, t) >= spec.maintenance.min_input_files for t in tables), WAIT_S,
+               f"ingestion to leave {spec.maintenance.min_input_files} files in each of {tables}")
     seen: set[int] = set()
     for round_ in range(COMPACTION_ROUNDS):
         if round_:
-            until("no new ingest commit", lambda: _ingest_ids(catalog, spec) - seen)
+            wait_until(lambda: _ingest_ids(catalog, spec) - seen, WAIT_S, "a new ingest commit")
         seen = _ingest_ids(catalog, spec)
         receipt = maintenance.run(spec, platform, spark=spark)
         print(json.dumps(receipt.to_json(), default=str), flush=True)
@@ -246,10 +233,10 @@ def publish_rounds(spec: PipelineSpec, work: Path) -> None:
     """PUBLISH_ROUNDS audits, each publishing what passed, each after ingestion committed again; one
     JSON line per round."""
     platform = config.load()
-    catalog = offsets.open_catalog(platform, spec.catalog)
+    catalog = open_catalog(platform, spec.catalog)
     seen: set[int] = set()
     for _ in range(PUBLISH_ROUNDS):
-        until("no new ingest commit", lambda: _ingest_ids(catalog, spec) - seen)
+        wait_until(lambda: _ingest_ids(catalog, spec) - seen, WAIT_S, "a new ingest commit")
         seen = _ingest_ids(catalog, spec)
         print(json.dumps(audit_and_publish(spec, platform)), flush=True)
 
@@ -302,10 +289,9 @@ def test_without_postgresql_the_tests_fail_and_say_how_to_start_it(free_tcp_port
         admin_connection(port=free_tcp_port)
 
 
-def test_airflow_metadata_db_is_postgresql_or_sqlite(monkeypatch, tmp_path):
-    monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
+def test_airflow_metadata_db_is_postgresql_or_sqlite(monkeypatch, own_home, tmp_path):
     monkeypatch.delenv("LAKEHOUSE_AIRFLOW_DB_URI", raising=False)
-    assert airflow_stack.metadata_db() == f"sqlite:///{tmp_path / 'airflow' / 'airflow.db'}"
+    assert airflow_stack.metadata_db() == f"sqlite:///{own_home / 'airflow' / 'airflow.db'}"
     monkeypatch.setenv("LAKEHOUSE_AIRFLOW_DB_URI", "postgresql+psycopg2://airflow:secret@db:5432/airflow")
     assert airflow_stack.environment(8080)["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == \
         "postgresql+psycopg2://airflow:secret@db:5432/airflow"
@@ -362,7 +348,7 @@ def test_killed_catalog_connections_are_retried_not_fatal(pg_platform, make_spec
     spec = make_spec(partitions=2, partition_by=[], trigger={"interval": "300ms"})
     ensure_topics([spec], pg_platform)
     produce.produce(spec, 300, bad_ratio=0.05, seed=51, platform=pg_platform)
-    catalog = offsets.open_catalog(pg_platform, spec.catalog)
+    catalog = open_catalog(pg_platform, spec.catalog)
 
     def ingested() -> int:
         return sum(offsets.read_progress(catalog, spec.dead_letter_table, spec.name).positions.values())
@@ -372,8 +358,7 @@ def test_killed_catalog_connections_are_retried_not_fatal(pg_platform, make_spec
                            env=dict(os.environ, LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent)),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        until("the first batch", lambda: ingested() == 300 or job.poll() is not None, timeout=180)
-        assert job.poll() is None, job.communicate()[1][-3000:]
+        wait_until(while_running(job, lambda: ingested() == 300), 180, "the first batch")
         killed, deadline, seed = 0, time.monotonic() + 12, 52
         window = datetime.now(timezone.utc)
         while time.monotonic() < deadline:
@@ -383,12 +368,11 @@ def test_killed_catalog_connections_are_retried_not_fatal(pg_platform, make_spec
                 cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                                "WHERE datname = %s AND pid <> pg_backend_pid()", (database,))
                 killed += cursor.fetchone()[0]
-            time.sleep(0.25)
+            time.sleep(0.25)  # the fault's rate for its 12 s, not a wait for an event
         window = (window, datetime.now(timezone.utc))
         total = 300 + 25 * (seed - 52)
-        until("the records produced while connections were killed", lambda: ingested() == total or
-              job.poll() is not None, timeout=180)
-        assert job.poll() is None, job.communicate()[1][-3000:]
+        wait_until(while_running(job, lambda: ingested() == total), 180,
+                   "the records produced while connections were killed")
     finally:
         if job.poll() is None:
             job.send_signal(signal.SIGTERM)
@@ -410,7 +394,7 @@ def test_ingestion_compaction_and_publishing_race_on_postgresql_without_losing_a
                      trigger={"interval": TRIGGER_INTERVAL, "max_records_per_batch": 1000},
                      maintenance={"min_input_files": 2})
     ensure_topics([spec], pg_platform)
-    catalog = offsets.open_catalog(pg_platform, spec.catalog)
+    catalog = open_catalog(pg_platform, spec.catalog)
     work = tmp_path / "race"
     work.mkdir()
 
@@ -425,9 +409,9 @@ def test_ingestion_compaction_and_publishing_race_on_postgresql_without_losing_a
     (work / "stop").touch()
     [produced] = finish(workers["produce"], work, "produce")
     ends = log_ends(pg_platform, spec.source.topic)
-    until("continuous ingestion did not reach the end of the log", lambda: all(
-        offsets.read_progress(catalog, t, spec.name).positions == ends
-        for t in (spec.target.table, spec.dead_letter_table)))
+    wait_until(lambda: all(offsets.read_progress(catalog, t, spec.name).positions == ends
+                           for t in (spec.target.table, spec.dead_letter_table)),
+               WAIT_S, "continuous ingestion to reach the end of the log")
     ingest.send_signal(signal.SIGTERM)  # as the supervisor stops it: a batch in flight is committed first
     batches = finish(ingest, work, "ingest", timeout=120)
 
@@ -567,14 +551,13 @@ def api(url: str, token: str | None = None, method: str = "GET", body: dict | No
 
 
 def test_airflow_on_postgresql_runs_task_instances_in_parallel_with_the_local_executor(
-        tmp_path, monkeypatch, free_tcp_port):
+        own_home, tmp_path, monkeypatch, free_tcp_port):
     dag_id = f"parallel_{uuid.uuid4().hex[:8]}"
     dags, barrier = tmp_path / "dags", tmp_path / "barrier"
     dags.mkdir()
     barrier.mkdir()
     (dags / f"{dag_id}.py").write_text(BARRIER_DAG.format(barrier=str(barrier), dag_id=dag_id))
     with fresh_database() as uri:
-        monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path / "home"))
         monkeypatch.setenv("LAKEHOUSE_AIRFLOW_DB_URI", uri)
         monkeypatch.setenv("LAKEHOUSE_AIRFLOW_DAGS_FOLDER", str(dags))
         try:
@@ -586,8 +569,8 @@ def test_airflow_on_postgresql_runs_task_instances_in_parallel_with_the_local_ex
             _, login = api(f"{url}/auth/token", method="POST",
                            body={"username": started["user"], "password": started["password"]})
             token = login["access_token"]
-            until(f"the DAG processor did not parse {dag_id}",
-                  lambda: api(f"{url}/api/v2/dags/{dag_id}", token)[0] == 200)
+            wait_until(lambda: api(f"{url}/api/v2/dags/{dag_id}", token)[0] == 200, WAIT_S,
+                       f"the DAG processor to parse {dag_id}")
             status, body = api(f"{url}/api/v2/dags/{dag_id}", token, "PATCH", {"is_paused": False})
             assert status == 200 and body["is_paused"] is False, body
             status, body = api(f"{url}/api/v2/dags/{dag_id}/dagRuns", token, "POST", {"logical_date": None})
@@ -598,7 +581,7 @@ def test_airflow_on_postgresql_runs_task_instances_in_parallel_with_the_local_ex
                 found = api(f"{url}/api/v2/dags/{dag_id}/dagRuns/{run_id}", token)[1]
                 return found if found.get("state") in ("success", "failed") else None
 
-            run = until(f"dag run {run_id} did not finish", finished)
+            run = wait_until(finished, WAIT_S, f"dag run {run_id} to finish")
 
             # the metadata DB in PostgreSQL recorded the run: every task succeeded, the two peers overlapped
             tis = {task: (state, start, end, pid, job) for task, state, start, end, pid, job in query(

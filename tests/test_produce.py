@@ -1,7 +1,8 @@
 """The synthetic producer: valid records keep the contract, broken ones break exactly one rule.
 
 Records are read back from the real (embedded) broker with assign until partition
-EOF. Timing is never asserted; the rate limiter's schedule is checked on a fake clock.
+EOF (those tests are marked slow: the end-to-end layer). Timing is never asserted; the
+rate limiter's schedule is checked on a fake clock.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError
 
-from lakehouse import produce as producer_module
-from lakehouse import topics
-from lakehouse.kafka_source import MAX_KAFKA_TIMESTAMP_MS, BatchBuilder
-from lakehouse.produce import BAD_KINDS, ProduceError, RateLimiter, produce, synthesize
-from lakehouse.records import ERROR_KINDS, RecordValidator
+from e2e import pipeline  # noqa: F401 (fixture)
+from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, BatchBuilder
+from lakehouse.ingest.records import ERROR_KINDS, RecordValidator
+from lakehouse_dev import produce as producer_module
+from lakehouse_dev.produce import BAD_KINDS, ProduceError, RateLimiter, produce, synthesize
 
 FIXED_NOW = datetime(2026, 11, 21, 10, 0, 0, 123000, tzinfo=timezone.utc)
 
@@ -60,10 +61,8 @@ def headers_of(msg) -> dict[str, bytes]:
 # ---------------------------------------------------------------------------- against the broker
 
 @pytest.fixture
-def orders_topic(platform, make_spec):
-    spec = make_spec(partitions=3)
-    topics.ensure_topics([spec], platform)
-    return spec
+def orders_topic(pipeline):
+    return pipeline(partitions=3)
 
 
 @pytest.fixture
@@ -73,6 +72,7 @@ def sent(platform, orders_topic, consume_all):
     return orders_topic, report, consume_all(orders_topic.source.topic, platform)
 
 
+@pytest.mark.slow
 def test_every_record_lands_on_the_topic(sent):
     spec, report, messages = sent
     assert report.sent == len(messages) == 600
@@ -81,6 +81,7 @@ def test_every_record_lands_on_the_topic(sent):
     assert len(report.per_partition) == 3  # keys spread over all partitions
 
 
+@pytest.mark.slow
 def test_each_defect_kind_is_sent_and_counted(sent):
     spec, report, messages = sent
     assert set(report.bad_by_kind) == set(BAD_KINDS)  # every kind applies to the orders contract
@@ -90,6 +91,7 @@ def test_each_defect_kind_is_sent_and_counted(sent):
     assert report.valid == 600 - report.bad
 
 
+@pytest.mark.slow
 def test_defects_are_real_on_the_wire(sent):
     spec, report, messages = sent
     by_kind: dict[str | None, list] = {}
@@ -131,6 +133,7 @@ def test_defects_are_real_on_the_wire(sent):
         assert conforms(spec.contract.field("event_time"), json.loads(m.value())["event_time"])
 
 
+@pytest.mark.slow
 def test_valid_records_keep_the_contract_and_are_keyed_by_the_key_field(sent):
     spec, report, messages = sent
     valid = [m for m in messages if "fault" not in headers_of(m)]
@@ -144,6 +147,7 @@ def test_valid_records_keep_the_contract_and_are_keyed_by_the_key_field(sent):
         assert headers_of(m)["source"] == b"lakehouse-produce" and len(headers_of(m)["trace_id"]) == 32
 
 
+@pytest.mark.slow
 def test_records_of_one_key_stay_on_one_partition(sent):
     spec, report, messages = sent
     partitions_by_key: dict[bytes, set[int]] = {}
@@ -154,6 +158,7 @@ def test_records_of_one_key_stay_on_one_partition(sent):
     assert any(len([m for m in messages if m.key() == k]) > 1 for k in partitions_by_key)  # ids recur
 
 
+@pytest.mark.slow
 def test_progress_is_reported_with_the_final_count(platform, orders_topic):
     seen: list[int] = []
     report = produce(orders_topic, 50, rate=5_000, seed=1, platform=platform, on_progress=seen.append)
@@ -161,12 +166,14 @@ def test_progress_is_reported_with_the_final_count(platform, orders_topic):
     assert seen[-1] == 50
 
 
+@pytest.mark.slow
 def test_producing_to_a_missing_topic_fails_with_the_topic_name(platform, make_spec):
     spec = make_spec()  # topic never created
     with pytest.raises(ProduceError, match=rf"topic '{spec.source.topic}' .* does not exist"):
         produce(spec, 1, platform=platform)
 
 
+@pytest.mark.slow
 def test_a_failed_delivery_fails_the_run_loudly(platform, orders_topic, monkeypatch):
     class RefusingProducer:
         """Accepts records and reports each as undeliverable, like a broker that went away."""

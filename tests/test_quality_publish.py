@@ -14,10 +14,12 @@ from airflow.sdk.exceptions import AirflowSensorTimeout
 from confluent_kafka import Producer
 
 from e2e import lakehouse, pipeline, rows, send, table, task_states, xcom
-from lakehouse import events, produce, publish, quality
-from lakehouse.ingest import IngestJob
-from lakehouse.replay import Replay
-from lakehouse.spec import load_spec
+from lakehouse.core import events
+from lakehouse.core.spec import load_spec
+from lakehouse.ingest.job import IngestJob
+from lakehouse.recovery.replay import Replay
+from lakehouse.wap import publish, quality
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from e2e import pipeline, rows, send, xcom  # noqa: F401 (fixture)
-from lakehouse import events, produce, retention
-from lakehouse.ingest import IngestJob
+from lakehouse.core import events
+from lakehouse.ingest.job import IngestJob
+from lakehouse.upkeep import retention
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 WEEK_MS = 7 * 86400 * 1000

@@ -1,7 +1,7 @@
 """Secrets stay out of what Airflow renders, stores and shows, and out of reprs and error messages.
 
 Fast: no Spark, no broker. The Spark jobs' `env_vars` (a templated field) get only the allow-list
-of lakehouse.config; everything else reaches spark-submit from the worker's environment. That a
+of lakehouse.core.config; everything else reaches spark-submit from the worker's environment. That a
 rollback never executes SQL text from the timeline needs Spark and a catalog: tests/test_cutover.py.
 """
 
@@ -13,12 +13,14 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from lakehouse import airflow_stack, config
+from lakehouse.core import config
 from lakehouse_airflow.spark import forwardable, forwarded_environment, submit_kwargs
+from lakehouse_dev import airflow_stack
 
 ALLOWED = config.ENVIRONMENT + config.JOB_ENVIRONMENT
 PUBLIC_KAFKA = tuple(config.KAFKA_PREFIX + p.upper().replace(".", "_") for p in config.PUBLIC_KAFKA_PROPERTIES)
@@ -143,9 +145,9 @@ def test_the_public_kafka_properties_hold_no_secret_and_name_their_variables():
 
 def test_the_job_environment_lists_every_variable_the_jobs_read():
     """Besides config.ENVIRONMENT: every LAKEHOUSE_* name the modules name, but Airflow's own
-    settings (lakehouse.airflow_stack) and the supervision marker the operator sets itself."""
-    sources = [p for folder in ("include/lakehouse", "spark_jobs") for p in (config.REPO_ROOT / folder).glob("*.py")
-               if p.name != "config.py"]
+    settings (lakehouse_dev.airflow_stack) and the supervision marker the operator sets itself."""
+    sources = [p for folder in ("include/lakehouse", "spark_jobs") for p in (config.REPO_ROOT / folder).rglob("*.py")
+               if p.name != "config.py"] + [config.REPO_ROOT / "tests" / "faults.py"]  # the fault hook jobs load
     named = {name for p in sources for name in re.findall(r"[\"'](LAKEHOUSE_[A-Z0-9_]*[A-Z0-9])[\"']", p.read_text())}
     not_for_jobs = {*airflow_stack.ENVIRONMENT, "LAKEHOUSE_SUPERVISED_PIPELINE"}  # supervision.SUPERVISED_ENV
     assert named - not_for_jobs <= set(ALLOWED)

@@ -12,8 +12,9 @@ import pytest
 
 from conftest import free_port
 from e2e import assert_exactly_once, pipeline, rows, task_states, xcom  # noqa: F401 (fixture)
-from lakehouse import config, produce, spark_cluster
+from lakehouse.core import config
 from lakehouse_airflow.spark import spark_connection
+from lakehouse_dev import produce, spark_cluster
 
 pytestmark = pytest.mark.slow
 LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))

@@ -5,9 +5,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lakehouse.errors import ConfigurationError
-from lakehouse.spec import (CAPS, BrokenSpecsError, SpecError, UnknownPipelineError, load_all, load_pipeline,
-                            load_spec, load_specs, parse_duration)
+from lakehouse.core.errors import ConfigurationError
+from lakehouse.core.spec import (
+    CAPS,
+    BrokenSpecsError,
+    SpecError,
+    UnknownPipelineError,
+    load_all,
+    load_pipeline,
+    load_spec,
+    load_specs,
+    parse_duration,
+)
 
 ORDERS = Path(__file__).resolve().parents[1] / "include" / "pipelines" / "orders.yaml"
 CUSTOMERS = ORDERS.with_name("customers.yaml")

@@ -11,11 +11,23 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lakehouse import events
-from lakehouse.spec import (CAPS, DURATION_CAPS_S, MAX_DURATION_S, MAX_SPEC_BYTES, OPS_TIMELINE_TABLE,
-                            PipelineSpec, SpecError, is_table_name, load_spec, load_specs, parse_duration)
+from lakehouse.core import events
+from lakehouse.core.spec import (
+    CAPS,
+    DURATION_CAPS_S,
+    MAX_DURATION_S,
+    MAX_SPEC_BYTES,
+    OPS_TIMELINE_TABLE,
+    PipelineSpec,
+    SpecError,
+    is_table_name,
+    load_spec,
+    load_specs,
+    parse_duration,
+)
 
 ORDERS = Path(__file__).resolve().parents[1] / "include" / "pipelines" / "orders.yaml"
 TEMPLATE = yaml.safe_load(ORDERS.read_text())

@@ -1,7 +1,8 @@
 """The embedded stack: `up` is idempotent, `status` says where everything is, `down` stops it.
 
 The session broker (fixture `stack`) serves most tests; lifecycle tests start and
-stop their own broker in a separate LAKEHOUSE_HOME on another port.
+stop their own broker in a separate LAKEHOUSE_HOME on another port. Every test here but one
+starts a broker or asks the session's: the module is in the end-to-end layer (marked slow).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse import config, topics
-from lakehouse import stack as lakestack  # the fixture `stack` is the running stack's status
+from lakehouse.core import config, topics
+from lakehouse_dev import stack as lakestack
+
+pytestmark = pytest.mark.slow
 
 
 def _alive(pid: int) -> bool:
@@ -29,12 +32,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def other_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free_tcp_port: int) -> Path:
+def other_home(own_home: Path, monkeypatch: pytest.MonkeyPatch, free_tcp_port: int) -> Path:
     """A second, empty LAKEHOUSE_HOME with its own port; anything started there is stopped after."""
-    home = tmp_path / "other-home"
-    monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
     monkeypatch.setenv("LAKEHOUSE_BROKER_PORT", str(free_tcp_port))
-    yield home
+    yield own_home
     lakestack.down(purge=True)
 
 

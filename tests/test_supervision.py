@@ -10,29 +10,20 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-
 from pathlib import Path
 
 import psutil
 import pytest
+from polling import wait_until
 
 from e2e import assert_exactly_once, lakehouse, pipeline, rows  # noqa: F401 (fixture)
-from lakehouse import events, produce, supervision
+from lakehouse.core import events
+from lakehouse.ops import supervision
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 JOB = "spark_jobs/ingest.py"
-
-
-def wait_for(what: str, predicate, timeout: float = 240.0, every: float = 0.5):
-    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+WAIT_S = 240.0  # the most a test waits for the supervised job to get somewhere
 
 
 def job_processes(spec) -> tuple[list[psutil.Process], list[psutil.Process]]:
@@ -53,7 +44,7 @@ def one_driver(spec, exclude: set[int] = frozenset()) -> tuple[psutil.Process, p
         jvms = [p for p in jvms if p.pid not in exclude]
         drivers = [p for p in drivers if p.pid not in exclude]
         return (jvms[0], drivers[0]) if len(jvms) == 1 and len(drivers) == 1 else None
-    return wait_for("one running ingest job", found)
+    return wait_until(found, WAIT_S, "one running ingest job")
 
 
 def row_count(platform, spec) -> int:
@@ -171,7 +162,7 @@ def test_the_continuous_dag_restarts_a_killed_and_a_hung_job_and_ends_on_a_grace
         """What happens to the job while the DAG runs (dag.test needs the main thread)."""
         try:
             produce.produce(spec, 200, seed=5)
-            wait_for("the first rows", lambda: row_count(platform, spec) == 200)
+            wait_until(lambda: row_count(platform, spec) == 200, WAIT_S, "the first rows")
             jvm, driver = one_driver(spec)
 
             # a dead job: kill -9 the Spark driver's JVM; its orphaned Python driver must go too
@@ -179,12 +170,15 @@ def test_the_continuous_dag_restarts_a_killed_and_a_hung_job_and_ends_on_a_grace
             jvm2, driver2 = one_driver(spec, exclude={jvm.pid, driver.pid})
             seen["orphan_gone"] = not driver.is_running() or driver.status() == psutil.STATUS_ZOMBIE
             produce.produce(spec, 100, seed=6)
-            wait_for("rows after the restart", lambda: row_count(platform, spec) == 300)
+            wait_until(lambda: row_count(platform, spec) == 300, WAIT_S, "rows after the restart")
             seen["restarts_after_kill"] = [(e["details"]["exit_code"], e["details"]["attempt"])
                                            for e in events.recent(spec.name, "restart", platform=platform)]
 
-            # a hung job: the driver stops (SIGSTOP) while records keep arriving
-            time.sleep(3)  # let the watchdog see this run's commits
+            # a hung job: the driver stops (SIGSTOP) while records keep arriving, once its batch is over in
+            # every table (the watchdog, which checks every trigger interval, then sees this run's commits
+            # in the catalog, so the run has progressed and no startup grace delays the verdict)
+            wait_until(lambda: supervision.observe(spec, platform).lag == 0, WAIT_S,
+                       "the restarted job's commits in every table")
             driver2.send_signal(signal.SIGSTOP)
             stop_producing = threading.Event()
 
@@ -198,14 +192,15 @@ def test_the_continuous_dag_restarts_a_killed_and_a_hung_job_and_ends_on_a_grace
             producer = threading.Thread(target=trickle, daemon=True)
             producer.start()
             try:
-                seen["hung"] = wait_for("a hung event", lambda: events.recent(spec.name, "hung", platform=platform))
+                seen["hung"] = wait_until(lambda: events.recent(spec.name, "hung", platform=platform), WAIT_S,
+                                          "a hung event")
                 _, driver3 = one_driver(spec, exclude={jvm2.pid, driver2.pid})
             finally:
                 stop_producing.set()
                 producer.join()
             seen["stopped_driver_gone"] = not driver2.is_running() or driver2.status() == psutil.STATUS_ZOMBIE
             seen["total"] = sum(supervision.observe(spec, platform).ends.values())
-            wait_for("every record after the hang", lambda: row_count(platform, spec) == seen["total"])
+            wait_until(lambda: row_count(platform, spec) == seen["total"], WAIT_S, "every record after the hang")
 
             # a graceful stop: SIGTERM to the driver, which finishes its batch and exits 0
             signalled.add(driver3.pid)
@@ -262,7 +257,7 @@ def test_the_supervisor_summarises_the_committed_batches_in_the_task_log(platfor
     batch = {"records": 1000, "rows": 990, "dead_letters": 10, "commit_retries": 1, "lag_records": 0,
              "freshness_s": 6.0, "plan_s": 0.1, "read_s": 1.0, "decode_s": 0.5, "write_s": 0.8, "commit_s": 0.2}
     # a job that commits three batches (their events on the timeline), then lives on for a few periods
-    job = (f"import time\nfrom lakehouse import events\n"
+    job = (f"import time\nfrom lakehouse.core import events\n"
            f"events.record(*[events.Event({spec.name!r}, 'batch', 'ok', '1000 records', {batch!r})] * 3)\n"
            f"time.sleep(4)\n")
 

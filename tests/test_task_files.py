@@ -1,6 +1,6 @@
 """The data files the Spark tasks write are proper Iceberg data files of the table.
 
-Tasks write Parquet themselves (lakehouse.taskwriter) and the driver only appends their
+Tasks write Parquet themselves (lakehouse.ingest.taskwriter) and the driver only appends their
 descriptions: the files must carry the table's field ids, its partition spec and values,
 column metrics that prune scans, and one commit per table must add exactly them. Runs
 `lakehouse ingest --once` in the test process against the real broker and catalog.
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.expressions import GreaterThan
 
-from e2e import pipeline, assert_exactly_once, run_cli, send, summaries, table  # noqa: F401 (fixture)
+from e2e import assert_exactly_once, pipeline, run_cli, send, summaries, table  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
 

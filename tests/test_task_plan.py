@@ -9,10 +9,11 @@ import pyarrow as pa
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lakehouse.ingest import Written
-from lakehouse.kafka_source import KAFKA_STRUCT
-from lakehouse.offsets import OffsetRange, task_groups
-from lakehouse.taskwriter import TaskResult, _below_held
+from lakehouse.core.offsets import OffsetRange
+from lakehouse.ingest.job import Written
+from lakehouse.ingest.plan import task_groups
+from lakehouse.ingest.reader import KAFKA_STRUCT
+from lakehouse.ingest.taskwriter import TaskResult, _below_held
 
 ranges = st.dictionaries(st.integers(0, 2_000), st.tuples(st.integers(0, 10**6), st.integers(0, 300_000)),
                          max_size=60).map(lambda found: [OffsetRange("t", p, s, s + n) for p, (s, n) in found.items()])

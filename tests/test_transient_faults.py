@@ -11,30 +11,22 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import wait_until, while_running
 
-from e2e import pipeline, assert_exactly_once, spawn  # noqa: F401 (fixture)
-from lakehouse import events, offsets, produce
+from e2e import assert_exactly_once, pipeline, spawn  # noqa: F401 (fixture)
+from lakehouse.core import events, offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
 
 
-def wait_for(what: str, probe, job, timeout: float = 120.0):
-    """probe()'s first truthy result while `job` keeps running; fails the test naming `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if job.poll() is not None:
-            pytest.fail(f"the job exited with {job.returncode} before {what}: {job.communicate()[1][-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout:.0f}s")
-        time.sleep(0.3)
+WAIT_S = 120.0  # the most a test waits for the job to get somewhere
 
 
 def ingested(platform, spec) -> int:
     """Records the dead-letter table's positions account for (it commits last in a batch)."""
-    progress = offsets.read_progress(offsets.open_catalog(platform, spec.catalog), spec.dead_letter_table, spec.name)
+    progress = offsets.read_progress(open_catalog(platform, spec.catalog), spec.dead_letter_table, spec.name)
     return sum(progress.positions.values())
 
 
@@ -64,12 +56,15 @@ def test_a_catalog_locked_longer_than_the_busy_timeout_is_waited_out(platform, p
     job = spawn(spec, "ingest", "--pipeline", spec.name, "--json",
                 env={"LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS": "500"})
     try:
-        wait_for("the first batch", lambda: ingested(platform, spec) == 300, job)
+        wait_until(while_running(job, lambda: ingested(platform, spec) == 300), WAIT_S, "the first batch",
+                   interval=0.3)
         with catalog_locked(platform):
             produce.produce(spec, 300, bad_ratio=0.1, seed=32)
-            time.sleep(6)  # a dozen busy timeouts
+            # the fault itself, not a wait for an event: the lock is held for a dozen 500 ms busy timeouts
+            time.sleep(6)
             assert job.poll() is None, job.communicate()[1][-3000:]
-        wait_for("the records produced during the lock", lambda: ingested(platform, spec) == 600, job)
+        wait_until(while_running(job, lambda: ingested(platform, spec) == 600), WAIT_S,
+                   "the records produced during the lock", interval=0.3)
     finally:
         err = stop(job) if job.poll() is None else job.communicate()[1]
     retries = events.recent(spec.name, "retry", platform=platform)
@@ -84,18 +79,23 @@ def test_a_stalled_broker_is_retried_until_it_answers_again(platform, pipeline):
     job = spawn(spec, "ingest", "--pipeline", spec.name, "--json")
     broker = int(Path(platform.home, "stack.json").read_text().split('"pid": ')[1].split(",")[0])
     try:
-        wait_for("the first batch", lambda: ingested(platform, spec) == 200, job)
+        wait_until(while_running(job, lambda: ingested(platform, spec) == 200), WAIT_S, "the first batch",
+                   interval=0.3)
         # stalled only once the batch is over (its event is recorded after the consumer group's commit,
         # which waits for the broker however long it takes): the stall meets the job planning
-        wait_for("the first batch's event", lambda: events.recent(spec.name, "batch", platform=platform), job)
+        wait_until(while_running(job, lambda: events.recent(spec.name, "batch", platform=platform)), WAIT_S,
+                   "the first batch's event", interval=0.3)
         os.kill(broker, signal.SIGSTOP)  # the broker hangs: no answer, no error
         try:
-            time.sleep(20)  # longer than the planner waits for metadata (kafka_source.PLAN_TIMEOUT_S)
+            # the fault itself, not a wait for an event: the broker stays stalled longer than the planner
+            # waits for metadata (15 s: lakehouse.ingest.plan.topic_state's timeout)
+            time.sleep(20)
             assert job.poll() is None, job.communicate()[1][-3000:]
         finally:
             os.kill(broker, signal.SIGCONT)
         produce.produce(spec, 200, bad_ratio=0.1, seed=42)
-        wait_for("the records produced after the stall", lambda: ingested(platform, spec) == 400, job)
+        wait_until(while_running(job, lambda: ingested(platform, spec) == 400), WAIT_S,
+                   "the records produced after the stall", interval=0.3)
     finally:
         err = stop(job) if job.poll() is None else job.communicate()[1]
     retries = events.recent(spec.name, "retry", platform=platform)

@@ -1,6 +1,6 @@
 """The "Lakehouse pipelines" page in Airflow's UI shows live numbers, seen in a real browser.
 
-Airflow's API server is started by `lakehouse.airflow_stack` as `lakehouse airflow up`
+Airflow's API server is started by `lakehouse_dev.airflow_stack` as `lakehouse airflow up`
 does; headless Chromium renders /lakehouse/ and saves a screenshot to
 .artifacts/ui/pipelines.png.
 """
@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from e2e import lakehouse, log_ends, pipeline, rows, run_cli  # noqa: F401 - pipeline is a fixture
-from lakehouse import airflow_stack, config, events, offsets
+from lakehouse.core import config, events, offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse_dev import airflow_stack
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +91,7 @@ def test_pipelines_page_shows_live_numbers_in_a_browser(pipeline, make_spec, pla
     data_rows = len(rows(platform, spec, spec.target.table))
     dead = len(rows(platform, spec, spec.dead_letter_table))
     assert data_rows + dead == 300 and dead > 0
-    progress = offsets.read_progress(offsets.open_catalog(platform, spec.catalog), spec.target.table, spec.name)
+    progress = offsets.read_progress(open_catalog(platform, spec.catalog), spec.target.table, spec.name)
     assert progress.positions == ends
     cli(spec, "produce", "--pipeline", spec.name, "--count", "20", "--seed", "12", "--quiet")  # not ingested: lag
     events.record(events.Event(spec.name, "quality", "failed", "2 of 9 expectations failed"), platform=platform)

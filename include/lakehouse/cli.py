@@ -1,19 +1,17 @@
 """`lakehouse`: the platform's command line.
 
-    lakehouse stack up|down|status [--json]      the embedded Kafka broker and local catalog
-    lakehouse stack up --spark-cluster           ... plus a Spark standalone master and worker
-    lakehouse stack up --auth scram-sha-512 --tls   ... with a broker that requires a SASL login over TLS
     lakehouse pipelines [--json]                 validate and list the pipeline specs (exit 2: a file is broken)
     lakehouse topics [--pipeline NAME]           create the pipelines' source topics
-    lakehouse produce --pipeline NAME --count N  synthetic events, some of them bad
     lakehouse ingest --pipeline NAME --once      Kafka -> Iceberg, exactly once
     lakehouse replay --pipeline NAME ...         re-ingest offsets, a time range or dead letters
     lakehouse status [--pipeline NAME] [--json]  lag, recovery points, row and dead-letter counts
-    lakehouse airflow up|down|status [--json]    Airflow 3 (API server, scheduler, ...) for the embedded stack
     lakehouse maintain --pipeline NAME           compact, expire snapshots, remove orphans (receipt per table)
     lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
 
-Exit codes (lakehouse.errors): 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the
+The development stack (`devstack/`, installed by `make setup`) adds `lakehouse stack`, `lakehouse
+airflow` and `lakehouse produce` (lakehouse_dev.cli).
+
+Exit codes (lakehouse.core.errors): 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the
 source or a table needs attention (offset gap, topic recreated, topic missing, retention too
 short, positions lost), 4 fenced (another ingest job of the pipeline took over its tables).
 
@@ -33,63 +31,26 @@ import math
 import os
 import sys
 from datetime import datetime, timezone
+from importlib.metadata import entry_points
 from typing import Callable
 
-from lakehouse import config, errors
-from lakehouse.spec import (DURATION_CAPS_S, IDENTIFIER, PipelineSpec, SpecError,
-                            is_table_name, load_pipeline, load_specs, parse_duration)
+from lakehouse.core import config, errors
+from lakehouse.core.spec import (
+    DURATION_CAPS_S,
+    IDENTIFIER,
+    PipelineSpec,
+    SpecError,
+    is_table_name,
+    load_pipeline,
+    load_specs,
+    parse_duration,
+)
 
 EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE = errors.EXIT_FAILURE, errors.EXIT_CONFIG, errors.EXIT_SOURCE
 
 
 def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
-
-
-def cmd_stack(args) -> int:
-    from lakehouse import spark_cluster, stack
-
-    if args.action == "up":
-        result = stack.up(port=args.port, auth=args.auth, tls=args.tls)
-        if args.spark_cluster:
-            spark_cluster.up(port=args.spark_port, ui_port=args.spark_ui_port)
-    elif args.action == "down":
-        result = {**stack.down(purge=args.purge), "spark_cluster": spark_cluster.down()}
-    else:
-        result = stack.status()
-    if args.action != "down":
-        result["spark_cluster"] = spark_cluster.status()
-    if args.json:
-        _print_json(result)
-    else:
-        broker = result.get("broker", {})
-        if args.action == "down":
-            print("embedded stack stopped" + (" and its state removed" if args.purge else ""))
-        else:
-            print(f"kafka      {result.get('bootstrap_servers')} "
-                  f"({'embedded' if broker.get('embedded') else 'external'}, "
-                  f"{'running' if broker.get('running') else 'NOT running'})")
-            security = broker.get("security") or {}
-            if security.get("protocol", "PLAINTEXT") != "PLAINTEXT":  # never the password: it is not in there
-                print(f"security   {security['protocol']}"
-                      + (f", {security['mechanism']} as user {security.get('username')!r}"
-                         if security.get("mechanism") else "")
-                      + (f", CA {security['ca_location']}" if security.get("ca_location") else ""))
-            if broker.get("error"):
-                print(f"error      {broker['error']}")
-            print(f"catalog    {result.get('catalog_uri')}")
-            print(f"warehouse  {result.get('warehouse')}")
-            print(f"home       {result.get('home')}")
-            cluster = result["spark_cluster"]
-            if cluster.get("master"):
-                print(f"spark      {cluster['master']} ({cluster.get('workers_alive', 0)} worker(s), "
-                      f"{cluster.get('cores', 0)} cores, {'running' if cluster['running'] else 'NOT running'}; "
-                      f"UI {cluster.get('master_ui')})")
-            else:
-                print(f"spark      {config.load().spark_master}")
-            for topic in result.get("topics") or []:
-                print(f"topic      {topic['name']} ({topic['partitions']} partitions)")
-    return 0
 
 
 def cmd_pipelines(args) -> int:
@@ -129,7 +90,7 @@ def _specs(name: str | None) -> tuple[list[PipelineSpec], bool]:
 
 
 def cmd_topics(args) -> int:
-    from lakehouse import topics
+    from lakehouse.core import topics
 
     specs, broken = _specs(args.pipeline)
     created = topics.ensure_topics(specs)
@@ -140,31 +101,11 @@ def cmd_topics(args) -> int:
     return EXIT_CONFIG if broken else 0
 
 
-def cmd_produce(args) -> int:
-    from lakehouse import produce, topics
-
-    spec = load_pipeline(args.pipeline)
-    topics.ensure_topics([spec])
-
-    def progress(sent: int) -> None:
-        print(f"\rproduced {sent}/{args.count}", end="", file=sys.stderr, flush=True)
-
-    report = produce.produce(spec, args.count, rate=args.rate, bad_ratio=args.bad_ratio, seed=args.seed,
-                             on_progress=None if args.quiet else progress)
-    if not args.quiet:
-        print(file=sys.stderr)
-    bad = sum(report.bad_by_kind.values())
-    print(f"produced {report.sent} records to {spec.source.topic} ({bad} bad: "
-          f"{', '.join(f'{k}={v}' for k, v in sorted(report.bad_by_kind.items())) or 'none'}) "
-          f"in {report.seconds:.1f}s")
-    return 0
-
-
 def cmd_ingest(args) -> int:
     """One ingest process per pipeline (a second one would write the same offsets twice): the job
     holds the pipeline's lock, or runs under its supervisor's."""
-    from lakehouse.ingest import IngestJob
-    from lakehouse.supervision import JobLock
+    from lakehouse.ingest.job import IngestJob
+    from lakehouse.ops.supervision import JobLock
 
     spec = load_pipeline(args.pipeline)
     with JobLock.unless_supervised(config.load(), spec.name):
@@ -172,11 +113,11 @@ def cmd_ingest(args) -> int:
 
 
 def _ingest(job, args) -> int:
-    from lakehouse.ingest import receipt_line
+    from lakehouse.ingest.job import receipt_line
 
     metrics = None
     if args.metrics_port and not args.once:
-        from lakehouse.metrics import IngestMetrics
+        from lakehouse.ops.metrics import IngestMetrics
 
         metrics = IngestMetrics(job.spec.name)
         metrics.serve(args.metrics_port)
@@ -205,8 +146,8 @@ def _ingest(job, args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from lakehouse.ingest import IngestJob
-    from lakehouse.replay import Replay
+    from lakehouse.ingest.job import IngestJob
+    from lakehouse.recovery.replay import Replay
 
     spec = load_pipeline(args.pipeline)
     ranges = args.offsets
@@ -220,7 +161,7 @@ def cmd_replay(args) -> int:
             print("no records in that time range")
             return 0
         receipt = replay.into_table(ranges, args.into_table) if args.into_table else replay.offsets(ranges)
-    from lakehouse import events
+    from lakehouse.core import events
 
     target = args.into_table or ", ".join(spec.target.tables)
     inserted = sum(receipt.inserted_by_table.values())
@@ -241,7 +182,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from lakehouse.status import pipeline_status, render
+    from lakehouse.ops.status import pipeline_status, render
 
     specs, broken = _specs(args.pipeline)
     statuses = [pipeline_status(s) for s in specs]
@@ -253,7 +194,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_maintain(args) -> int:
-    from lakehouse import maintenance
+    from lakehouse.upkeep import maintenance
 
     receipt = maintenance.run(load_pipeline(args.pipeline), run_id=args.run_id)
     if args.json:
@@ -265,7 +206,7 @@ def cmd_maintain(args) -> int:
 
 
 def cmd_retention(args) -> int:
-    from lakehouse import retention
+    from lakehouse.upkeep import retention
 
     report = retention.align(load_pipeline(args.pipeline))
     if args.json:
@@ -273,35 +214,6 @@ def cmd_retention(args) -> int:
     else:
         print(f"{report.status:<8} {report.message}")
     return EXIT_SOURCE if report.status == "failed" else 0
-
-
-def print_airflow_login(result: dict, indent: str = "") -> None:
-    """The Airflow URL, the pipelines page and the login, as `airflow up` and the demo print them."""
-    print(f"{indent}airflow    {result['url']}  (user {result['user']}, password {result['password']}; "
-          f"kept in {result['password_file']})")
-    print(f"{indent}pipelines  {result['page']}")
-
-
-def cmd_airflow(args) -> int:
-    from lakehouse import airflow_stack
-
-    if args.action == "up":
-        result = airflow_stack.up(port=args.port)
-    elif args.action == "down":
-        result = {"stopped": airflow_stack.down()}
-    else:
-        result = airflow_stack.status()
-    if args.json:
-        _print_json(result)
-    elif args.action == "down":
-        stopped = result["stopped"]
-        print("airflow stopped: "
-              + (", ".join(f"{c} (pid {p})" for c, p in stopped.items()) or "nothing was running"))
-    else:
-        print_airflow_login(result)
-        for component, pid in result["running"].items():
-            print(f"{component:<14} {'pid ' + str(pid) if pid else 'NOT running'}  log {result['logs'][component]}")
-    return 0
 
 
 # --- argument types: each returns the parsed value or raises ArgumentTypeError (argparse: exit 2) ----------
@@ -374,8 +286,8 @@ def _table_name(text: str) -> str:
 
 
 def _offsets(text: str) -> dict[int, tuple[int, int]]:
-    """Per-partition offset ranges, as lakehouse.replay.parse_offset_ranges reads them."""
-    from lakehouse.replay import ReplayError, parse_offset_ranges  # imports Spark's Python side: only when used
+    """Per-partition offset ranges, as lakehouse.recovery.replay.parse_offset_ranges reads them."""
+    from lakehouse.recovery.replay import ReplayError, parse_offset_ranges
 
     try:
         return parse_offset_ranges(text)
@@ -384,7 +296,7 @@ def _offsets(text: str) -> dict[int, tuple[int, int]]:
 
 
 def _error_kind(text: str) -> str:
-    from lakehouse.records import ERROR_KINDS
+    from lakehouse.ingest.records import ERROR_KINDS
 
     if text not in ERROR_KINDS:
         raise argparse.ArgumentTypeError(f"{text!r} is not an error kind (one of {', '.join(ERROR_KINDS)})")
@@ -437,24 +349,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("stack", help="start, stop or inspect the embedded stack")
-    p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--port", type=_port, help="broker port for `up` (default 19092 or LAKEHOUSE_BROKER_PORT)")
-    p.add_argument("--auth", choices=("none", "scram-sha-512", "scram", "scram-sha-256"),
-                   help="with `up`: clients log in with SASL/SCRAM as user `lakehouse` (generated password in "
-                        "<home>/security/kafka.password) (default none or LAKEHOUSE_BROKER_AUTH)")
-    p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
-                   help="with `up`: TLS listener with a self-signed CA (<home>/security/ca.pem) "
-                        "(default off or LAKEHOUSE_BROKER_TLS)")
-    p.add_argument("--purge", action="store_true", help="with `down`: also delete the catalog and warehouse")
-    p.add_argument("--spark-cluster", action="store_true",
-                   help="with `up`: also start a Spark standalone master and worker; jobs of this home run on it")
-    p.add_argument("--spark-port", type=_port, help="Spark master port (default 7077)")
-    p.add_argument("--spark-ui-port", type=_port,
-                   help="Spark master web UI port (default 8081; the worker's is +1)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=cmd_stack)
-
     p = sub.add_parser("pipelines", help="validate and list pipeline specs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_pipelines)
@@ -462,15 +356,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("topics", help="create the source topics of the pipelines")
     p.add_argument("--pipeline", type=_pipeline_name)
     p.set_defaults(fn=cmd_topics)
-
-    p = sub.add_parser("produce", help="produce synthetic records for a pipeline")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
-    p.add_argument("--count", type=_at_least(0), required=True)
-    p.add_argument("--rate", type=_rate, help="records per second (default: as fast as possible)")
-    p.add_argument("--bad-ratio", type=_ratio, default=0.0, help="share of malformed or invalid records, 0 to 1")
-    p.add_argument("--seed", type=_seed)
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(fn=cmd_produce)
 
     p = sub.add_parser("ingest", help="ingest a pipeline's topic into its tables")
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
@@ -507,12 +392,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_status)
 
-    p = sub.add_parser("airflow", help="start, stop or inspect Airflow for the embedded stack")
-    p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--port", type=_port, help="API server port for `up` (default 8080 or LAKEHOUSE_AIRFLOW_PORT)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=cmd_airflow)
-
     p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots and remove orphan files")
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--run-id", help="tag for this run's `maintenance` events (default: random)")
@@ -524,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_retention)
+    for command in sorted(entry_points(group="lakehouse.commands"), key=lambda e: e.name):
+        command.load()(sub)  # e.g. the development stack's `stack`, `airflow` and `produce`
     return parser
 
 
@@ -542,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI's last word: say what failed, not a traceback wall
         if args.verbose:
             raise
-        from lakehouse.sparkenv import describe_error
+        from lakehouse.core.sparkenv import describe_error
 
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return EXIT_FAILURE

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG
 
-from lakehouse import spec as spec_module
+from lakehouse.core import spec as spec_module
 
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
 OWNER = "data-platform"
@@ -49,7 +49,7 @@ def pipeline_dag(spec: spec_module.PipelineSpec, kind: str, *, schedule, doc: st
     """The DAG `<pipeline>_<kind>`: one run at a time, no catch-up, owner, tags and `doc_md` (the
     DAG file's `doc` followed by the pipeline's description)."""
     return DAG(
-        dag_id=f"{spec.name}_{kind}",
+        dag_id=spec_module.dag_id(spec.name, kind),
         schedule=schedule,
         start_date=START_DATE,
         catchup=False,

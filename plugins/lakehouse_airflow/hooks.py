@@ -1,6 +1,6 @@
 """LakehouseHook: one pipeline's spec, the platform it runs on, its status and its timeline.
 
-Kafka settings come from the environment (`lakehouse.config`) and, when it exists, from
+Kafka settings come from the environment (`lakehouse.core.config`) and, when it exists, from
 the Airflow connection `lakehouse_kafka` (conn_type `kafka`, as the apache-kafka provider
 defines it): its extra is librdkafka configuration JSON, e.g.
 
@@ -24,7 +24,9 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from lakehouse import config, events, spec as spec_module, status as status_module
+from lakehouse.core import config, events
+from lakehouse.core import spec as spec_module
+from lakehouse.ops import status as status_module
 
 KAFKA_CONN_ID = "lakehouse_kafka"
 
@@ -67,7 +69,7 @@ async def akafka_connection_settings(conn_id: str | None = KAFKA_CONN_ID) -> dic
 
 def kafka_environment(settings: dict[str, str]) -> dict[str, str]:
     """The LAKEHOUSE_* variables that give a process started from this one (spark-submit) the Kafka
-    `settings`: LAKEHOUSE_BOOTSTRAP_SERVERS and LAKEHOUSE_KAFKA_<PROPERTY> (see lakehouse.config)."""
+    `settings`: LAKEHOUSE_BOOTSTRAP_SERVERS and LAKEHOUSE_KAFKA_<PROPERTY> (see lakehouse.core.config)."""
     env = {}
     for key, value in settings.items():
         if key == "bootstrap.servers":
@@ -81,7 +83,7 @@ class LakehouseHook(BaseHook):
     """Everything an operator or sensor needs to act on pipeline `pipeline`.
 
     The spec comes from the pipelines folder (`LAKEHOUSE_PIPELINES_DIR`), the platform
-    (Kafka, catalog, warehouse, Spark master) from `lakehouse.config`, exactly as the
+    (Kafka, catalog, warehouse, Spark master) from `lakehouse.core.config`, exactly as the
     ingest job reads them, with the Kafka connection `kafka_conn_id` (default
     `lakehouse_kafka`, skipped when it does not exist) laid over its Kafka settings.
     Raises UnknownPipelineError / SpecError on first use when the pipeline is not declared
@@ -114,7 +116,7 @@ class LakehouseHook(BaseHook):
 
     def spark(self, app_name: str):
         """A Spark session with the pipeline's catalog and the Iceberg extensions (in this process)."""
-        from lakehouse import sparkenv
+        from lakehouse.core import sparkenv
 
         return sparkenv.session(self.platform, [self.spec.catalog], app_name)
 

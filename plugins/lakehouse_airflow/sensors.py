@@ -18,7 +18,8 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
-from lakehouse import config, slo
+from lakehouse.core import config
+from lakehouse.ops import slo
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
 from lakehouse_airflow.triggers import SloTrigger, check_once
 

@@ -35,8 +35,8 @@ import sys
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from lakehouse import config
-from lakehouse.spec import PipelineSpec
+from lakehouse.core import config
+from lakehouse.core.spec import PipelineSpec
 
 SPARK_JOBS = config.REPO_ROOT / "spark_jobs"
 CONN_ID = "spark_default"
@@ -50,7 +50,7 @@ def spark_connection(master: str | None = None) -> str:
 
 def forwardable(name: str, value: str) -> bool:
     """Whether variable `name`=`value` may be written into templated `env_vars`: a setting the Spark
-    jobs read (the allow-lists of lakehouse.config) whose value holds no password."""
+    jobs read (the allow-lists of lakehouse.core.config) whose value holds no password."""
     if name.startswith(config.KAFKA_PREFIX):
         known = config.kafka_property(name) in config.PUBLIC_KAFKA_PROPERTIES
     else:

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from lakehouse import slo
+from lakehouse.ops import slo
 
 
 def check_once(kind: str, pipeline: str, pipelines_dir: str | None, limits: dict[str, float],
@@ -30,7 +30,9 @@ def check_once(kind: str, pipeline: str, pipelines_dir: str | None, limits: dict
     Raises kafka_security.KafkaAuthError when Kafka refuses the credentials: waiting does not
     mend a wrong password, so the sensor fails at once with the reason.
     """
-    from lakehouse import config, kafka_security, spec as spec_module, status
+    from lakehouse.core import config, kafka_security
+    from lakehouse.core import spec as spec_module
+    from lakehouse.ops import status
 
     try:
         spec = spec_module.load_pipeline(pipeline, pipelines_dir)

@@ -8,7 +8,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from lakehouse import backfill, spec as spec_module
+from lakehouse.core import spec as spec_module
+from lakehouse.recovery import backfill
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, kafka_connection_settings
 from lakehouse_airflow.spark import kafka_submit_environment
 
@@ -18,7 +19,7 @@ class BackfillPlanOperator(BaseOperator):
 
     Fails with a message naming the field (unknown partition, start after end, a range past
     the committed position, a bad or live candidate table). Templated fields: none.
-    XCom (return value): the plan, `lakehouse.backfill.BackfillPlan.to_json()`: target_table,
+    XCom (return value): the plan, `lakehouse.recovery.backfill.BackfillPlan.to_json()`: target_table,
     ranges, offsets, records, dry_run, notes, job_args.
     """
 

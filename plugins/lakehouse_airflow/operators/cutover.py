@@ -6,7 +6,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from lakehouse import cutover, sparkenv, spec as spec_module
+from lakehouse.core import sparkenv
+from lakehouse.core import spec as spec_module
+from lakehouse.wap import cutover
 from lakehouse_airflow.hooks import LakehouseHook
 
 ACTIONS = ("cutover", "rollback")
@@ -17,7 +19,7 @@ class CutoverOperator(BaseOperator):
 
     A cutover happens only when the candidate's lag and freshness are at least as good
     as the live pipeline's and it holds every offset of the overlap window exactly once
-    with its quality suite passing (`lakehouse.cutover.compare`); otherwise the task
+    with its quality suite passing (`lakehouse.wap.cutover.compare`); otherwise the task
     fails naming each failed check. A rollback rebuilds the view from the typed sources
     of the cutover event and the specs, never from SQL text in the timeline, and fails
     when that event does not check out. Both actions are recorded in the ops timeline

@@ -9,14 +9,14 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException
 
-from lakehouse import maintenance
+from lakehouse.upkeep import maintenance
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
 from lakehouse_airflow.spark import kafka_submit_environment
 
 
 class MaintenanceOperator(SparkSubmitOperator):
     """Submits `spark_jobs/maintenance.py` for pipeline `pipeline` (compaction, manifest rewrite,
-    snapshot expiry, orphan removal on every table; see lakehouse.maintenance).
+    snapshot expiry, orphan removal on every table; see lakehouse.upkeep.maintenance).
 
     Build it with `lakehouse_airflow.spark.submit_kwargs(spec, "maintenance")`. The receipt is read
     back from the run's `maintenance` events on the ops timeline, matched by a run id passed to the

@@ -7,8 +7,8 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from lakehouse import publish, quality
-from lakehouse.spec import PipelineSpec
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.wap import publish, quality
 from lakehouse_airflow.hooks import LakehouseHook
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from lakehouse import quality
+from lakehouse.wap import quality
 from lakehouse_airflow.hooks import LakehouseHook
 
 
@@ -23,7 +23,7 @@ class LineageNotAuditable(AirflowFailException):
 class QualityOperator(BaseOperator):
     """Validate the rows added to `main` since the last publication with the pipeline's GE suite.
 
-    See `lakehouse.quality.audit`: it pins each data table's snapshot, validates the rows
+    See `lakehouse.wap.quality.audit`: it pins each data table's snapshot, validates the rows
     its lineage added since the published head (ingested, replayed and backfilled alike),
     renders Data Docs under LAKEHOUSE_HOME/quality/<pipeline>/ and records a `quality`
     event. Fails with LineageNotAuditable, naming the table and what to do, when an

@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from lakehouse import retention
+from lakehouse.upkeep import retention
 from lakehouse_airflow.hooks import LakehouseHook
 
 
@@ -15,7 +15,7 @@ class RetentionAlignmentOperator(BaseOperator):
     """Checks that pipeline `pipeline`'s topic keeps records for its worst observed lag plus
     `retention.outage_budget` plus `retention.replay_window`, reports the snapshot-expiry window
     maintenance uses (the replay window), applies `retention.delete_after` (a Spark DELETE in this
-    process, only when set) and records a `retention` event (lakehouse.retention.align).
+    process, only when set) and records a `retention` event (lakehouse.upkeep.retention.align).
 
     A topic whose retention is too short fails the task without retries (waiting does not fix a
     configuration) with the explanation and the `kafka-configs --alter ... retention.ms=N` to run.

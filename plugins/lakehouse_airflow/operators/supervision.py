@@ -9,7 +9,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from lakehouse import supervision
+from lakehouse.ops import supervision
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
 from lakehouse_airflow.spark import kafka_submit_environment
 
@@ -49,7 +49,7 @@ class _SubmittedJob:
 
 
 class SupervisedSparkSubmitOperator(SparkSubmitOperator):
-    """Runs pipeline `pipeline`'s continuous ingest job and keeps it alive (lakehouse.supervision).
+    """Runs pipeline `pipeline`'s continuous ingest job and keeps it alive (lakehouse.ops.supervision).
 
     A job that exits non-zero or hangs (no commit for `supervision.hung_after_triggers`
     triggers while lag grows) is killed with its process group and restarted after

@@ -1,0 +1,91 @@
+"""What the running development stack tells the product's configuration.
+
+`lakehouse.core.config.load()` asks every `lakehouse.settings` entry point for defaults under the
+LAKEHOUSE_* variables; this one reads the state files the stack's components write under
+LAKEHOUSE_HOME: `stack.json` (the embedded broker's address and, when it requires a login or TLS,
+how to reach it and where its generated password is kept) and `spark-cluster.json` (the standalone
+master's URL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from lakehouse.core.config import ConfigError
+
+
+def read_state_file(home: Path, name: str = "stack.json") -> dict:
+    """The JSON object a stack component keeps in `<home>/<name>`; {} when it is missing or unreadable."""
+    try:
+        state = json.loads((home / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def embedded_broker_security() -> tuple[str | None, str | None]:
+    """The raw LAKEHOUSE_BROKER_AUTH and LAKEHOUSE_BROKER_TLS values (None when unset or empty);
+    `lakehouse_dev.stack` validates them when it starts the embedded broker."""
+    return (os.environ.get("LAKEHOUSE_BROKER_AUTH") or None, os.environ.get("LAKEHOUSE_BROKER_TLS") or None)
+
+
+def embedded_kafka_security(home: Path, state: dict) -> dict[str, str]:
+    """librdkafka security settings of the embedded broker, as its state file describes them.
+
+    The password is read from the owner-only file the state names. Raises ConfigError when
+    that file cannot be read (the stack's home belongs to someone else, or was half deleted).
+    """
+    security = state.get("security") or {}
+    if not isinstance(security, dict) or not security.get("protocol"):
+        return {}
+    conf = {"security.protocol": security["protocol"]}
+    if security.get("mechanism"):
+        password_file = Path(security.get("password_file") or home / "security" / "kafka.password")
+        try:
+            password = password_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"the embedded broker requires {security['mechanism']} authentication but its "
+                              f"password file {password_file} cannot be read ({exc.strerror}); run as the "
+                              f"user who started the stack, or restart it with `lakehouse stack down` and "
+                              f"`lakehouse stack up --auth ...`") from None
+        conf.update({"sasl.mechanism": security["mechanism"], "sasl.username": security.get("username", ""),
+                     "sasl.password": password})
+    if security.get("ca_location"):
+        conf["ssl.ca.location"] = security["ca_location"]
+    return conf
+
+
+class EmbeddedStack:
+    """The `lakehouse.settings` provider of the development stack (entry point `embedded`)."""
+
+    FILES = ("stack.json", "spark-cluster.json")
+
+    def version(self, home: Path) -> tuple:
+        """What changes whenever the stack's state does: its state files' modification times."""
+        stamps = []
+        for name in self.FILES:
+            try:
+                stamps.append((home / name).stat().st_mtime_ns)
+            except OSError:
+                stamps.append(None)
+        return tuple(stamps)
+
+    def settings(self, home: Path) -> dict:
+        """The stack's `bootstrap_servers`, Kafka security settings (`kafka`) and `spark_master`, for
+        what runs."""
+        state = read_state_file(home)
+        settings: dict = {}
+        if state.get("bootstrap_servers"):
+            settings["bootstrap_servers"] = state["bootstrap_servers"]
+        kafka = embedded_kafka_security(home, state)
+        if kafka:
+            settings["kafka"] = kafka
+        master = read_state_file(home, "spark-cluster.json").get("master")
+        if master:
+            settings["spark_master"] = master
+        return settings
+
+
+EMBEDDED = EmbeddedStack()

@@ -1,0 +1,301 @@
+"""The Spark session every job uses: Iceberg SQL extensions and the JDBC catalog(s)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+import uuid
+import zipimport
+from pathlib import Path
+from typing import Iterable
+from urllib.parse import urlsplit
+
+from lakehouse.core.config import ConfigError, PlatformConfig
+
+LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+# Executor sizing on a standalone master: (Spark property, variable that overrides it, default).
+_STANDALONE_SIZING = (
+    ("spark.cores.max", "LAKEHOUSE_SPARK_CORES_MAX", "2"),
+    ("spark.executor.cores", "LAKEHOUSE_SPARK_EXECUTOR_CORES", "1"),
+    ("spark.executor.memory", "LAKEHOUSE_SPARK_EXECUTOR_MEMORY", "1g"),
+)
+
+
+def _on_loopback(master: str) -> bool:
+    """Whether the master is local mode or a standalone master on this host's loopback."""
+    if master.startswith("local"):
+        return True
+    host = urlsplit(master).hostname if "://" in master else None
+    return host in ("127.0.0.1", "localhost")
+
+
+def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str) -> dict[str, str]:
+    """Spark properties for `catalogs` (Iceberg JDBC catalogs sharing the platform's database).
+
+    An s3:// or s3a:// warehouse adds each catalog's S3FileIO settings (LAKEHOUSE_S3_*); any
+    other warehouse leaves the catalogs on Iceberg's default FileIO.
+    """
+    if not platform.jars:
+        raise ConfigError("no Iceberg Spark runtime jar found: run `make setup` or set LAKEHOUSE_JARS")
+    master = platform.spark_master
+    if master.startswith("local[") and "," not in master:
+        # local mode gives a task one attempt unless told otherwise; allow retries like a cluster does
+        master = master[:-1] + ",4]"
+    # LAKEHOUSE_SPARK_JAVA_OPTIONS: extra JVM flags of the driver and the executors (GC, heap dumps; the
+    # tests trade peak speed for start-up time with -XX:TieredStopAtLevel=1)
+    java_options = " ".join(filter(None, (f"-Dlog4j.configurationFile=file:{LOG4J}",
+                                          os.environ.get("LAKEHOUSE_SPARK_JAVA_OPTIONS", "").strip())))
+    conf = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.jars": ",".join(platform.jars),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": os.environ.get("LAKEHOUSE_SHUFFLE_PARTITIONS", "4"),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+        "spark.ui.enabled": os.environ.get("LAKEHOUSE_SPARK_UI", "false"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": java_options,
+        "spark.executor.extraJavaOptions": java_options,
+        "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+    }
+    if master.startswith("spark://"):
+        # a standalone master hands an application every free core unless capped: cap it, so the
+        # continuous ingest job leaves cores for maintenance and backfills (LAKEHOUSE_SPARK_* below)
+        for key, variable, default in _STANDALONE_SIZING:
+            conf[key] = os.environ.get(variable) or default
+    for name in catalogs:
+        jdbc_url, props = platform.catalog(name).jdbc()
+        prefix = f"spark.sql.catalog.{name}"
+        conf.update({
+            prefix: "org.apache.iceberg.spark.SparkCatalog",
+            f"{prefix}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+            f"{prefix}.uri": jdbc_url,
+            f"{prefix}.jdbc.schema-version": "V1",
+            f"{prefix}.warehouse": platform.warehouse,
+            # another writer (compaction, a replay) may commit between batches: always load fresh
+            f"{prefix}.cache-enabled": "false",
+            # pyiceberg creates the catalog tables (see session()); Iceberg's own initialisation
+            # leaves a ResultSet open, which on SQLite pins a read snapshot so that every later
+            # commit from this JVM fails with SQLITE_BUSY_SNAPSHOT once another process wrote
+            f"{prefix}.jdbc.init-catalog-tables": "false",
+        })
+        for key, value in props.items():
+            conf[f"{prefix}.jdbc.{key}"] = value
+        if platform.warehouse_on_s3:
+            # S3FileIO needs no Hadoop S3 connector; its credentials come from the AWS default chain
+            # on the driver and on every executor, never from this conf (which the UI shows)
+            for key, value in platform.object_store.iceberg_properties().items():
+                conf[f"{prefix}.{key}"] = value
+    return conf
+
+
+def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
+    """Get or create the SparkSession, with the Python workers on this interpreter.
+
+    Under spark-submit (Airflow's SparkSubmitOperator) the master is the one spark-submit was
+    given (the `spark_default` connection), not the platform's.
+    """
+    submitted = _submitted_master()
+    if submitted:
+        platform = dataclasses.replace(platform, spark_master=submitted)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if _on_loopback(platform.spark_master):
+        # stay on loopback: a local master, or executors of a local cluster calling back to the driver
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from lakehouse.core.catalog import open_catalog
+
+    for name in catalogs:
+        open_catalog(platform, name, fresh=True)  # creates the JDBC catalog tables if they are missing
+    builder = SparkSession.builder
+    for key, value in spark_conf(platform, catalogs, app_name).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "ERROR"))
+    return spark
+
+
+def _submitted_master() -> str | None:
+    """spark-submit's --master when this driver was started by spark-submit, else None."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # set by spark-submit's PythonRunner only
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # joins spark-submit's JVM, whose properties hold --master
+    return SparkConf().get("spark.master", None)
+
+
+class _Callable:
+    """A Python function the JVM can call as java.util.concurrent.Callable (py4j callback)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.error: BaseException | None = None
+
+    def call(self):
+        try:
+            self.fn()
+        except BaseException as exc:  # surfaced again on the Python side
+            self.error = exc
+            raise
+        return None
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+def with_commit_properties(spark, properties: dict[str, str], fn) -> None:
+    """Run `fn` (SQL such as MERGE INTO) so its Iceberg commit carries `properties` in the summary.
+
+    DataFrame writes take `snapshot-property.*` options; SQL statements need
+    Iceberg's CommitMetadata, which holds the properties in a JVM thread-local.
+    PySpark's pinned-thread mode runs the callback on the calling JVM thread.
+    """
+    jvm = spark.sparkContext._jvm
+    props = jvm.java.util.HashMap()
+    for key, value in properties.items():
+        props.put(key, value)
+    callable_ = _Callable(fn)
+    try:
+        jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
+            props, callable_, jvm.java.lang.RuntimeException().getClass())
+    except Exception:
+        if callable_.error is not None:
+            raise callable_.error from None
+        raise
+
+
+def merge(spark, source, statement: str, properties: dict[str, str]) -> None:
+    """Run a MERGE statement reading `source` (a DataFrame, `{source}` in the statement) in one
+    Iceberg commit that carries `properties` in its snapshot summary."""
+    view = f"lakehouse_source_{uuid.uuid4().hex}"
+    source.createOrReplaceTempView(view)
+    try:
+        with_commit_properties(spark, properties, lambda: spark.sql(statement.format(source=view)))
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+@contextlib.contextmanager
+def staged(spark, wap_id: str):
+    """Within the block, Iceberg writes and MERGEs of this session to tables with
+    `write.wap.enabled=true` commit a *staged* snapshot tagged `wap.id` = `wap_id` instead of moving
+    `main` (write-audit-publish staging); lakehouse.ingest.committer then publishes it with its checks."""
+    spark.conf.set("spark.wap.id", wap_id)
+    try:
+        yield wap_id
+    finally:
+        spark.conf.unset("spark.wap.id")
+
+
+@contextlib.contextmanager
+def job_group(spark, group: str):
+    """Run the Spark jobs started inside the block (on this thread) under job group `group`."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, group)
+    try:
+        yield group
+    finally:
+        sc._jsc.clearJobGroup()
+
+
+def job_seconds(spark, group: str, timeout_s: float = 2.0) -> float | None:
+    """Wall seconds from the first submission to the last completion of the jobs of `group`, as the
+    driver's status store recorded them (0.0 when the group ran none); None when the store cannot
+    say within `timeout_s` (its listener bus is asynchronous, so a job that just ended may lag)."""
+    sc = spark.sparkContext
+    ids = sc.statusTracker().getJobIdsForGroup(group)
+    if not ids:
+        return 0.0
+    store = sc._jsc.sc().statusStore()
+    deadline = time.monotonic() + timeout_s
+    starts, ends = [], []
+    for job_id in ids:
+        while True:
+            try:
+                job = store.job(job_id)
+                submitted, completed = job.submissionTime(), job.completionTime()
+                if submitted.isDefined() and completed.isDefined():
+                    starts.append(submitted.get().getTime())
+                    ends.append(completed.get().getTime())
+                    break
+            except Exception:  # noqa: BLE001 - not in the store yet (py4j wraps NoSuchElementException)
+                pass
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+    return (max(ends) - min(starts)) / 1000
+
+
+# SparkContexts (by application id) whose Python workers warm_python_workers has started
+_WARMED: set[str] = set()
+
+
+def _import_modules(modules: tuple[str, ...], items) -> list[int]:
+    import importlib
+
+    steady_zip_imports()
+    for name in modules:
+        importlib.import_module(name)
+    return [os.getpid() for _ in items]  # the input consumed: Spark reuses the worker afterwards
+
+
+def warm_python_workers(spark, modules: tuple[str, ...]) -> None:
+    """Start a Python worker on every task slot and import `modules` there, once per SparkContext.
+
+    A worker imports pyiceberg, pyarrow and the reader the first time it runs a task (1-2 s here):
+    without this, the first batch large enough for a second task stalls that long mid-stream.
+    """
+    sc = spark.sparkContext
+    if sc.applicationId in _WARMED:
+        return
+    slots = sc.defaultParallelism
+    sc.parallelize(range(slots), slots).mapPartitions(lambda items: _import_modules(modules, items)).collect()
+    _WARMED.add(sc.applicationId)
+
+
+class _SteadyZipImporter(zipimport.zipimporter):
+    """A zip importer for an archive that does not change: invalidating its caches does nothing."""
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def steady_zip_imports() -> None:
+    """In a Spark Python worker: stop re-reading the zip archives on `sys.path` at every task.
+
+    PySpark 3.5's worker calls `importlib.invalidate_caches()` at the start of each task, and on
+    Python 3.11 every cached zip importer then re-reads its archive's directory (CPython
+    gh-103200, SPARK-54744): pyspark.zip and py4j's zip, whose directories do not change while
+    a worker lives. That was most of a task's fixed cost here (a no-op job's tasks started
+    0.3-0.44 s after the job, 0.12-0.16 s without it). Called by each task function; a worker's
+    zip importers are replaced once by ones whose invalidate_caches is a no-op.
+    """
+    for path, finder in list(sys.path_importer_cache.items()):
+        if type(finder) is zipimport.zipimporter:
+            sys.path_importer_cache[path] = _SteadyZipImporter(path)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One readable paragraph: the Python error and, for JVM errors, the chain of Java causes."""
+    text = str(exc).strip()
+    lines = [f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"]
+    seen: BaseException | None = exc
+    while seen is not None:
+        java = getattr(seen, "java_exception", None)
+        if java is not None:
+            cause, depth = java, 0
+            while cause is not None and depth < 8:
+                lines.append(f"  caused by {cause.toString()}")
+                cause, depth = cause.getCause(), depth + 1
+            break
+        seen = seen.__cause__
+    return "\n".join(lines)[:4000]

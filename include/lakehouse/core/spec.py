@@ -1,0 +1,1022 @@
+"""The pipeline spec: declared once in YAML under include/pipelines, read everywhere.
+
+`load_spec(path)` returns one file's validated, immutable `PipelineSpec` or raises
+`SpecError` naming the file, the field and why. The pipelines folder is read as a whole
+by `load_specs(directory)`: a `SpecSet` with the valid specs and, separately, each broken
+file's error, so one broken file never hides the other pipelines. Across the folder a
+table or view has one owner: two specs claiming the same data, dead-letter or fan-out
+table or readers' view (or the same pipeline name) are both broken, each error naming
+the other file. `load_all` (the valid specs) and `load_pipeline(name)` build on it.
+
+Hostile input is bounded: a spec file is at most 1 MiB of plain YAML (no aliases, no
+duplicate keys, at most 32 levels deep); names are matched in full (a trailing newline
+is not part of a name); durations, sizes and counts are finite and capped (`CAPS`,
+`DURATION_CAPS_S`, `MAX_DURATION_S`); table properties the platform or Iceberg manage
+cannot be set.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from croniter import croniter
+
+from lakehouse.core import config
+from lakehouse.core.errors import ConfigurationError
+
+FIELD_TYPES = ("string", "int", "long", "double", "boolean", "timestamp", "date")
+SPARK_TYPES = {
+    "string": "string",
+    "int": "int",
+    "long": "bigint",
+    "double": "double",
+    "boolean": "boolean",
+    "timestamp": "timestamp",
+    "date": "date",
+}
+# Type changes a table may take without rewriting data (Iceberg's allowed promotions).
+WIDENINGS = {("int", "long")}
+VALUE_FORMATS = ("json",)
+MODES = ("append", "upsert")
+TRIGGER_MODES = ("continuous", "scheduled")
+ADDITIVE_POLICIES = ("evolve", "fail")
+INCOMPATIBLE_POLICIES = ("fail", "quarantine")
+PARTITION_TRANSFORMS = ("identity", "year", "month", "day", "hour", "bucket", "truncate")
+RESERVED_COLUMNS = ("_kafka", "_ingested_at")
+# Airflow's cron presets; any other schedule is a five-field cron expression.
+SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
+
+# Every pattern is matched with fullmatch: `$` would also match before a final newline, and
+# "raw.orders\n" would then name a table that Spark and pyiceberg resolve differently.
+_NAME = r"[a-z_][a-z0-9_]{0,127}"  # at most 128 characters: DAG ids, lock files and catalog columns stay short
+IDENTIFIER = re.compile(_NAME)
+TABLE_NAME = re.compile(rf"{_NAME}\.{_NAME}")  # namespace.table, as every table and view in a spec
+# TABLE_NAME for JSON Schema (Airflow's forms check with Python's re.search, browsers with JavaScript): a `$`
+# anchor would let "raw.x\n" through in Python, `(?![\s\S])` (nothing follows) means the end of the text in both.
+TABLE_NAME_FORM_PATTERN = rf"^{TABLE_NAME.pattern}(?![\s\S])"
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's own rule
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?) *(ms|s|m|h|d)")
+_PARTITION = re.compile(r"(?:(\w+)\((?:([0-9]+),)?(\w+)\)|(\w+))", re.ASCII)
+_PROPERTY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+
+# The platform's own table in every catalog (= lakehouse.core.events.EVENTS_TABLE, which is not imported
+# here: events pulls in pyiceberg; a test keeps the two equal).
+OPS_TIMELINE_TABLE = "ops.pipeline_events"
+
+# The Airflow DAGs: per pipeline one of each kind, `dag_id(pipeline, kind)`, and the ones every pipeline shares.
+DAG_KINDS = ("ingest", "maintenance", "publish", "backfill", "cutover")
+RETENTION_DAG_ID = "retention_alignment"
+SHARED_DAG_IDS = (RETENTION_DAG_ID,)
+
+MAX_SPEC_BYTES = 1024 * 1024  # a spec is a page of YAML; a larger file is a mistake or an attack
+MAX_YAML_DEPTH = 32
+MAX_DURATION_S = 10 * 365 * 86400.0  # any duration: 10 years
+# Tighter caps of some durations (seconds): a trigger or a restart delay longer than a day is a typo.
+DURATION_CAPS_S = {"trigger.interval": 86400.0, "supervision.restart_backoff": 86400.0,
+                   "supervision.retry_budget": 7 * 86400.0}
+# Upper bounds of sizes and counts: far above any real deployment, low enough that what is computed
+# from them stays safe (milliseconds in int64, Kafka's int32 sizes, a backoff that doubles per restart).
+CAPS = {
+    "source.partitions": 100_000,
+    "source.replication_factor": 32,
+    "source.retention_ms": int(MAX_DURATION_S) * 1000,  # or -1: unlimited
+    "source.max_value_bytes": 128 * 1024 * 1024,  # Kafka's message.max.bytes is an int32; 1 MiB is its default
+    "target.target_file_size_mb": 16 * 1024,
+    "trigger.max_records_per_batch": 100_000_000,
+    "slo.lag_records": 10 ** 12,
+    "supervision.hung_after_triggers": 10_000,
+    "supervision.max_restarts": 100,
+    "maintenance.min_input_files": 10_000,
+    "bucket": 100_000,  # partition transform widths
+    "truncate": 2 ** 31 - 1,  # Iceberg stores the width as an int
+}
+# Table properties a spec may not set: `lakehouse.*` records the owning pipeline and writer state,
+# Iceberg derives these from the table itself, and the platform manages write-audit-publish staging.
+RESERVED_PROPERTY_PREFIX = "lakehouse."
+RESERVED_PROPERTIES = frozenset({
+    "format-version", "uuid", "snapshot-count", "current-snapshot-id", "current-snapshot-summary",
+    "current-snapshot-timestamp-ms", "current-schema", "default-partition-spec", "default-sort-order",
+    "write.wap.enabled",
+})
+MAX_PROPERTY_VALUE = 4096
+
+
+class SpecError(ConfigurationError):
+    """A pipeline spec is invalid. The message names the file, the field and why."""
+
+    def __init__(self, path: Path | str, field_path: str, why: str):
+        self.path = str(path)
+        self.field = field_path
+        self.why = why
+        super().__init__(f"{path}: {field_path}: {why}")
+
+
+class UnknownPipelineError(ConfigurationError, LookupError):
+    """No spec file declares the pipeline asked for."""
+
+
+class BrokenSpecsError(ConfigurationError):
+    """Some spec files of the pipelines folder do not load; the message lists each with its error."""
+
+    def __init__(self, errors: dict[str, SpecError]):
+        self.errors = dict(errors)
+        super().__init__(f"{len(errors)} pipeline spec file(s) do not load, so their pipelines are left out "
+                         f"until fixed:\n" + "\n".join(f"- {error}" for error in errors.values()))
+
+
+def dag_id(pipeline: str, kind: str) -> str:
+    """The id of pipeline `pipeline`'s DAG of `kind` (one of DAG_KINDS; ValueError otherwise)."""
+    if kind not in DAG_KINDS:
+        raise ValueError(f"{kind!r} is not a DAG kind: {', '.join(DAG_KINDS)}")
+    return f"{pipeline}_{kind}"
+
+
+def is_table_name(text: Any) -> bool:
+    """Whether `text` is a table or view name as specs write them: `namespace.name`, lower case, in full."""
+    return isinstance(text, str) and TABLE_NAME.fullmatch(text) is not None
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """`repr(value)`, cut to `limit` characters: error messages echo hostile values, not megabytes of them."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's digit limit: YAML's hex and base-60 integers have none
+        return "a value too large to show"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _duration_text(seconds: float) -> str:
+    """`seconds` in the largest unit that divides it: 86400 -> '1d', 90 -> '90s'."""
+    for unit in ("d", "h", "m"):
+        if seconds % _DURATION_UNITS[unit] == 0:
+            return f"{seconds / _DURATION_UNITS[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _as_float(value: int | float) -> float:
+    """`value` as a float; infinity for an integer too large for one."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def parse_duration(value: Any, *, positive: bool = False, maximum: float = MAX_DURATION_S) -> float:
+    """Seconds in a duration such as `5s`, `500ms`, `2m`, `7d`; a bare number is seconds.
+
+    Returns a finite number from 0 (above 0 when `positive`) to `maximum` (default 10 years).
+    Raises ValueError for anything else: NaN, infinity, negative, too long, or not a duration.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, (int, float)):
+        seconds = _as_float(value)
+    else:
+        match = _DURATION.fullmatch(value) if isinstance(value, str) else None
+        if not match:
+            raise ValueError(f"{_shown(value)} is not a duration like 500ms, 5s, 2m, 1h or 7d")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{_shown(value)} is not a duration: it must be finite and 0 or more")
+    if seconds > maximum:
+        raise ValueError(f"{_shown(value)} is longer than {_duration_text(maximum)}, the longest allowed here")
+    if positive and seconds == 0:
+        raise ValueError(f"{_shown(value)} must be longer than 0")
+    return seconds
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of the record contract; enum, range and pattern are part of its type."""
+
+    name: str
+    type: str
+    required: bool = False
+    enum: tuple | None = None
+    min: float | None = None
+    max: float | None = None
+    pattern: str | None = None
+    max_length: int | None = None
+    doc: str = ""
+
+    @property
+    def spark_type(self) -> str:
+        return SPARK_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class Contract:
+    fields: tuple[FieldSpec, ...]
+
+    def field(self, name: str) -> FieldSpec:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+
+@dataclass(frozen=True)
+class PartitionField:
+    transform: str  # identity | year | month | day | hour | bucket | truncate
+    column: str
+    arg: int | None = None
+
+    def spark_sql(self) -> str:
+        if self.transform == "identity":
+            return self.column
+        if self.transform in ("bucket", "truncate"):
+            return f"{self.transform}({self.arg}, {self.column})"
+        return f"{self.transform}s({self.column})"  # days(event_time), hours(...)
+
+    def __str__(self) -> str:
+        if self.transform == "identity":
+            return self.column
+        if self.arg is not None:
+            return f"{self.transform}({self.arg}, {self.column})"
+        return f"{self.transform}({self.column})"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    topic: str
+    partitions: int = 1
+    replication_factor: int = 1
+    retention_ms: int | None = None
+    value_format: str = "json"
+    key_field: str | None = None  # the Kafka key must equal this field of the value
+    key_required: bool = False
+    max_value_bytes: int = 1_048_576
+
+
+@dataclass(frozen=True)
+class FanoutSpec:
+    field: str
+    routes: dict  # field value -> table
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    catalog: str
+    table: str
+    mode: str = "append"
+    key: tuple[str, ...] = ()
+    partition_by: tuple[PartitionField, ...] = ()
+    fanout: FanoutSpec | None = None
+    target_file_size_bytes: int = 128 * 1024 * 1024
+    properties: dict = field(default_factory=dict)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """Every data table this pipeline writes, the default table first."""
+        extra = [] if self.fanout is None else [t for t in self.fanout.routes.values() if t != self.table]
+        return tuple(dict.fromkeys([self.table, *extra]))
+
+
+@dataclass(frozen=True)
+class SchemaPolicy:
+    on_additive: str = "evolve"
+    on_incompatible: str = "fail"
+
+
+@dataclass(frozen=True)
+class TriggerSpec:
+    interval_s: float = 5.0
+    max_records_per_batch: int = 100_000
+    mode: str = "continuous"  # continuous: one long-running job; scheduled: `--once` on `schedule`
+    schedule: str = "*/5 * * * *"
+
+
+@dataclass(frozen=True)
+class SupervisionSpec:
+    """How the supervision DAG keeps a continuous job alive."""
+    hung_after_triggers: int = 12  # no commit within this many triggers while lag grows = hung
+    restart_backoff_s: float = 10.0  # first restart delay; doubles per restart
+    max_restarts: int = 5  # per supervision run, then the task fails and Airflow retries it
+    # how long the job itself retries transient failures (catalog locked or unreachable, broker
+    # stalled) before it gives up: from the first failure of a batch to the last retry
+    retry_budget_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class MaintenanceSpec:
+    schedule: str = "@hourly"
+    min_input_files: int = 5  # compact a partition only when it has at least this many small files
+    orphan_safety_window_s: float = 3 * 86400  # orphans younger than this are kept (in-flight commits)
+
+
+@dataclass(frozen=True)
+class RetentionSpec:
+    outage_budget_s: float = 86400.0  # the longest writer or catalog outage to survive
+    replay_window_s: float = 3 * 86400.0  # how far back replay and time travel must reach
+    delete_after_s: float | None = None  # data retention on the event-time column; None keeps rows
+
+
+@dataclass(frozen=True)
+class PublishSpec:
+    """Write-audit-publish: ingestion and maintenance commit to `main` (the audit branch); readers
+    use `branch`, fast-forwarded only after quality checks and SLOs pass, through `view`."""
+    branch: str = "published"
+    view: str | None = None  # namespace.view readers query; it selects from the published branch
+    schedule: str = "*/10 * * * *"
+    suite: str | None = None  # include/expectations/<suite>.json; None = the pipeline name
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    freshness_s: float = 60.0
+    lag_records: int = 100_000
+    lag_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    name: str
+    path: str
+    source: SourceSpec
+    target: TargetSpec
+    dead_letter_table: str
+    contract: Contract
+    schema_policy: SchemaPolicy
+    trigger: TriggerSpec
+    slo: SloSpec
+    supervision: SupervisionSpec = SupervisionSpec()
+    maintenance: MaintenanceSpec = MaintenanceSpec()
+    retention: RetentionSpec = RetentionSpec()
+    publish: PublishSpec = PublishSpec()
+    candidate_for: str | None = None  # the live pipeline this one is a candidate replacement of
+    description: str = ""
+
+    @property
+    def catalog(self) -> str:
+        return self.target.catalog
+
+    def qualified(self, table: str) -> str:
+        return f"{self.target.catalog}.{table}"
+
+    @property
+    def tombstones_delete(self) -> bool:
+        """Whether a tombstone (a record without value) deletes its key: an upsert pipeline keyed by the
+        Kafka key."""
+        return self.target.mode == "upsert" and self.source.key_field is not None \
+            and self.target.key == (self.source.key_field,)
+
+    @property
+    def tombstone_table(self) -> str | None:
+        """The tombstone ledger beside the default table (`<table>__tombstones`: each deleted key with its
+        newest tombstone's coordinates) when tombstones delete keys, else None. Replays read it so that
+        old records cannot bring back a deleted key."""
+        return f"{self.target.table}__tombstones" if self.tombstones_delete else None
+
+    @property
+    def positioned_tables(self) -> tuple[str, ...]:
+        """The tables whose commits carry the pipeline's positions (every offset lands in one of them):
+        its data tables (fan-out included), then the dead-letter table."""
+        return (*self.target.tables, self.dead_letter_table)
+
+    @property
+    def owned_tables(self) -> tuple[str, ...]:
+        """Every table this pipeline writes: its data tables (fan-out included), the tombstone ledger
+        if any, then the dead-letter table."""
+        ledger = (self.tombstone_table,) if self.tombstone_table else ()
+        return (*self.target.tables, *ledger, self.dead_letter_table)
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        """The readers' views this pipeline serves, one per data table: `publish.view` for the default
+        table, and for a fan-out table the view named after it in the same namespace (the rule of
+        lakehouse.wap.publish.view_name); () without `publish.view`."""
+        if self.publish.view is None:
+            return ()
+        namespace = self.publish.view.split(".")[0]
+        return (self.publish.view, *(f"{namespace}.{t.split('.')[1]}" for t in self.target.tables[1:]))
+
+    @property
+    def consumer_group(self) -> str:
+        return f"lakehouse-{self.name}"
+
+    @property
+    def event_time_field(self) -> str | None:
+        """The column whose maximum tells freshness (and that data retention ages rows by)."""
+        return event_time_column(self.contract, self.target.partition_by)
+
+
+def event_time_column(contract: Contract, partition_by: tuple[PartitionField, ...]) -> str | None:
+    """The time-partition column, else the contract's first timestamp column, else None."""
+    for p in partition_by:
+        if p.transform in ("year", "month", "day", "hour"):
+            return p.column
+    for f in contract.fields:
+        if f.type == "timestamp":
+            return f.name
+    return None
+
+
+class _Reader:
+    """Walks the raw YAML mapping, turning every problem into a precise SpecError."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, why: str) -> SpecError:
+        return SpecError(self.path, where or "(file)", why)
+
+    def mapping(self, raw: Any, where: str, allowed: set[str]) -> dict:
+        """`raw` as a mapping ({} for None) whose keys are all in `allowed`; raises SpecError otherwise."""
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise self.fail(where, f"must be a mapping, got {type(raw).__name__}")
+        for key in raw:
+            if not isinstance(key, str):
+                raise self.fail(where, f"field names must be strings, got {_shown(key)}")
+        unknown = sorted(set(raw) - allowed)
+        if unknown:
+            raise self.fail(f"{where}.{unknown[0][:60]}" if where else unknown[0][:60],
+                            f"unknown field (allowed: {', '.join(sorted(allowed))})")
+        return raw
+
+    def required(self, raw: dict, key: str, where: str) -> Any:
+        if key not in raw or raw[key] is None:
+            raise self.fail(f"{where}.{key}" if where else key, "is required")
+        return raw[key]
+
+    def string(self, value: Any, where: str, pattern: re.Pattern | None = None, hint: str = "") -> str:
+        """`value` as a non-empty string matching `pattern` in full; raises SpecError otherwise."""
+        if not isinstance(value, str) or not value:
+            raise self.fail(where, f"must be a non-empty string, got {_shown(value)}")
+        if pattern is not None and not pattern.fullmatch(value):
+            raise self.fail(where, f"{_shown(value)} is not valid{': ' + hint if hint else ''}")
+        return value
+
+    def identifier(self, value: Any, where: str, hint: str = "use lower_snake_case") -> str:
+        return self.string(value, where, IDENTIFIER, f"{hint}, at most 128 characters")
+
+    def integer(self, value: Any, where: str, minimum: int = 0, maximum: int | None = None) -> int:
+        """`value` as an integer from `minimum` to `maximum` (default CAPS[where]); raises SpecError otherwise."""
+        maximum = CAPS[where] if maximum is None else maximum
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(where, f"must be an integer, got {_shown(value)}")
+        if value < minimum:
+            raise self.fail(where, f"must be >= {minimum}, got {_shown(value)}")
+        if value > maximum:
+            raise self.fail(where, f"must be <= {maximum} (the platform's cap), got {_shown(value)}")
+        return value
+
+    def number(self, value: Any, where: str) -> float:
+        """`value` as a finite float; raises SpecError for anything else (NaN and infinity included)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(where, f"must be a number, got {_shown(value)}")
+        number = _as_float(value)
+        if not math.isfinite(number):
+            raise self.fail(where, f"must be a finite number, got {_shown(value)}")
+        return number
+
+    def text(self, value: Any, where: str) -> str:
+        """Free text (a description): a string, '' when absent."""
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise self.fail(where, f"must be a string, got {_shown(value)}; quote it")
+        return value
+
+    def boolean(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, f"must be true or false, got {_shown(value)}")
+        return value
+
+    def choice(self, value: Any, where: str, choices: tuple[str, ...]) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise self.fail(where, f"{_shown(value)} is not one of {', '.join(choices)}")
+        return value
+
+    def duration(self, value: Any, where: str, positive: bool = False) -> float:
+        """Seconds of duration `value`, at most DURATION_CAPS_S[where] (default MAX_DURATION_S)."""
+        try:
+            return parse_duration(value, positive=positive, maximum=DURATION_CAPS_S.get(where, MAX_DURATION_S))
+        except ValueError as exc:
+            raise self.fail(where, str(exc)) from None
+
+    def table(self, value: Any, where: str) -> str:
+        return self.string(value, where, TABLE_NAME,
+                           "use namespace.table in lower case, e.g. raw.orders, at most 128 characters each")
+
+    def schedule(self, value: Any, where: str) -> str:
+        """An Airflow schedule: one of SCHEDULE_PRESETS or a five-field cron expression."""
+        text = self.string(value, where)
+        if text in SCHEDULE_PRESETS or (len(text.split()) == 5 and croniter.is_valid(text)):
+            return text
+        raise self.fail(where, f"{_shown(value)} is not a schedule: use a cron expression such as "
+                               f"'*/10 * * * *' or one of {', '.join(SCHEDULE_PRESETS)}")
+
+
+def _contract(r: _Reader, raw: Any) -> Contract:
+    raw = r.mapping(raw, "contract", {"fields"})
+    items = r.required(raw, "fields", "contract")
+    if not isinstance(items, list) or not items:
+        raise r.fail("contract.fields", "must be a non-empty list of fields")
+    fields: list[FieldSpec] = []
+    seen: set[str] = set()
+    allowed = {"name", "type", "required", "enum", "min", "max", "pattern", "max_length", "doc"}
+    for i, item in enumerate(items):
+        where = f"contract.fields[{i}]"
+        item = r.mapping(item, where, allowed)
+        name = r.identifier(r.required(item, "name", where), f"{where}.name")
+        where = f"contract.fields[{name}]"
+        if name in seen:
+            raise r.fail(where, "is declared twice")
+        if name in RESERVED_COLUMNS:
+            raise r.fail(where, f"{name!r} is reserved for source coordinates")
+        seen.add(name)
+        ftype = r.choice(r.required(item, "type", where), f"{where}.type", FIELD_TYPES)
+        enum = item.get("enum")
+        if enum is not None:
+            if not isinstance(enum, list) or not enum:
+                raise r.fail(f"{where}.enum", "must be a non-empty list")
+            if ftype not in ("string", "int", "long"):
+                raise r.fail(f"{where}.enum", f"is only allowed for string, int and long fields, not {ftype}")
+            for value in enum:
+                if ftype == "string":
+                    ok = isinstance(value, str)
+                else:
+                    ok = isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value <= _INT64[1]
+                if not ok:
+                    raise r.fail(f"{where}.enum", f"{_shown(value)} is not a {ftype}")
+            enum = tuple(enum)
+        lo = item.get("min")
+        hi = item.get("max")
+        for key, bound in (("min", lo), ("max", hi)):
+            if bound is not None and ftype not in ("int", "long", "double"):
+                raise r.fail(f"{where}.{key}", f"ranges apply to numeric fields, not {ftype}")
+        lo = None if lo is None else r.number(lo, f"{where}.min")
+        hi = None if hi is None else r.number(hi, f"{where}.max")
+        if lo is not None and hi is not None and lo > hi:
+            raise r.fail(f"{where}.min", f"{lo} is greater than max {hi}")
+        pattern = item.get("pattern")
+        if pattern is not None:
+            if ftype != "string":
+                raise r.fail(f"{where}.pattern", f"patterns apply to string fields, not {ftype}")
+            try:
+                re.compile(r.string(pattern, f"{where}.pattern"))
+            except (re.error, RecursionError) as exc:  # deep nesting overflows the regex parser
+                raise r.fail(f"{where}.pattern", f"is not a regular expression: {exc}") from None
+        max_length = item.get("max_length")
+        if max_length is not None:
+            if ftype != "string":
+                raise r.fail(f"{where}.max_length", f"applies to string fields, not {ftype}")
+            max_length = r.integer(max_length, f"{where}.max_length", 1, CAPS["source.max_value_bytes"])
+        fields.append(FieldSpec(
+            name=name, type=ftype,
+            required=r.boolean(item.get("required", False), f"{where}.required"),
+            enum=enum,
+            min=lo, max=hi,
+            pattern=pattern, max_length=max_length,
+            doc=r.text(item.get("doc"), f"{where}.doc"),
+        ))
+    return Contract(tuple(fields))
+
+
+def _partition_field(r: _Reader, value: Any, where: str, contract: Contract) -> PartitionField:
+    text = r.string(value, where).replace(" ", "")
+    match = _PARTITION.fullmatch(text)
+    if not match:
+        raise r.fail(where, f"{_shown(value)} is not a partition transform like day(event_time) or bucket(16, id)")
+    transform, arg, column, bare = match.groups()
+    if bare:
+        transform, column = "identity", bare
+    if transform not in PARTITION_TRANSFORMS:
+        raise r.fail(where, f"unknown transform {_shown(transform)} (use one of {', '.join(PARTITION_TRANSFORMS)})")
+    if column not in contract.names:
+        raise r.fail(where, f"column {_shown(column)} is not a contract field")
+    ftype = contract.field(column).type
+    if transform in ("year", "month", "day", "hour") and ftype not in ("timestamp", "date"):
+        raise r.fail(where, f"{transform}() needs a timestamp or date column, {column!r} is {ftype}")
+    if transform == "hour" and ftype != "timestamp":
+        raise r.fail(where, f"hour() needs a timestamp column, {column!r} is {ftype}")
+    if transform in ("bucket", "truncate"):
+        # the length test first: int() refuses strings of more than 4300 digits
+        if arg is None or len(arg) > 10 or not 1 <= int(arg) <= CAPS[transform]:
+            raise r.fail(where, f"{transform}() needs a positive width of at most {CAPS[transform]}, "
+                                f"e.g. {transform}(16, {column})")
+    elif arg is not None:
+        raise r.fail(where, f"{transform}() takes no width")
+    return PartitionField(transform=transform, column=column, arg=None if arg is None else int(arg))
+
+
+def _fanout(r: _Reader, raw: Any, contract: Contract) -> FanoutSpec:
+    fo = r.mapping(raw, "target.fanout", {"field", "routes"})
+    fo_field = r.string(r.required(fo, "field", "target.fanout"), "target.fanout.field")
+    if fo_field not in contract.names:
+        raise r.fail("target.fanout.field", f"{_shown(fo_field)} is not a contract field")
+    routes = r.required(fo, "routes", "target.fanout")
+    if not isinstance(routes, dict) or not routes:
+        raise r.fail("target.fanout.routes", "must map field values to tables")
+    tables: dict[str, str] = {}
+    for value, table in routes.items():
+        if not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)
+                                           and _INT64[0] <= value <= _INT64[1])):
+            raise r.fail("target.fanout.routes", f"route keys are string or integer field values, "
+                                                 f"got {_shown(value)}")
+        where = f"target.fanout.routes.{str(value)[:60]}"
+        if str(value) in tables:  # 1 and "1" would route the same records
+            raise r.fail(where, f"the value {_shown(str(value))} is routed twice")
+        tables[str(value)] = r.table(table, where)
+    return FanoutSpec(field=fo_field, routes=tables)
+
+
+def _properties(r: _Reader, raw: Any) -> dict[str, str]:
+    """Iceberg table properties as strings; raises SpecError for reserved keys and non-scalar values."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise r.fail("target.properties", "must be a mapping of Iceberg table properties")
+    props: dict[str, str] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not _PROPERTY_KEY.fullmatch(key):
+            raise r.fail("target.properties", f"{_shown(key)} is not a property name: use letters, digits, "
+                                              f"'.', '_' and '-', e.g. commit.retry.num-retries")
+        where = f"target.properties.{key}"
+        if key.lower().startswith(RESERVED_PROPERTY_PREFIX):
+            raise r.fail(where, f"{RESERVED_PROPERTY_PREFIX}* properties are the platform's: it records there the "
+                                f"pipeline that owns the table and its writer state; remove it")
+        if key.lower() in RESERVED_PROPERTIES:
+            raise r.fail(where, "is managed by Iceberg or by the platform (write-audit-publish staging) and "
+                                "cannot be set from a spec; remove it")
+        if isinstance(value, bool):
+            text = "true" if value else "false"  # Iceberg reads booleans in lower case
+        elif (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]) or \
+                (isinstance(value, float) and math.isfinite(value)):
+            text = str(value)
+        elif isinstance(value, str) and len(value) <= MAX_PROPERTY_VALUE:
+            text = value
+        else:
+            raise r.fail(where, f"must be a string of at most {MAX_PROPERTY_VALUE} characters, a finite (64-bit) "
+                                f"number or a boolean, got {_shown(value)}")
+        props[key] = text
+    return props
+
+
+def _claims(spec: PipelineSpec) -> list[tuple[str, str, str]]:
+    """(name, field, what) for every table and view the spec claims, in declaration order; a fan-out
+    route to the default table (or to another route's table) claims nothing new."""
+    claims = [(spec.target.table, "target.table", "data table")]
+    if spec.target.fanout is not None:
+        for value, table in spec.target.fanout.routes.items():
+            if all(name != table for name, _, _ in claims):
+                claims.append((table, f"target.fanout.routes.{value[:60]}", "data table"))
+    claims.append((spec.dead_letter_table, "dead_letter.table", "dead-letter table"))
+    claims.extend((view, "publish.view", "readers' view") for view in spec.views)
+    return claims
+
+
+def _check_own_names(r: _Reader, spec: PipelineSpec) -> None:
+    """Raise SpecError when the spec claims the ops timeline, or one name for two of its tables or views."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, where, what in _claims(spec):
+        if name == OPS_TIMELINE_TABLE:
+            raise r.fail(where, f"{name!r} is the platform's ops timeline table; choose another name")
+        if name in seen:
+            other_where, other_what = seen[name]
+            raise r.fail(where, f"{name!r} is also a {other_what} of this pipeline ({other_where})")
+        seen[name] = (where, what)
+
+
+def _parse(path: Path, raw: Any) -> PipelineSpec:
+    r = _Reader(path)
+    top = r.mapping(raw, "", {"name", "description", "source", "target", "dead_letter", "contract",
+                              "schema_policy", "trigger", "slo", "supervision", "maintenance", "retention",
+                              "publish", "candidate_for"})
+    if not top:
+        raise r.fail("(file)", "is empty")
+    name = r.identifier(r.required(top, "name", ""), "name")
+    contract = _contract(r, r.required(top, "contract", ""))
+
+    src = r.mapping(r.required(top, "source", ""), "source",
+                    {"topic", "partitions", "replication_factor", "retention_ms", "value_format", "key",
+                     "max_value_bytes"})
+    key = r.mapping(src.get("key"), "source.key", {"field", "required"})
+    key_field = key.get("field")
+    if key_field is not None and key_field not in contract.names:
+        raise r.fail("source.key.field", f"{_shown(key_field)} is not a contract field")
+    topic = r.string(r.required(src, "topic", "source"), "source.topic", _TOPIC,
+                     "topic names use letters, digits, '.', '_' and '-', at most 249 characters")
+    if topic in (".", ".."):
+        raise r.fail("source.topic", f"{topic!r} is not a topic name Kafka accepts")
+    retention = src.get("retention_ms")
+    if retention is not None and r.integer(retention, "source.retention_ms", -1) == 0:
+        raise r.fail("source.retention_ms", "0 would delete records as soon as they arrive; use -1 for unlimited")
+    source = SourceSpec(
+        topic=topic,
+        partitions=r.integer(src.get("partitions", 1), "source.partitions", 1),
+        replication_factor=r.integer(src.get("replication_factor", 1), "source.replication_factor", 1),
+        retention_ms=retention,
+        value_format=r.choice(src.get("value_format", "json"), "source.value_format", VALUE_FORMATS),
+        key_field=key_field,
+        key_required=r.boolean(key.get("required", key_field is not None), "source.key.required"),
+        max_value_bytes=r.integer(src.get("max_value_bytes", 1_048_576), "source.max_value_bytes", 1),
+    )
+
+    tgt = r.mapping(r.required(top, "target", ""), "target",
+                    {"catalog", "table", "mode", "key", "partition_by", "fanout", "target_file_size_mb",
+                     "properties"})
+    mode = r.choice(tgt.get("mode", "append"), "target.mode", MODES)
+    keys = tgt.get("key") or []
+    if isinstance(keys, str):
+        keys = [keys]
+    if not isinstance(keys, list):
+        raise r.fail("target.key", "must be a column name or a list of column names")
+    for i, k in enumerate(keys):
+        if k not in contract.names:
+            raise r.fail(f"target.key[{i}]", f"{_shown(k)} is not a contract field")
+        if not contract.field(k).required:
+            raise r.fail(f"target.key[{i}]", f"key column {k!r} must be required in the contract")
+        if contract.field(k).type == "double":  # NaN never equals itself, -0.0 equals 0.0: keys would not match
+            raise r.fail(f"target.key[{i}]", f"key column {k!r} is a double; floating-point values do not "
+                                             f"identify rows (NaN, -0.0): use a string, int, long or date key")
+    if mode == "upsert" and not keys:
+        raise r.fail("target.key", "upsert mode needs key columns")
+    parts = tgt.get("partition_by") or []
+    if isinstance(parts, str):
+        parts = [parts]
+    if not isinstance(parts, list):
+        raise r.fail("target.partition_by", "must be a list of partition transforms")
+    partition_by = tuple(_partition_field(r, p, f"target.partition_by[{i}]", contract) for i, p in enumerate(parts))
+    table = r.table(r.required(tgt, "table", "target"), "target.table")
+    fanout = None if tgt.get("fanout") is None else _fanout(r, tgt["fanout"], contract)
+    target = TargetSpec(
+        catalog=r.identifier(tgt.get("catalog", "lake"), "target.catalog"),
+        table=table, mode=mode, key=tuple(keys), partition_by=partition_by, fanout=fanout,
+        target_file_size_bytes=r.integer(tgt.get("target_file_size_mb", 128), "target.target_file_size_mb", 1)
+        * 1024 * 1024,
+        properties=_properties(r, tgt.get("properties")),
+    )
+
+    dlq = r.mapping(r.required(top, "dead_letter", ""), "dead_letter", {"table"})
+    dead_letter_table = r.table(r.required(dlq, "table", "dead_letter"), "dead_letter.table")
+
+    pol = r.mapping(top.get("schema_policy"), "schema_policy", {"on_additive", "on_incompatible"})
+    trig = r.mapping(top.get("trigger"), "trigger", {"interval", "max_records_per_batch", "mode", "schedule"})
+    slo = r.mapping(top.get("slo"), "slo", {"freshness", "lag_records", "lag_seconds"})
+    sup = r.mapping(top.get("supervision"), "supervision",
+                    {"hung_after_triggers", "restart_backoff", "max_restarts", "retry_budget"})
+    mnt = r.mapping(top.get("maintenance"), "maintenance", {"schedule", "min_input_files", "orphan_safety_window"})
+    ret = r.mapping(top.get("retention"), "retention", {"outage_budget", "replay_window", "delete_after"})
+    pub = r.mapping(top.get("publish"), "publish", {"branch", "view", "schedule", "suite"})
+    interval_s = r.duration(trig.get("interval", "5s"), "trigger.interval", positive=True)
+    orphan_window = r.duration(mnt.get("orphan_safety_window", "3d"), "maintenance.orphan_safety_window")
+    if orphan_window < max(3600.0, 100 * interval_s):
+        raise r.fail("maintenance.orphan_safety_window",
+                     f"{orphan_window:g}s is too short: files of a commit still in flight would be deleted; "
+                     f"use at least 1h and 100 trigger intervals")
+    delete_after = ret.get("delete_after")
+    if delete_after is not None and event_time_column(contract, ()) is None:
+        raise r.fail("retention.delete_after", "needs a timestamp column in the contract to age rows by")
+    view = pub.get("view")
+    if view is not None:
+        view = r.table(view, "publish.view")
+    branch = r.identifier(pub.get("branch", "published"), "publish.branch")
+    if branch == "main":
+        raise r.fail("publish.branch", "'main' is the audit branch ingestion commits to; readers need their own")
+    candidate_for = top.get("candidate_for")
+    if candidate_for is not None:
+        candidate_for = r.identifier(candidate_for, "candidate_for", "name the live pipeline")
+        if candidate_for == name:
+            raise r.fail("candidate_for", "a pipeline cannot be a candidate for itself")
+    spec = PipelineSpec(
+        name=name,
+        path=str(path),
+        description=r.text(top.get("description"), "description").strip(),
+        source=source,
+        target=target,
+        dead_letter_table=dead_letter_table,
+        contract=contract,
+        schema_policy=SchemaPolicy(
+            on_additive=r.choice(pol.get("on_additive", "evolve"), "schema_policy.on_additive", ADDITIVE_POLICIES),
+            on_incompatible=r.choice(pol.get("on_incompatible", "fail"), "schema_policy.on_incompatible",
+                                     INCOMPATIBLE_POLICIES),
+        ),
+        trigger=TriggerSpec(
+            interval_s=interval_s,
+            max_records_per_batch=r.integer(trig.get("max_records_per_batch", 100_000),
+                                            "trigger.max_records_per_batch", 1),
+            mode=r.choice(trig.get("mode", "continuous"), "trigger.mode", TRIGGER_MODES),
+            schedule=r.schedule(trig.get("schedule", "*/5 * * * *"), "trigger.schedule"),
+        ),
+        slo=SloSpec(
+            freshness_s=r.duration(slo.get("freshness", "60s"), "slo.freshness"),
+            lag_records=r.integer(slo.get("lag_records", 100_000), "slo.lag_records", 0),
+            lag_s=r.duration(slo.get("lag_seconds", "60s"), "slo.lag_seconds"),
+        ),
+        supervision=SupervisionSpec(
+            hung_after_triggers=r.integer(sup.get("hung_after_triggers", 12), "supervision.hung_after_triggers", 1),
+            restart_backoff_s=r.duration(sup.get("restart_backoff", "10s"), "supervision.restart_backoff"),
+            max_restarts=r.integer(sup.get("max_restarts", 5), "supervision.max_restarts", 0),
+            retry_budget_s=r.duration(sup.get("retry_budget", "5m"), "supervision.retry_budget", positive=True),
+        ),
+        maintenance=MaintenanceSpec(
+            schedule=r.schedule(mnt.get("schedule", "@hourly"), "maintenance.schedule"),
+            min_input_files=r.integer(mnt.get("min_input_files", 5), "maintenance.min_input_files", 2),
+            orphan_safety_window_s=orphan_window,
+        ),
+        retention=RetentionSpec(
+            outage_budget_s=r.duration(ret.get("outage_budget", "24h"), "retention.outage_budget", positive=True),
+            replay_window_s=r.duration(ret.get("replay_window", "3d"), "retention.replay_window", positive=True),
+            delete_after_s=None if delete_after is None
+            else r.duration(delete_after, "retention.delete_after", positive=True),
+        ),
+        publish=PublishSpec(
+            branch=branch,
+            view=view,
+            schedule=r.schedule(pub.get("schedule", "*/10 * * * *"), "publish.schedule"),
+            suite=None if pub.get("suite") is None else r.identifier(pub["suite"], "publish.suite"),
+        ),
+        candidate_for=candidate_for,
+    )
+    _check_own_names(r, spec)
+    return spec
+
+
+class _SpecYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases (`*ref` expands into billions of nodes), duplicate keys
+    (the second silently wins) or nesting deeper than MAX_YAML_DEPTH (the composer recurses)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in pipeline specs: write the value out",
+                self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nests deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    if (key_node.tag, key_node.value) in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"found duplicate key {_shown(key_node.value)}", key_node.start_mark)
+                    seen.add((key_node.tag, key_node.value))
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path) -> Any:
+    """The YAML document in spec file `path`; raises SpecError when the file is not a readable regular
+    file of at most MAX_SPEC_BYTES UTF-8 bytes holding plain YAML."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO or a device would block or never end
+            raise SpecError(path, "(file)", "is not a regular file")
+        with path.open("rb") as handle:
+            data = handle.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(path, "(file)", f"cannot be read: {exc.strerror or exc}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(path, "(file)", f"is larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a page of YAML")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(path, "(file)", f"is not UTF-8 text: {exc}") from None
+    loader = _SpecYamlLoader(text)
+    loader.name = path.name  # error marks say 'in "orders.yaml", line 3', not '<unicode string>'
+    try:
+        return loader.get_single_data()
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4300 digits
+        raise SpecError(path, "(file)", f"is not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def load_spec(path: Path | str) -> PipelineSpec:
+    """Load and validate one pipeline spec file on its own (no checks against its siblings).
+
+    Raises SpecError naming the file, the field and why.
+    """
+    path = Path(path)
+    return _parse(path, _read_yaml(path))
+
+
+@dataclass(frozen=True)
+class SpecSet:
+    """The pipelines folder read as a whole: the valid specs, and every broken file's error.
+
+    `specs` maps pipeline names to valid specs, in file order. `errors` maps each broken file's
+    path to its SpecError, in path order. `declared` maps each broken file's path to the pipeline
+    it declares: its top-level `name` when that is readable, else the file's stem.
+    """
+
+    directory: Path
+    specs: dict[str, PipelineSpec]
+    errors: dict[str, SpecError]
+    declared: dict[str, str]
+
+    def error_for(self, name: str) -> SpecError | None:
+        """The error of a broken file that declares pipeline `name` (by its `name` or its stem), else None."""
+        for path, error in self.errors.items():
+            if name in (self.declared[path], Path(path).stem):
+                return error
+        return None
+
+    def raise_errors(self) -> None:
+        """Raise BrokenSpecsError listing every broken file; return when there is none."""
+        if self.errors:
+            raise BrokenSpecsError(self.errors)
+
+
+def _declared_name(raw: Any, path: Path) -> str:
+    """The pipeline name a (possibly broken) spec document declares, else the file's stem."""
+    name = raw.get("name") if isinstance(raw, dict) else None
+    return name if isinstance(name, str) and IDENTIFIER.fullmatch(name) else path.stem
+
+
+def _conflicts(specs: list[PipelineSpec]) -> dict[str, SpecError]:
+    """An error for every spec whose pipeline name, table or view another spec of `specs` also claims
+    (in the same catalog), naming the other file(s); the first conflict of each file is reported."""
+    errors: dict[str, SpecError] = {}
+    by_name: dict[str, list[PipelineSpec]] = {}
+    for spec in specs:
+        by_name.setdefault(spec.name, []).append(spec)
+    for name, group in by_name.items():
+        for spec in group if len(group) > 1 else ():
+            others = ", ".join(o.path for o in group if o is not spec)
+            errors[spec.path] = SpecError(spec.path, "name", f"pipeline {name!r} is also declared in {others}; "
+                                                             f"pipeline names must be unique")
+    claimed: dict[tuple[str, str], list[tuple[PipelineSpec, str, str]]] = {}
+    for spec in specs:
+        for name, where, what in _claims(spec):
+            claimed.setdefault((spec.catalog, name), []).append((spec, where, what))
+    for (_, name), claims in claimed.items():
+        if len(claims) < 2:
+            continue
+        for spec, where, _ in claims:
+            others = " and ".join(f"a {what} of pipeline {o.name!r} ({o.path})"
+                                  for o, _, what in claims if o is not spec)
+            errors.setdefault(spec.path, SpecError(
+                spec.path, where, f"{name!r} is also {others}; a table or view has one owner: give each "
+                                  f"pipeline (a candidate too) its own tables and views"))
+    return errors
+
+
+def load_specs(directory: Path | str | None = None) -> SpecSet:
+    """Every spec file (`*.yaml`, `*.yml`) of the pipelines folder (default: config.pipelines_dir()),
+    each validated on its own and then against the others. Never raises for a broken file: its
+    error is in the result's `errors`, and its pipeline is not in `specs`."""
+    directory = Path(directory) if directory else config.pipelines_dir()
+    loaded: dict[str, PipelineSpec] = {}
+    errors: dict[str, SpecError] = {}
+    declared: dict[str, str] = {}
+    for path in sorted(directory.glob("*.y*ml")):
+        raw = None
+        try:
+            raw = _read_yaml(path)
+            loaded[str(path)] = _parse(path, raw)
+        except SpecError as exc:
+            errors[str(path)] = exc
+            declared[str(path)] = _declared_name(raw, path)
+    for path, exc in _conflicts(list(loaded.values())).items():
+        errors[path] = exc
+        declared[path] = loaded.pop(path).name
+    return SpecSet(directory=directory, specs={s.name: s for s in loaded.values()},
+                   errors=dict(sorted(errors.items())), declared=declared)
+
+
+def load_all(directory: Path | str | None = None) -> dict[str, PipelineSpec]:
+    """Every valid pipeline of the pipelines folder, by name; broken files are left out (see load_specs)."""
+    return load_specs(directory).specs
+
+
+def load_pipeline(name: str, directory: Path | str | None = None) -> PipelineSpec:
+    """The spec of pipeline `name`, valid even when sibling files are broken.
+
+    Raises the SpecError of the file that declares `name` (by its `name` or its stem) when that file
+    is broken or overlaps another, else UnknownPipelineError listing the known pipelines.
+    """
+    found = load_specs(directory)
+    if name in found.specs:
+        return found.specs[name]
+    error = found.error_for(name)
+    if error is not None:
+        raise error
+    known = ", ".join(sorted(found.specs)) or "none"
+    raise UnknownPipelineError(f"no pipeline named {name!r} in {found.directory} (known: {known})")

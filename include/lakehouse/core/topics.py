@@ -1,0 +1,150 @@
+"""Source topics as the pipeline specs declare them: partitions, replication and retention.
+
+`ensure_topics(specs)` creates what is missing and warns (`TopicMismatchWarning`)
+about existing topics that disagree with their spec; it never deletes or
+shrinks anything, because a topic is the system of record.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Iterable
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from lakehouse.core import config, kafka_security
+from lakehouse.core.errors import LakehouseError
+from lakehouse.core.spec import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+# Kafka's own bookkeeping topics are not pipeline sources; keep them out of listings.
+INTERNAL_PREFIX = "__"
+
+
+class TopicError(LakehouseError, RuntimeError):
+    """Kafka refused or could not answer a topic operation; the message says which and why."""
+
+
+class TopicMismatchWarning(UserWarning):
+    """An existing topic differs from its spec (fewer partitions, shorter retention)."""
+
+
+def admin_client(platform: config.PlatformConfig | None = None) -> AdminClient:
+    """An AdminClient for the platform's Kafka (librdkafka logs go to the `lakehouse.kafka` logger)."""
+    return _watched_admin(platform or config.load())[0]
+
+
+def _watched_admin(platform: config.PlatformConfig) -> tuple[AdminClient, kafka_security.ErrorWatch]:
+    """An AdminClient whose authentication and TLS errors the returned watch keeps."""
+    conf, watch = kafka_security.watched(platform.kafka(logger=logging.getLogger("lakehouse.kafka")))
+    return AdminClient(conf), watch
+
+
+def topic_partitions(platform: config.PlatformConfig | None = None, timeout: float = 10.0,
+                     include_internal: bool = False) -> dict[str, int]:
+    """Partition count of every topic on the cluster, by name.
+
+    Raises TopicError when the cluster does not answer within `timeout` seconds, and
+    kafka_security.KafkaAuthError at once when it refuses the credentials or the TLS handshake.
+    """
+    platform = platform or config.load()
+    admin, watch = _watched_admin(platform)
+    try:
+        metadata = kafka_security.list_topics(admin, watch, timeout)
+    except KafkaException as exc:
+        raise TopicError(f"cannot list topics on {kafka_security.describe(platform.kafka())}: "
+                         f"{exc.args[0].str()}") from None
+    return {name: len(meta.partitions) for name, meta in sorted(metadata.topics.items())
+            if include_internal or not name.startswith(INTERNAL_PREFIX)}
+
+
+def describe_retention(topic: str, platform: config.PlatformConfig | None = None,
+                       timeout: float = 10.0) -> int | None:
+    """The topic's `retention.ms` as the broker reports it, or None when it reports none.
+
+    Apache Kafka always reports a value (its default when the topic sets none);
+    brokers that only report explicit settings give None for an unset retention.
+    Raises TopicError when the topic does not exist or the broker does not answer, and
+    kafka_security.KafkaAuthError when it refuses the credentials.
+    """
+    platform = platform or config.load()
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    admin, watch = _watched_admin(platform)  # keep a reference: a collected client fails its pending futures
+    future = admin.describe_configs([resource], request_timeout=timeout)[resource]
+    try:
+        entries = kafka_security.wait_future(future, admin, watch, timeout)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            raise TopicError(f"topic {topic!r} does not exist on {platform.bootstrap_servers}") from None
+        raise TopicError(f"cannot describe the configs of topic {topic!r}: {err.str()}") from None
+    entry = entries.get("retention.ms")
+    if entry is None or entry.value is None:
+        # the embedded broker answers a missing topic with no configs instead of an error
+        if topic not in topic_partitions(platform, timeout=timeout, include_internal=True):
+            raise TopicError(f"topic {topic!r} does not exist on {platform.bootstrap_servers}")
+        return None
+    return int(entry.value)
+
+
+def ensure_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig | None = None,
+                  timeout: float = 15.0) -> list[str]:
+    """Create every spec's source topic that does not exist yet.
+
+    Returns the names of the topics created, in spec order. An existing topic
+    with fewer partitions than its spec, or a shorter retention, is left as it
+    is and reported with a TopicMismatchWarning (adding partitions moves keys to
+    other partitions, so it is an operator's decision, not a side effect).
+    Raises TopicError when Kafka rejects a creation or does not answer, and
+    kafka_security.KafkaAuthError when it refuses the credentials.
+    """
+    platform = platform or config.load()
+    admin, watch = _watched_admin(platform)
+    existing = topic_partitions(platform, timeout=timeout, include_internal=True)
+    wanted: dict[str, PipelineSpec] = {}
+    for spec in specs:
+        wanted.setdefault(spec.source.topic, spec)  # the first spec of a shared topic decides
+
+    missing: list[NewTopic] = []
+    for topic, spec in wanted.items():
+        src = spec.source
+        if topic not in existing:
+            topic_config = {} if src.retention_ms is None else {"retention.ms": str(src.retention_ms)}
+            missing.append(NewTopic(topic, num_partitions=src.partitions,
+                                    replication_factor=src.replication_factor, config=topic_config))
+            continue
+        if existing[topic] < src.partitions:
+            _warn(f"topic {topic!r} has {existing[topic]} partition(s) but pipeline {spec.name!r} declares "
+                  f"{src.partitions} in {spec.path}; it is left as it is. Increase them on the broker "
+                  f"(kafka-topics --alter --partitions {src.partitions}) knowing that keys then move to "
+                  f"other partitions, or lower source.partitions in the spec.")
+        if src.retention_ms is not None and src.retention_ms >= 0:
+            actual = describe_retention(topic, platform, timeout=timeout)
+            if actual is not None and 0 <= actual < src.retention_ms:
+                _warn(f"topic {topic!r} keeps records for retention.ms={actual} but pipeline {spec.name!r} "
+                      f"declares {src.retention_ms} in {spec.path}; records may age out before they are "
+                      f"ingested or replayed.")
+
+    created: list[str] = []
+    if missing:
+        futures = admin.create_topics(missing, request_timeout=timeout)
+        for new in missing:
+            try:
+                kafka_security.wait_future(futures[new.topic], admin, watch, timeout)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue  # created concurrently by someone else: that is what we wanted
+                raise TopicError(f"cannot create topic {new.topic!r} on {platform.bootstrap_servers}: "
+                                 f"{err.str()}") from None
+            log.info("created topic %s (%d partitions)", new.topic, new.num_partitions)
+            created.append(new.topic)
+    return created
+
+
+def _warn(message: str) -> None:
+    # a warning, not a log line: the CLI shows it, Airflow captures it, tests can assert it
+    warnings.warn(message, TopicMismatchWarning, stacklevel=3)

@@ -1,0 +1,231 @@
+"""The one place an ingest commit becomes visible: a fenced, compare-and-set move of `main`.
+
+Both kinds of commit are one catalog commit whose requirements are checked against exactly
+the metadata the catalog swaps (pyiceberg's SqlCatalog validates them inside the
+compare-and-set on the metadata location), so nothing can slip in between check and commit:
+
+- an append table's commit is `append_files`: the data files the Spark tasks wrote become
+  one new snapshot on `main` (pyiceberg writes the manifests; no rows pass through here);
+- an upsert table's MERGE runs in Spark, which writes the result as a *staged* snapshot
+  (Iceberg's write-audit-publish staging: `spark.wap.id`) that no branch references;
+  `commit_staged` then moves `main` to it.
+
+Requirements of both:
+- `main` is still where the commit was built on (no other commit landed since; otherwise
+  the caller appends again on the new head, or merges again);
+- `PipelineFence`: the table is still claimed by this job's writer, and the newest
+  commit carrying the pipeline's positions is still the one the batch was planned from.
+
+Writers are fenced as Kafka fences zombie producers: `Writer.claim` gives a starting
+ingest job a writer epoch above every epoch recorded on the pipeline's tables and
+records it (with the writer's id) as table properties, one compare-and-set per table.
+From then on a job whose id is no longer on a table is a zombie: its commits fail with
+WriterFencedError, however long it was paused, whichever host it runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Literal
+
+from pydantic import Field
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.update import (
+    AssertTableUUID,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    ValidatableTableRequirement,
+)
+
+from lakehouse.core import offsets
+from lakehouse.core.errors import CommitError, WriterFencedError
+
+WRITER_ID = "lakehouse.writer.id"
+WRITER_EPOCH = "lakehouse.writer.epoch"
+WRITER_INFO = "lakehouse.writer.info"
+CLAIM_ATTEMPTS = 8
+
+
+class PositionsMovedError(CommitError, CommitFailedException):
+    """Another commit carrying the pipeline's positions landed since the batch was planned (a commit
+    conflict: plan again from the table)."""
+
+
+class MainMovedError(CommitError, CommitFailedException):
+    """`main` moved since the staged snapshot was written (a commit conflict: write again on the new head)."""
+
+
+def _epoch(metadata: TableMetadata) -> int:
+    try:
+        return int(metadata.properties.get(WRITER_EPOCH, 0))
+    except ValueError:
+        return 0
+
+
+def _holder(metadata: TableMetadata) -> str:
+    props = metadata.properties
+    return (f"writer {props.get(WRITER_ID, '?')} (epoch {props.get(WRITER_EPOCH, '?')}; "
+            f"{props.get(WRITER_INFO, 'no details')})")
+
+
+class AssertEpochBelow(ValidatableTableRequirement):
+    """The table's writer epoch is below `epoch` (so a claim with `epoch` is the newest)."""
+
+    type: Literal["assert-lakehouse-epoch-below"] = Field(default="assert-lakehouse-epoch-below")
+    epoch: int
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:
+        if base_metadata is None:
+            raise CommitFailedException("the table is gone")
+        if _epoch(base_metadata) >= self.epoch:
+            raise EpochTakenError(_epoch(base_metadata), _holder(base_metadata))
+
+
+class EpochTakenError(CommitError):
+    """A claim lost to a writer that recorded an equal or higher epoch first."""
+
+    def __init__(self, epoch: int, holder: str):
+        super().__init__(f"epoch {epoch} is taken by {holder}")
+        self.epoch = epoch
+
+
+class AssertMainAt(ValidatableTableRequirement):
+    """`main` points at `snapshot_id` (None: the table has no snapshot yet)."""
+
+    type: Literal["assert-lakehouse-main-at"] = Field(default="assert-lakehouse-main-at")
+    snapshot_id: int | None = None
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:
+        if base_metadata is None:
+            raise CommitFailedException("the table is gone")
+        if base_metadata.current_snapshot_id != self.snapshot_id:
+            raise MainMovedError(f"main moved from {self.snapshot_id} to {base_metadata.current_snapshot_id} "
+                                 f"since the batch was written")
+
+
+class PipelineFence(ValidatableTableRequirement):
+    """Checked inside the catalog's compare-and-set: the table is still claimed by `writer_id`, and
+    the newest commit of `pipeline` with positions on `main` is `positions_snapshot_id` (None: none)."""
+
+    type: Literal["assert-lakehouse-fence"] = Field(default="assert-lakehouse-fence")
+    pipeline: str
+    writer_id: str
+    writer_epoch: int
+    positions_snapshot_id: int | None = None
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:
+        if base_metadata is None:
+            raise CommitFailedException("the table is gone")
+        holder = base_metadata.properties.get(WRITER_ID)
+        if holder != self.writer_id:
+            raise WriterFencedError(
+                f"pipeline {self.pipeline!r}: another ingest job took over the table ({_holder(base_metadata)}); "
+                f"this job (writer {self.writer_id}, epoch {self.writer_epoch}) stops without committing. "
+                f"Exactly one job per pipeline commits; stop the other one first if this one should run.")
+        point = offsets.resume_point(base_metadata, self.pipeline)
+        found = point.snapshot.snapshot_id if point.snapshot is not None else None
+        if found != self.positions_snapshot_id:
+            raise PositionsMovedError(f"pipeline {self.pipeline!r}: positions moved from snapshot "
+                                      f"{self.positions_snapshot_id} to {found} since the batch was planned")
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One ingest job instance's claim on its pipeline's tables."""
+
+    pipeline: str
+    writer_id: str
+    epoch: int
+
+    def fence(self, positions_snapshot_id: int | None) -> PipelineFence:
+        return PipelineFence(pipeline=self.pipeline, writer_id=self.writer_id, writer_epoch=self.epoch,
+                             positions_snapshot_id=positions_snapshot_id)
+
+    def check(self, table: Table) -> None:
+        """Raise WriterFencedError now when `table` was claimed by another writer (a cheap early
+        check; the commit checks again atomically)."""
+        if table.metadata.properties.get(WRITER_ID) != self.writer_id:
+            self.fence(None).validate(table.metadata)
+
+    @classmethod
+    def claim(cls, catalog: Catalog, pipeline: str, tables: list[str], home: str = "") -> Writer:
+        """Claim `tables` (namespace.name, all existing) for a new writer of `pipeline`, with an epoch
+        above every epoch they record. A concurrent claim with the same epoch makes this one try again
+        higher, so the newest job to start wins. Raises CommitError after CLAIM_ATTEMPTS lost races."""
+        writer_id = uuid.uuid4().hex
+        info = (f"host {socket.gethostname()}, pid {os.getpid()}, home {home or '-'}, started "
+                f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+        floor = 0
+        for attempt in range(CLAIM_ATTEMPTS):
+            loaded = {name: catalog.load_table(name) for name in tables}
+            epoch = max([floor, *(_epoch(t.metadata) for t in loaded.values())]) + 1
+            try:
+                for name in sorted(tables):
+                    _claim_one(catalog, name, loaded[name], epoch,
+                               {WRITER_ID: writer_id, WRITER_EPOCH: str(epoch), WRITER_INFO: info})
+                return cls(pipeline, writer_id, epoch)
+            except EpochTakenError as lost:
+                floor = max(floor, lost.epoch)
+                time.sleep(0.05 * (attempt + 1))
+        raise CommitError(f"pipeline {pipeline!r}: could not claim its tables in {CLAIM_ATTEMPTS} attempts; other "
+                          f"ingest jobs of the pipeline keep starting at the same time")
+
+
+def _claim_one(catalog: Catalog, name: str, table: Table, epoch: int, properties: dict[str, str]) -> None:
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            catalog.commit_table(table, requirements=(AssertTableUUID(uuid=table.metadata.table_uuid),
+                                                      AssertEpochBelow(epoch=epoch)),
+                                 updates=(SetPropertiesUpdate(updates=properties),))
+            return
+        except CommitFailedException:  # another commit swapped the metadata first: look again
+            table = catalog.load_table(name)
+    raise CommitError(f"could not record the writer claim on {name}: the table kept changing")
+
+
+def staged_snapshot(table: Table, wap_id: str):
+    """The snapshot Spark staged under `spark.wap.id` = `wap_id`, or None."""
+    for snap in reversed(table.metadata.snapshots):
+        if snap.summary is not None and snap.summary.additional_properties.get("wap.id") == wap_id:
+            return snap
+    return None
+
+
+def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str, str],
+                 fence: PipelineFence) -> int:
+    """Append the data files the tasks wrote (pyiceberg DataFiles) to `main` of `table` in one snapshot
+    whose summary carries `summary`, atomically, only if `main` is still where `table` was loaded and
+    `fence` holds; returns the new snapshot's id. An empty `files` still commits (the positions move).
+
+    pyiceberg writes the manifests; the commit is one compare-and-set with the fence beside
+    pyiceberg's own requirement on `main`, so every attempt is checked, not only the first (the
+    caller reloads the table and calls again on CommitFailedException: the files stay valid). A
+    failed attempt's manifests are orphans for maintenance, as are files never committed.
+    """
+    append = table.transaction().update_snapshot(snapshot_properties=summary).fast_append()
+    for data_file in files:
+        append.append_data_file(data_file)
+    updates, requirements = append._commit()
+    catalog.commit_table(table, requirements=(AssertTableUUID(uuid=table.metadata.table_uuid), *requirements, fence),
+                         updates=updates)
+    return append.snapshot_id
+
+
+def commit_staged(catalog: Catalog, table: Table, staged_id: int, parent_id: int | None,
+                  fence: PipelineFence) -> None:
+    """Move `main` of `table` to the staged snapshot `staged_id`, atomically, only if `main` is still at
+    `parent_id` and `fence` holds. Raises MainMovedError, PositionsMovedError, WriterFencedError, or
+    CommitFailedException when another commit swapped the metadata at the same moment."""
+    catalog.commit_table(
+        table,
+        requirements=(AssertTableUUID(uuid=table.metadata.table_uuid), AssertMainAt(snapshot_id=parent_id), fence),
+        updates=(SetSnapshotRefUpdate(ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=staged_id),))

@@ -1,0 +1,303 @@
+"""Planning a batch on the driver: where each partition stands, which offsets to read, in which tasks.
+
+`topic_state` asks Kafka for each partition's earliest offset and log end; `plan_batch` turns the
+positions committed in the tables (lakehouse.core.offsets) into one `OffsetRange` per partition
+within the batch's record budget, recording ranges that aged out of Kafka as gaps (or stopping on
+them) and stopping on a topic that was deleted and recreated; `task_groups` cuts and packs the
+ranges into the batch's Spark tasks (lakehouse.ingest.reader reads them).
+
+The end of a partition is where a consumer's fetch reports end-of-partition,
+probed from the ListOffsets high watermark. On Apache Kafka that probe returns at
+once at the high watermark; on a broker whose ListOffsets answer lags (the
+embedded one reports one batch short) it finds the records past it, so a producer
+that stops sees all its records land.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from lakehouse.core import errors, kafka_security
+from lakehouse.core.errors import (
+    BrokerUnavailableError,
+    OffsetGapError,
+    SourceError,
+    TopicMissingError,
+    TopicRecreatedError,
+)
+from lakehouse.core.offsets import OffsetRange, TableProgress, committed_positions
+from lakehouse.core.spec import PipelineSpec
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    partition: int
+    earliest: int
+    end: int  # one past the last fetchable record
+
+
+@dataclass(frozen=True)
+class TopicState:
+    topic: str
+    topic_id: str | None
+    partitions: dict[int, PartitionState]
+
+    @property
+    def earliest(self) -> dict[int, int]:
+        """Per partition, the oldest offset Kafka still holds (where a table without a position reads from)."""
+        return {p: ps.earliest for p, ps in self.partitions.items()}
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    topic: str
+    topic_id: str | None
+    ranges: tuple[OffsetRange, ...]
+    ends: dict[int, int]                      # log end per partition when planned
+    gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def record_count(self) -> int:
+        return sum(r.count for r in self.ranges)
+
+    def range_map(self) -> dict[int, tuple[int, int]]:
+        return {r.partition: (r.start, r.end) for r in self.ranges}
+
+
+def kafka_consumer(kafka_conf: dict, group: str, **extra) -> Consumer:
+    conf = {
+        **kafka_conf,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+        **extra,
+    }
+    return Consumer(conf)
+
+
+def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = None,
+                timeout: float = 15.0, expected_id: str | None = None) -> TopicState:
+    """Earliest offset and log end of every partition of `topic`, plus its topic id.
+
+    `starts` (partition -> offset) lets the end probe begin past the high
+    watermark; a start beyond the log's end raises TopicRecreatedError, and so
+    does a topic id other than `expected_id` (checked before any fetch). A cluster
+    that refuses the credentials or the TLS handshake raises
+    kafka_security.KafkaAuthError at once (not after `timeout`).
+    """
+    from confluent_kafka import TopicCollection
+
+    watched_conf, watch = kafka_security.watched(kafka_conf)
+    admin = AdminClient(watched_conf)
+    try:
+        future = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic]
+        described = kafka_security.wait_future(future, admin, watch, timeout)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            raise TopicMissingError(f"topic {topic!r} does not exist on {kafka_conf.get('bootstrap.servers')}") \
+                from None
+        if errors.transient_cause(exc):  # timed out, transport down: the broker may answer again soon
+            raise BrokerUnavailableError(f"cannot describe topic {topic!r} on {kafka_conf.get('bootstrap.servers')}: "
+                                         f"{err.str()}") from None
+        raise SourceError(f"cannot describe topic {topic!r}: {err.str()}") from None
+    topic_id = str(described.topic_id) if getattr(described, "topic_id", None) else None
+    if expected_id and topic_id and expected_id != topic_id:
+        raise TopicRecreatedError(
+            f"topic {topic!r} now has id {topic_id} but the tables were written from id {expected_id}: "
+            f"the topic was deleted and recreated. Its offsets restart, so resuming would skip or mix "
+            f"records; reset the pipeline's tables or write the new topic to new tables.")
+    partitions = sorted(p.id for p in described.partitions)
+    starts = starts or {}
+    consumer = kafka_consumer(kafka_conf, "lakehouse-planner", **{"fetch.wait.max.ms": 10})
+    try:
+        earliest, probe_from, past_watermark = {}, {}, set()
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            earliest[p] = low
+            probe_from[p] = max(high, starts.get(p, 0), low)
+            if starts.get(p, 0) > high:
+                past_watermark.add(p)
+        ends = _probe_ends(consumer, topic, probe_from, timeout, past_watermark)
+    finally:
+        consumer.close()
+    return TopicState(topic, topic_id, {p: PartitionState(p, earliest[p], ends[p]) for p in partitions})
+
+
+def topic_state_for(kafka_conf: dict, topic: str, progress: Iterable[TableProgress],
+                    timeout: float = 15.0) -> TopicState:
+    """`topic_state` probed from where the tables stand, checked against the topic id they recorded."""
+    progress = list(progress)
+    starts: dict[int, int] = {}
+    for tp in progress:
+        for p, pos in tp.positions.items():
+            starts[p] = max(starts.get(p, 0), pos)
+    expected = next((tp.topic_id for tp in progress if tp.topic_id), None)
+    return topic_state(kafka_conf, topic, starts, timeout=timeout, expected_id=expected)
+
+
+def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], timeout: float,
+                past_watermark: set[int]) -> dict[int, int]:
+    """Fetch from each start until end-of-partition; the EOF offset is the log end.
+
+    A partition probed from past its high watermark (where the tables say they
+    are) that never answers has no such offset: the topic was recreated.
+    """
+    ends = dict(probe_from)
+    pending = set(probe_from)
+    consumer.assign([TopicPartition(topic, p, o) for p, o in probe_from.items()])
+    deadline = time.monotonic() + timeout
+    while pending:
+        if time.monotonic() > deadline:
+            if pending & past_watermark:
+                raise TopicRecreatedError(
+                    f"topic {topic!r} partitions {sorted(pending & past_watermark)}: the tables hold offsets "
+                    f"past the log end and the broker has nothing there; offsets went backwards, so the "
+                    f"topic was recreated.")
+            raise BrokerUnavailableError(f"topic {topic!r}: no end-of-partition from partitions {sorted(pending)} "
+                                         f"within {timeout:.0f}s; is the broker healthy?")
+        # a short timeout: consume() waits it out whenever fewer messages than asked for arrive,
+        # which is always the case at the end of a log (it once cost half a second per batch)
+        for msg in consumer.consume(num_messages=10_000, timeout=0.05):
+            p = msg.partition()
+            err = msg.error()
+            if err is None:
+                ends[p] = max(ends[p], msg.offset() + 1)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                ends[p] = max(ends[p], msg.offset())
+                pending.discard(p)
+            elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                raise TopicRecreatedError(
+                    f"topic {topic!r} partition {p}: the committed position {probe_from[p]} is beyond the "
+                    f"end of the log; offsets went backwards, so the topic was deleted and recreated. "
+                    f"The table holds records of the old topic; reset the pipeline's tables or ingest "
+                    f"the new topic into new tables.")
+            else:
+                raise SourceError(f"topic {topic!r} partition {p}: {err.str()}")
+    return ends
+
+
+def plan_batch(spec: PipelineSpec, state: TopicState, progress: Iterable[TableProgress],
+               max_records: int, accept_gap: bool = False) -> BatchPlan:
+    """The next batch's offset ranges, from the slowest table's position per partition.
+
+    Raises TopicRecreatedError when the topic id changed or a position is past
+    the log end, and OffsetGapError when a position is below the earliest
+    retained offset (unless `accept_gap`, which records the gap in the plan).
+    """
+    topic = spec.source.topic
+    progress = list(progress)
+    for tp in progress:
+        if tp.topic_id and state.topic_id and tp.topic_id != state.topic_id:
+            raise TopicRecreatedError(
+                f"topic {topic!r} now has id {state.topic_id} but table {tp.table} was written from "
+                f"id {tp.topic_id}: the topic was deleted and recreated. Its offsets restart, so resuming "
+                f"would skip or mix records; reset the pipeline's tables or write the new topic to new tables.")
+        gone = sorted(set(tp.positions) - set(state.partitions))
+        if gone:
+            raise TopicRecreatedError(
+                f"table {tp.table} holds offsets of partitions {gone} that topic {topic!r} no longer has: "
+                f"the topic was recreated with fewer partitions.")
+    starts: dict[int, int] = {}
+    gaps: dict[int, tuple[int, int]] = {}
+    committed = committed_positions(progress, state.earliest)
+    for p, ps in state.partitions.items():
+        start = committed[p]
+        if start > ps.end:
+            raise TopicRecreatedError(
+                f"topic {topic!r} partition {p}: tables hold offsets up to {start} but the log ends at "
+                f"{ps.end}; offsets went backwards, so the topic was recreated.")
+        if start < ps.earliest:
+            if not accept_gap:
+                raise OffsetGapError(
+                    f"topic {topic!r} partition {p}: offsets [{start}, {ps.earliest}) aged out of Kafka "
+                    f"before they were ingested ({ps.earliest - start} records lost to retention). "
+                    f"Replay them from another source if you have one, then rerun with --accept-gap to "
+                    f"record the gap in the table and continue from offset {ps.earliest}. Raise "
+                    f"retention.ms on the topic to cover the worst writer outage.")
+            gaps[p] = (start, ps.earliest)
+            start = ps.earliest
+        starts[p] = start
+    ranges = _budget(topic, starts, {p: ps.end for p, ps in state.partitions.items()}, max_records)
+    return BatchPlan(topic=topic, topic_id=state.topic_id, ranges=tuple(ranges),
+                     ends={p: ps.end for p, ps in state.partitions.items()}, gaps=gaps)
+
+
+def _budget(topic: str, starts: dict[int, int], ends: dict[int, int], max_records: int) -> list[OffsetRange]:
+    """Split `max_records` fairly across partitions with lag; unused shares go to the others."""
+    lag = {p: ends[p] - starts[p] for p in starts if ends[p] > starts[p]}
+    take = {p: 0 for p in lag}
+    budget = max_records
+    while budget > 0 and any(take[p] < lag[p] for p in lag):
+        open_parts = [p for p in lag if take[p] < lag[p]]
+        share = max(1, budget // len(open_parts))
+        for p in open_parts:
+            more = min(share, lag[p] - take[p], budget)
+            take[p] += more
+            budget -= more
+            if budget == 0:
+                break
+    return [OffsetRange(topic, p, starts[p], starts[p] + take[p]) for p in sorted(take) if take[p] > 0]
+
+
+def offsets_for_time(kafka_conf: dict, topic: str, partitions: Iterable[int], ts_ms: int,
+                     ends: dict[int, int], timeout: float = 15.0) -> dict[int, int]:
+    """First offset per partition whose timestamp is >= ts_ms (the log end if none)."""
+    consumer = kafka_consumer(kafka_conf, "lakehouse-planner")
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, p, ts_ms) for p in partitions], timeout=timeout)
+    finally:
+        consumer.close()
+    out = {}
+    for tp in found:
+        if tp.error:
+            raise SourceError(f"offsets_for_times {topic}[{tp.partition}]: {tp.error}")
+        out[tp.partition] = ends[tp.partition] if tp.offset in (-1, OFFSET_END) else tp.offset
+    return out
+
+
+def split_for_tasks(ranges: list[OffsetRange] | tuple[OffsetRange, ...], tasks: int,
+                    min_records: int = 10_000) -> list[OffsetRange]:
+    """`ranges` cut into about `tasks` pieces of similar size (none under `min_records` unless the
+    range is), so that a few large partitions keep every task slot busy. Pieces of one partition
+    are contiguous and cover its range exactly."""
+    total = sum(r.count for r in ranges)
+    target = max(min_records, -(-total // max(1, tasks)))  # ceil(total / tasks)
+    pieces = []
+    for r in ranges:
+        if r.count == 0:
+            pieces.append(r)
+            continue
+        step = -(-r.count // -(-r.count // target))  # ceil(count / pieces), pieces = ceil(count / target)
+        pieces += [OffsetRange(r.topic, r.partition, s, min(s + step, r.end)) for s in range(r.start, r.end, step)]
+    return pieces
+
+
+def pack_for_tasks(pieces: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
+    """`pieces` packed into at most `tasks` groups of similar record counts (largest first, each to the
+    lightest group), so that 1,000 quiet partitions make `tasks` tasks, not 1,000. Empty pieces are
+    left out; a group's pieces are in partition order."""
+    groups: list[list[OffsetRange]] = [[] for _ in range(max(1, tasks))]
+    load = [0] * len(groups)
+    for piece in sorted((p for p in pieces if p.count > 0), key=lambda p: p.count, reverse=True):
+        lightest = load.index(min(load))
+        groups[lightest].append(piece)
+        load[lightest] += piece.count
+    return [sorted(g, key=lambda p: (p.partition, p.start)) for g in groups if g]
+
+
+def task_groups(ranges: list[OffsetRange] | tuple[OffsetRange, ...], tasks: int,
+                min_records: int = 10_000) -> list[list[OffsetRange]]:
+    """The offset ranges of each task of a batch: large partitions cut so that every one of about
+    `tasks` slots has work (`split_for_tasks`), many small ones packed into few tasks (`pack_for_tasks`),
+    and no more tasks than `min_records` apiece fill (a 10-record batch is one task, one file per table)."""
+    total = sum(r.count for r in ranges)
+    tasks = max(1, min(tasks, -(-total // min_records)))
+    return pack_for_tasks(split_for_tasks(ranges, tasks, min_records), tasks)

@@ -1,0 +1,599 @@
+"""Reading a batch in Spark tasks: each task reads exactly its offset ranges and decodes them.
+
+Each Spark task reads its planned ranges (lakehouse.ingest.plan) with confluent-kafka, so a
+retried task reads the same records, and decodes them (lakehouse.ingest.records) into Arrow
+batches, which the task writes as data files (lakehouse.ingest.taskwriter) or, for replays,
+hands to the JVM.
+
+One bad record never fails a task: every value a batch carries is checked against what
+Arrow, Spark and Python can hold (or the record is a dead letter saying why), an
+exception in decoding dead-letters its record as `reader_failure`, and anything else a
+task did not expect is raised with a `record-failure` marker naming the record it was at,
+so that the driver can dead-letter that record and read the batch again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from datetime import datetime, timedelta, timezone
+from operator import itemgetter
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from lakehouse.core import config, errors, kafka_security, sparkenv
+from lakehouse.core.errors import BrokerStalledError, OffsetGapError, RecordFailureError, SourceError
+from lakehouse.core.offsets import OffsetRange
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest.plan import kafka_consumer
+from lakehouse.ingest.records import (
+    MAX_TIMESTAMP_US,
+    MIN_TIMESTAMP_US,
+    TIMESTAMP_RANGE,
+    RecordValidator,
+    Rejected,
+    lone_surrogate,
+)
+
+KAFKA_STRUCT = pa.struct([
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("key", pa.string()),
+])
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+ARROW_TYPES = {
+    "string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64(),
+    "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32(),
+}
+SPARK_KAFKA_STRUCT = "struct<topic:string,partition:int,offset:bigint,timestamp:timestamp,key:string>"
+SPARK_HEADERS = "array<struct<key:string,value:binary>>"
+# The dead-letter table's columns, in order: (name, Spark type, the decoded batch's column a dead
+# letter's value comes from, or None for the pipeline's name, comment). The one definition of the
+# mapping: the table's DDL (tables.DEAD_LETTER_COLUMNS), the tasks' Arrow projection
+# (taskwriter.DEAD_LETTER_SOURCES), the Spark projection of replays (tables.dead_letter_columns)
+# and a batch's `_dlq_*` columns (batch_schema) all follow it.
+DEAD_LETTER_TABLE = (
+    ("_kafka", SPARK_KAFKA_STRUCT, "_kafka", "source coordinates of the rejected record"),
+    ("key", "binary", "_dlq_key", "raw record key"),
+    ("value", "binary", "_dlq_value", "raw record value"),
+    ("headers", SPARK_HEADERS, "_dlq_headers", "raw record headers"),
+    ("error_kind", "string", "_dlq_error_kind", "why the record was rejected"),
+    ("error_detail", "string", "_dlq_error_detail", None),
+    ("pipeline", "string", None, None),
+    ("_ingested_at", "timestamp", "_ingested_at", None),
+)
+# the batch's columns set on dead letters only, in the order a decoded dead letter carries their values
+_DEAD_LETTER_COLUMNS = tuple(source for _, _, source, _ in DEAD_LETTER_TABLE if source and source.startswith("_dlq_"))
+_DEAD_LETTER_ARROW = {"binary": pa.binary(), "string": pa.string(), SPARK_HEADERS: HEADERS}
+# Kafka timestamps (milliseconds) inside records.TIMESTAMP_RANGE; a broker takes any 64-bit value.
+MIN_KAFKA_TIMESTAMP_MS = -(-MIN_TIMESTAMP_US // 1000)
+MAX_KAFKA_TIMESTAMP_MS = MAX_TIMESTAMP_US // 1000
+_DETAIL_CHARS = 2000  # error_detail is for people; an exception can quote a whole value
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ONE_MILLISECOND = timedelta(milliseconds=1)
+
+
+def batch_schema(spec: PipelineSpec) -> tuple[pa.Schema, str]:
+    """Arrow schema and matching Spark DDL of a decoded batch (table rows and dead letters).
+
+    `_route` names the target table (null for a dead letter); `_op` is `upsert` or
+    `delete`; `_dlq_*` columns are set on dead letters only.
+    """
+    fields = [("_route", pa.string(), "string"), ("_op", pa.string(), "string")]
+    fields += [(f.name, ARROW_TYPES[f.type], f.spark_type) for f in spec.contract.fields]
+    fields += [
+        ("_kafka", KAFKA_STRUCT, SPARK_KAFKA_STRUCT),
+        ("_ingested_at", pa.timestamp("us", tz="UTC"), "timestamp"),
+    ]
+    fields += [(source, _DEAD_LETTER_ARROW[spark_type], spark_type)
+               for _, spark_type, source, _ in DEAD_LETTER_TABLE if source in _DEAD_LETTER_COLUMNS]
+    schema = pa.schema([(n, t) for n, t, _ in fields])
+    ddl = ", ".join(f"`{n}` {s}" for n, _, s in fields)
+    return schema, ddl
+
+
+# Messages asked of consume() at a time. A Message is a GC-tracked object: a chunk of thousands
+# outlives enough collections to reach the oldest generation and sets off full collections that
+# cost more than decoding it (10,000 at a time halved the reader's throughput).
+CONSUME_CHUNK = 200
+
+
+class StageClock:
+    """Seconds one task spent in `consumer.consume` (read) and decoding records into batches (decode)."""
+
+    __slots__ = ("read_s", "decode_s")
+
+    def __init__(self) -> None:
+        self.read_s = 0.0
+        self.decode_s = 0.0
+
+    def report(self, timers) -> None:
+        """Adds the totals to `timers`, a pair (read, decode) of objects with `.add(float)`, when given."""
+        if timers is not None:
+            read_timer, decode_timer = timers
+            read_timer.add(self.read_s)
+            decode_timer.add(self.decode_s)
+
+
+def _utf8(text: str) -> str:
+    """`text` cut to _DETAIL_CHARS and made valid UTF-8: lone surrogates become \\ud800 escapes."""
+    text = text[:_DETAIL_CHARS]
+    return text if lone_surrogate(text) is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _describe(exc: BaseException) -> str:
+    """`Type: message` of an exception, for an error_detail (even when its __str__ fails)."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the error's type
+        message = "(message unprintable)"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _in_range_ms(ts_ms: Any) -> bool:
+    """Whether `ts_ms` is a Kafka timestamp a batch can carry."""
+    return type(ts_ms) is int and MIN_KAFKA_TIMESTAMP_MS <= ts_ms <= MAX_KAFKA_TIMESTAMP_MS
+
+
+def _key_text(key: Any) -> str | None:
+    """The key as `_kafka.key` shows it: its text when it is UTF-8, else None."""
+    try:
+        return key.decode("utf-8") if type(key) is bytes else None
+    except UnicodeDecodeError:
+        return None
+
+
+def _as_bytes(raw: Any, what: str, notes: list[str]) -> bytes | None:
+    """`raw` as a binary column takes it; anything but bytes (only ever from a caller's bug) is noted."""
+    if raw is None or type(raw) is bytes:
+        return raw
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        return bytes(raw)
+    if isinstance(raw, str):
+        notes.append(f"{what} came as text, kept as its UTF-8 bytes")
+        return raw.encode("utf-8", "surrogatepass")
+    notes.append(f"{what} came as {type(raw).__name__}, not bytes; left out")
+    return None
+
+
+def _header_key(key: Any) -> str:
+    """A header key that is not UTF-8 text as text: undecodable bytes and lone surrogates as escapes."""
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key).decode("utf-8", "backslashreplace")
+    return _utf8(key if isinstance(key, str) else str(key))
+
+
+def _readable_headers(headers: Any) -> tuple[list[dict], list[str]]:
+    """A dead letter's headers as Arrow stores them, and notes on what could not be kept as it came.
+
+    `headers` is the record's list of (key, value) pairs, or a function returning it
+    (Message.headers). Never raises: a key that is not UTF-8 text is kept with escapes; when
+    confluent-kafka cannot decode the headers at all (a key that is not UTF-8 on the wire), they
+    are left out and the note says why.
+    """
+    notes: list[str] = []
+    try:
+        raw = headers() if callable(headers) else headers
+    except Exception as exc:  # noqa: BLE001 - confluent-kafka raises when a header key is not UTF-8
+        return [], [f"the headers could not be read ({_describe(exc.__cause__ or exc)}); left out"]
+    try:
+        items = list(raw or ())
+    except Exception as exc:  # noqa: BLE001
+        return [], [*notes, f"the headers are not a list ({_describe(exc)}); left out"]
+    kept: list[dict] = []
+    for i, item in enumerate(items):
+        try:
+            key, value = item
+        except Exception:  # noqa: BLE001
+            notes.append(f"header {i} is not a (key, value) pair; left out")
+            continue
+        if key is not None and (type(key) is not str or lone_surrogate(key) is not None):
+            notes.append(f"the key of header {i}, {_utf8(ascii(key))[:100]}, is not UTF-8 text; kept with escapes")
+            key = _header_key(key)
+        kept.append({"key": key, "value": _as_bytes(value, f"the value of header {i}", notes)})
+    return kept, notes
+
+
+class BatchBuilder:
+    """Decodes records and emits them as Arrow record batches of `batch_schema(spec)`.
+
+    A record is kept as two tuples (its contract values; its coordinates, route, op and
+    raw value), dead letters on the side, and columns are built at flush: two list appends
+    per record instead of one per column.
+
+    No record can fail the batch. Every value kept is one Arrow, Spark and Python can hold
+    (the validator checks contract values; `add` checks the Kafka timestamp), `add`
+    dead-letters a record whose decoding raises anything as `reader_failure`, and should
+    Arrow still refuse a value at flush, the records it refuses become `reader_failure`
+    dead letters and the rest of the batch is emitted.
+    """
+
+    def __init__(self, spec: PipelineSpec, validator: RecordValidator, ingested_at_us: int):
+        if type(ingested_at_us) is not int or not MIN_TIMESTAMP_US <= ingested_at_us <= MAX_TIMESTAMP_US:
+            raise ValueError(f"ingested_at_us {ingested_at_us!r} is not microseconds in {TIMESTAMP_RANGE}")
+        self.schema, _ = batch_schema(spec)
+        self.validator = validator
+        self.contract = spec.contract.names
+        self._null_row = (None,) * len(self.contract)
+        self._key_index = self.contract.index(validator.key_field) if validator.key_field else None
+        self.default_table = spec.target.table
+        fanout = spec.target.fanout
+        self._route_index = self.contract.index(fanout.field) if fanout else None
+        self.routes = fanout.routes if fanout else {}
+        self.ingested_at = ingested_at_us
+        self.reset()
+
+    def reset(self) -> None:
+        self._rows: list[tuple] = []     # contract values, all None for a dead letter
+        self._records: list[tuple] = []  # (topic, partition, offset, timestamp ms, key text, route, op, value)
+        self._dead: list[tuple] = []     # (position, key, value, headers, error kind, error detail)
+
+    @property
+    def size(self) -> int:
+        """Records added since the last flush."""
+        return len(self._records)
+
+    def add(self, topic: str, partition: int, offset: int, ts_ms: int | None,
+            key: bytes | None, value: bytes | None, headers) -> None:
+        """Decode one record and keep it as a table row or, when rejected, as a dead letter.
+
+        `headers` is the record's list of (key, value) pairs or a function that
+        returns it; it is read for dead letters only (building it costs more than
+        decoding a valid record). Never raises.
+        """
+        validator = self.validator
+        try:
+            if ts_ms is not None and not MIN_KAFKA_TIMESTAMP_MS <= ts_ms <= MAX_KAFKA_TIMESTAMP_MS:
+                raise Rejected("bad_kafka_timestamp", f"Kafka timestamp {ts_ms} ms is outside {TIMESTAMP_RANGE}; "
+                                                      f"_kafka.timestamp left null")
+            key_text = validator.check_key(key)
+            row = validator.check_row(key_text, value)
+            if row is None:  # tombstone on an upsert pipeline: delete the key
+                row = tuple(key_text if i == self._key_index else None for i in range(len(self.contract)))
+                route, op = self.default_table, "delete"
+            elif self._route_index is None:
+                route, op = self.default_table, "upsert"
+            else:
+                routed = row[self._route_index]
+                route = self.default_table if routed is None else self.routes.get(str(routed), self.default_table)
+                op = "upsert"
+        except Rejected as rejected:
+            self.reject(topic, partition, offset, ts_ms, key, value, headers, rejected.kind, rejected.detail)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug or a library's error costs this record, not the task
+            self.reject(topic, partition, offset, ts_ms, key, value, headers, "reader_failure",
+                        f"the reader failed on this record: {_describe(exc)}")
+            return
+        self._rows.append(row)
+        self._records.append((topic, partition, offset, ts_ms, key_text, route, op, value))
+
+    def reject(self, topic: str, partition: int, offset: int, ts_ms: int | None,
+               key: bytes | None, value: bytes | None, headers, kind: str, detail: str) -> None:
+        """Keep one record, undecoded, as a dead letter of `kind` with `detail`.
+
+        The raw key, value and headers are kept as they came, as far as a dead-letter row
+        can hold them; what it cannot (a Kafka timestamp outside TIMESTAMP_RANGE, a header
+        key that is not UTF-8) is described at the end of the detail. Never raises.
+        """
+        notes: list[str] = []
+        if ts_ms is not None and not _in_range_ms(ts_ms):
+            if kind != "bad_kafka_timestamp":
+                notes.append(f"Kafka timestamp {_utf8(repr(ts_ms))[:100]} is outside {TIMESTAMP_RANGE}; left out")
+            ts_ms = None
+        kept_headers, header_notes = _readable_headers(headers)
+        raw_key = _as_bytes(key, "the key", notes)
+        raw_value = _as_bytes(value, "the value", notes)
+        detail = detail if isinstance(detail, str) else repr(detail)
+        detail = "; ".join([detail, *notes, *header_notes])
+        self._dead.append((len(self._records), raw_key, raw_value, kept_headers, _utf8(str(kind)), _utf8(detail)))
+        self._rows.append(self._null_row)
+        self._records.append((topic, partition, offset, ts_ms, _key_text(key), None, None, raw_value))
+
+    def flush(self) -> pa.RecordBatch:
+        """The records added since the last flush as one Arrow batch; the builder starts empty again.
+
+        A record whose values Arrow refuses (none should be) becomes a `reader_failure`
+        dead letter; an error no single record causes is raised.
+        """
+        rows, records, dead = self._rows, self._records, self._dead
+        self.reset()
+        try:
+            return self._arrow(rows, records, dead)
+        except Exception:  # noqa: BLE001 - find the records at fault, dead-letter them, emit the rest
+            refused = self._refused(rows, records, dead, 0, len(records))
+            if not refused:
+                raise
+            return self._arrow(*self._without(rows, records, dead, refused))
+
+    def _arrow(self, rows: list[tuple], records: list[tuple], dead: list[tuple]) -> pa.RecordBatch:
+        n = len(records)
+
+        def column(items: list[tuple], i: int) -> list:
+            # not zip(*items): that makes one iterator per row, enough to set off full GC passes
+            return list(map(itemgetter(i), items))
+
+        columns: dict[str, Any] = {name: column(rows, i) for i, name in enumerate(self.contract)}
+        columns["_route"] = column(records, 5)
+        columns["_op"] = column(records, 6)
+        columns["_ingested_at"] = [self.ingested_at] * n
+        columns.update((name, [None] * n) for name in _DEAD_LETTER_COLUMNS)
+        for position, *values in dead:
+            for name, value in zip(_DEAD_LETTER_COLUMNS, values):
+                columns[name][position] = value
+        columns["_kafka"] = pa.StructArray.from_arrays([
+            pa.array(column(records, 0), pa.string()),
+            pa.array(column(records, 1), pa.int32()),
+            pa.array(column(records, 2), pa.int64()),
+            # Kafka gives milliseconds, checked to fit, so the cast to microseconds cannot overflow
+            pa.array(column(records, 3), pa.timestamp("ms", tz="UTC")).cast(KAFKA_STRUCT.field("timestamp").type),
+            pa.array(column(records, 4), pa.string()),
+        ], fields=list(KAFKA_STRUCT))
+        arrays = [values if isinstance(values := columns[f.name], pa.Array) else pa.array(values, type=f.type)
+                  for f in self.schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _refused(self, rows: list[tuple], records: list[tuple], dead: list[tuple], lo: int, hi: int) -> dict[int, str]:
+        """Positions in [lo, hi) whose records Arrow refuses, with its error, found by halving the range."""
+        part = [(position - lo, *rest) for position, *rest in dead if lo <= position < hi]
+        try:
+            self._arrow(rows[lo:hi], records[lo:hi], part)
+            return {}
+        except Exception as exc:  # noqa: BLE001 - narrowed down below
+            if hi - lo == 1:
+                return {lo: _describe(exc)}
+        middle = (lo + hi) // 2
+        return {**self._refused(rows, records, dead, lo, middle), **self._refused(rows, records, dead, middle, hi)}
+
+    def _without(self, rows: list[tuple], records: list[tuple], dead: list[tuple],
+                 refused: dict[int, str]) -> tuple[list[tuple], list[tuple], list[tuple]]:
+        """The batch with each refused record replaced by a bare `reader_failure` dead letter.
+
+        It keeps the coordinates and raw key and value; a row's headers were never kept.
+        """
+        rows, records = list(rows), list(records)
+        letters = {entry[0]: entry for entry in dead}
+        dead = [entry for entry in dead if entry[0] not in refused]
+        for position, error in refused.items():
+            topic, partition, offset, ts_ms, key_text, _, _, value = records[position]
+            if position in letters:
+                _, key, value, _, kind, detail = letters[position]
+                why = f"Arrow refused this dead letter ({kind}: {detail}): {error}; headers left out"
+            else:
+                key = key_text.encode("utf-8", "surrogatepass") if isinstance(key_text, str) else None
+                why = f"Arrow refused this record's values: {error}; headers left out"
+            key, value = (v if type(v) is bytes else None for v in (key, value))
+            rows[position] = self._null_row
+            records[position] = (topic, partition, offset, ts_ms if _in_range_ms(ts_ms) else None,
+                                 _key_text(key), None, None, value)
+            dead.append((position, key, value, [], "reader_failure", _utf8(why)))
+        return rows, records, dead
+
+
+def _task_failure(exc: Exception, rng: OffsetRange, offset: int) -> errors.LakehouseError:
+    """What a task raises for `exc`, an error it did not expect while at `offset` of `rng`.
+
+    An error of the Kafka client stays a source error, retryable when librdkafka calls it
+    transient: it is never the record's fault. Anything else becomes a RecordFailureError
+    whose message starts with the `record-failure` marker and quotes `exc`.
+    """
+    where = {"topic": rng.topic, "partition": rng.partition, "offset": offset}
+    if isinstance(exc, KafkaException):
+        transient = errors.transient_cause(exc)
+        if transient:
+            return BrokerStalledError(f"{rng}: Kafka failed at offset {offset}: {transient} "
+                                      f"{errors.task_marker('retryable', why='kafka-transient-error', **where)}")
+        return SourceError(f"{rng}: Kafka failed at offset {offset}: {_describe(exc)}")
+    return RecordFailureError(f"{errors.task_marker('record-failure', **where)} {rng}: the reader failed "
+                              f"at offset {offset}: {_describe(exc)}")
+
+
+def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batch_rows: int,
+               stall_timeout: float, fault=None, clock: StageClock | None = None,
+               watch: kafka_security.ErrorWatch | None = None,
+               poisoned: Mapping[int, str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Decoded Arrow batches of exactly the records in `rng`.
+
+    `clock` adds up the seconds spent in `consumer.consume` and in decoding and
+    building batches, per consume() call and per chunk of records; the time this
+    generator is suspended at `yield` counts as neither. `watch`, the consumer's
+    error_cb, turns a refused login into KafkaAuthError when no records come.
+    `poisoned` maps offsets of the range to a reason: those records are dead-lettered
+    as `reader_failure` with that reason as the detail, without being decoded.
+
+    Errors: Kafka's own keep their types (OffsetGapError, SourceError, KafkaAuthError);
+    planned records that do not come for `stall_timeout` raise BrokerStalledError; any
+    other error is raised as RecordFailureError naming the offset it happened at.
+    """
+    if rng.count <= 0:
+        return
+    clock = clock if clock is not None else StageClock()
+    poison = dict(poisoned or {})
+    topic, partition, end = rng.topic, rng.partition, rng.end
+    at = position = rng.start
+    try:
+        if fault is not None:
+            fault("task_failure")
+        consumer.assign([TopicPartition(topic, partition, position)])
+        halfway = rng.start + rng.count // 2
+        consume, add, reject = consumer.consume, builder.add, builder.reject
+        pending = builder.size
+        last_progress = time.monotonic()
+        while position < end:
+            at = position
+            # never more than the range still holds: consume() waits out its timeout for a count it cannot fill
+            want = min(CONSUME_CHUNK, batch_rows, end - position)
+            started = time.perf_counter()
+            msgs = consume(num_messages=want, timeout=0.5)
+            decoding = time.perf_counter()
+            clock.read_s += decoding - started
+            if not msgs and watch is not None:
+                watch.check()
+            if not msgs and time.monotonic() - last_progress > stall_timeout:
+                marker = errors.task_marker("retryable", why="broker-stalled", topic=topic, partition=partition,
+                                            offset=position)
+                raise BrokerStalledError(f"{rng}: no records past offset {position} for {stall_timeout:.0f}s "
+                                         f"although they were planned; broker stalled? {marker}")
+            chunk_start = position
+            for msg in msgs:
+                if msg.partition() != partition:  # left over from the task's previous range
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if msg.offset() >= end:  # the range ends in control records (transactions)
+                            position = end
+                        continue
+                    if err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                        raise OffsetGapError(f"{rng}: offset {position} was deleted from Kafka while the batch "
+                                             f"was being read (retention); rerun to plan again")
+                    raise SourceError(f"{rng}: {err.str()}")
+                at = offset = msg.offset()
+                if offset < position:  # fetched for an earlier assignment of this partition
+                    continue
+                if offset >= end:
+                    position = end
+                    break
+                ts_type, ts = msg.timestamp()
+                if poison and offset in poison:
+                    reject(topic, partition, offset, ts if ts_type != 0 else None, msg.key(), msg.value(),
+                           msg.headers, "reader_failure", poison[offset])
+                else:
+                    add(topic, partition, offset, ts if ts_type != 0 else None, msg.key(), msg.value(), msg.headers)
+                position = offset + 1
+                if offset == halfway and fault is not None and offset not in poison:  # where a record is decoded
+                    fault("during_read")
+                pending += 1
+                if pending >= batch_rows:
+                    batch = builder.flush()
+                    pending = 0
+                    clock.decode_s += time.perf_counter() - decoding
+                    yield batch
+                    decoding = time.perf_counter()
+            clock.decode_s += time.perf_counter() - decoding
+            if position > chunk_start:
+                last_progress = time.monotonic()
+        if builder.size:
+            flushing = time.perf_counter()
+            batch = builder.flush()
+            clock.decode_s += time.perf_counter() - flushing
+            yield batch
+    except (errors.LakehouseError, config.ConfigError):  # Kafka's own, already named; KafkaAuthError
+        raise
+    except Exception as exc:  # noqa: BLE001 - named for the driver, which dead-letters the record and reruns
+        raise _task_failure(exc, rng, at if type(at) is int else position) from exc
+
+
+# librdkafka settings of the consumers in reader tasks: large fetches, a deep prefetch queue, and no
+# long poll: a task reads records known to exist, and a fetch the broker holds open at the end of one
+# range (500 ms by default) would delay the task's next range on the same broker connection
+READER_FETCH = {"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
+                "queued.max.messages.kbytes": 262_144, "fetch.wait.max.ms": 10}
+
+
+@contextlib.contextmanager
+def reader_consumer(kafka_conf: dict, pipeline: str) -> Iterator[tuple[Consumer, kafka_security.ErrorWatch]]:
+    """A consumer for one reader task, with the error watch that turns a refused login into a task
+    failure (not a stall); closed when the task is done.
+
+    Not kept for the next task: reassigned to another range of a partition it read before, a
+    kept consumer can stall on what it fetched for the old range (measured on 100k-record
+    batches: with consumers kept, some batches' reads took 3-4x as long; without, reads were
+    steady).
+    """
+    conf, watch = kafka_security.watched(kafka_conf)
+    consumer = kafka_consumer(conf, f"lakehouse-reader-{pipeline}", **READER_FETCH)
+    try:
+        yield consumer, watch
+    finally:
+        consumer.close()
+
+
+def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
+                batch_rows: int = 10_000, stall_timeout: float = 60.0, fault=None, timers=None,
+                poisoned: Mapping[tuple[int, int], str] | None = None):
+    """The function mapInArrow runs in each task: plan rows in, decoded batches out.
+
+    `fault` (the fault hook's task probe, lakehouse.core.hooks) injects the tests' task-side faults.
+
+    `timers`, when given, is a stage clock for the ops timeline: a pair
+    `(read, decode)` of objects with `.add(float)`, e.g. two pyspark float
+    Accumulators. Each task adds once, when it ends (also when it fails), the
+    seconds it spent in `consumer.consume` to `read` and the seconds it spent
+    decoding records and building Arrow batches to `decode`, measured with
+    time.perf_counter per consume() call and per chunk of records, not per
+    record; the time a task waits for Spark to take a batch counts as neither.
+
+    `poisoned` maps (partition, offset) to a reason: each such record is
+    dead-lettered as `reader_failure` with the reason as its detail, without being
+    decoded. The driver fills it from the marker of a failed task: an error a task
+    does not expect is raised with `errors.task_marker("record-failure", topic=...,
+    partition=..., offset=...)` in its message (see `read_range`).
+    """
+    poisoned = dict(poisoned or {})
+
+    def read(plan_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sparkenv.steady_zip_imports()
+        clock = StageClock()
+        validator = RecordValidator(spec, quarantined)
+        builder = BatchBuilder(spec, validator, ingested_at_us)
+        try:
+            with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
+                for plan in plan_batches:
+                    for row in plan.to_pylist():
+                        rng = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
+                        poison = {o: why for (p, o), why in poisoned.items()
+                                  if p == rng.partition and rng.start <= o < rng.end}
+                        yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock,
+                                              watch=watch, poisoned=poison)
+        finally:
+            clock.report(timers)
+
+    return read
+
+
+def _epoch_ms(moment: datetime | None) -> int | None:
+    """Milliseconds since the epoch of a timestamp read back from a table (naive means UTC), exactly."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return (moment - _EPOCH) // _ONE_MILLISECOND
+
+
+def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_us: int, timers=None):
+    """The mapInArrow function that decodes dead letters again (after a contract fix).
+
+    `timers` is the stage clock of `make_reader`; nothing is read from Kafka, so
+    each task adds 0 to `read` and its decoding seconds to `decode`.
+    """
+
+    def redecode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        clock = StageClock()
+        builder = BatchBuilder(spec, RecordValidator(spec, quarantined), ingested_at_us)
+        try:
+            for batch in batches:
+                decoding = time.perf_counter()
+                for row in batch.to_pylist():
+                    k = row["_kafka"]
+                    headers = [(h["key"], h["value"]) for h in row["headers"] or []]
+                    builder.add(k["topic"], k["partition"], k["offset"], _epoch_ms(k["timestamp"]), row["key"],
+                                row["value"], headers)
+                    if builder.size >= 10_000:
+                        out = builder.flush()
+                        clock.decode_s += time.perf_counter() - decoding
+                        yield out
+                        decoding = time.perf_counter()
+                clock.decode_s += time.perf_counter() - decoding
+            if builder.size:
+                decoding = time.perf_counter()
+                out = builder.flush()
+                clock.decode_s += time.perf_counter() - decoding
+                yield out
+        finally:
+            clock.report(timers)
+
+    return redecode

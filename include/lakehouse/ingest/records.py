@@ -1,0 +1,485 @@
+"""Decode and validate one Kafka record against a pipeline's contract.
+
+The path of a record: `RecordValidator.check(key, value)` either returns the
+typed row (a dict of contract columns) or raises `Rejected(kind, detail)`, which
+the reader turns into a dead letter. Decoders are a seam: JSON today; Avro or
+JSON-Schema with a schema registry register another `Decoder` under their
+`value_format` name.
+
+`check` is the reference: every verdict is defined by it. The reader calls
+`RecordValidator.check_row`, which gives the same verdict as a tuple; for JSON it
+first tries `JsonFastPath`, a msgspec decoder generated from the contract that
+accepts only records the reference accepts, with the same values, and hands
+everything else (errors, anything it cannot vouch for) to `check`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from datetime import date, datetime, timedelta, timezone
+from typing import Annotated, Any, Callable, Literal, Optional, Protocol
+
+import msgspec
+
+from lakehouse.core.spec import FieldSpec, PipelineSpec
+
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH_DATE = date(1970, 1, 1)
+_ONE_MICROSECOND = timedelta(microseconds=1)
+# The instants Python's datetime can hold in UTC: pyspark turns collected timestamps into
+# datetimes, so a value outside breaks whoever reads it, even though Arrow and Iceberg hold more.
+MIN_TIMESTAMP_US = (datetime.min.replace(tzinfo=timezone.utc) - _EPOCH) // _ONE_MICROSECOND
+MAX_TIMESTAMP_US = (datetime.max.replace(tzinfo=timezone.utc) - _EPOCH) // _ONE_MICROSECOND
+TIMESTAMP_RANGE = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
+
+# The reasons a record can be dead-lettered; stored in the dead-letter table's error_kind.
+ERROR_KINDS = (
+    "malformed_json",      # value is not parseable JSON
+    "not_utf8",            # value bytes are not UTF-8
+    "not_an_object",       # JSON, but not an object
+    "missing_required",    # a required field is absent or null
+    "wrong_type",          # a field has the wrong JSON type
+    "bad_enum",            # value outside the field's enum
+    "out_of_range",        # number outside min/max or the type's bounds, or not finite
+    "pattern_mismatch",    # string does not match the field's pattern
+    "too_long",            # string longer than max_length
+    "bad_timestamp",       # not ISO-8601 with a UTC offset
+    "bad_date",            # not an ISO-8601 date
+    "oversize",            # value larger than source.max_value_bytes
+    "null_value",          # tombstone where the pipeline has no use for one
+    "null_key",            # no key where the spec requires one
+    "bad_key",             # key bytes are not UTF-8
+    "key_mismatch",        # key differs from the key field in the value
+    "schema_incompatible", # carries a field the table cannot take under the quarantine policy
+    "bad_string",          # a string field holds text that is not Unicode (an escaped lone surrogate "\ud800")
+    "timestamp_out_of_range",  # ISO-8601 with an offset, but outside TIMESTAMP_RANGE once in UTC
+    "bad_kafka_timestamp",     # the record's Kafka timestamp is outside TIMESTAMP_RANGE (set by the reader)
+    "reader_failure",      # the reader failed on this record (a bug, a library error) or the driver marked
+                           # it after a task failed on it; error_detail names the exception
+)
+
+
+class Rejected(Exception):
+    """A record that cannot enter the table; `kind` is one of ERROR_KINDS."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+class Decoder(Protocol):
+    """Turns value bytes into a mapping of field name to JSON-like values."""
+
+    def decode(self, value: bytes) -> dict: ...
+
+
+def _reject_constant(name: str) -> float:
+    raise Rejected("out_of_range", f"{name} is not a finite number")
+
+
+class JsonDecoder:
+    _decoder = json.JSONDecoder(parse_constant=_reject_constant)
+
+    def decode(self, value: bytes) -> dict:
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Rejected("not_utf8", f"value is not UTF-8 at byte {exc.start}") from None
+        try:
+            obj = self._decoder.decode(text)
+        except Rejected:
+            raise
+        except RecursionError:
+            raise Rejected("malformed_json", "value nests too deeply") from None
+        except ValueError as exc:
+            raise Rejected("malformed_json", str(exc)[:200]) from None
+        if not isinstance(obj, dict):
+            raise Rejected("not_an_object", f"value is a JSON {type(obj).__name__}, expected an object")
+        return obj
+
+
+DECODERS: dict[str, Callable[[PipelineSpec], Decoder]] = {"json": lambda spec: JsonDecoder()}
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_timestamp(value: Any, name: str) -> int:
+    """Microseconds since the epoch for an ISO-8601 timestamp that carries a UTC offset.
+
+    The instant must lie in TIMESTAMP_RANGE: "9999-12-31T23:30:00-01:00" parses, but is
+    in year 10000 once in UTC.
+    """
+    if not isinstance(value, str):
+        raise Rejected("bad_timestamp", f"{name} must be an ISO-8601 string, got {_show(value)}")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise Rejected("bad_timestamp", f"{name} {_show(value)} is not ISO-8601") from None
+    if parsed.tzinfo is None:
+        raise Rejected("bad_timestamp", f"{name} {_show(value)} has no UTC offset")
+    delta = parsed - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if not MIN_TIMESTAMP_US <= micros <= MAX_TIMESTAMP_US:
+        raise Rejected("timestamp_out_of_range", f"{name} {_show(value)} is outside {TIMESTAMP_RANGE} in UTC")
+    return micros
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (JSON's "\\ud800" decodes to one), which no UTF-8 column
+    can store; None when it is valid Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _field_checker(f: FieldSpec) -> Callable[[Any], Any]:
+    """A function that returns the typed value of field `f` or raises Rejected."""
+    name = f.name
+    pattern = re.compile(f.pattern) if f.pattern else None
+    enum = frozenset(f.enum) if f.enum else None
+
+    def bounds(number: float) -> None:
+        if f.min is not None and number < f.min:
+            raise Rejected("out_of_range", f"{name} {_show(number)} is below the minimum {f.min:g}")
+        if f.max is not None and number > f.max:
+            raise Rejected("out_of_range", f"{name} {_show(number)} is above the maximum {f.max:g}")
+
+    if f.type == "string":
+        def check(v: Any) -> Any:
+            if not isinstance(v, str):
+                raise Rejected("wrong_type", f"{name} must be a string, got {type(v).__name__} {_show(v)}")
+            at = None if v.isascii() else lone_surrogate(v)
+            if at is not None:
+                raise Rejected("bad_string", f"{name} holds a lone surrogate {v[at]!r} at character {at}, "
+                                             f"which is not Unicode")
+            if enum is not None and v not in enum:
+                raise Rejected("bad_enum", f"{name} {_show(v)} is not one of {', '.join(sorted(enum))}")
+            if f.max_length is not None and len(v) > f.max_length:
+                raise Rejected("too_long", f"{name} has {len(v)} characters, at most {f.max_length} allowed")
+            if pattern is not None and not pattern.fullmatch(v):
+                raise Rejected("pattern_mismatch", f"{name} {_show(v)} does not match {f.pattern}")
+            return v
+    elif f.type in ("int", "long"):
+        lo, hi = INT32 if f.type == "int" else INT64
+
+        def check(v: Any) -> Any:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise Rejected("wrong_type", f"{name} must be an integer, got {type(v).__name__} {_show(v)}")
+            if not lo <= v <= hi:
+                raise Rejected("out_of_range", f"{name} {_show(v)} does not fit a {f.type}")
+            if enum is not None and v not in enum:
+                raise Rejected("bad_enum", f"{name} {v} is not one of {', '.join(map(str, sorted(enum)))}")
+            bounds(v)
+            return v
+    elif f.type == "double":
+        def check(v: Any) -> Any:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise Rejected("wrong_type", f"{name} must be a number, got {type(v).__name__} {_show(v)}")
+            try:
+                number = float(v)
+            except OverflowError:  # an integer literal of 310+ digits: no double holds it
+                raise Rejected("out_of_range", f"{name} {_show(v)} is not a finite double") from None
+            if not math.isfinite(number):
+                raise Rejected("out_of_range", f"{name} {_show(v)} is not a finite double")
+            bounds(number)
+            return number
+    elif f.type == "boolean":
+        def check(v: Any) -> Any:
+            if not isinstance(v, bool):
+                raise Rejected("wrong_type", f"{name} must be true or false, got {type(v).__name__} {_show(v)}")
+            return v
+    elif f.type == "timestamp":
+        def check(v: Any) -> Any:
+            return parse_timestamp(v, name)
+    elif f.type == "date":
+        def check(v: Any) -> Any:
+            if not isinstance(v, str):
+                raise Rejected("bad_date", f"{name} must be an ISO-8601 date string, got {_show(v)}")
+            try:
+                return (date.fromisoformat(v) - _EPOCH_DATE).days
+            except ValueError:
+                raise Rejected("bad_date", f"{name} {_show(v)} is not an ISO-8601 date") from None
+    else:  # pragma: no cover - spec validation rejects unknown types
+        raise ValueError(f"unsupported field type {f.type}")
+    return check
+
+
+# The reference decoder and msgspec both give up at Python's recursion limit (1000 by
+# default), at depths that differ and depend on the caller's stack; values that could nest
+# deeper than this go to the reference.
+_MAX_FAST_NESTING = 100
+_DOUBLE_MAX = sys.float_info.max
+
+
+class _NotMirrored(Exception):
+    """The contract has a rule the fast path does not reproduce exactly; use the reference."""
+
+
+def _number_interval(f: FieldSpec, lo: float, hi: float, integral: bool) -> tuple[float, float] | None:
+    """The closed interval of numbers `f`'s min/max let through within [lo, hi], or None if empty."""
+    for bound, is_min in ((f.min, True), (f.max, False)):
+        if bound is None or math.isnan(bound):  # the reference's `<` and `>` never fire on NaN
+            continue
+        if math.isinf(bound):
+            if (bound < 0) == is_min:  # min -inf or max +inf: no bound
+                continue
+            return None
+        if is_min:
+            lo = max(lo, math.ceil(bound) if integral else bound)
+        else:
+            hi = min(hi, math.floor(bound) if integral else bound)
+    return (lo, hi) if lo <= hi else None
+
+
+def _fast_type(f: FieldSpec) -> Any:
+    """The msgspec type of the non-null values of `f` that the reference accepts unchanged.
+
+    None when no value can pass. Patterns, timestamps and dates decode as `str`
+    and are checked in Python afterwards, like the reference does.
+    """
+    if f.type == "string":
+        if f.enum:
+            pattern = re.compile(f.pattern) if f.pattern else None
+            allowed = tuple(e for e in f.enum if (f.max_length is None or len(e) <= f.max_length)
+                            and (pattern is None or pattern.fullmatch(e)))
+            return Literal[allowed] if allowed else None
+        return str if f.max_length is None else Annotated[str, msgspec.Meta(max_length=f.max_length)]
+    if f.type in ("int", "long"):
+        interval = _number_interval(f, *(INT32 if f.type == "int" else INT64), integral=True)
+        if interval is None:
+            return None
+        lo, hi = interval
+        if f.enum:
+            allowed = tuple(e for e in f.enum if lo <= e <= hi)
+            return Literal[allowed] if allowed else None
+        return Annotated[int, msgspec.Meta(ge=lo, le=hi)]
+    if f.type == "double":
+        # finite bounds also turn away what msgspec might read as +-inf (the reference rejects it)
+        interval = _number_interval(f, -_DOUBLE_MAX, _DOUBLE_MAX, integral=False)
+        if interval is None:
+            return None
+        return Annotated[float, msgspec.Meta(ge=interval[0], le=interval[1])]
+    if f.type == "boolean":
+        return bool
+    if f.type in ("timestamp", "date"):
+        return str
+    raise _NotMirrored(f.type)  # pragma: no cover - spec validation rejects unknown types
+
+
+class JsonFastPath:
+    """Decodes, a few times faster, the JSON values the reference `RecordValidator.check` accepts.
+
+    `decode_row(key_text, value)`, compiled for the contract, returns the row as
+    a tuple of contract values (contract order, the forms `check` gives: epoch
+    microseconds, epoch days, floats for doubles) or None when it cannot vouch
+    for the verdict: the record is rejected, a tombstone, or unusual in a way
+    where msgspec and the standard json module may disagree (invalid UTF-8 in a
+    field msgspec skips, deep nesting, integers past Python's digit limit).
+    None means "ask the reference", never "rejected".
+
+    msgspec checks types, required fields, int32/int64 and min/max bounds,
+    max_length and enums from a Struct generated from the contract; it takes the
+    last of duplicate keys, as json does, and refuses NaN/Infinity, lone
+    surrogates and non-finite doubles. Python then checks what msgspec expresses
+    differently: `pattern` (msgspec searches, the contract means fullmatch),
+    timestamps and dates (the reference's ISO-8601 parsing and range), and the key.
+    """
+
+    def __init__(self, spec: PipelineSpec):
+        """Raises _NotMirrored when the contract has a rule the fast path cannot reproduce exactly."""
+        fields = spec.contract.fields
+        struct_fields: list[tuple] = []
+        for i, f in enumerate(fields):
+            fast_type = _fast_type(f)
+            if f.required:
+                if fast_type is None:  # no record can pass: every one needs the reference's reason
+                    raise _NotMirrored(f"{f.name} accepts no value")
+                struct_fields.append((f"f{i}", fast_type))
+            else:
+                struct_fields.append((f"f{i}", type(None) if fast_type is None else Optional[fast_type], None))
+        # Attribute names f0, f1, ... so that contract names never collide with Struct internals.
+        # gc=False: the row holds only str, int, float, bool and None, nothing the cyclic GC needs to see
+        row_type = msgspec.defstruct("ContractRow", struct_fields, kw_only=True, gc=False,
+                                     rename={f"f{i}": f.name for i, f in enumerate(fields)})
+        key_index, key_is_text = None, True
+        key_field = spec.source.key_field
+        if key_field is not None:
+            key_spec = spec.contract.field(key_field)
+            if key_spec.type == "double":  # the reference compares the key with str() of the raw 5 or 5.0
+                raise _NotMirrored(f"key field {key_field} is a double")
+            key_index = spec.contract.names.index(key_field)
+            key_is_text = key_spec.type in ("string", "timestamp", "date")  # still the raw string here
+        self.decode_row = _compile_decode_row(
+            decode=msgspec.json.Decoder(row_type).decode,
+            max_bytes=spec.source.max_value_bytes,
+            patterns=[(i, re.compile(f.pattern).fullmatch) for i, f in enumerate(fields)
+                      if f.type == "string" and f.pattern and not f.enum],
+            timestamps=[i for i, f in enumerate(fields) if f.type == "timestamp"],
+            dates=[i for i, f in enumerate(fields) if f.type == "date"],
+            key_index=key_index, key_is_text=key_is_text)
+
+    @classmethod
+    def for_spec(cls, spec: PipelineSpec) -> JsonFastPath | None:
+        """The fast path for `spec`'s contract, or None when it cannot mirror the reference exactly."""
+        try:
+            return cls(spec)
+        except _NotMirrored:
+            return None
+
+
+def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns: list[tuple[int, Callable]],
+                        timestamps: list[int], dates: list[int], key_index: int | None,
+                        key_is_text: bool) -> Callable[[str | None, bytes | None], tuple | None]:
+    """`JsonFastPath.decode_row` for one contract: a closure, since locals are cheaper than attributes."""
+    astuple = msgspec.structs.astuple
+    fromisoformat, date_fromisoformat = datetime.fromisoformat, date.fromisoformat
+    converts = bool(timestamps or dates)
+    min_us, max_us = MIN_TIMESTAMP_US, MAX_TIMESTAMP_US
+    # Up to 1024 values per field that matched are remembered (e.g. currency codes) to skip the regex.
+    matching = [(i, fullmatch, set()) for i, fullmatch in patterns]
+    # json turns integer literals longer than Python's digit limit into errors; msgspec does not
+    digit_limit = sys.get_int_max_str_digits() or math.inf
+    long_digit_run = re.compile(rb"(?<![0-9])[0-9]{%d}" % (digit_limit + 1)) if digit_limit < math.inf else None
+
+    def decode_row(key_text: str | None, value: bytes | None) -> tuple | None:
+        """The row the reference would return for this record, or None to ask the reference."""
+        if value is None:
+            return None
+        size = len(value)
+        if size > max_bytes:
+            return None
+        if not value.isascii():
+            try:  # the reference rejects invalid UTF-8 anywhere; msgspec only in strings it keeps
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        if size > 2 * _MAX_FAST_NESTING and (
+                value.count(b"[") + value.count(b"{") > _MAX_FAST_NESTING
+                or size > digit_limit and long_digit_run.search(value)):
+            return None
+        try:
+            values = astuple(decode(value))
+        except Exception:  # any decode or validation error: the reference names the reason
+            return None
+        if key_index is not None and key_text is not None:
+            key_value = values[key_index]
+            if key_value is None or key_text != (key_value if key_is_text else str(key_value)):
+                return None
+        for i, fullmatch, known in matching:
+            text = values[i]
+            if text is not None and text not in known:
+                if fullmatch(text) is None:
+                    return None
+                if len(known) < 1024:
+                    known.add(text)
+        if not converts:
+            return values
+        values = list(values)
+        try:
+            for i in timestamps:
+                text = values[i]
+                if text is not None:
+                    moment = fromisoformat(text)
+                    if moment.tzinfo is None:
+                        return None
+                    micros = (moment - _EPOCH) // _ONE_MICROSECOND  # exact, like parse_timestamp
+                    if not min_us <= micros <= max_us:
+                        return None
+                    values[i] = micros
+            for i in dates:
+                text = values[i]
+                if text is not None:
+                    values[i] = (date_fromisoformat(text) - _EPOCH_DATE).days
+        except Exception:  # not ISO-8601 (or worse): the reference says how
+            return None
+        return tuple(values)
+
+    return decode_row
+
+
+class RecordValidator:
+    """Checks records against a spec's contract and source rules.
+
+    `check` returns the row as a dict of contract columns in their Arrow-ready
+    form (timestamps as epoch microseconds, dates as epoch days), or None for a
+    tombstone that an upsert pipeline turns into a delete. It is the reference
+    path: `check_row` gives the same verdicts, faster.
+    """
+
+    def __init__(self, spec: PipelineSpec, quarantined: frozenset[str] = frozenset()):
+        self.spec = spec
+        self.decoder = DECODERS[spec.source.value_format](spec)
+        self.fields = [(f.name, f.required, _field_checker(f)) for f in spec.contract.fields]
+        self.quarantined = quarantined
+        self.max_value_bytes = spec.source.max_value_bytes
+        self.key_field = spec.source.key_field
+        self.key_required = spec.source.key_required
+        self.tombstone_deletes = spec.tombstones_delete
+        self.names = spec.contract.names
+        # JSON-specific; a decoder registered over "json" or a quarantine means the reference only.
+        self.fast_path = JsonFastPath.for_spec(spec) \
+            if type(self.decoder) is JsonDecoder and not quarantined else None
+        self._fast_row = None if self.fast_path is None else self.fast_path.decode_row
+        self.fallbacks = 0  # records check_row left to the reference `check`
+
+    def check_key(self, key: bytes | None) -> str | None:
+        if key is None:
+            if self.key_required:
+                raise Rejected("null_key", "record has no key; the pipeline requires one")
+            return None
+        try:
+            return key.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Rejected("bad_key", f"key is not UTF-8 at byte {exc.start}") from None
+
+    def check(self, key_text: str | None, value: bytes | None) -> dict | None:
+        if value is None:
+            if self.tombstone_deletes and key_text is not None:
+                return None
+            raise Rejected("null_value", "record has no value (tombstone)")
+        if len(value) > self.max_value_bytes:
+            raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
+        obj = self.decoder.decode(value)
+        row = {}
+        for name, required, check in self.fields:
+            v = obj.get(name)
+            if v is None:
+                if required:
+                    raise Rejected("missing_required", f"{name} is required")
+                row[name] = None
+                continue
+            if name in self.quarantined:
+                raise Rejected("schema_incompatible",
+                               f"{name} changed incompatibly in the contract; quarantined until the table is fixed")
+            row[name] = check(v)
+        if self.key_field is not None and key_text is not None and key_text != str(obj.get(self.key_field)):
+            raise Rejected("key_mismatch",
+                           f"key {_show(key_text)} differs from {self.key_field} {_show(obj.get(self.key_field))}")
+        return row
+
+    def check_row(self, key_text: str | None, value: bytes | None) -> tuple | None:
+        """The verdict of `check` as a tuple of contract values in contract order.
+
+        Returns None for a tombstone delete and raises `Rejected` exactly when
+        `check` does, with the same kind and detail. Records the fast path vouches
+        for never reach `check`; the others do and are counted in `fallbacks`.
+        """
+        fast_row = self._fast_row
+        if fast_row is not None:
+            row = fast_row(key_text, value)
+            if row is not None:
+                return row
+        self.fallbacks += 1
+        row = self.check(key_text, value)
+        return None if row is None else tuple(row[name] for name in self.names)

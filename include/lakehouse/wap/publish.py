@@ -1,0 +1,233 @@
+"""The publish in write-audit-publish: move the readers' branch to exactly the audited snapshot.
+
+Ingestion and maintenance commit to `main` (the audit branch). Readers read the
+branch `spec.publish.branch` (default `published`) through the Iceberg view
+`spec.publish.view`, e.g.
+
+    CREATE VIEW lake.serve.orders AS SELECT * FROM lake.raw.orders VERSION AS OF 'published'
+
+`publish(spec, snapshots)` fast-forwards that branch of every data table to the
+snapshot id the audit pinned (not to whatever `main` is by now: ingestion keeps
+committing), with a compare-and-set on the branch head so a concurrent publisher
+cannot be overwritten. It refuses when the audited snapshot does not descend from
+the current published head (a rollback of `main`, an out-of-order run) or is no
+longer on `main` (NotADescendantError: audit again), and when an expired snapshot
+breaks the chain between them, so that neither can be proven and the rows in between
+were not all audited (`quality.LineageBrokenError`, a TableStateError: auditing again
+fails the same way; its message says how to publish again). Ancestry is checked with
+pyiceberg's lineage helpers through `quality.lineage`, as the audit does. The first
+publication creates the branch and the view; a fan-out table `ns.t` gets the view
+`<view namespace>.t`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from pyiceberg.catalog.sql import IcebergTables
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from lakehouse.core import config, events
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import CommitError
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.wap.quality import lineage
+
+log = logging.getLogger("lakehouse.publish")
+# a branch move that lost the catalog's compare-and-set to a commit on `main` is tried again
+PUBLISH_ATTEMPTS = 5
+PUBLISH_RETRY_S = 0.1
+
+
+class PublishError(CommitError):
+    """The branch was not moved: nothing audited, an unknown snapshot, or a lost race."""
+
+
+class NotADescendantError(PublishError):
+    """The audited snapshot does not descend from the published head (or left `main`): publishing it
+    would make readers lose data they have already seen."""
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    table: str
+    snapshot_id: int
+    previous_snapshot_id: int | None  # the branch head before; None when this publication created it
+    view: str | None  # catalog.namespace.view readers query, when the spec declares one
+
+    @property
+    def moved(self) -> bool:
+        return self.previous_snapshot_id != self.snapshot_id
+
+
+def view_name(spec: PipelineSpec, table: str) -> str | None:
+    """The view (namespace.name) readers use for `table`: spec.publish.view for the default table,
+    the same namespace with the table's own name for a fan-out table, None without a view."""
+    if spec.publish.view is None:
+        return None
+    if table == spec.target.table:
+        return spec.publish.view
+    return f"{spec.publish.view.split('.')[0]}.{table.split('.')[1]}"
+
+
+def view_query(spec: PipelineSpec, table: str | None = None) -> str:
+    """The readers' query of `table`'s (default: the main table's) published branch."""
+    return f"SELECT * FROM {spec.qualified(table or spec.target.table)} VERSION AS OF '{spec.publish.branch}'"
+
+
+def current_view_query(spark, view: str) -> str | None:
+    """The SQL text behind `view` (catalog.namespace.name), or None when the view does not exist."""
+    catalog, namespace, name = view.split(".")
+    if not spark.sql(f"SHOW NAMESPACES IN {catalog} LIKE '{namespace}'").collect():
+        return None
+    if not spark.sql(f"SHOW VIEWS IN {catalog}.{namespace} LIKE '{name}'").collect():
+        return None
+    statement = spark.sql(f"SHOW CREATE TABLE {view}").collect()[0][0]
+    _, sep, query = statement.partition("\nAS\n")
+    if not sep:
+        raise PublishError(f"cannot read the query of view {view} from: {statement!r}")
+    return query.strip()
+
+
+def replace_view(spark, view: str, query: str) -> None:
+    """Create or replace `view` (catalog.namespace.name) as `query`; `SELECT *` is expanded now,
+    so a view must be replaced to show columns its table gained later."""
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {view.rsplit('.', 1)[0]}")
+    spark.sql(f"CREATE OR REPLACE VIEW {view} AS {query}")
+
+
+def view_exists(catalog, catalog_name: str, view: str) -> bool:
+    """Whether the JDBC catalog lists `view` (namespace.name) as a view; pyiceberg's SqlCatalog has no
+    view support, so this reads the catalog table Iceberg's JdbcCatalog and pyiceberg share."""
+    namespace, name = view.split(".")
+    with Session(catalog.engine) as session:
+        found = session.execute(select(IcebergTables.iceberg_type).where(
+            IcebergTables.catalog_name == catalog_name, IcebergTables.table_namespace == namespace,
+            IcebergTables.table_name == name)).first()
+    return found is not None and (found[0] or "").upper() == "VIEW"
+
+
+def published_head(table: Table, branch: str) -> int | None:
+    ref = table.metadata.refs.get(branch)
+    return ref.snapshot_id if ref else None
+
+
+def _check(spec: PipelineSpec, table: Table, name: str, snapshot_id: int) -> int | None:
+    """The current published head of `table`, after checking `snapshot_id` may be published over it.
+
+    Raises PublishError when the snapshot is not in the table; NotADescendantError when it
+    left main or does not descend from the head; quality.LineageBrokenError when an expired
+    snapshot breaks the chain from the head to it, or from it to main's head.
+    """
+    if table.snapshot_by_id(snapshot_id) is None:
+        raise PublishError(f"{name}: audited snapshot {snapshot_id} is not in the table (expired?); "
+                           f"audit again")
+    main = table.current_snapshot()
+    if main is None or lineage(spec, table, name, snapshot_id, main.snapshot_id) is None:
+        raise NotADescendantError(
+            f"{name}: audited snapshot {snapshot_id} is no longer on main (head "
+            f"{main.snapshot_id if main else None}): main was rolled back after the audit; audit again")
+    head = published_head(table, spec.publish.branch)
+    if head is not None and lineage(spec, table, name, head, snapshot_id) is None:
+        raise NotADescendantError(
+            f"{name}: audited snapshot {snapshot_id} does not descend from the {spec.publish.branch!r} head "
+            f"{head}; publishing it would drop data readers already see. Audit main again.")
+    return head
+
+
+def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.PlatformConfig | None = None,
+            spark_factory: Callable[[], object] | None = None, record_event: bool = True) -> list[PublishedTable]:
+    """Fast-forward the readers' branch of each table in `snapshots` (table -> audited snapshot id).
+
+    Every table is checked before any branch moves. Missing views are created with
+    Spark (`spark_factory()`, default an in-process session). Records a `publish`
+    event unless `record_event` is False. Returns one PublishedTable per table.
+    Raises PublishError when `snapshots` is empty, names a table the pipeline does
+    not write, or another publisher moved a branch meanwhile; NotADescendantError
+    when a snapshot may not be published over the current head;
+    quality.LineageBrokenError when expired snapshots leave its ancestry unprovable.
+    """
+    platform = platform or config.load()
+    if not snapshots:
+        raise PublishError(f"{spec.name}: nothing was audited (no table holds data yet)")
+    unknown = sorted(set(snapshots) - set(spec.target.tables))
+    if unknown:
+        raise PublishError(f"{spec.name}: {unknown} are not data tables of the pipeline")
+    catalog = open_catalog(platform, spec.catalog)
+    loaded = {name: catalog.load_table(name) for name in snapshots}
+    heads = {name: _check(spec, loaded[name], name, int(sid)) for name, sid in snapshots.items()}
+    done = []
+    for name, sid in snapshots.items():
+        sid = int(sid)
+        if heads[name] != sid:
+            _move_branch(spec, catalog, loaded[name], name, sid, heads[name])
+        done.append(PublishedTable(name, sid, heads[name], view_name(spec, name)))
+    # a view fixes its columns when created: (re)create it when missing or when the published
+    # schema changed, unless readers were cut over to a candidate (then the view is not ours)
+    missing = [p for p in done if p.view and not view_exists(catalog, spec.catalog, p.view)]
+    evolved = [p for p in done if p.view and p not in missing and p.previous_snapshot_id is not None
+               and _schema_id(loaded[p.table], p.snapshot_id) != _schema_id(loaded[p.table], p.previous_snapshot_id)]
+    if missing or evolved:
+        spark = spark_factory() if spark_factory else _session(spec, platform)
+        for p in missing:
+            replace_view(spark, spec.qualified(p.view), view_query(spec, p.table))
+        for p in evolved:
+            if current_view_query(spark, spec.qualified(p.view)) == view_query(spec, p.table):
+                replace_view(spark, spec.qualified(p.view), view_query(spec, p.table))
+    if record_event:
+        moved = [p for p in done if p.moved]
+        message = (f"{spec.name}: published " + ", ".join(f"{p.table} {p.previous_snapshot_id} -> {p.snapshot_id}"
+                                                          for p in moved)
+                   if moved else f"{spec.name}: already published, nothing new")
+        events.record(events.Event(spec.name, "publish", "ok" if moved else "skipped", message,
+                                   metrics={"tables_moved": len(moved)},
+                                   details={"branch": spec.publish.branch, "tables": [asdict(p) for p in done]}),
+                      platform=platform, catalog=spec.catalog)
+    return done
+
+
+def _move_branch(spec: PipelineSpec, catalog, table: Table, name: str, snapshot_id: int, head: int | None) -> None:
+    """Point the readers' branch of `table` at `snapshot_id` where it still points at `head`.
+
+    The commit asserts the branch head (compare-and-set). The catalog also refuses it when
+    any other commit to the table (ingestion or compaction on `main`) landed between its
+    read of the table and its write; that is retried on the fresh table after checking
+    again. Raises PublishError when the branch itself moved (another publisher), or after
+    PUBLISH_ATTEMPTS lost races; NotADescendantError when `main` was rolled back meanwhile;
+    quality.LineageBrokenError when a snapshot of the chain was expired meanwhile.
+    """
+    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+        try:
+            table.manage_snapshots().create_branch(snapshot_id, spec.publish.branch).commit()
+            return
+        except CommitFailedException as exc:
+            table = catalog.load_table(name)
+            now = _check(spec, table, name, snapshot_id)
+            if now == snapshot_id:  # published meanwhile, by an identical publication
+                return
+            if now != head:
+                raise PublishError(f"{name}: the {spec.publish.branch!r} branch moved from {head} to {now} while "
+                                   f"publishing (another publisher?): {exc}") from None
+            if attempt == PUBLISH_ATTEMPTS:
+                raise PublishError(f"{name}: publishing lost {attempt} races with other commits to the table: "
+                                   f"{exc}; publish again") from None
+            log.warning("publishing %s to %r lost a race with another commit (attempt %d), retrying: %s",
+                        name, spec.publish.branch, attempt, exc)
+            time.sleep(PUBLISH_RETRY_S * attempt)
+
+
+def _schema_id(table: Table, snapshot_id: int) -> int | None:
+    snapshot = table.snapshot_by_id(snapshot_id)
+    return snapshot.schema_id if snapshot else None
+
+
+def _session(spec: PipelineSpec, platform: config.PlatformConfig):
+    from lakehouse.core import sparkenv
+
+    return sparkenv.session(platform, [spec.catalog], f"lakehouse-publish-{spec.name}")

@@ -1,0 +1,488 @@
+"""The audit in write-audit-publish: validate what arrived since the last publication.
+
+`audit(spec)` pins each data table's current `main` snapshot S and validates the rows
+of S that live in data files added by the snapshots of main's lineage after the
+published branch head P (P exclusive, S inclusive); every row of S when nothing was
+published yet. Lineage, not Kafka offsets, decides what is new: replays, backfills and
+dead-letter replays add rows below the published positions, and they are audited like
+ingested rows. The files are read as of S, so rows deleted since (merge-on-read
+position deletes of upsert tables, a key updated again) are not audited. A compaction
+(`replace`) in the lineage adds files that also hold rows published before; those rows
+are audited again, which is conservative: it never lets an unaudited row through.
+
+The lineage must be complete: when a snapshot between P and S was expired, the rows it
+added cannot be known and the audit fails closed with LineageBrokenError; when S does
+not descend from P (main rolled back below the published head) it fails with
+LineageDivergedError.
+
+The rows are validated with Great Expectations 1.x against the suite
+`include/expectations/<spec.publish.suite or spec.name>.json` (GE's own suite
+JSON). For upsert pipelines a uniqueness expectation on `spec.target.key` is
+added automatically. Each table gets a checkpoint in a file-backed GE context
+under `LAKEHOUSE_HOME/quality/<pipeline>/`, which also renders the Data Docs
+site there. The returned `AuditResult` names the snapshot audited per table, the
+lineage it covered, the Kafka offsets of the audited rows, the per-expectation
+results and the Kafka coordinates of failing rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.expressions import (
+    AlwaysFalse,
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThanOrEqual,
+    LessThan,
+    Or,
+)
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot, ancestors_between_ids, is_ancestor_of
+
+from lakehouse.core import config, events
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import ConfigurationError, TableStateError
+from lakehouse.core.spec import PipelineSpec
+
+EXPECTATIONS_DIR = config.REPO_ROOT / "include" / "expectations"
+CLOCK_SKEW = timedelta(minutes=5)  # producers' clocks may run this far ahead of ours
+MAX_OFFENDING = 100  # offending offsets kept in a result (and the ops event)
+MAX_EXAMPLES = 10  # unexpected values quoted per expectation
+COORDINATES = ("_kafka_partition", "_kafka_offset")  # flattened `_kafka`, how GE points at failing rows
+
+
+class QualityConfigError(ConfigurationError):
+    """The expectation suite is missing or unreadable."""
+
+
+class LineageError(TableStateError):
+    """Main's snapshot cannot be related to the published head, so what is new cannot be known."""
+
+
+class LineageBrokenError(LineageError):
+    """A snapshot between two snapshots of main's lineage was expired: the rows it added cannot be known."""
+
+
+class LineageDivergedError(LineageError):
+    """Main's snapshot does not descend from the published head (main was rolled back below it)."""
+
+
+@dataclass(frozen=True)
+class TableAudit:
+    """What was audited in one table: its pinned snapshot, the lineage covered and the rows' offsets."""
+
+    table: str
+    snapshot_id: int | None  # main's snapshot audited; None when the table has no data yet
+    published_snapshot_id: int | None  # head of the readers' branch when the audit started
+    # snapshots whose added files were audited, oldest first: after the published head (exclusive) up
+    # to snapshot_id (inclusive); [] when nothing was published yet (every row of snapshot_id was
+    # audited), when nothing is new, and in window mode
+    lineage: list[int] = field(default_factory=list)
+    offsets: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> (lowest, highest) offset audited
+    rows: int = 0
+    success: bool = True
+    docs_page: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    pipeline: str
+    suite: str
+    success: bool
+    rows: int
+    tables: dict[str, TableAudit]
+    expectations: list[dict]
+    offending_offsets: list[dict]  # {table, topic, partition, offset, expectation, column, value}, capped
+    offending_total: int
+    docs: str  # the Data Docs site's index.html
+    audited_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+    @property
+    def snapshots(self) -> dict[str, int]:
+        """The audited snapshot id per table (tables without data are left out)."""
+        return {t: a.snapshot_id for t, a in self.tables.items() if a.snapshot_id is not None}
+
+    @property
+    def failed_expectations(self) -> int:
+        return sum(1 for e in self.expectations if not e["success"])
+
+    @property
+    def unexpected_count(self) -> int:
+        return sum(e["unexpected_count"] or 0 for e in self.expectations)
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict (for XCom): every field plus snapshots and the failure counts."""
+        out = asdict(self)
+        out["tables"] = {t: {**asdict(a), "offsets": _offsets_json(a.offsets)} for t, a in self.tables.items()}
+        out.update(snapshots={t: s for t, s in self.snapshots.items()},
+                   failed_expectations=self.failed_expectations, unexpected_count=self.unexpected_count)
+        return out
+
+    def summary(self) -> str:
+        """One readable paragraph: the verdict, the counts, and the first offending offsets."""
+        head = (f"{self.pipeline}: {'passed' if self.success else 'FAILED'} suite {self.suite!r} on {self.rows} "
+                f"new row(s) of " + ", ".join(f"{t} (snapshot {a.snapshot_id})" for t, a in self.tables.items()))
+        if self.success:
+            return head
+        failed = "; ".join(f"{e['table']}: {e['expectation']}({e['column'] or ''}) "
+                           f"{e['unexpected_count'] or 0} unexpected"
+                           + (f" [{e['exception']}]" if e["exception"] else "")
+                           for e in self.expectations if not e["success"])
+        where = ", ".join(f"{o['topic']}[{o['partition']}]@{o['offset']}" for o in self.offending_offsets[:10])
+        more = f" (+{self.offending_total - 10} more)" if self.offending_total > 10 else ""
+        return f"{head}. Failed: {failed}. Offending offsets: {where or '-'}{more}. Data Docs: {self.docs}"
+
+
+def suite_path(spec: PipelineSpec, directory: Path | None = None) -> Path:
+    return (directory or EXPECTATIONS_DIR) / f"{spec.publish.suite or spec.name}.json"
+
+
+def load_suite(spec: PipelineSpec, directory: Path | None = None) -> dict:
+    """The suite as GE suite JSON, plus key uniqueness for upsert pipelines.
+
+    Raises QualityConfigError when the file is missing, not JSON or not a suite.
+    """
+    path = suite_path(spec, directory)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise QualityConfigError(f"{spec.path}: publish.suite: cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise QualityConfigError(f"{path}: is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("expectations"), list):
+        raise QualityConfigError(f"{path}: must be an object with an 'expectations' list (GE suite JSON)")
+    for i, item in enumerate(raw["expectations"]):
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str) \
+                or not isinstance(item.get("kwargs", {}), dict):
+            raise QualityConfigError(f"{path}: expectations[{i}] needs a 'type' string and a 'kwargs' object")
+    raw = {**raw, "name": raw.get("name") or path.stem, "expectations": list(raw["expectations"])}
+    try:
+        built = _suite(raw)
+    except Exception as exc:  # GE raises its own errors and pydantic's ValueError for bad arguments
+        raise QualityConfigError(f"{path}: not a valid expectation suite: {str(exc).strip()[:1000]}") from None
+    # GE drops some unknown expectation types silently: a typo must not switch a check off
+    known = {e.expectation_type for e in built.expectations}
+    dropped = sorted({e["type"] for e in raw["expectations"]} - known)
+    if dropped:
+        raise QualityConfigError(f"{path}: not a valid expectation suite: unknown expectation type(s) {dropped}")
+    if spec.target.mode == "upsert":
+        keys = list(spec.target.key)
+        generated = ({"type": "expect_column_values_to_be_unique", "kwargs": {"column": keys[0]}} if len(keys) == 1
+                     else {"type": "expect_compound_columns_to_be_unique", "kwargs": {"column_list": keys}})
+        declared = [(e["type"], e.get("kwargs", {})) for e in raw["expectations"]]
+        if (generated["type"], generated["kwargs"]) not in declared:
+            raw["expectations"].append({**generated, "meta": {"generated_from": "target.key"}})
+    return raw
+
+
+def _suite(suite_json: dict):
+    """The GE ExpectationSuite of suite JSON; raises GE's or pydantic's errors for bad expectations."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # no telemetry from a data platform's workers
+    import great_expectations as gx
+
+    return gx.ExpectationSuite(**{k: v for k, v in suite_json.items() if k in ("name", "expectations", "meta",
+                                                                              "notes")})
+
+
+def is_ancestor(table: Table, ancestor_id: int, snapshot_id: int) -> bool:
+    """Whether `ancestor_id` is `snapshot_id` or one of its ancestors still in the table's metadata;
+    False when `snapshot_id` is not in the table."""
+    if table.metadata.snapshot_by_id(snapshot_id) is None:
+        return False
+    return is_ancestor_of(snapshot_id, ancestor_id, table.metadata)
+
+
+def lineage(spec: PipelineSpec, table: Table, name: str, since_id: int, snapshot_id: int) -> list[Snapshot] | None:
+    """The snapshots of `snapshot_id`'s ancestry after `since_id` (exclusive) up to `snapshot_id`
+    (inclusive), oldest first: [] when both are the same snapshot, None when `snapshot_id` does not
+    descend from `since_id`.
+
+    Sequence numbers grow along a lineage (format v2), so the walk stops at the first
+    ancestor no newer than `since_id` instead of walking the whole history. `name` is the
+    table's name in `spec` (for the message). Raises LineageBrokenError when the walk ends
+    at an ancestor whose parent is gone (expired) before meeting `since_id`: whether
+    `snapshot_id` descends from it, and what was added in between, cannot be known.
+    """
+    since = table.metadata.snapshot_by_id(since_id)
+    bound = since.sequence_number if since is not None else None  # 0 in format v1: no bound
+    chain: list[Snapshot] = []
+    for snapshot in ancestors_between_ids(since_id, snapshot_id, table.metadata):
+        if bound and (snapshot.sequence_number or 0) <= bound:
+            return None
+        chain.append(snapshot)
+    if not chain or chain[-1].parent_snapshot_id == since_id:
+        return chain[::-1]
+    raise LineageBrokenError(_broken_message(spec, table, name, since_id, snapshot_id, chain[-1]))
+
+
+def _broken_message(spec: PipelineSpec, table: Table, name: str, since_id: int, snapshot_id: int,
+                    orphan: Snapshot) -> str:
+    """Why the lineage from `since_id` to `snapshot_id` is broken at `orphan`, and how to publish again."""
+    qualified = spec.qualified(name)
+    ref = table.metadata.refs.get(spec.publish.branch)
+    since = (f"the {spec.publish.branch!r} head {since_id}" if ref is not None and ref.snapshot_id == since_id
+             else f"snapshot {since_id}")
+    # Iceberg's Java expiry keeps the dangling parent id; pyiceberg's removes it from the child
+    parent = (f"its parent {orphan.parent_snapshot_id} is" if orphan.parent_snapshot_id is not None
+              else "its parent is")
+    return (f"{qualified}: the lineage of main from {since} to snapshot {snapshot_id} is broken at "
+            f"snapshot {orphan.snapshot_id}: {parent} no longer in the table (expired), so the rows added in "
+            f"between cannot be known; nothing is audited or published (failing closed). To publish again, audit "
+            f"every row of main: drop the readers' branch (Spark SQL: ALTER TABLE {qualified} DROP BRANCH "
+            f"`{spec.publish.branch}`; readers' queries of it fail until the next publication), then run the "
+            f"pipeline's publish DAG, which audits the whole table and creates the branch again. Snapshot "
+            f"expiry must keep every snapshot after the published head.")
+
+
+def added_files(table: Table, snapshots: list[Snapshot]) -> set[str]:
+    """Paths of the data files each of `snapshots` added (its manifest entries with status ADDED)."""
+    paths: set[str] = set()
+    for snapshot in snapshots:
+        for manifest in snapshot.manifests(table.io):
+            # a snapshot's added entries are in the manifests it wrote; delete files add no rows
+            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            paths.update(entry.data_file.file_path for entry in manifest.fetch_manifest_entry(table.io)
+                         if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id)
+    return paths
+
+
+def _window_filter(window: dict[int, tuple[int, int]]) -> BooleanExpression:
+    """Rows whose offset lies in [start, end) of their partition's entry in `window`."""
+    condition: BooleanExpression = AlwaysFalse()
+    for partition, (start, end) in window.items():
+        condition = Or(condition, And(EqualTo("_kafka.partition", partition),
+                                      And(GreaterThanOrEqual("_kafka.offset", start), LessThan("_kafka.offset", end))))
+    return condition
+
+
+def rows_for_audit(table: Table, snapshot_id: int, row_filter: BooleanExpression = AlwaysTrue(),
+                   files: set[str] | None = None) -> pa.Table:
+    """Rows of `snapshot_id` matching `row_filter`, with `_kafka` flattened into `_kafka_*` columns.
+
+    With `files`, only rows of those data files. Either way the files are read as of
+    `snapshot_id` with the delete files that apply to them there, so deleted rows are left out.
+    """
+    scan = table.scan(snapshot_id=snapshot_id, row_filter=row_filter)
+    tasks = [task for task in scan.plan_files() if files is None or task.file.file_path in files]
+    data = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter,
+                     scan.case_sensitive).to_table(tasks)
+    kafka = data.column("_kafka")
+    data = data.drop_columns(["_kafka"])
+    for name in ("topic", "partition", "offset"):
+        data = data.append_column(f"_kafka_{name}", pc.struct_field(kafka, name))
+    return data
+
+
+def offsets_audited(rows: pa.Table) -> dict[int, tuple[int, int]]:
+    """Per Kafka partition, the lowest and highest offset among `rows` (from `rows_for_audit`); rows
+    without coordinates (written by something other than the pipeline) have none to report."""
+    if not rows.num_rows:
+        return {}
+    grouped = rows.group_by("_kafka_partition").aggregate([("_kafka_offset", "min"), ("_kafka_offset", "max")])
+    return {int(p): (int(lo), int(hi)) for p, lo, hi in zip(grouped["_kafka_partition"].to_pylist(),
+                                                             grouped["_kafka_offset_min"].to_pylist(),
+                                                             grouped["_kafka_offset_max"].to_pylist())
+            if p is not None and lo is not None}
+
+
+def _offsets_json(found: dict[int, tuple[int, int]]) -> dict[str, list[int]]:
+    """`offsets_audited` as JSON: {"partition": [lowest, highest]}."""
+    return {str(p): [lo, hi] for p, (lo, hi) in sorted(found.items())}
+
+
+def _context(pipeline: str, home: Path):
+    """A file-backed GE context under `home/quality/<pipeline>/`, progress bars off."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    root = home / "quality" / pipeline
+    root.mkdir(parents=True, exist_ok=True)
+    context = gx.get_context(mode="file", project_root_dir=str(root))
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    context.variables.save()
+    return context
+
+
+def _checkpoint(context, suite_json: dict, table: str):
+    """Data source, asset, batch definition, suite, validation definition and checkpoint for one table."""
+    import great_expectations as gx
+
+    source = context.data_sources.add_or_update_pandas("lakehouse")
+    try:
+        asset = source.get_asset(table)
+    except LookupError:
+        asset = source.add_dataframe_asset(name=table)
+    try:
+        batch = asset.get_batch_definition("new rows")
+    except KeyError:
+        batch = asset.add_batch_definition_whole_dataframe("new rows")
+    suite = context.suites.add_or_update(_suite(suite_json))
+    validation = context.validation_definitions.add_or_update(
+        gx.ValidationDefinition(name=table, data=batch, suite=suite))
+    return context.checkpoints.add_or_update(gx.Checkpoint(
+        name=table, validation_definitions=[validation],
+        actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")],
+        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": list(COORDINATES),
+                       "partial_unexpected_count": MAX_EXAMPLES}))
+
+
+def _plain(value):
+    """`value` with numpy scalars, timestamps and other GE result values turned into JSON types (for XCom)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "item"):  # numpy scalar
+        return value.item()
+    return str(value)
+
+
+def _expectation_results(table: str, validation) -> tuple[list[dict], list[dict]]:
+    """Readable per-expectation results, and the failing rows' coordinates, of one validation result."""
+    results, offending = [], []
+    for res in validation.results:
+        cfg = res.expectation_config
+        kwargs = cfg.kwargs
+        column = kwargs.get("column") or ",".join(kwargs.get("column_list") or [])
+        result = res.result or {}
+        exc = res.exception_info or {}
+        raised = exc.get("raised_exception") and (exc.get("exception_message") or "exception")
+        results.append({
+            "table": table, "expectation": cfg.type, "column": column or None, "success": bool(res.success),
+            "element_count": _plain(result.get("element_count")),
+            "unexpected_count": _plain(result.get("unexpected_count")),
+            "examples": _plain(list(result.get("partial_unexpected_list") or [])[:MAX_EXAMPLES]),
+            "exception": raised or None,
+        })
+        if res.success:
+            continue
+        for row in result.get("unexpected_index_list") or []:
+            if isinstance(row, dict) and all(c in row for c in COORDINATES):
+                value = _plain({k: v for k, v in row.items() if k not in COORDINATES})
+                offending.append({"table": table, "partition": int(row["_kafka_partition"]),
+                                  "offset": int(row["_kafka_offset"]), "expectation": cfg.type,
+                                  "column": column or None, "value": value})
+    return results, offending
+
+
+def _scope(spec: PipelineSpec, catalog: Catalog, name: str,
+           window: dict[int, tuple[int, int]] | None) -> tuple[TableAudit, pa.Table | None]:
+    """What the audit of table `name` covers (success not yet known), and the rows it validates:
+    None when the table has no data yet. Raises LineageBrokenError or LineageDivergedError when
+    the rows added since the published head cannot be known (not in window mode)."""
+    try:
+        table = catalog.load_table(name)
+    except NoSuchTableError:  # the pipeline has not run yet
+        return TableAudit(name, None, None), None
+    current = table.current_snapshot()
+    ref = table.metadata.refs.get(spec.publish.branch)
+    published = ref.snapshot_id if ref else None
+    if current is None:
+        return TableAudit(name, None, published), None
+    covered: list[int] = []
+    if window is not None:
+        rows = rows_for_audit(table, current.snapshot_id, _window_filter(window))
+    elif published is None:
+        rows = rows_for_audit(table, current.snapshot_id)
+    else:
+        snapshots = lineage(spec, table, name, published, current.snapshot_id)
+        if snapshots is None:
+            raise LineageDivergedError(_diverged_message(spec, name, published, current.snapshot_id))
+        covered = [s.snapshot_id for s in snapshots]
+        rows = rows_for_audit(table, current.snapshot_id, files=added_files(table, snapshots))
+    return TableAudit(name, current.snapshot_id, published, covered, offsets_audited(rows), rows.num_rows), rows
+
+
+def _diverged_message(spec: PipelineSpec, name: str, published: int, snapshot_id: int) -> str:
+    """Why main's `snapshot_id` cannot be audited against the `published` head, and what to do."""
+    qualified = spec.qualified(name)
+    return (f"{qualified}: main's snapshot {snapshot_id} does not descend from the {spec.publish.branch!r} head "
+            f"{published} (main was rolled back below the published snapshot), and publishing from it would "
+            f"drop rows readers already see. Set main back to a descendant of {published} (Spark SQL: CALL "
+            f"{spec.catalog}.system.set_current_snapshot('{name}', <snapshot id>)), or, to publish main as it "
+            f"is, drop the readers' branch (ALTER TABLE {qualified} DROP BRANCH `{spec.publish.branch}`) so "
+            f"that the next audit covers every row of main.")
+
+
+def audit(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now: datetime | None = None,
+          expectations_dir: Path | None = None, record_event: bool = True,
+          window: dict[int, tuple[int, int]] | None = None) -> AuditResult:
+    """Validate every data table's rows added since the published branch head; see the module doc.
+
+    With `window` (partition -> [start, end) offsets) the rows of that offset window in
+    main's snapshot are validated instead, e.g. the overlap of a candidate pipeline with
+    the live one; the lineage is not looked at then.
+
+    Records a `quality` event on the ops timeline unless `record_event` is False, a
+    failed one when the lineage cannot be audited. Raises QualityConfigError for a
+    missing or malformed suite; LineageBrokenError when a snapshot after the published
+    head was expired; LineageDivergedError when main does not descend from it.
+    """
+    platform = platform or config.load()
+    now = now or datetime.now(timezone.utc)
+    suite_json = load_suite(spec, expectations_dir)
+    catalog = open_catalog(platform, spec.catalog)
+    try:  # every table's scope first: a broken lineage fails the audit before anything is validated
+        scopes = [_scope(spec, catalog, name, window) for name in spec.target.tables]
+    except LineageError as exc:
+        if record_event:
+            events.record(events.Event(spec.name, "quality", "failed", str(exc),
+                                       details={"error": type(exc).__name__, "suite": suite_json["name"]}),
+                          platform=platform, catalog=spec.catalog)
+        raise
+    context = _context(spec.name, platform.home)
+    parameters = {"now": now.isoformat(), "now_plus_clock_skew": (now + CLOCK_SKEW).isoformat()}
+    tables: dict[str, TableAudit] = {}
+    expectations: list[dict] = []
+    offending: list[dict] = []
+    for scope, rows in scopes:
+        if rows is None:
+            tables[scope.table] = scope
+            continue
+        checkpoint = _checkpoint(context, suite_json, scope.table)
+        run = checkpoint.run(batch_parameters={"dataframe": rows.to_pandas()}, expectation_parameters=parameters)
+        identifier, validation = next(iter(run.run_results.items()))
+        found, bad = _expectation_results(scope.table, validation)
+        expectations += found
+        offending += bad
+        pages = context.get_docs_sites_urls(resource_identifier=identifier)
+        page = next((p["site_url"] for p in pages if p.get("site_url")), None)
+        tables[scope.table] = replace(scope, success=bool(validation.success), docs_page=page)
+    for item in offending:
+        item["topic"] = spec.source.topic
+    offending.sort(key=lambda o: (o["table"], o["partition"], o["offset"]))
+    docs = Path(context.root_directory) / "uncommitted" / "data_docs" / "local_site"
+    result = AuditResult(
+        pipeline=spec.name, suite=suite_json["name"], success=all(a.success for a in tables.values()),
+        rows=sum(a.rows for a in tables.values()), tables=tables, expectations=expectations,
+        offending_offsets=offending[:MAX_OFFENDING], offending_total=len(offending),
+        docs=str(docs / "index.html"), audited_at=now.isoformat())
+    if record_event:
+        covered = {t: {"published_snapshot_id": a.published_snapshot_id, "lineage": a.lineage,
+                       "offsets": _offsets_json(a.offsets)} for t, a in tables.items() if a.snapshot_id is not None}
+        events.record(events.Event(
+            spec.name, "quality", "ok" if result.success else "failed", result.summary(),
+            metrics={"rows": result.rows, "failed_expectations": result.failed_expectations,
+                     "unexpected_count": result.unexpected_count},
+            details={"snapshots": result.snapshots, "tables": covered, "offending_offsets": result.offending_offsets,
+                     "offending_total": result.offending_total, "docs": result.docs, "suite": result.suite}),
+            platform=platform, catalog=spec.catalog)
+    return result
