@@ -7,6 +7,7 @@ layer); looking a DAG up with `DagBag.get_dag` reads the metadata DB, so that te
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lakehouse.core import config
 from lakehouse.core import spec as spec_module
@@ -40,6 +41,39 @@ def test_each_shipped_pipeline_gets_its_dags(shipped):
         if spec.publish.view:
             assert f"{name}_cutover" in shipped.dag_ids
     assert "retention_alignment" in shipped.dag_ids
+
+
+def test_the_pipelines_page_links_exactly_the_dags_generated(tmp_path, monkeypatch):
+    """ops.history.dag_ids (the page's DAG links) names every DAG the specs generate and no other: a
+    candidate pipeline, and a pipeline without a readers' view, get no cutover DAG and no link to one."""
+    from lakehouse.ops.history import dag_ids
+
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    shipped_orders = yaml.safe_load((SHIPPED / "orders.yaml").read_text())
+
+    def variant(name: str, view: str | None, **top) -> dict:
+        """The shipped orders spec under its own name, topic, tables and (optional) readers' view."""
+        spec = {**shipped_orders, "name": name, **top, "source": {**shipped_orders["source"], "topic": name},
+                "target": {**shipped_orders["target"], "table": f"raw.{name}"},
+                "dead_letter": {**shipped_orders["dead_letter"], "table": f"raw.{name}_dlq"},
+                "publish": {k: v for k, v in shipped_orders["publish"].items() if k != "view"}}
+        if view:
+            spec["publish"]["view"] = view
+        return spec
+
+    live = variant("orders", "serve.orders")
+    candidate = variant("orders_next", "serve.orders_next", candidate_for="orders")
+    plain = variant("orders_plain", None)
+    for spec in (live, candidate, plain):
+        (folder / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
+    bag = dagbag(folder, monkeypatch)
+    assert bag.import_errors == {}
+    specs = spec_module.load_all(folder)
+    linked = {dag for spec in specs.values() for dag in dag_ids(spec)}
+    assert linked == set(bag.dag_ids)
+    assert f"{live['name']}_cutover" in linked
+    assert "orders_next_cutover" not in linked and "orders_plain_cutover" not in linked
 
 
 def test_dags_carry_owner_tags_docs_and_valid_default_params(shipped):

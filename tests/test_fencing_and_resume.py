@@ -24,6 +24,7 @@ from lakehouse.core.spec import load_spec
 from lakehouse.ingest import committer
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.tables import TableOwnershipError
+from lakehouse.recovery import backfill
 from lakehouse.upkeep import maintenance
 from lakehouse.wap import publish, quality
 from lakehouse_dev import produce
@@ -150,6 +151,10 @@ def test_resume_stops_when_the_history_holding_the_positions_was_expired(platfor
     with pytest.raises(PositionsLostError, match="would duplicate rows"):
         IngestJob(spec, platform, spark).run_once()
     assert len(rows(platform, spec, spec.target.table)) == 49, "nothing was read again"
+    # a backfill cannot bound its range by a position nobody knows: it stops before planning anything
+    with pytest.raises(PositionsLostError, match="was expired"):
+        backfill.plan(spec, backfill.BackfillRequest("offsets", "in_place", dry_run=True, ranges={0: (0, 10)}),
+                      platform)
     run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert run.returncode == 3 and "was expired" in run.stderr, run.stderr[-2000:]
     status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)

@@ -380,6 +380,13 @@ class PipelineSpec:
         return f"{self.target.table}__tombstones" if self.tombstones_delete else None
 
     @property
+    def dag_kinds(self) -> tuple[str, ...]:
+        """The kinds (DAG_KINDS) of the DAGs generated for this pipeline: a cutover DAG only for a
+        pipeline that serves readers through a view and is not itself a candidate."""
+        return tuple(kind for kind in DAG_KINDS
+                     if kind != "cutover" or (self.publish.view and not self.candidate_for))
+
+    @property
     def positioned_tables(self) -> tuple[str, ...]:
         """The tables whose commits carry the pipeline's positions (every offset lands in one of them):
         its data tables (fan-out included), then the dead-letter table."""

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.spec import DAG_KINDS, SHARED_DAG_IDS, PipelineSpec, dag_id
+from lakehouse.core.spec import SHARED_DAG_IDS, PipelineSpec, dag_id
 from lakehouse.ops.status import pipeline_status
 
 HISTORY_POINTS = 60
@@ -58,7 +58,7 @@ def history(spec: PipelineSpec, batches: list[dict] | None, platform: config.Pla
 
 def dag_ids(spec: PipelineSpec) -> list[str]:
     """The DAGs generated for this pipeline, then the ones shared by all pipelines."""
-    return [dag_id(spec.name, kind) for kind in DAG_KINDS] + list(SHARED_DAG_IDS)
+    return [dag_id(spec.name, kind) for kind in spec.dag_kinds] + list(SHARED_DAG_IDS)
 
 
 def overview(spec: PipelineSpec, platform: config.PlatformConfig | None = None,

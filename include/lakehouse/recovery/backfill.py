@@ -149,11 +149,13 @@ def plan(spec: PipelineSpec, request: BackfillRequest, platform: config.Platform
     Offset ranges must name existing partitions, start at offsets still in Kafka and end at
     or before the pipeline's committed position (later records are live ingestion's to
     write); time windows are cut at the committed position instead, with a note saying so.
-    Raises BackfillError naming the partition and the bound.
+    Raises BackfillError naming the partition and the bound, and PositionsLostError when a table holds
+    rows but its positions cannot be found.
     """
     platform = platform or config.load()
     catalog = open_catalog(platform, spec.catalog)
-    progress = [offsets.read_progress(catalog, t, spec.name) for t in spec.positioned_tables]
+    # fail closed as the replay that runs the plan does: without a table's positions no bound is known
+    progress = [offsets.read_progress(catalog, t, spec.name).require_positions() for t in spec.positioned_tables]
     state = topic_state_for(platform.kafka(), spec.source.topic, progress)
     committed = offsets.committed_positions(progress, state.earliest)
     notes: list[str] = []
