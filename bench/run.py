@@ -217,6 +217,19 @@ class Bench:
         decode = {**_medians(decode_runs), "sample": len(sample)}
         self.results["ceilings"]["decode"] = decode
         self.say(f"pipeline decoder on one core: {decode['median_records_per_s']:,.0f} records/s")
+        directory = workloads.scratch_dir()
+        try:  # the same records in each value format the platform reads
+            avro_spec, avro_sample = workloads.as_avro(spec, sample, directory / "schemas")
+            avro_bytes = sum(len(r.value or b"") for r in avro_sample)
+            avro_runs = [workloads.Throughput(len(avro_sample), avro_bytes,
+                                              workloads.decode(avro_spec, spec.source.topic, avro_sample)[1])
+                         for _ in range(self.args.repeats)]
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        self.results["ceilings"]["decode_by_format"] = {"json": decode,
+                                                        "avro": {**_medians(avro_runs), "sample": len(avro_sample)}}
+        self.say(f"pipeline decoder on one core, Avro: "
+                 f"{self.results['ceilings']['decode_by_format']['avro']['median_records_per_s']:,.0f} records/s")
 
         rows, _ = workloads.decode(spec, spec.source.topic, raw)
         offsets = set(zip(rows.column("_kafka").combine_chunks().field("partition").to_pylist(),

@@ -30,6 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
 from random import Random
 from typing import Any, Callable, Iterator
 
@@ -64,7 +65,18 @@ BAD_KINDS = (
     "bad_string",        # a string cut inside a surrogate pair, sent as the JSON escape "Zo\ud83d"
     "timestamp_out_of_range",  # ISO-8601, but year 0 or 10000 in UTC: "0001-01-01T00:00:00+02:00"
     "bad_kafka_timestamp",     # a valid value sent with a Kafka timestamp in microseconds, not millis
+    "bad_wire_format",   # Avro pipelines: a JSON value instead of the Confluent wire format
+    "unknown_schema",    # Avro pipelines: a schema id nobody registered
+    "malformed_avro",    # Avro pipelines: a record cut short
 )
+AVRO_ONLY_KINDS = ("bad_wire_format", "unknown_schema", "malformed_avro")
+# what an Avro record can carry of the other defects (a typed writer schema cannot hold wrong types,
+# unparsable timestamps, strings that are not Unicode or JSON that is not an object)
+AVRO_KINDS = (*AVRO_ONLY_KINDS, "bad_enum", "out_of_range", "pattern_mismatch", "null_value", "null_key",
+              "bad_kafka_timestamp")
+AVRO_TYPES = {"string": "string", "int": "int", "long": "long", "double": "double", "boolean": "boolean",
+              "timestamp": {"type": "long", "logicalType": "timestamp-micros"},
+              "date": {"type": "int", "logicalType": "date"}}
 FAULT_HEADER = "fault"
 SOURCE_HEADER = ("source", b"lakehouse-produce")
 # librdkafka refuses to send a message above its message.max.bytes (1,000,000 by default) and
@@ -345,7 +357,9 @@ class RecordFactory:
         self.lifecycle_field = next(
             (f for f in self.fields if f.type == "string" and f.enum and "created" in f.enum), None)
         self.generators = {f.name: self._generator(f) for f in self.fields}
-        self.kinds = tuple(k for k in BAD_KINDS if self._applicable(k))
+        avro = spec.source.value_format == "avro"
+        self.kinds = tuple(k for k in BAD_KINDS if (k in AVRO_KINDS if avro else k not in AVRO_ONLY_KINDS)
+                           and (k in AVRO_ONLY_KINDS or self._applicable(k)))
         self._self_test()
 
     # -- valid records ------------------------------------------------------------------
@@ -708,8 +722,60 @@ _ASCII_FOLD = str.maketrans({"ä": "a", "ö": "o", "ü": "u", "é": "e", "è": "
                              "ß": "ss"})
 
 
+def contract_avro_schema(spec: PipelineSpec) -> dict:
+    """An Avro record schema for the spec's contract: optional fields nullable with a null default,
+    timestamps as timestamp-micros, dates as date."""
+    fields = [{"name": f.name, "type": AVRO_TYPES[f.type] if f.required else ["null", AVRO_TYPES[f.type]],
+               **({} if f.required else {"default": None})} for f in spec.contract.fields]
+    return {"type": "record", "name": spec.name, "namespace": "lakehouse.produce", "fields": fields}
+
+
+class AvroValues:
+    """Values of an Avro pipeline in the Confluent wire format: the newest schema of the spec's schema
+    folder, or the contract's schema registered under `<topic>-value` in the schema registry."""
+
+    def __init__(self, spec: PipelineSpec, platform: config.PlatformConfig):
+        from lakehouse.ingest.formats import parse_schema, register_avro_schema
+
+        if spec.source.schemas:
+            ids = sorted(int(p.stem) for p in Path(spec.source.schemas).glob("*.avsc") if p.stem.isdigit())
+            self.schema_id = ids[-1]
+            text = (Path(spec.source.schemas) / f"{self.schema_id}.avsc").read_text()
+        elif platform.schema_registry():
+            text = json.dumps(contract_avro_schema(spec))
+            self.schema_id = register_avro_schema(platform.schema_registry(), f"{spec.source.topic}-value", text)
+        else:
+            raise ProduceError(f"pipeline {spec.name!r} is Avro without source.schemas: set "
+                               f"LAKEHOUSE_SCHEMA_REGISTRY_URL to register its schema")
+        self.parsed = parse_schema(text)
+        self.types = {f.name: f.type for f in spec.contract.fields}
+
+    def encode(self, record: dict) -> bytes:
+        """`record` (as RecordFactory makes it: ISO-8601 times and dates) as an Avro value."""
+        from lakehouse.ingest.formats import wire_value
+
+        typed = dict(record)
+        for name, kind in self.types.items():
+            value = typed.get(name)
+            if isinstance(value, str) and kind == "timestamp":
+                typed[name] = datetime.fromisoformat(value)
+            elif isinstance(value, str) and kind == "date":
+                typed[name] = date.fromisoformat(value)
+        return wire_value(self.schema_id, self.parsed, typed)
+
+    def broken(self, kind: str, record: dict) -> bytes:
+        """A value with the Avro-level defect `kind` (AVRO_ONLY_KINDS), made from a valid `record`."""
+        good = self.encode(record)
+        if kind == "bad_wire_format":
+            return _dumps(record).encode("utf-8")
+        if kind == "unknown_schema":
+            return b"\x00" + (2 ** 31 - 1).to_bytes(4, "big") + good[5:]
+        return good[:-2]  # malformed_avro: cut short
+
+
 def synthesize(spec: PipelineSpec, count: int, bad_ratio: float = 0.0, seed: int | None = None,
-               now: Callable[[], datetime] | None = None) -> Iterator[SyntheticRecord]:
+               now: Callable[[], datetime] | None = None,
+               platform: config.PlatformConfig | None = None) -> Iterator[SyntheticRecord]:
     """The records `produce` would send, without Kafka: `count` of them, about `bad_ratio` broken.
 
     Each record is broken with probability `bad_ratio` (drawn from the seeded
@@ -723,22 +789,35 @@ def synthesize(spec: PipelineSpec, count: int, bad_ratio: float = 0.0, seed: int
         raise ValueError(f"bad_ratio must be between 0 and 1, got {bad_ratio}")
     rng = Random(seed)
     factory = RecordFactory(spec, rng, now=now)
-    return _records(factory, rng, count, bad_ratio)
+    avro = AvroValues(spec, platform or config.load()) if spec.source.value_format == "avro" else None
+    return _records(factory, rng, count, bad_ratio, avro)
 
 
-def _records(factory: RecordFactory, rng: Random, count: int, bad_ratio: float) -> Iterator[SyntheticRecord]:
+def _records(factory: RecordFactory, rng: Random, count: int, bad_ratio: float,
+             avro: AvroValues | None = None) -> Iterator[SyntheticRecord]:
     turn = 0
+    content_type = b"application/vnd.confluent.avro" if avro else b"application/json"
     for _ in range(count):
         headers = [SOURCE_HEADER, ("trace_id", uuid.UUID(int=rng.getrandbits(128), version=4).hex.encode()),
-                   ("content-type", b"application/json")]
+                   ("content-type", content_type)]
         if bad_ratio and rng.random() < bad_ratio:
             kind = factory.kinds[turn % len(factory.kinds)]
             turn += 1
-            key, value, timestamp = factory.bad(kind)
+            if kind in AVRO_ONLY_KINDS:
+                record = factory.valid()
+                key, value, timestamp = factory.key_of(record), avro.broken(kind, record), None
+            else:
+                key, value, timestamp = factory.bad(kind)
+                if avro is not None and value is not None:  # the same defect inside an Avro record
+                    try:
+                        value = avro.encode(json.loads(value))
+                    except (ValueError, TypeError, OverflowError):  # e.g. past the Avro type's range
+                        kind, value = "malformed_avro", avro.broken("malformed_avro", factory.valid())
             yield SyntheticRecord(key, value, headers + [(FAULT_HEADER, kind.encode())], kind, timestamp)
         else:
             record = factory.valid()
-            yield SyntheticRecord(factory.key_of(record), _dumps(record).encode("utf-8"), headers, None)
+            value = avro.encode(record) if avro else _dumps(record).encode("utf-8")
+            yield SyntheticRecord(factory.key_of(record), value, headers, None)
 
 
 def producer_config(spec: PipelineSpec, platform: config.PlatformConfig) -> dict:
@@ -770,7 +849,7 @@ def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio
         raise ValueError(f"rate must be positive, got {rate!r}")
     platform = platform or config.load()
     topic = spec.source.topic
-    records = synthesize(spec, count, bad_ratio=bad_ratio, seed=seed)  # argument and contract errors first
+    records = synthesize(spec, count, bad_ratio=bad_ratio, seed=seed, platform=platform)  # argument errors first
     producer = Producer(producer_config(spec, platform))
     try:
         existing = producer.list_topics(timeout=10).topics  # all topics: never triggers auto-creation

@@ -12,6 +12,10 @@ platform at a real cluster is a matter of environment variables only:
     LAKEHOUSE_CATALOG_URI        SQLAlchemy URI of the Iceberg JDBC catalog database
                                  (default: sqlite:///<home>/catalog.db)
     LAKEHOUSE_WAREHOUSE          warehouse location (default: file://<home>/warehouse)
+    LAKEHOUSE_SCHEMA_REGISTRY_URL  Confluent-compatible schema registry of Avro pipelines, e.g.
+                                 https://user:secret@registry:8081 (credentials in the URL's user
+                                 info are sent as HTTP basic auth and never printed) (default: none;
+                                 pipelines then read writer schemas from their `source.schemas` folder)
     LAKEHOUSE_SPARK_MASTER       Spark master URL (default: the standalone master that
                                  `lakehouse stack up --spark-cluster` started, else local[2])
     LAKEHOUSE_JARS               comma-separated jars for Spark (default: found by `make setup`)
@@ -86,6 +90,7 @@ ENVIRONMENT = (
     "LAKEHOUSE_CATALOG_URI",
     "LAKEHOUSE_WAREHOUSE",
     "LAKEHOUSE_SPARK_MASTER",
+    "LAKEHOUSE_SCHEMA_REGISTRY_URL",
     "LAKEHOUSE_JARS",
     "LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS",
     "LAKEHOUSE_S3_ENDPOINT",
@@ -303,8 +308,21 @@ class PlatformConfig:
     jars: tuple[str, ...] = ()
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     catalog_busy_timeout_ms: int = 30_000
+    schema_registry_url: str | None = None
 
-    __repr__ = _redacted_repr  # catalog_uri may hold the database password
+    __repr__ = _redacted_repr  # catalog_uri and schema_registry_url may hold a password
+
+    def schema_registry(self) -> dict | None:
+        """confluent-kafka SchemaRegistryClient settings (user info of the URL as basic auth: never
+        print them), or None when no registry is configured."""
+        if not self.schema_registry_url:
+            return None
+        parts = urlsplit(self.schema_registry_url)
+        conf = {"url": parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
+                if parts.username else self.schema_registry_url}
+        if parts.username:
+            conf["basic.auth.user.info"] = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        return conf
 
     def catalog(self, name: str) -> CatalogConfig:
         return CatalogConfig(name=name, uri=self.catalog_uri, warehouse=self.warehouse,
@@ -388,6 +406,18 @@ def _object_store_from_env() -> ObjectStoreConfig:
                              region=os.environ.get("LAKEHOUSE_S3_REGION") or None)
 
 
+def _schema_registry_from_env() -> str | None:
+    """LAKEHOUSE_SCHEMA_REGISTRY_URL: an http(s) URL, or mock://<scope> (confluent-kafka's in-process
+    test double); None when unset. Raises ConfigError for anything else."""
+    url = os.environ.get("LAKEHOUSE_SCHEMA_REGISTRY_URL") or None
+    if url is not None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https", "mock") or not parts.hostname:
+            raise ConfigError(f"LAKEHOUSE_SCHEMA_REGISTRY_URL {redact(url)!r}: expected an http(s) URL such as "
+                              f"http://registry:8081")
+    return url
+
+
 def _busy_timeout_from_env() -> int:
     """LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS: how long a SQLite catalog commit waits for another process's
     lock before failing (the ingest job then retries it within its retry budget); default 30 s."""
@@ -460,6 +490,7 @@ def load(fresh: bool = False) -> PlatformConfig:
         jars=jars,
         catalog_busy_timeout_ms=_busy_timeout_from_env(),
         object_store=_object_store_from_env(),
+        schema_registry_url=_schema_registry_from_env(),
     )
     with _LOADED_LOCK:
         _LOADED[key] = platform

@@ -83,6 +83,12 @@ class BrokerUnavailableError(SourceError, RetryableError):
     restarting, unreachable): the ingest job retries the batch within its retry budget."""
 
 
+class SchemaRegistryUnavailableError(SourceError, RetryableError):
+    """The schema registry did not answer (outage, timeout, a server error) while a record's writer
+    schema was needed: the batch is retried within the retry budget, then the job stops; the records
+    are never dead-lettered for it. Raised in Spark tasks with a `retryable` task marker."""
+
+
 class BrokerStalledError(BrokerUnavailableError):
     """A Spark task's planned records did not come (a stalled, restarting or unreachable broker).
 

@@ -42,7 +42,8 @@ SPARK_TYPES = {
 }
 # Type changes a table may take without rewriting data (Iceberg's allowed promotions).
 WIDENINGS = {("int", "long")}
-VALUE_FORMATS = ("json",)
+VALUE_FORMATS = ("json", "avro")
+_SCHEMA_FOLDER = re.compile(r"[^\x00-\x1f]{1,1024}")
 MODES = ("append", "upsert")
 TRIGGER_MODES = ("continuous", "scheduled")
 ADDITIVE_POLICIES = ("evolve", "fail")
@@ -255,6 +256,9 @@ class SourceSpec:
     replication_factor: int = 1
     retention_ms: int | None = None
     value_format: str = "json"
+    # avro: a folder of writer schemas, `<schema id>.avsc`, beside the spec (air-gapped, the embedded
+    # stack); None: the schema registry (LAKEHOUSE_SCHEMA_REGISTRY_URL). Absolute once loaded.
+    schemas: str | None = None
     key_field: str | None = None  # the Kafka key must equal this field of the value
     key_required: bool = False
     max_value_bytes: int = 1_048_576
@@ -711,7 +715,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
 
     src = r.mapping(r.required(top, "source", ""), "source",
                     {"topic", "partitions", "replication_factor", "retention_ms", "value_format", "key",
-                     "max_value_bytes"})
+                     "max_value_bytes", "schemas"})
     key = r.mapping(src.get("key"), "source.key", {"field", "required"})
     key_field = key.get("field")
     if key_field is not None and key_field not in contract.names:
@@ -723,12 +727,28 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     retention = src.get("retention_ms")
     if retention is not None and r.integer(retention, "source.retention_ms", -1) == 0:
         raise r.fail("source.retention_ms", "0 would delete records as soon as they arrive; use -1 for unlimited")
+    value_format = r.choice(src.get("value_format", "json"), "source.value_format", VALUE_FORMATS)
+    schemas = None
+    if src.get("schemas") is not None:
+        if value_format != "avro":
+            raise r.fail("source.schemas", f"is a folder of Avro writer schemas; value_format is {value_format!r}")
+        folder = r.string(src["schemas"], "source.schemas", _SCHEMA_FOLDER,
+                          "a folder path beside the spec, at most 1,024 characters")
+        try:
+            resolved = (Path(path).parent / folder).resolve()
+            found = resolved.is_dir() and any(p.stem.isdigit() for p in resolved.glob("*.avsc"))
+        except (OSError, ValueError, RuntimeError) as exc:  # a name too long, a symlink loop
+            raise r.fail("source.schemas", f"{folder!r} cannot be read: {exc}") from None
+        if not found:
+            raise r.fail("source.schemas", f"{folder!r} ({resolved}) is not a folder of <schema id>.avsc files")
+        schemas = str(resolved)
     source = SourceSpec(
         topic=topic,
         partitions=r.integer(src.get("partitions", 1), "source.partitions", 1),
         replication_factor=r.integer(src.get("replication_factor", 1), "source.replication_factor", 1),
         retention_ms=retention,
-        value_format=r.choice(src.get("value_format", "json"), "source.value_format", VALUE_FORMATS),
+        value_format=value_format,
+        schemas=schemas,
         key_field=key_field,
         key_required=r.boolean(key.get("required", key_field is not None), "source.key.required"),
         max_value_bytes=r.integer(src.get("max_value_bytes", 1_048_576), "source.max_value_bytes", 1),

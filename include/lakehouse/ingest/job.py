@@ -379,7 +379,8 @@ class IngestJob:
                     raise errors.OutageError(
                         f"pipeline {self.spec.name}: gave up after {attempt} retries over {now - first_failure:.0f}s "
                         f"(supervision.retry_budget {budget:g}s): {why}. Nothing was lost: the next run resumes "
-                        f"from the tables once the catalog and the broker answer again.") from exc
+                        f"from the tables once the catalog, the broker and (for Avro) the schema registry answer "
+                        f"again.") from exc
                 attempt += 1
                 delay = min(30.0, 0.5 * 2 ** attempt, max(0.1, budget - (now - first_failure)))
                 log.warning("pipeline %s: transient failure (%s); retry %d in %.1fs", self.spec.name, why,
@@ -470,7 +471,7 @@ class IngestJob:
         reader = make_reader(self.spec, self.kafka_conf, self.quarantined,
                              ingested_at_us=int(time.time() * 1_000_000),
                              fault=self._faults.task_probe(self.platform.home, self.spec.name), timers=self._task_clock,
-                             poisoned=self._poisoned_in(plan))
+                             poisoned=self._poisoned_in(plan), registry=self.platform.schema_registry())
         return plan_df.mapInArrow(reader, ddl)
 
     def _poisoned_in(self, plan: BatchPlan) -> dict[tuple[int, int], str]:
@@ -514,7 +515,7 @@ class IngestJob:
             run = taskwriter.make_task_writer(
                 self.spec, self.kafka_conf, self.quarantined, ingested_at_us=int(time.time() * 1_000_000),
                 targets=targets, write_uuid=uuid.uuid4(), fault=self._faults.task_probe(self.platform.home, self.spec.name),
-                poisoned=self._poisoned_in(plan))
+                poisoned=self._poisoned_in(plan), registry=self.platform.schema_registry())
             started = time.time()
             try:
                 with sparkenv.job_group(self.spark, f"lakehouse-{self.spec.name}-{batch_id}-write"):

@@ -264,6 +264,8 @@ class BatchBuilder:
         except Rejected as rejected:
             self.reject(topic, partition, offset, ts_ms, key, value, headers, rejected.kind, rejected.detail)
             return
+        except errors.RetryableError:  # an outage (the schema registry), never the record's fault
+            raise
         except Exception as exc:  # noqa: BLE001 - a bug or a library's error costs this record, not the task
             self.reject(topic, partition, offset, ts_ms, key, value, headers, "reader_failure",
                         f"the reader failed on this record: {_describe(exc)}")
@@ -514,7 +516,7 @@ def reader_consumer(kafka_conf: dict, pipeline: str) -> Iterator[tuple[Consumer,
 
 def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
                 batch_rows: int = 10_000, stall_timeout: float = 60.0, fault=None, timers=None,
-                poisoned: Mapping[tuple[int, int], str] | None = None):
+                poisoned: Mapping[tuple[int, int], str] | None = None, registry: dict | None = None):
     """The function mapInArrow runs in each task: plan rows in, decoded batches out.
 
     `fault` (the fault hook's task probe, lakehouse.core.hooks) injects the tests' task-side faults.
@@ -532,13 +534,16 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
     decoded. The driver fills it from the marker of a failed task: an error a task
     does not expect is raised with `errors.task_marker("record-failure", topic=...,
     partition=..., offset=...)` in its message (see `read_range`).
+
+    `registry` is the schema registry's client settings (PlatformConfig.schema_registry()) for an
+    Avro pipeline without a schema folder; each task fetches a writer schema once (ingest.formats).
     """
     poisoned = dict(poisoned or {})
 
     def read(plan_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         sparkenv.steady_zip_imports()
         clock = StageClock()
-        validator = RecordValidator(spec, quarantined)
+        validator = RecordValidator(spec, quarantined, registry)
         builder = BatchBuilder(spec, validator, ingested_at_us)
         try:
             with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
@@ -564,7 +569,8 @@ def _epoch_ms(moment: datetime | None) -> int | None:
     return (moment - _EPOCH) // _ONE_MILLISECOND
 
 
-def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_us: int, timers=None):
+def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_us: int, timers=None,
+                   registry: dict | None = None):
     """The mapInArrow function that decodes dead letters again (after a contract fix).
 
     `timers` is the stage clock of `make_reader`; nothing is read from Kafka, so
@@ -573,7 +579,7 @@ def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_
 
     def redecode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         clock = StageClock()
-        builder = BatchBuilder(spec, RecordValidator(spec, quarantined), ingested_at_us)
+        builder = BatchBuilder(spec, RecordValidator(spec, quarantined, registry), ingested_at_us)
         try:
             for batch in batches:
                 decoding = time.perf_counter()

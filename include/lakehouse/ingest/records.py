@@ -40,6 +40,9 @@ TIMESTAMP_RANGE = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
 # The reasons a record can be dead-lettered; stored in the dead-letter table's error_kind.
 ERROR_KINDS = (
     "malformed_json",      # value is not parseable JSON
+    "bad_wire_format",     # Avro: no magic byte 0 and 4-byte schema id before the payload
+    "unknown_schema",      # Avro: the writer schema id is in neither the schema folder nor the registry
+    "malformed_avro",      # Avro: the payload does not decode with its writer schema
     "not_utf8",            # value bytes are not UTF-8
     "not_an_object",       # JSON, but not an object
     "missing_required",    # a required field is absent or null
@@ -104,7 +107,15 @@ class JsonDecoder:
         return obj
 
 
-DECODERS: dict[str, Callable[[PipelineSpec], Decoder]] = {"json": lambda spec: JsonDecoder()}
+def _avro(spec: PipelineSpec, registry: dict | None) -> Decoder:
+    from lakehouse.ingest.formats import avro_decoder
+
+    return avro_decoder(spec, registry)
+
+
+# value_format -> the decoder's factory, given the spec and the schema registry's client settings (or None)
+DECODERS: dict[str, Callable[[PipelineSpec, dict | None], Decoder]] = {
+    "json": lambda spec, registry: JsonDecoder(), "avro": _avro}
 
 
 def _show(value: Any) -> str:
@@ -118,12 +129,15 @@ def parse_timestamp(value: Any, name: str) -> int:
     The instant must lie in TIMESTAMP_RANGE: "9999-12-31T23:30:00-01:00" parses, but is
     in year 10000 once in UTC.
     """
-    if not isinstance(value, str):
+    if isinstance(value, datetime):  # Avro's timestamp-millis/micros logical types (aware, UTC)
+        parsed = value
+    elif not isinstance(value, str):
         raise Rejected("bad_timestamp", f"{name} must be an ISO-8601 string, got {_show(value)}")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise Rejected("bad_timestamp", f"{name} {_show(value)} is not ISO-8601") from None
+    else:
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise Rejected("bad_timestamp", f"{name} {_show(value)} is not ISO-8601") from None
     if parsed.tzinfo is None:
         raise Rejected("bad_timestamp", f"{name} {_show(value)} has no UTC offset")
     delta = parsed - _EPOCH
@@ -204,6 +218,8 @@ def _field_checker(f: FieldSpec) -> Callable[[Any], Any]:
             return parse_timestamp(v, name)
     elif f.type == "date":
         def check(v: Any) -> Any:
+            if type(v) is date:  # Avro's date logical type
+                return (v - _EPOCH_DATE).days
             if not isinstance(v, str):
                 raise Rejected("bad_date", f"{name} must be an ISO-8601 date string, got {_show(v)}")
             try:
@@ -417,9 +433,9 @@ class RecordValidator:
     path: `check_row` gives the same verdicts, faster.
     """
 
-    def __init__(self, spec: PipelineSpec, quarantined: frozenset[str] = frozenset()):
+    def __init__(self, spec: PipelineSpec, quarantined: frozenset[str] = frozenset(), registry: dict | None = None):
         self.spec = spec
-        self.decoder = DECODERS[spec.source.value_format](spec)
+        self.decoder = DECODERS[spec.source.value_format](spec, registry)
         self.fields = [(f.name, f.required, _field_checker(f)) for f in spec.contract.fields]
         self.quarantined = quarantined
         self.max_value_bytes = spec.source.max_value_bytes

@@ -228,11 +228,13 @@ def _stage(target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: 
 
 def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
                      targets: list[TableTarget], write_uuid: uuid.UUID, batch_rows: int = 10_000,
-                     stall_timeout: float = 60.0, fault=None, poisoned: Mapping[tuple[int, int], str] | None = None):
+                     stall_timeout: float = 60.0, fault=None, poisoned: Mapping[tuple[int, int], str] | None = None,
+                     registry: dict | None = None):
     """The function `rdd.mapPartitionsWithIndex` runs in each task: offset ranges in, one TaskResult out.
 
-    `fault`, `poisoned`, `batch_rows` and `stall_timeout` mean what they mean for
-    `kafka_source.make_reader`; the task's stage clock comes back in its TaskResult.
+    `fault`, `poisoned`, `batch_rows`, `stall_timeout` and `registry` (the schema registry's client
+    settings, for Avro) mean what they mean for `reader.make_reader`; the task's stage clock comes back
+    in its TaskResult.
     """
     poisoned = dict(poisoned or {})
     event_field = spec.event_time_field
@@ -244,7 +246,7 @@ def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozense
         began = time.time()
         sparkenv.steady_zip_imports()
         clock = StageClock()
-        builder = BatchBuilder(spec, RecordValidator(spec, quarantined), ingested_at_us)
+        builder = BatchBuilder(spec, RecordValidator(spec, quarantined, registry), ingested_at_us)
         batches: list[pa.RecordBatch] = []
         with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
             for rng in ranges:
