@@ -50,7 +50,8 @@ def orders(count: int) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
     return records, broken
 
 
-def test_an_avro_topic_lands_typed_with_its_broken_values_dead_lettered_by_kind(platform, pipeline, make_spec):
+def test_an_avro_topic_lands_typed_with_its_broken_values_dead_lettered_by_kind(platform, pipeline, make_spec,
+                                                                               spark):
     spec = avro_pipeline(pipeline, make_spec)
     records, broken = orders(600)
     send(platform, spec.source.topic, records)
@@ -65,7 +66,7 @@ def test_an_avro_topic_lands_typed_with_its_broken_values_dead_lettered_by_kind(
     assert all(r["value"] for r in letters), "a dead letter keeps the raw value"
 
 
-def test_kill_9_after_the_files_neither_loses_nor_duplicates_an_avro_record(platform, pipeline, make_spec):
+def test_kill_9_after_the_files_neither_loses_nor_duplicates_an_avro_record(platform, pipeline, make_spec, spark):
     spec = avro_pipeline(pipeline, make_spec)
     records, _ = orders(1000)
     send(platform, spec.source.topic, records)
@@ -78,7 +79,7 @@ def test_kill_9_after_the_files_neither_loses_nor_duplicates_an_avro_record(plat
 
 
 def test_a_registry_outage_stops_the_job_after_its_retry_budget_and_dead_letters_nothing(
-        platform, pipeline, free_tcp_port, monkeypatch):
+        platform, pipeline, free_tcp_port, monkeypatch, spark):
     spec = pipeline(source={"value_format": "avro", "partitions": 1}, supervision={"retry_budget": "3s"})
     records, _ = orders(20)
     send(platform, spec.source.topic, records[:8])  # none broken
@@ -90,7 +91,7 @@ def test_a_registry_outage_stops_the_job_after_its_retry_budget_and_dead_letters
 
 
 def test_lakehouse_produce_feeds_an_avro_pipeline_whose_dead_letters_match_what_it_broke(
-        platform, pipeline, make_spec):
+        platform, pipeline, make_spec, spark):
     from lakehouse_dev import produce
 
     spec = avro_pipeline(pipeline, make_spec)
