@@ -28,7 +28,7 @@ from bench import stats
 from bench.env import BenchError, BenchStack, stop_process_group, tail
 from lakehouse.core import config, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.spec import PipelineSpec
+from lakehouse.core.spec import PipelineSpec, read_schema_folder
 from lakehouse.ingest.reader import BatchBuilder
 from lakehouse.ingest.records import RecordValidator
 from lakehouse_dev import produce
@@ -277,7 +277,7 @@ def as_avro(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path) -> t
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "1.avsc").write_text(json.dumps(produce.contract_avro_schema(spec)))
-    avro_spec = replace(spec, source=replace(spec.source, value_format="avro", schemas=str(folder)))
+    avro_spec = replace(spec, source=replace(spec.source, value_format="avro", schemas=read_schema_folder(folder)))
     values = produce.AvroValues(avro_spec, config.load())
     out = []
     for r in records:

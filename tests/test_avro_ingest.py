@@ -14,6 +14,7 @@ import pytest
 from test_formats import ORDER_SCHEMA, ORDER_SCHEMA_V2
 
 from e2e import assert_exactly_once, lakehouse, pipeline, rows, run_cli, send  # noqa: F401 (fixture)
+from lakehouse.core.catalog import open_catalog
 from lakehouse.ingest.formats import parse_schema, wire_value
 
 pytestmark = pytest.mark.slow
@@ -76,6 +77,16 @@ def test_kill_9_after_the_files_neither_loses_nor_duplicates_an_avro_record(plat
     resumed = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert assert_exactly_once(platform, spec) == 1000
+
+
+def test_an_avro_pipeline_without_writer_schemas_is_refused_at_start_naming_both_sources(platform, pipeline,
+                                                                                        spark, monkeypatch):
+    spec = pipeline(source={"value_format": "avro", "partitions": 1})
+    monkeypatch.delenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", raising=False)
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "source.schemas" in run.stderr and "LAKEHOUSE_SCHEMA_REGISTRY_URL" in run.stderr
+    assert not open_catalog(platform, spec.catalog).table_exists(spec.target.table), "refused before creating"
 
 
 def test_a_registry_outage_stops_the_job_after_its_retry_budget_and_dead_letters_nothing(

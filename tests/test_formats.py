@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakehouse.core import config, errors
-from lakehouse.core.spec import SpecError, load_spec
+from lakehouse.core.spec import SpecError, load_spec, read_schema_folder
 from lakehouse.ingest.formats import parse_schema, register_avro_schema, wire_value
 from lakehouse.ingest.records import ERROR_KINDS, RecordValidator, Rejected
 
@@ -55,8 +55,12 @@ def schemas(tmp_path):
 
 @pytest.fixture
 def avro_spec(schemas):
-    spec = load_spec(SHIPPED)
-    return replace(spec, source=replace(spec.source, value_format="avro", schemas=str(schemas)))
+    return with_schemas(load_spec(SHIPPED), schemas)
+
+
+def with_schemas(spec, folder):
+    """`spec` as an Avro pipeline whose writer schemas are the `<id>.avsc` files of `folder`."""
+    return replace(spec, source=replace(spec.source, value_format="avro", schemas=read_schema_folder(folder)))
 
 
 def verdict(validator: RecordValidator, value: bytes):
@@ -130,7 +134,8 @@ def test_an_avro_pipeline_needs_a_schema_folder_or_a_registry(tmp_path):
 def test_the_spec_names_a_schema_folder_beside_it_and_refuses_one_that_is_not_there(tmp_path, schemas):
     text = SHIPPED.read_text().replace("value_format: json", "value_format: avro\n  schemas: schemas")
     (tmp_path / "orders.yaml").write_text(text)
-    assert load_spec(tmp_path / "orders.yaml").source.schemas == str(schemas.resolve())
+    loaded = load_spec(tmp_path / "orders.yaml").source.schemas  # read with the spec: tasks need no folder
+    assert [schema_id for schema_id, _ in loaded] == [1, 2] and json.loads(loaded[1][1]) == ORDER_SCHEMA_V2
     (tmp_path / "orders.yaml").write_text(text.replace("schemas: schemas", "schemas: missing"))
     with pytest.raises(SpecError, match="source.schemas"):
         load_spec(tmp_path / "orders.yaml")
@@ -150,6 +155,9 @@ def test_registry_credentials_travel_as_basic_auth_and_never_in_the_shown_config
     assert platform.schema_registry() == {"url": "https://registry.example:8081",
                                           "basic.auth.user.info": "ingest:s3cr@t"}
     assert "s3cr" not in repr(platform)
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", "http://ingest:pw@[::1]:8081/registry")
+    assert config.load(fresh=True).schema_registry() == {"url": "http://[::1]:8081/registry",
+                                                         "basic.auth.user.info": "ingest:pw"}
     monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", "registry:8081")
     with pytest.raises(config.ConfigError, match="LAKEHOUSE_SCHEMA_REGISTRY_URL"):
         config.load(fresh=True)
@@ -161,6 +169,7 @@ def test_the_producer_writes_avro_the_reader_reads_back_and_each_defect_as_the_k
     from lakehouse_dev.produce import AVRO_ONLY_KINDS, synthesize
 
     (schemas / "3.avsc").write_text(json.dumps(contract_avro_schema_of(avro_spec)))
+    avro_spec = with_schemas(avro_spec, schemas)
     validator = RecordValidator(avro_spec)
     seen = set()
     for record in synthesize(avro_spec, 400, bad_ratio=0.4, seed=11):

@@ -30,7 +30,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
-from pathlib import Path
 from random import Random
 from typing import Any, Callable, Iterator
 
@@ -738,9 +737,7 @@ class AvroValues:
         from lakehouse.ingest.formats import parse_schema, register_avro_schema
 
         if spec.source.schemas:
-            ids = sorted(int(p.stem) for p in Path(spec.source.schemas).glob("*.avsc") if p.stem.isdigit())
-            self.schema_id = ids[-1]
-            text = (Path(spec.source.schemas) / f"{self.schema_id}.avsc").read_text()
+            self.schema_id, text = max(spec.source.schemas)
         elif platform.schema_registry():
             text = json.dumps(contract_avro_schema(spec))
             self.schema_id = register_avro_schema(platform.schema_registry(), f"{spec.source.topic}-value", text)

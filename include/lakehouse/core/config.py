@@ -318,8 +318,7 @@ class PlatformConfig:
         if not self.schema_registry_url:
             return None
         parts = urlsplit(self.schema_registry_url)
-        conf = {"url": parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
-                if parts.username else self.schema_registry_url}
+        conf = {"url": parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()}
         if parts.username:
             conf["basic.auth.user.info"] = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         return conf

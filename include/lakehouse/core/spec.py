@@ -44,6 +44,27 @@ SPARK_TYPES = {
 WIDENINGS = {("int", "long")}
 VALUE_FORMATS = ("json", "avro")
 _SCHEMA_FOLDER = re.compile(r"[^\x00-\x1f]{1,1024}")
+MAX_SCHEMA_FILES = 1000
+MAX_SCHEMA_BYTES = 1024 * 1024  # one Avro schema; a larger file is a mistake
+
+
+def read_schema_folder(folder: Path) -> tuple[tuple[int, str], ...]:
+    """The writer schemas of `folder`, (id, text) of each `<id>.avsc` file by id; () when there are none.
+    Raises OSError for a folder that cannot be read, ValueError for too many or too large files or one
+    that is not UTF-8."""
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        return ()
+    files = sorted((int(p.stem), p) for p in folder.glob("*.avsc") if p.stem.isascii() and p.stem.isdigit()
+                   and len(p.stem) <= 10 and int(p.stem) < 2 ** 31)
+    if len(files) > MAX_SCHEMA_FILES:
+        raise ValueError(f"{len(files)} schema files, at most {MAX_SCHEMA_FILES}")
+    found = []
+    for schema_id, file in files:
+        if file.stat().st_size > MAX_SCHEMA_BYTES:
+            raise ValueError(f"{file.name} is larger than {MAX_SCHEMA_BYTES} bytes")
+        found.append((schema_id, file.read_bytes().decode("utf-8")))
+    return tuple(found)
 MODES = ("append", "upsert")
 TRIGGER_MODES = ("continuous", "scheduled")
 ADDITIVE_POLICIES = ("evolve", "fail")
@@ -256,9 +277,10 @@ class SourceSpec:
     replication_factor: int = 1
     retention_ms: int | None = None
     value_format: str = "json"
-    # avro: a folder of writer schemas, `<schema id>.avsc`, beside the spec (air-gapped, the embedded
-    # stack); None: the schema registry (LAKEHOUSE_SCHEMA_REGISTRY_URL). Absolute once loaded.
-    schemas: str | None = None
+    # avro: the writer schemas (id, Avro schema JSON text), read from the folder `source.schemas` names
+    # beside the spec (air-gapped, the embedded stack) when the spec is loaded, so that Spark tasks on any
+    # host get them with the spec; (): the schema registry (LAKEHOUSE_SCHEMA_REGISTRY_URL)
+    schemas: tuple[tuple[int, str], ...] = ()
     key_field: str | None = None  # the Kafka key must equal this field of the value
     key_required: bool = False
     max_value_bytes: int = 1_048_576
@@ -728,20 +750,18 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     if retention is not None and r.integer(retention, "source.retention_ms", -1) == 0:
         raise r.fail("source.retention_ms", "0 would delete records as soon as they arrive; use -1 for unlimited")
     value_format = r.choice(src.get("value_format", "json"), "source.value_format", VALUE_FORMATS)
-    schemas = None
+    schemas: tuple[tuple[int, str], ...] = ()
     if src.get("schemas") is not None:
         if value_format != "avro":
             raise r.fail("source.schemas", f"is a folder of Avro writer schemas; value_format is {value_format!r}")
         folder = r.string(src["schemas"], "source.schemas", _SCHEMA_FOLDER,
                           "a folder path beside the spec, at most 1,024 characters")
         try:
-            resolved = (Path(path).parent / folder).resolve()
-            found = resolved.is_dir() and any(p.stem.isdigit() for p in resolved.glob("*.avsc"))
-        except (OSError, ValueError, RuntimeError) as exc:  # a name too long, a symlink loop
+            schemas = read_schema_folder(Path(path).parent / folder)
+        except (OSError, ValueError, RuntimeError) as exc:  # a name too long, a symlink loop, too large
             raise r.fail("source.schemas", f"{folder!r} cannot be read: {exc}") from None
-        if not found:
-            raise r.fail("source.schemas", f"{folder!r} ({resolved}) is not a folder of <schema id>.avsc files")
-        schemas = str(resolved)
+        if not schemas:
+            raise r.fail("source.schemas", f"{folder!r} is not a folder of <schema id>.avsc files")
     source = SourceSpec(
         topic=topic,
         partitions=r.integer(src.get("partitions", 1), "source.partitions", 1),

@@ -7,8 +7,8 @@ contract checks (lakehouse.ingest.records); Avro's logical types arrive as Pytho
 (timestamp-millis/micros as aware datetimes, date as dates), which the checks accept.
 
 Writer schemas come from a `SchemaStore`, once per id and process (a Spark task keeps its own):
-from a folder beside the spec (`source.schemas`: `<id>.avsc` files, for air-gapped use and the
-embedded stack) or from a Confluent-compatible registry (LAKEHOUSE_SCHEMA_REGISTRY_URL). What
+from the folder beside the spec that `source.schemas` names (`<id>.avsc` files, read with the spec and
+shipped to the tasks with it; for air-gapped use and the embedded stack) or from a Confluent-compatible registry (LAKEHOUSE_SCHEMA_REGISTRY_URL). What
 each failure becomes:
 
     value without the wire format's header      dead letter `bad_wire_format`
@@ -24,7 +24,6 @@ import io
 import json
 import struct
 import threading
-from pathlib import Path
 from typing import Any
 
 from lakehouse.core import errors
@@ -80,14 +79,15 @@ def registry_client(registry: dict):
 
 
 class SchemaStore:
-    """Writer schemas by id from a folder of `<id>.avsc` files or a registry, each parsed once."""
+    """Writer schemas by id, from the spec (`source.schemas`, read from its folder) or a registry, each
+    parsed once."""
 
-    def __init__(self, folder: str | None = None, registry: dict | None = None):
-        if folder is None and registry is None:
+    def __init__(self, declared: dict[int, str] | None = None, registry: dict | None = None):
+        if not declared and registry is None:
             raise errors.ConfigurationError(
                 "an Avro pipeline needs its writer schemas: set source.schemas in the spec (a folder of "
                 "<schema id>.avsc files) or LAKEHOUSE_SCHEMA_REGISTRY_URL")
-        self.folder = Path(folder) if folder is not None else None
+        self.declared = declared or None
         self.registry = registry
         self._parsed: dict[int, Any] = {}
         self._unknown: dict[int, str] = {}
@@ -101,7 +101,7 @@ class SchemaStore:
         if schema_id in self._unknown:
             raise Rejected("unknown_schema", self._unknown[schema_id])
         try:
-            text = self._from_folder(schema_id) if self.folder is not None else self._from_registry(schema_id)
+            text = self._declared(schema_id) if self.declared else self._from_registry(schema_id)
             parsed = parse_schema(text)
         except Rejected as rejected:
             self._unknown[schema_id] = rejected.detail
@@ -112,12 +112,12 @@ class SchemaStore:
         self._parsed[schema_id] = parsed
         return parsed
 
-    def _from_folder(self, schema_id: int) -> str:
-        path = self.folder / f"{schema_id}.avsc"
+    def _declared(self, schema_id: int) -> str:
         try:
-            return path.read_text()
-        except FileNotFoundError:
-            raise Rejected("unknown_schema", f"writer schema {schema_id} is not in {self.folder}") from None
+            return self.declared[schema_id]
+        except KeyError:
+            raise Rejected("unknown_schema", f"writer schema {schema_id} is not among the pipeline's "
+                                             f"source.schemas ({', '.join(map(str, sorted(self.declared)))})") from None
 
     def _from_registry(self, schema_id: int) -> str:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -170,5 +170,11 @@ class AvroDecoder:
         return record
 
 
+def schema_store(spec: PipelineSpec, registry: dict | None) -> SchemaStore:
+    """The writer schemas of an Avro pipeline: the spec's own, else the registry's (ConfigurationError
+    when it has neither)."""
+    return SchemaStore(dict(spec.source.schemas), None if spec.source.schemas else registry)
+
+
 def avro_decoder(spec: PipelineSpec, registry: dict | None) -> AvroDecoder:
-    return AvroDecoder(SchemaStore(spec.source.schemas, None if spec.source.schemas else registry))
+    return AvroDecoder(schema_store(spec, registry))

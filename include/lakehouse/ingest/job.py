@@ -44,7 +44,7 @@ from lakehouse.core import config, errors, events, hooks, offsets, sparkenv
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import PipelineSpec, load_spec
-from lakehouse.ingest import committer, tables, taskwriter
+from lakehouse.ingest import committer, formats, tables, taskwriter
 from lakehouse.ingest.plan import BatchPlan, plan_batch, split_for_tasks, task_groups, topic_state_for
 from lakehouse.ingest.reader import batch_schema, make_reader
 from lakehouse.ingest.taskwriter import TableTarget, TaskResult
@@ -223,6 +223,8 @@ class IngestJob:
         self.spark = spark or sparkenv.session(self.platform, [spec.catalog], f"lakehouse-ingest-{spec.name}")
         self.catalog = open_catalog(self.platform, spec.catalog)
         self.kafka_conf = self.platform.kafka()
+        if spec.source.value_format == "avro":  # no writer schemas at all: say so now, not in every task
+            formats.schema_store(spec, self.platform.schema_registry())
         self._faults = hooks.faults()
         self._faults.check()
         self._spec_mtime = self._mtime()
