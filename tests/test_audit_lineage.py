@@ -22,7 +22,7 @@ from lakehouse.core import config, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest import tables
-from lakehouse.ingest.reader import ARROW_TYPES, KAFKA_STRUCT
+from lakehouse.ingest.reader import KAFKA_STRUCT, arrow_type
 from lakehouse.wap import publish, quality
 
 
@@ -53,7 +53,7 @@ def orders(platform: config.PlatformConfig, spec: PipelineSpec) -> Table:
 
 
 def arrow_schema(spec: PipelineSpec) -> pa.Schema:
-    return pa.schema([(f.name, ARROW_TYPES[f.type]) for f in spec.contract.fields]
+    return pa.schema([(f.name, arrow_type(f)) for f in spec.contract.fields]
                      + [("_kafka", KAFKA_STRUCT), ("_ingested_at", pa.timestamp("us", tz="UTC"))])
 
 

@@ -108,7 +108,7 @@ def test_pipelines_lists_the_valid_specs_reports_broken_files_and_exits_2(home, 
     assert cli.main(["pipelines"]) == 2
     out, err = capsys.readouterr()
     assert out.startswith("orders ") and "broken" not in out
-    assert err == f"error: {specs / 'broken.yaml'}: target.mode: 'sideways' is not one of append, upsert\n"
+    assert err == f"error: {specs / 'broken.yaml'}: target.mode: 'sideways' is not one of append, upsert, cdc\n"
 
     assert cli.main(["pipelines", "--json"]) == 2
     listed = yaml.safe_load(capsys.readouterr().out)

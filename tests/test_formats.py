@@ -135,13 +135,14 @@ def test_the_spec_names_a_schema_folder_beside_it_and_refuses_one_that_is_not_th
     text = SHIPPED.read_text().replace("value_format: json", "value_format: avro\n  schemas: schemas")
     (tmp_path / "orders.yaml").write_text(text)
     loaded = load_spec(tmp_path / "orders.yaml").source.schemas  # read with the spec: tasks need no folder
-    assert [schema_id for schema_id, _ in loaded] == [1, 2] and json.loads(loaded[1][1]) == ORDER_SCHEMA_V2
+    assert [(schema_id, kind) for schema_id, kind, _ in loaded] == [(1, "AVRO"), (2, "AVRO")]
+    assert json.loads(loaded[1][2]) == ORDER_SCHEMA_V2
     (tmp_path / "orders.yaml").write_text(text.replace("schemas: schemas", "schemas: missing"))
     with pytest.raises(SpecError, match="source.schemas"):
         load_spec(tmp_path / "orders.yaml")
     (tmp_path / "orders.yaml").write_text(SHIPPED.read_text().replace("value_format: json",
                                                                       "value_format: json\n  schemas: schemas"))
-    with pytest.raises(SpecError, match="value_format is 'json'"):
+    with pytest.raises(SpecError, match="value_format 'json' and key format 'string' have none"):
         load_spec(tmp_path / "orders.yaml")
     for hostile in ('"a\\0b"', "x" * 5000, "[1, 2]", '"/etc"', '"../../.."', '"\\ud800"'):
         (tmp_path / "orders.yaml").write_text(text.replace("schemas: schemas", f"schemas: {hostile}"))

@@ -736,8 +736,9 @@ class AvroValues:
     def __init__(self, spec: PipelineSpec, platform: config.PlatformConfig):
         from lakehouse.ingest.formats import parse_schema, register_avro_schema
 
-        if spec.source.schemas:
-            self.schema_id, text = max(spec.source.schemas)
+        avro = [(schema_id, text) for schema_id, schema_type, text in spec.source.schemas if schema_type == "AVRO"]
+        if avro:
+            self.schema_id, text = max(avro)
         elif platform.schema_registry():
             text = json.dumps(contract_avro_schema(spec))
             self.schema_id = register_avro_schema(platform.schema_registry(), f"{spec.source.topic}-value", text)

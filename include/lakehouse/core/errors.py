@@ -38,6 +38,11 @@ class ConfigurationError(LakehouseError, ValueError):
     exit_code = EXIT_CONFIG
 
 
+class SchemaTranslationError(ConfigurationError):
+    """A writer schema holds a construct the contract cannot express (lakehouse.core.schemas); the
+    message names the field path and what is not supported."""
+
+
 class SourceError(LakehouseError, RuntimeError):
     """Kafka cannot serve what the pipeline needs; the message says what and why."""
 

@@ -22,7 +22,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 from croniter import croniter
@@ -30,46 +30,89 @@ from croniter import croniter
 from lakehouse.core import config
 from lakehouse.core.errors import ConfigurationError
 
-FIELD_TYPES = ("string", "int", "long", "double", "boolean", "timestamp", "date")
+# The contract's types. Primitives map one to one onto Iceberg's; `uuid` is stored as its canonical text
+# (Spark has no UUID type), `decimal(P,S)` is written with its precision and scale. Nested types hold
+# further field specs: a struct its `fields`, a list its `items`, a map (string keys) its `values`.
+PRIMITIVE_TYPES = ("string", "int", "long", "float", "double", "boolean", "timestamp", "date", "decimal", "uuid",
+                   "binary")
+NESTED_TYPES = ("struct", "list", "map")
+FIELD_TYPES = (*PRIMITIVE_TYPES, *NESTED_TYPES)
 SPARK_TYPES = {
     "string": "string",
     "int": "int",
     "long": "bigint",
+    "float": "float",
     "double": "double",
     "boolean": "boolean",
     "timestamp": "timestamp",
     "date": "date",
+    "uuid": "string",
+    "binary": "binary",
 }
-# Type changes a table may take without rewriting data (Iceberg's allowed promotions).
-WIDENINGS = {("int", "long")}
-VALUE_FORMATS = ("json", "avro")
+MAX_DECIMAL_PRECISION = 38  # Iceberg's and Spark's
+# Epoch units a timestamp or date field may also take numbers in (Debezium's and Connect's encodings):
+# seconds, milliseconds, microseconds since the epoch for timestamps, days for dates.
+TIMESTAMP_UNITS = ("s", "ms", "us")
+DATE_UNITS = ("days",)
+# Types a key column (target.key), a fan-out field or a Kafka-key field may have: values that identify.
+# The types lakehouse.ingest.records' JSON fast path decodes; a contract with others takes the reference.
+FAST_PATH_TYPES = ("string", "int", "long", "float", "double", "boolean", "timestamp", "date")
+KEY_TYPES = ("string", "int", "long", "date", "timestamp", "uuid", "decimal", "boolean")
+# Type changes a table may take without rewriting data (Iceberg's allowed promotions; a decimal's
+# precision may grow at the same scale).
+WIDENINGS = {("int", "long"), ("float", "double")}
+# json: plain JSON values; the others are the Confluent wire format (magic byte 0, a 4-byte schema id,
+# the payload) with writer schemas by id from `source.schemas` or a schema registry (lakehouse.ingest.formats)
+VALUE_FORMATS = ("json", "avro", "protobuf", "json_schema")
+# a key is UTF-8 text (string) or, like a value, a record: a Debezium key holds the primary key's columns
+KEY_FORMATS = ("string", *VALUE_FORMATS)
+# the change-event envelopes a `mode: cdc` pipeline reads (lakehouse.ingest.changes)
+ENVELOPES = ("debezium",)
+# the schema registry's schema types by the extension of a file in a `source.schemas` folder
+SCHEMA_FILE_TYPES = {".avsc": "AVRO", ".proto": "PROTOBUF", ".json": "JSON"}
+# the schema type each wire format's writer schemas have
+FORMAT_SCHEMA_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}
 _SCHEMA_FOLDER = re.compile(r"[^\x00-\x1f]{1,1024}")
 MAX_SCHEMA_FILES = 1000
-MAX_SCHEMA_BYTES = 1024 * 1024  # one Avro schema; a larger file is a mistake
+MAX_SCHEMA_BYTES = 1024 * 1024  # one writer schema; a larger file is a mistake
 
 
-def read_schema_folder(folder: Path) -> tuple[tuple[int, str], ...]:
-    """The writer schemas of `folder`, (id, text) of each `<id>.avsc` file by id; () when there are none.
-    Raises OSError for a folder that cannot be read, ValueError for too many or too large files or one
-    that is not UTF-8."""
+def read_schema_folder(folder: Path) -> tuple[tuple[int, str, str], ...]:
+    """The writer schemas of `folder`, (id, schema type, text) of each `<id>.avsc` (AVRO), `<id>.proto`
+    (PROTOBUF) or `<id>.json` (JSON) file by id; () when there are none. Raises OSError for a folder that
+    cannot be read, ValueError for too many or too large files, one that is not UTF-8, or one id given
+    twice (`3.avsc` beside `3.proto`)."""
     folder = Path(folder).resolve()
     if not folder.is_dir():
         return ()
-    files = sorted((int(p.stem), p) for p in folder.glob("*.avsc") if p.stem.isascii() and p.stem.isdigit()
+    files = sorted((int(p.stem), SCHEMA_FILE_TYPES[p.suffix], p) for p in folder.iterdir()
+                   if p.suffix in SCHEMA_FILE_TYPES and p.stem.isascii() and p.stem.isdigit()
                    and len(p.stem) <= 10 and int(p.stem) < 2 ** 31)
     if len(files) > MAX_SCHEMA_FILES:
         raise ValueError(f"{len(files)} schema files, at most {MAX_SCHEMA_FILES}")
-    found = []
-    for schema_id, file in files:
+    found: list[tuple[int, str, str]] = []
+    for schema_id, schema_type, file in files:
+        if found and found[-1][0] == schema_id:
+            raise ValueError(f"schema id {schema_id} is given twice ({file.name} and another file)")
         if file.stat().st_size > MAX_SCHEMA_BYTES:
             raise ValueError(f"{file.name} is larger than {MAX_SCHEMA_BYTES} bytes")
-        found.append((schema_id, file.read_bytes().decode("utf-8")))
+        found.append((schema_id, schema_type, file.read_bytes().decode("utf-8")))
     return tuple(found)
-MODES = ("append", "upsert")
+# cdc: an upsert table fed by change events (source.envelope); the spec keeps it as mode upsert
+MODES = ("append", "upsert", "cdc")
 TRIGGER_MODES = ("continuous", "scheduled")
 ADDITIVE_POLICIES = ("evolve", "fail")
 INCOMPATIBLE_POLICIES = ("fail", "quarantine")
 PARTITION_TRANSFORMS = ("identity", "year", "month", "day", "hour", "bucket", "truncate")
+# the column types each transform takes (Iceberg's partition transforms)
+PARTITION_SOURCE_TYPES = {
+    "identity": ("string", "int", "long", "float", "double", "boolean", "timestamp", "date", "decimal", "uuid",
+                 "binary"),
+    "year": ("timestamp", "date"), "month": ("timestamp", "date"), "day": ("timestamp", "date"),
+    "hour": ("timestamp",),
+    "bucket": ("string", "int", "long", "timestamp", "date", "decimal", "uuid", "binary"),
+    "truncate": ("string", "int", "long", "decimal", "binary"),
+}
 RESERVED_COLUMNS = ("_kafka", "_ingested_at")
 # Airflow's cron presets; any other schedule is a five-field cron expression.
 SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
@@ -217,7 +260,13 @@ def parse_duration(value: Any, *, positive: bool = False, maximum: float = MAX_D
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One field of the record contract; enum, range and pattern are part of its type."""
+    """One field of the record contract; enum, range and pattern are part of its type.
+
+    `type` is one of FIELD_TYPES. A decimal has `precision` and `scale`; a timestamp or date may have a
+    `unit` (TIMESTAMP_UNITS, DATE_UNITS): then numbers since the epoch in that unit are accepted beside
+    ISO-8601 text. A struct has `fields`, a list its element spec `items`, a map its value spec `values`
+    (keys are strings); `required` of an element or a map value means it may not be null.
+    """
 
     name: str
     type: str
@@ -228,10 +277,60 @@ class FieldSpec:
     pattern: str | None = None
     max_length: int | None = None
     doc: str = ""
+    precision: int | None = None
+    scale: int | None = None
+    unit: str | None = None
+    fields: tuple[FieldSpec, ...] = ()
+    items: FieldSpec | None = None
+    values: FieldSpec | None = None
 
     @property
     def spark_type(self) -> str:
+        """The Spark SQL type of the field's column, e.g. `decimal(12,2)` or `struct<`a`:int>`."""
+        if self.type == "decimal":
+            return f"decimal({self.precision},{self.scale})"
+        if self.type == "struct":
+            return "struct<" + ",".join(f"`{f.name}`:{f.spark_type}" for f in self.fields) + ">"
+        if self.type == "list":
+            return f"array<{self.items.spark_type}>"
+        if self.type == "map":
+            return f"map<string,{self.values.spark_type}>"
         return SPARK_TYPES[self.type]
+
+    @property
+    def type_text(self) -> str:
+        """The type as a spec writes it (`decimal(12,2)`, `list<string>`), for messages."""
+        if self.type == "decimal":
+            return f"decimal({self.precision},{self.scale})"
+        if self.type == "list":
+            return f"list<{self.items.type_text}>"
+        if self.type == "map":
+            return f"map<string,{self.values.type_text}>"
+        if self.type == "struct":
+            return "struct<" + ",".join(f"{f.name}:{f.type_text}" for f in self.fields) + ">"
+        return self.type
+
+    @property
+    def nested(self) -> bool:
+        return self.type in NESTED_TYPES
+
+    def walk(self, path: str = "") -> Iterator[tuple[str, FieldSpec]]:
+        """(dotted path, spec) of this field and every field inside it, depth first; list elements and
+        map values are named `element` and `value` in the path, as Iceberg names them."""
+        here = f"{path}.{self.name}" if path else self.name
+        yield here, self
+        for child in self.children:
+            yield from child.walk(here)
+
+    @property
+    def children(self) -> tuple[FieldSpec, ...]:
+        if self.type == "struct":
+            return self.fields
+        if self.type == "list":
+            return (self.items,)
+        if self.type == "map":
+            return (self.values,)
+        return ()
 
 
 @dataclass(frozen=True)
@@ -247,6 +346,20 @@ class Contract:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
+
+    def walk(self) -> Iterator[tuple[str, FieldSpec]]:
+        """(dotted path, spec) of every field, nested ones included (FieldSpec.walk)."""
+        for f in self.fields:
+            yield from f.walk()
+
+    @property
+    def has_decimals(self) -> bool:
+        return any(f.type == "decimal" for _, f in self.walk())
+
+    @property
+    def primitive(self) -> bool:
+        """Whether every field is one of the original scalar types the JSON fast path mirrors."""
+        return all(f.type in FAST_PATH_TYPES for f in self.fields)
 
 
 @dataclass(frozen=True)
@@ -277,12 +390,15 @@ class SourceSpec:
     replication_factor: int = 1
     retention_ms: int | None = None
     value_format: str = "json"
-    # avro: the writer schemas (id, Avro schema JSON text), read from the folder `source.schemas` names
-    # beside the spec (air-gapped, the embedded stack) when the spec is loaded, so that Spark tasks on any
-    # host get them with the spec; (): the schema registry (LAKEHOUSE_SCHEMA_REGISTRY_URL)
-    schemas: tuple[tuple[int, str], ...] = ()
+    # the wire formats' writer schemas (id, schema type AVRO/PROTOBUF/JSON, text), read from the folder
+    # `source.schemas` names beside the spec (air-gapped, the embedded stack) when the spec is loaded, so
+    # that Spark tasks on any host get them with the spec; (): the schema registry
+    # (LAKEHOUSE_SCHEMA_REGISTRY_URL)
+    schemas: tuple[tuple[int, str, str], ...] = ()
     key_field: str | None = None  # the Kafka key must equal this field of the value
     key_required: bool = False
+    key_format: str = "string"  # KEY_FORMATS; a record key's field `key_field` is compared, not the whole key
+    envelope: str | None = None  # ENVELOPES: values are change events (target mode cdc)
     max_value_bytes: int = 1_048_576
 
 
@@ -395,8 +511,16 @@ class PipelineSpec:
     def tombstones_delete(self) -> bool:
         """Whether a tombstone (a record without value) deletes its key: an upsert pipeline keyed by the
         Kafka key."""
+        if self.source.envelope is not None:  # a change stream's tombstone follows the delete of its key
+            return True
         return self.target.mode == "upsert" and self.source.key_field is not None \
             and self.target.key == (self.source.key_field,)
+
+    @property
+    def wire_formats(self) -> tuple[str, ...]:
+        """The formats of this pipeline's keys and values that carry a writer schema id (FORMAT_SCHEMA_TYPES)."""
+        return tuple(dict.fromkeys(f for f in (self.source.value_format, self.source.key_format)
+                                   if f in FORMAT_SCHEMA_TYPES))
 
     @property
     def tombstone_table(self) -> str | None:
@@ -554,70 +678,130 @@ class _Reader:
                                f"'*/10 * * * *' or one of {', '.join(SCHEDULE_PRESETS)}")
 
 
-def _contract(r: _Reader, raw: Any) -> Contract:
-    raw = r.mapping(raw, "contract", {"fields"})
+# Contract field names: Avro's and Protobuf's rule (letters, digits, underscores), so that a contract
+# derived from a writer schema keeps its names; two names of one record may not differ only in case
+# (Spark resolves columns case-insensitively).
+FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_DECIMAL = re.compile(r"decimal\( *([0-9]{1,3}) *, *([0-9]{1,3}) *\)")
+MAX_CONTRACT_DEPTH = 16  # struct, list and map levels of one field
+_FIELD_KEYS = {"name", "type", "required", "enum", "min", "max", "pattern", "max_length", "doc", "unit", "fields",
+               "items", "values"}
+CONTRACT_SOURCES = ("writer_schema",)
+
+
+def _contract(r: _Reader, raw: Any, derived: tuple[FieldSpec, ...] | None = None) -> Contract:
+    """The contract: the declared `fields`, or with `from: writer_schema` the `derived` fields."""
+    raw = r.mapping(raw, "contract", {"fields", "from"})
+    if raw.get("from") is not None:
+        r.choice(raw["from"], "contract.from", CONTRACT_SOURCES)
+        if raw.get("fields") is not None:
+            raise r.fail("contract.fields", "a contract derived from the writer schema declares no fields; "
+                                            "remove `from` to declare them instead")
+        for path, f in (p for top in derived for p in top.walk()):
+            if path in RESERVED_COLUMNS:
+                raise r.fail("contract.from", f"the writer schema's field {path!r} is reserved for source "
+                                              f"coordinates; rename it in the schema")
+        return Contract(derived)
     items = r.required(raw, "fields", "contract")
+    return Contract(_fields(r, items, "contract.fields", top=True, depth=0))
+
+
+def _fields(r: _Reader, items: Any, where: str, top: bool, depth: int) -> tuple[FieldSpec, ...]:
     if not isinstance(items, list) or not items:
-        raise r.fail("contract.fields", "must be a non-empty list of fields")
+        raise r.fail(where, "must be a non-empty list of fields")
     fields: list[FieldSpec] = []
-    seen: set[str] = set()
-    allowed = {"name", "type", "required", "enum", "min", "max", "pattern", "max_length", "doc"}
+    seen: dict[str, str] = {}
     for i, item in enumerate(items):
-        where = f"contract.fields[{i}]"
-        item = r.mapping(item, where, allowed)
-        name = r.identifier(r.required(item, "name", where), f"{where}.name")
-        where = f"contract.fields[{name}]"
-        if name in seen:
-            raise r.fail(where, "is declared twice")
-        if name in RESERVED_COLUMNS:
-            raise r.fail(where, f"{name!r} is reserved for source coordinates")
-        seen.add(name)
-        ftype = r.choice(r.required(item, "type", where), f"{where}.type", FIELD_TYPES)
-        enum = item.get("enum")
-        if enum is not None:
-            if not isinstance(enum, list) or not enum:
-                raise r.fail(f"{where}.enum", "must be a non-empty list")
-            if ftype not in ("string", "int", "long"):
-                raise r.fail(f"{where}.enum", f"is only allowed for string, int and long fields, not {ftype}")
-            for value in enum:
-                if ftype == "string":
-                    ok = isinstance(value, str)
-                else:
-                    ok = isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value <= _INT64[1]
-                if not ok:
-                    raise r.fail(f"{where}.enum", f"{_shown(value)} is not a {ftype}")
-            enum = tuple(enum)
-        lo = item.get("min")
-        hi = item.get("max")
-        for key, bound in (("min", lo), ("max", hi)):
-            if bound is not None and ftype not in ("int", "long", "double"):
-                raise r.fail(f"{where}.{key}", f"ranges apply to numeric fields, not {ftype}")
-        lo = None if lo is None else r.number(lo, f"{where}.min")
-        hi = None if hi is None else r.number(hi, f"{where}.max")
-        if lo is not None and hi is not None and lo > hi:
-            raise r.fail(f"{where}.min", f"{lo} is greater than max {hi}")
-        pattern = item.get("pattern")
-        if pattern is not None:
-            if ftype != "string":
-                raise r.fail(f"{where}.pattern", f"patterns apply to string fields, not {ftype}")
-            try:
-                re.compile(r.string(pattern, f"{where}.pattern"))
-            except (re.error, RecursionError) as exc:  # deep nesting overflows the regex parser
-                raise r.fail(f"{where}.pattern", f"is not a regular expression: {exc}") from None
-        max_length = item.get("max_length")
-        if max_length is not None:
-            if ftype != "string":
-                raise r.fail(f"{where}.max_length", f"applies to string fields, not {ftype}")
-            max_length = r.integer(max_length, f"{where}.max_length", 1, CAPS["source.max_value_bytes"])
-        fields.append(FieldSpec(
-            name=name, type=ftype,
-            required=r.boolean(item.get("required", False), f"{where}.required"),
-            enum=enum,
-            min=lo, max=hi,
-            pattern=pattern, max_length=max_length,
-            doc=r.text(item.get("doc"), f"{where}.doc"),
-        ))
-    return Contract(tuple(fields))
+        item = r.mapping(item, f"{where}[{i}]", _FIELD_KEYS)
+        name = r.string(r.required(item, "name", f"{where}[{i}]"), f"{where}[{i}].name", FIELD_NAME,
+                        "letters, digits and underscores, not starting with a digit, at most 128 characters")
+        here = f"{where}[{name}]"
+        if name.lower() in seen:
+            raise r.fail(here, "is declared twice" if seen[name.lower()] == name
+                         else f"differs from field {seen[name.lower()]!r} only in case, which Spark cannot tell apart")
+        if top and name in RESERVED_COLUMNS:
+            raise r.fail(here, f"{name!r} is reserved for source coordinates")
+        seen[name.lower()] = name
+        fields.append(_field(r, item, here, name, depth))
+    return tuple(fields)
+
+
+def _field(r: _Reader, item: dict, where: str, name: str, depth: int) -> FieldSpec:
+    """One field (or a list's element, a map's value) of the contract, checked."""
+    if depth >= MAX_CONTRACT_DEPTH:
+        raise r.fail(where, f"nests deeper than {MAX_CONTRACT_DEPTH} levels")
+    type_text = r.string(r.required(item, "type", where), f"{where}.type")
+    precision = scale = None
+    decimal = _DECIMAL.fullmatch(type_text)
+    if decimal:
+        ftype, precision, scale = "decimal", int(decimal.group(1)), int(decimal.group(2))
+        if not 1 <= precision <= MAX_DECIMAL_PRECISION or scale > precision:
+            raise r.fail(f"{where}.type", f"decimal({precision},{scale}) needs a precision from 1 to "
+                                          f"{MAX_DECIMAL_PRECISION} and a scale from 0 to the precision")
+    elif type_text == "decimal":
+        raise r.fail(f"{where}.type", "a decimal needs its precision and scale, e.g. decimal(12,2)")
+    else:
+        ftype = r.choice(type_text, f"{where}.type", FIELD_TYPES)
+    for key, owner in (("fields", "struct"), ("items", "list"), ("values", "map")):
+        if item.get(key) is not None and ftype != owner:
+            raise r.fail(f"{where}.{key}", f"only a {owner} has {key}, not a {type_text}")
+    nested: dict[str, Any] = {}
+    if ftype == "struct":
+        nested["fields"] = _fields(r, r.required(item, "fields", where), f"{where}.fields", top=False,
+                                   depth=depth + 1)
+    for key, child in (("items", "element"), ("values", "value")):
+        if ftype == {"items": "list", "values": "map"}[key]:
+            raw = r.mapping(r.required(item, key, where), f"{where}.{key}", _FIELD_KEYS - {"name", "doc"})
+            nested[key] = _field(r, raw, f"{where}.{key}", child, depth + 1)
+    enum = item.get("enum")
+    if enum is not None:
+        if not isinstance(enum, list) or not enum:
+            raise r.fail(f"{where}.enum", "must be a non-empty list")
+        if ftype not in ("string", "int", "long"):
+            raise r.fail(f"{where}.enum", f"is only allowed for string, int and long fields, not {ftype}")
+        for value in enum:
+            if ftype == "string":
+                ok = isinstance(value, str)
+            else:
+                ok = isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value <= _INT64[1]
+            if not ok:
+                raise r.fail(f"{where}.enum", f"{_shown(value)} is not a {ftype}")
+        enum = tuple(enum)
+    lo = item.get("min")
+    hi = item.get("max")
+    for key, bound in (("min", lo), ("max", hi)):
+        if bound is not None and ftype not in ("int", "long", "float", "double", "decimal"):
+            raise r.fail(f"{where}.{key}", f"ranges apply to numeric fields, not {ftype}")
+    lo = None if lo is None else r.number(lo, f"{where}.min")
+    hi = None if hi is None else r.number(hi, f"{where}.max")
+    if lo is not None and hi is not None and lo > hi:
+        raise r.fail(f"{where}.min", f"{lo} is greater than max {hi}")
+    pattern = item.get("pattern")
+    if pattern is not None:
+        if ftype != "string":
+            raise r.fail(f"{where}.pattern", f"patterns apply to string fields, not {ftype}")
+        try:
+            re.compile(r.string(pattern, f"{where}.pattern"))
+        except (re.error, RecursionError) as exc:  # deep nesting overflows the regex parser
+            raise r.fail(f"{where}.pattern", f"is not a regular expression: {exc}") from None
+    max_length = item.get("max_length")
+    if max_length is not None:
+        if ftype != "string":
+            raise r.fail(f"{where}.max_length", f"applies to string fields, not {ftype}")
+        max_length = r.integer(max_length, f"{where}.max_length", 1, CAPS["source.max_value_bytes"])
+    unit = item.get("unit")
+    if unit is not None:
+        units = {"timestamp": TIMESTAMP_UNITS, "date": DATE_UNITS}.get(ftype)
+        if units is None:
+            raise r.fail(f"{where}.unit", f"applies to timestamp and date fields, not {ftype}")
+        unit = r.choice(unit, f"{where}.unit", units)
+    return FieldSpec(
+        name=name, type=ftype,
+        required=r.boolean(item.get("required", False), f"{where}.required"),
+        enum=enum, min=lo, max=hi, pattern=pattern, max_length=max_length,
+        doc=r.text(item.get("doc"), f"{where}.doc"),
+        precision=precision, scale=scale, unit=unit, **nested,
+    )
 
 
 def _partition_field(r: _Reader, value: Any, where: str, contract: Contract) -> PartitionField:
@@ -637,6 +821,10 @@ def _partition_field(r: _Reader, value: Any, where: str, contract: Contract) -> 
         raise r.fail(where, f"{transform}() needs a timestamp or date column, {column!r} is {ftype}")
     if transform == "hour" and ftype != "timestamp":
         raise r.fail(where, f"hour() needs a timestamp column, {column!r} is {ftype}")
+    allowed = PARTITION_SOURCE_TYPES[transform]
+    if ftype not in allowed:
+        raise r.fail(where, f"{transform} cannot partition {column!r}, a {contract.field(column).type_text}; "
+                            f"it takes {', '.join(allowed)} columns")
     if transform in ("bucket", "truncate"):
         # the length test first: int() refuses strings of more than 4300 digits
         if arg is None or len(arg) > 10 or not 1 <= int(arg) <= CAPS[transform]:
@@ -652,6 +840,9 @@ def _fanout(r: _Reader, raw: Any, contract: Contract) -> FanoutSpec:
     fo_field = r.string(r.required(fo, "field", "target.fanout"), "target.fanout.field")
     if fo_field not in contract.names:
         raise r.fail("target.fanout.field", f"{_shown(fo_field)} is not a contract field")
+    if contract.field(fo_field).type not in ("string", "int", "long"):
+        raise r.fail("target.fanout.field", f"{fo_field!r} is a {contract.field(fo_field).type_text}; routes "
+                                            f"match string, int or long values")
     routes = r.required(fo, "routes", "target.fanout")
     if not isinstance(routes, dict) or not routes:
         raise r.fail("target.fanout.routes", "must map field values to tables")
@@ -725,6 +916,64 @@ def _check_own_names(r: _Reader, spec: PipelineSpec) -> None:
         seen[name] = (where, what)
 
 
+def _derived_fields(r: _Reader, value_format: str, key_format: str, envelope: str | None,
+                    schemas: tuple[tuple[int, str, str], ...]) -> tuple[FieldSpec, ...]:
+    """`contract.from: writer_schema`: the fields that fit every value writer schema of `source.schemas`
+    (lakehouse.core.schemas.derive, merged oldest id first), checked as declared fields are."""
+    from lakehouse.core import schemas as translate
+
+    schema_type = FORMAT_SCHEMA_TYPES.get(value_format)
+    if schema_type is None:
+        raise r.fail("contract.from", f"value_format {value_format!r} carries no writer schema; declare "
+                                      f"contract.fields instead")
+    if not schemas:
+        raise r.fail("contract.from", "a contract derived from the writer schema needs the writer schemas beside "
+                                      "the spec: set source.schemas to a folder of <schema id>.avsc, .proto or "
+                                      ".json files (`lakehouse schemas pull --pipeline NAME` fills it from the "
+                                      "schema registry)")
+    if envelope is None and FORMAT_SCHEMA_TYPES.get(key_format) == schema_type:
+        raise r.fail("contract.from", f"the keys and values are both {schema_type} records, so the folder's "
+                                      f"schemas cannot be told apart; declare contract.fields instead")
+    fields: tuple[FieldSpec, ...] | None = None
+    for schema_id, found_type, text in schemas:
+        if found_type != schema_type:
+            continue
+        try:
+            record = translate.record_type(schema_type, text)
+            if envelope is not None and not translate.is_change_event(record):
+                continue  # the change stream's key schema
+            version = translate.derive(schema_type, text, envelope)
+            if fields is not None:
+                diff = translate.compare(fields, version)
+                if diff.incompatible:
+                    raise translate.SchemaTranslationError("; ".join(diff.incompatible))
+                version = translate.merge(fields, version)
+        except translate.SchemaTranslationError as exc:
+            raise r.fail("contract.from", f"writer schema {schema_id}: {exc}") from None
+        fields = version
+    if fields is None:
+        raise r.fail("contract.from", f"source.schemas holds no {schema_type} "
+                                      f"{'change event ' if envelope else ''}schema to derive the contract from")
+    for top in fields:
+        for path, f in top.walk():
+            if not FIELD_NAME.fullmatch(f.name):
+                raise r.fail("contract.from", f"the writer schema's field {path[:200]!r} is not a column name "
+                                              f"(letters, digits and underscores); rename it in the schema")
+        _check_case(r, top)
+    _check_case(r, FieldSpec("", "struct", fields=fields))
+    return fields
+
+
+def _check_case(r: _Reader, f: FieldSpec) -> None:
+    """Raise SpecError when two fields of one derived struct differ only in case."""
+    for path, spec in f.walk():
+        if spec.type == "struct":
+            lowered = [c.name.lower() for c in spec.fields]
+            if len(set(lowered)) < len(lowered):
+                raise r.fail("contract.from", f"the writer schema's record {path or '(top)'} has fields that differ "
+                                              f"only in case, which Spark cannot tell apart")
+
+
 def _parse(path: Path, raw: Any) -> PipelineSpec:
     r = _Reader(path)
     top = r.mapping(raw, "", {"name", "description", "source", "target", "dead_letter", "contract",
@@ -733,15 +982,12 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     if not top:
         raise r.fail("(file)", "is empty")
     name = r.identifier(r.required(top, "name", ""), "name")
-    contract = _contract(r, r.required(top, "contract", ""))
+    contract_raw = r.mapping(r.required(top, "contract", ""), "contract", {"fields", "from"})
 
     src = r.mapping(r.required(top, "source", ""), "source",
                     {"topic", "partitions", "replication_factor", "retention_ms", "value_format", "key",
-                     "max_value_bytes", "schemas"})
-    key = r.mapping(src.get("key"), "source.key", {"field", "required"})
-    key_field = key.get("field")
-    if key_field is not None and key_field not in contract.names:
-        raise r.fail("source.key.field", f"{_shown(key_field)} is not a contract field")
+                     "max_value_bytes", "schemas", "envelope"})
+    key = r.mapping(src.get("key"), "source.key", {"field", "required", "format"})
     topic = r.string(r.required(src, "topic", "source"), "source.topic", _TOPIC,
                      "topic names use letters, digits, '.', '_' and '-', at most 249 characters")
     if topic in (".", ".."):
@@ -750,10 +996,22 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     if retention is not None and r.integer(retention, "source.retention_ms", -1) == 0:
         raise r.fail("source.retention_ms", "0 would delete records as soon as they arrive; use -1 for unlimited")
     value_format = r.choice(src.get("value_format", "json"), "source.value_format", VALUE_FORMATS)
-    schemas: tuple[tuple[int, str], ...] = ()
+    # target.mode cdc: the values are change events, Debezium's unless source.envelope says otherwise
+    cdc = isinstance(top.get("target"), dict) and top["target"].get("mode") == "cdc"
+    envelope = r.choice(src.get("envelope", ENVELOPES[0] if cdc else None), "source.envelope", ENVELOPES) \
+        if cdc or src.get("envelope") is not None else None
+    # a change stream's key holds the primary key: a record in the value's format (Debezium's converters)
+    key_format = r.choice(key.get("format", value_format if envelope else "string"), "source.key.format",
+                          KEY_FORMATS)
+    if envelope is not None and key_format == "string":
+        raise r.fail("source.key.format", "a change stream's keys are records holding the primary key "
+                                          f"(Debezium's); use one of {', '.join(VALUE_FORMATS)}")
+    schemas: tuple[tuple[int, str, str], ...] = ()
+    wire = [f for f in (value_format, key_format) if f in FORMAT_SCHEMA_TYPES]
     if src.get("schemas") is not None:
-        if value_format != "avro":
-            raise r.fail("source.schemas", f"is a folder of Avro writer schemas; value_format is {value_format!r}")
+        if not wire:
+            raise r.fail("source.schemas", f"is a folder of writer schemas; value_format {value_format!r} and "
+                                           f"key format {key_format!r} have none")
         folder = r.string(src["schemas"], "source.schemas", _SCHEMA_FOLDER,
                           "a folder path beside the spec, at most 1,024 characters")
         try:
@@ -761,7 +1019,22 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         except (OSError, ValueError, RuntimeError) as exc:  # a name too long, a symlink loop, too large
             raise r.fail("source.schemas", f"{folder!r} cannot be read: {exc}") from None
         if not schemas:
-            raise r.fail("source.schemas", f"{folder!r} is not a folder of <schema id>.avsc files")
+            raise r.fail("source.schemas", f"{folder!r} is not a folder of <schema id>.avsc, .proto or .json "
+                                           f"files")
+        types = {FORMAT_SCHEMA_TYPES[f] for f in wire}
+        if not any(schema_type in types for _, schema_type, _ in schemas):
+            raise r.fail("source.schemas", f"{folder!r} holds no {' or '.join(sorted(types))} schema for "
+                                           f"{' and '.join(wire)}")
+    derived = None if contract_raw.get("from") is None else _derived_fields(r, value_format, key_format, envelope,
+                                                                             schemas)
+    contract = _contract(r, contract_raw, derived)
+    key_field = key.get("field")
+    if key_field is not None:
+        if key_field not in contract.names:
+            raise r.fail("source.key.field", f"{_shown(key_field)} is not a contract field")
+        if contract.field(key_field).type in (*NESTED_TYPES, "binary"):  # the key is compared as text
+            raise r.fail("source.key.field", f"{key_field!r} is a {contract.field(key_field).type_text}; the Kafka "
+                                             f"key is text, compared with a field of a scalar type")
     source = SourceSpec(
         topic=topic,
         partitions=r.integer(src.get("partitions", 1), "source.partitions", 1),
@@ -770,7 +1043,10 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         value_format=value_format,
         schemas=schemas,
         key_field=key_field,
-        key_required=r.boolean(key.get("required", key_field is not None), "source.key.required"),
+        key_required=r.boolean(key.get("required", key_field is not None or envelope is not None),
+                               "source.key.required"),
+        key_format=key_format,
+        envelope=envelope,
         max_value_bytes=r.integer(src.get("max_value_bytes", 1_048_576), "source.max_value_bytes", 1),
     )
 
@@ -788,11 +1064,23 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
             raise r.fail(f"target.key[{i}]", f"{_shown(k)} is not a contract field")
         if not contract.field(k).required:
             raise r.fail(f"target.key[{i}]", f"key column {k!r} must be required in the contract")
-        if contract.field(k).type == "double":  # NaN never equals itself, -0.0 equals 0.0: keys would not match
-            raise r.fail(f"target.key[{i}]", f"key column {k!r} is a double; floating-point values do not "
-                                             f"identify rows (NaN, -0.0): use a string, int, long or date key")
-    if mode == "upsert" and not keys:
-        raise r.fail("target.key", "upsert mode needs key columns")
+        if contract.field(k).type in ("double", "float"):  # NaN never equals itself, -0.0 equals 0.0
+            raise r.fail(f"target.key[{i}]", f"key column {k!r} is a {contract.field(k).type}; floating-point values "
+                                             f"do not identify rows (NaN, -0.0): use a string, int, long or date key")
+        if contract.field(k).type not in KEY_TYPES:
+            raise r.fail(f"target.key[{i}]", f"key column {k!r} is a {contract.field(k).type_text}; a key column is "
+                                             f"one of {', '.join(KEY_TYPES)}")
+    if mode in ("upsert", "cdc") and not keys:
+        raise r.fail("target.key", f"{mode} mode needs key columns")
+    if mode == "cdc":
+        if source.key_field is not None:
+            raise r.fail("source.key.field", "a change stream's key is the primary key record; cdc mode takes "
+                                             "target.key's columns from it (leave source.key.field out)")
+        if not source.key_required:
+            raise r.fail("source.key.required", "a change stream's deletes and tombstones need their key")
+        mode = "upsert"
+    elif source.envelope is not None:
+        raise r.fail("source.envelope", f"change events need target.mode cdc, not {mode!r}")
     parts = tgt.get("partition_by") or []
     if isinstance(parts, str):
         parts = [parts]

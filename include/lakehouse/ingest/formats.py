@@ -52,7 +52,7 @@ def register_avro_schema(registry: dict, subject: str, text: str) -> int:
     return registry_client(registry).register_schema(subject, Schema(text, "AVRO"))
 
 
-def parse_schema(text: str) -> Any:
+def parse_schema(text: str, *references: Any) -> Any:
     """An Avro schema's JSON text, parsed for fastavro; raises ValueError for an invalid schema."""
     from fastavro import parse_schema as parse
 
@@ -78,48 +78,59 @@ def registry_client(registry: dict):
         return _CLIENTS[key]
 
 
+# schema type -> a function parsing a writer schema's text (ValueError when it is not one); the wire
+# formats' decoders below add theirs
+SCHEMA_PARSERS: dict[str, Any] = {"AVRO": parse_schema}
+
+
 class SchemaStore:
     """Writer schemas by id, from the spec (`source.schemas`, read from its folder) or a registry, each
     parsed once."""
 
-    def __init__(self, declared: dict[int, str] | None = None, registry: dict | None = None):
+    def __init__(self, declared: dict[int, tuple[str, str]] | None = None, registry: dict | None = None):
         if not declared and registry is None:
             raise errors.ConfigurationError(
-                "an Avro pipeline needs its writer schemas: set source.schemas in the spec (a folder of "
-                "<schema id>.avsc files) or LAKEHOUSE_SCHEMA_REGISTRY_URL")
+                "a pipeline in a wire format (Avro, Protobuf, JSON Schema) needs its writer schemas: set "
+                "source.schemas in the spec (a folder of <schema id>.avsc, .proto or .json files) or "
+                "LAKEHOUSE_SCHEMA_REGISTRY_URL")
         self.declared = declared or None
         self.registry = registry
-        self._parsed: dict[int, Any] = {}
-        self._unknown: dict[int, str] = {}
+        self._parsed: dict[tuple[int, str], Any] = {}
+        self._unknown: dict[tuple[int, str], str] = {}
 
-    def parsed(self, schema_id: int) -> Any:
-        """The parsed writer schema `schema_id`; raises Rejected("unknown_schema") when the folder or the
-        registry has none, SchemaRegistryUnavailableError when the registry does not answer."""
-        found = self._parsed.get(schema_id)
+    def parsed(self, schema_id: int, schema_type: str = "AVRO") -> Any:
+        """The writer schema `schema_id`, parsed as a `schema_type` schema (SCHEMA_PARSERS); raises
+        Rejected("unknown_schema") when the folder or the registry has none, or one of another type or
+        one that does not parse, SchemaRegistryUnavailableError when the registry does not answer."""
+        found = self._parsed.get((schema_id, schema_type))
         if found is not None:
             return found
-        if schema_id in self._unknown:
-            raise Rejected("unknown_schema", self._unknown[schema_id])
+        if (schema_id, schema_type) in self._unknown:
+            raise Rejected("unknown_schema", self._unknown[schema_id, schema_type])
         try:
-            text = self._declared(schema_id) if self.declared else self._from_registry(schema_id)
-            parsed = parse_schema(text)
+            kind, text, references = self._declared(schema_id) if self.declared else self._from_registry(schema_id)
+            if kind != schema_type:
+                raise Rejected("unknown_schema", f"writer schema {schema_id} is {kind}, not {schema_type}")
+            parsed = SCHEMA_PARSERS[schema_type](text, *references)
         except Rejected as rejected:
-            self._unknown[schema_id] = rejected.detail
+            self._unknown[schema_id, schema_type] = rejected.detail
             raise
         except ValueError as exc:
-            self._unknown[schema_id] = f"writer schema {schema_id}: {exc}"
-            raise Rejected("unknown_schema", self._unknown[schema_id]) from None
-        self._parsed[schema_id] = parsed
+            self._unknown[schema_id, schema_type] = f"writer schema {schema_id}: {exc}"
+            raise Rejected("unknown_schema", self._unknown[schema_id, schema_type]) from None
+        self._parsed[schema_id, schema_type] = parsed
         return parsed
 
-    def _declared(self, schema_id: int) -> str:
+    def _declared(self, schema_id: int) -> tuple[str, str, tuple]:
         try:
-            return self.declared[schema_id]
+            return (*self.declared[schema_id], ())
         except KeyError:
             raise Rejected("unknown_schema", f"writer schema {schema_id} is not among the pipeline's "
                                              f"source.schemas ({', '.join(map(str, sorted(self.declared)))})") from None
 
-    def _from_registry(self, schema_id: int) -> str:
+    def _from_registry(self, schema_id: int) -> tuple[str, str, tuple]:
+        """(schema type, text, references) of `schema_id` in the registry; references are the
+        confluent-kafka Schema's (name, subject, version), for Protobuf imports."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         try:
@@ -130,9 +141,7 @@ class SchemaStore:
             raise self._unavailable(schema_id, f"HTTP {exc.http_status_code} {exc.error_message}") from None
         except Exception as exc:  # noqa: BLE001 - connection refused, timeouts, TLS: the registry is not there
             raise self._unavailable(schema_id, f"{type(exc).__name__}: {exc}") from None
-        if schema.schema_type not in (None, "AVRO"):
-            raise Rejected("unknown_schema", f"schema {schema_id} is {schema.schema_type}, not Avro")
-        return schema.schema_str
+        return schema.schema_type or "AVRO", schema.schema_str, ()
 
     def _unavailable(self, schema_id: int, why: str) -> SchemaRegistryUnavailableError:
         return SchemaRegistryUnavailableError(
@@ -154,7 +163,7 @@ class AvroDecoder:
             raise Rejected("bad_wire_format", "value does not start with the wire format's magic byte 0 and a "
                                               "4-byte schema id (not Avro from a Confluent-compatible serializer)")
         schema_id = int.from_bytes(value[1:HEADER.size], "big")
-        parsed = self.schemas.parsed(schema_id)
+        parsed = self.schemas.parsed(schema_id, "AVRO")
         buffer = io.BytesIO(value)
         buffer.seek(HEADER.size)
         try:
@@ -171,9 +180,10 @@ class AvroDecoder:
 
 
 def schema_store(spec: PipelineSpec, registry: dict | None) -> SchemaStore:
-    """The writer schemas of an Avro pipeline: the spec's own, else the registry's (ConfigurationError
-    when it has neither)."""
-    return SchemaStore(dict(spec.source.schemas), None if spec.source.schemas else registry)
+    """The writer schemas of a pipeline in a wire format: the spec's own, else the registry's
+    (ConfigurationError when it has neither)."""
+    declared = {schema_id: (schema_type, text) for schema_id, schema_type, text in spec.source.schemas}
+    return SchemaStore(declared, None if declared else registry)
 
 
 def avro_decoder(spec: PipelineSpec, registry: dict | None) -> AvroDecoder:

@@ -223,7 +223,7 @@ class IngestJob:
         self.spark = spark or sparkenv.session(self.platform, [spec.catalog], f"lakehouse-ingest-{spec.name}")
         self.catalog = open_catalog(self.platform, spec.catalog)
         self.kafka_conf = self.platform.kafka()
-        if spec.source.value_format == "avro":  # no writer schemas at all: say so now, not in every task
+        if spec.wire_formats:  # no writer schemas at all: say so now, not in every task
             formats.schema_store(spec, self.platform.schema_registry())
         self._faults = hooks.faults()
         self._faults.check()

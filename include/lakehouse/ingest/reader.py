@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from lakehouse.core import config, errors, kafka_security, sparkenv
 from lakehouse.core.errors import BrokerStalledError, OffsetGapError, RecordFailureError, SourceError
 from lakehouse.core.offsets import OffsetRange
-from lakehouse.core.spec import PipelineSpec
+from lakehouse.core.spec import FieldSpec, PipelineSpec
 from lakehouse.ingest.plan import kafka_consumer
 from lakehouse.ingest.records import (
     MAX_TIMESTAMP_US,
@@ -46,9 +46,23 @@ KAFKA_STRUCT = pa.struct([
 ])
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 ARROW_TYPES = {
-    "string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64(),
-    "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32(),
+    "string": pa.string(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+    "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32(), "uuid": pa.string(),
+    "binary": pa.binary(),
 }
+
+
+def arrow_type(f: FieldSpec) -> pa.DataType:
+    """The Arrow type of contract field `f`'s values as the validator returns them (nested ones too)."""
+    if f.type == "decimal":
+        return pa.decimal128(f.precision, f.scale)
+    if f.type == "struct":
+        return pa.struct([(c.name, arrow_type(c)) for c in f.fields])
+    if f.type == "list":
+        return pa.list_(arrow_type(f.items))
+    if f.type == "map":
+        return pa.map_(pa.string(), arrow_type(f.values))
+    return ARROW_TYPES[f.type]
 SPARK_KAFKA_STRUCT = "struct<topic:string,partition:int,offset:bigint,timestamp:timestamp,key:string>"
 SPARK_HEADERS = "array<struct<key:string,value:binary>>"
 # The dead-letter table's columns, in order: (name, Spark type, the decoded batch's column a dead
@@ -84,7 +98,7 @@ def batch_schema(spec: PipelineSpec) -> tuple[pa.Schema, str]:
     `delete`; `_dlq_*` columns are set on dead letters only.
     """
     fields = [("_route", pa.string(), "string"), ("_op", pa.string(), "string")]
-    fields += [(f.name, ARROW_TYPES[f.type], f.spark_type) for f in spec.contract.fields]
+    fields += [(f.name, arrow_type(f), f.spark_type) for f in spec.contract.fields]
     fields += [
         ("_kafka", KAFKA_STRUCT, SPARK_KAFKA_STRUCT),
         ("_ingested_at", pa.timestamp("us", tz="UTC"), "timestamp"),

@@ -15,11 +15,16 @@ everything else (errors, anything it cannot vouch for) to `check`.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import decimal
 import json
 import math
 import re
 import sys
 from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from uuid import UUID
 from typing import Annotated, Any, Callable, Literal, Optional, Protocol
 
 import msgspec
@@ -53,6 +58,7 @@ ERROR_KINDS = (
     "too_long",            # string longer than max_length
     "bad_timestamp",       # not ISO-8601 with a UTC offset
     "bad_date",            # not an ISO-8601 date
+    "bad_uuid",            # not a UUID in its 8-4-4-4-12 text form
     "oversize",            # value larger than source.max_value_bytes
     "null_value",          # tombstone where the pipeline has no use for one
     "null_key",            # no key where the spec requires one
@@ -87,7 +93,11 @@ def _reject_constant(name: str) -> float:
 
 
 class JsonDecoder:
-    _decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    """Plain JSON values. With `decimals` (a contract with decimal fields), JSON numbers with a fraction
+    or an exponent are read exactly (Decimal), so that a decimal column gets the digits that were sent."""
+
+    def __init__(self, decimals: bool = False):
+        self._decoder = json.JSONDecoder(parse_constant=_reject_constant, **({"parse_float": Decimal} if decimals else {}))
 
     def decode(self, value: bytes) -> dict:
         try:
@@ -115,7 +125,7 @@ def _avro(spec: PipelineSpec, registry: dict | None) -> Decoder:
 
 # value_format -> the decoder's factory, given the spec and the schema registry's client settings (or None)
 DECODERS: dict[str, Callable[[PipelineSpec, dict | None], Decoder]] = {
-    "json": lambda spec, registry: JsonDecoder(), "avro": _avro}
+    "json": lambda spec, registry: JsonDecoder(spec.contract.has_decimals), "avro": _avro}
 
 
 def _show(value: Any) -> str:
@@ -157,9 +167,16 @@ def lone_surrogate(text: str) -> int | None:
     return None
 
 
-def _field_checker(f: FieldSpec) -> Callable[[Any], Any]:
-    """A function that returns the typed value of field `f` or raises Rejected."""
-    name = f.name
+FLOAT32_MAX = 3.4028234663852886e38
+_EPOCH_UNITS_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,6})?")
+_DECIMAL_CONTEXT = decimal.Context(prec=80, Emax=10**6, Emin=-10**6, traps=[decimal.InvalidOperation])
+
+
+def _field_checker(f: FieldSpec, path: str | None = None) -> Callable[[Any], Any]:
+    """A function that returns the typed value of field `f` (named `path` in messages, its dotted path when
+    nested) in the form Arrow takes it, or raises Rejected."""
+    name = path or f.name
     pattern = re.compile(f.pattern) if f.pattern else None
     enum = frozenset(f.enum) if f.enum else None
 
@@ -196,38 +213,196 @@ def _field_checker(f: FieldSpec) -> Callable[[Any], Any]:
                 raise Rejected("bad_enum", f"{name} {v} is not one of {', '.join(map(str, sorted(enum)))}")
             bounds(v)
             return v
-    elif f.type == "double":
+    elif f.type in ("double", "float"):
+        limit = FLOAT32_MAX if f.type == "float" else math.inf
+
         def check(v: Any) -> Any:
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if isinstance(v, bool) or not isinstance(v, (int, float, Decimal)):
                 raise Rejected("wrong_type", f"{name} must be a number, got {type(v).__name__} {_show(v)}")
             try:
                 number = float(v)
             except OverflowError:  # an integer literal of 310+ digits: no double holds it
-                raise Rejected("out_of_range", f"{name} {_show(v)} is not a finite double") from None
-            if not math.isfinite(number):
-                raise Rejected("out_of_range", f"{name} {_show(v)} is not a finite double")
+                raise Rejected("out_of_range", f"{name} {_show(v)} is not a finite {f.type}") from None
+            if not math.isfinite(number) or abs(number) > limit:
+                raise Rejected("out_of_range", f"{name} {_show(v)} is not a finite {f.type}")
             bounds(number)
             return number
+    elif f.type == "decimal":
+        return _decimal_checker(f, name)
     elif f.type == "boolean":
         def check(v: Any) -> Any:
             if not isinstance(v, bool):
                 raise Rejected("wrong_type", f"{name} must be true or false, got {type(v).__name__} {_show(v)}")
             return v
     elif f.type == "timestamp":
+        per_unit = _EPOCH_UNITS_US.get(f.unit)
+
         def check(v: Any) -> Any:
+            if per_unit is not None and type(v) is int:
+                micros = v * per_unit
+                if not MIN_TIMESTAMP_US <= micros <= MAX_TIMESTAMP_US:
+                    raise Rejected("timestamp_out_of_range", f"{name} {_show(v)} {f.unit} since the epoch is "
+                                                             f"outside {TIMESTAMP_RANGE}")
+                return micros
+            if type(v) is datetime and v.tzinfo is None:  # Avro's local-timestamp types: wall time, read as UTC
+                v = v.replace(tzinfo=timezone.utc)
             return parse_timestamp(v, name)
     elif f.type == "date":
         def check(v: Any) -> Any:
             if type(v) is date:  # Avro's date logical type
                 return (v - _EPOCH_DATE).days
+            if f.unit == "days" and type(v) is int:
+                if not _MIN_DAYS <= v <= _MAX_DAYS:
+                    raise Rejected("bad_date", f"{name} {v} days since the epoch is outside years 1 to 9999")
+                return v
             if not isinstance(v, str):
                 raise Rejected("bad_date", f"{name} must be an ISO-8601 date string, got {_show(v)}")
             try:
                 return (date.fromisoformat(v) - _EPOCH_DATE).days
             except ValueError:
                 raise Rejected("bad_date", f"{name} {_show(v)} is not an ISO-8601 date") from None
+    elif f.type == "uuid":
+        def check(v: Any) -> Any:
+            if isinstance(v, UUID):  # Avro's uuid logical type
+                return str(v)
+            if type(v) is bytes and len(v) == 16:
+                return str(UUID(bytes=v))
+            if not isinstance(v, str) or len(v) != 36 or v[8] + v[13] + v[18] + v[23] != "----":
+                raise Rejected("bad_uuid", f"{name} {_show(v)} is not a UUID (8-4-4-4-12 hexadecimal digits)")
+            try:
+                return str(UUID(v))
+            except ValueError:
+                raise Rejected("bad_uuid", f"{name} {_show(v)} is not a UUID (8-4-4-4-12 hexadecimal digits)") \
+                    from None
+    elif f.type == "binary":
+        def check(v: Any) -> Any:
+            if isinstance(v, (bytes, bytearray)):
+                return bytes(v)
+            if isinstance(v, str):  # JSON carries bytes as base64 (Kafka Connect's JSON converter does)
+                try:
+                    return base64.b64decode(v, validate=True)
+                except (ValueError, binascii.Error):
+                    raise Rejected("wrong_type", f"{name} is not base64 text: {_show(v)}") from None
+            raise Rejected("wrong_type", f"{name} must be bytes (base64 text in JSON), got {type(v).__name__}")
+    elif f.type == "struct":
+        return _struct_checker(f, name)
+    elif f.type == "list":
+        return _list_checker(f, name)
+    elif f.type == "map":
+        return _map_checker(f, name)
     else:  # pragma: no cover - spec validation rejects unknown types
         raise ValueError(f"unsupported field type {f.type}")
+    return check
+
+
+_MIN_DAYS = (date.min - _EPOCH_DATE).days
+_MAX_DAYS = (date.max - _EPOCH_DATE).days
+
+
+def _decimal_checker(f: FieldSpec, name: str) -> Callable[[Any], Decimal]:
+    """decimal(P,S): exact values only. A value with more than S decimal places (other than trailing
+    zeros) or more than P-S integer digits is out_of_range, never rounded."""
+    quantum = Decimal(1).scaleb(-f.scale)
+    integer_digits = f.precision - f.scale
+    lo = None if f.min is None else Decimal(repr(f.min))
+    hi = None if f.max is None else Decimal(repr(f.max))
+
+    def check(v: Any) -> Decimal:
+        if isinstance(v, bool):
+            raise Rejected("wrong_type", f"{name} must be a decimal number, got bool {_show(v)}")
+        if isinstance(v, Decimal):
+            d = v
+        elif isinstance(v, int):
+            d = Decimal(v)
+        elif isinstance(v, float):  # a JSON number read as a double: its shortest text is what was sent
+            d = Decimal(repr(v))
+        elif isinstance(v, str) and len(v) <= 100 and _DECIMAL_TEXT.fullmatch(v.strip()):
+            d = Decimal(v.strip())
+        else:
+            raise Rejected("wrong_type", f"{name} must be a decimal number or its text, got {type(v).__name__} "
+                                         f"{_show(v)}")
+        if not d.is_finite():
+            raise Rejected("out_of_range", f"{name} {_show(v)} is not a finite decimal")
+        if d and d.adjusted() >= integer_digits:
+            raise Rejected("out_of_range", f"{name} {_show(v)} does not fit decimal({f.precision},{f.scale})")
+        try:
+            exact = d.quantize(quantum, context=_DECIMAL_CONTEXT)
+        except decimal.InvalidOperation:
+            raise Rejected("out_of_range", f"{name} {_show(v)} does not fit decimal({f.precision},{f.scale})") \
+                from None
+        if exact != d:
+            raise Rejected("out_of_range", f"{name} {_show(v)} has more than {f.scale} decimal places; "
+                                           f"decimal({f.precision},{f.scale}) would round it")
+        if lo is not None and exact < lo:
+            raise Rejected("out_of_range", f"{name} {_show(v)} is below the minimum {f.min:g}")
+        if hi is not None and exact > hi:
+            raise Rejected("out_of_range", f"{name} {_show(v)} is above the maximum {f.max:g}")
+        return exact
+
+    return check
+
+
+def _struct_checker(f: FieldSpec, name: str) -> Callable[[Any], dict]:
+    children = [(c.name, c.required, _field_checker(c, f"{name}.{c.name}")) for c in f.fields]
+
+    def check(v: Any) -> dict:
+        if not isinstance(v, dict):
+            raise Rejected("wrong_type", f"{name} must be an object, got {type(v).__name__} {_show(v)}")
+        out = {}
+        for child, required, check_child in children:
+            value = v.get(child)
+            if value is None:
+                if required:
+                    raise Rejected("missing_required", f"{name}.{child} is required")
+                out[child] = None
+            else:
+                out[child] = check_child(value)
+        return out
+
+    return check
+
+
+def _list_checker(f: FieldSpec, name: str) -> Callable[[Any], list]:
+    check_item = _field_checker(f.items, f"{name}[]")
+    required = f.items.required
+
+    def check(v: Any) -> list:
+        if not isinstance(v, (list, tuple)):
+            raise Rejected("wrong_type", f"{name} must be a list, got {type(v).__name__} {_show(v)}")
+        out = []
+        for i, item in enumerate(v):
+            if item is None:
+                if required:
+                    raise Rejected("missing_required", f"{name}[{i}] is null; the list's elements are required")
+                out.append(None)
+            else:
+                out.append(check_item(item))
+        return out
+
+    return check
+
+
+def _map_checker(f: FieldSpec, name: str) -> Callable[[Any], dict]:
+    check_value = _field_checker(f.values, f"{name}{{}}")
+    required = f.values.required
+
+    def check(v: Any) -> dict:
+        if not isinstance(v, dict):
+            raise Rejected("wrong_type", f"{name} must be an object (a map), got {type(v).__name__} {_show(v)}")
+        out = {}
+        for key, value in v.items():
+            if not isinstance(key, str):
+                raise Rejected("wrong_type", f"{name} has a key that is not text: {_show(key)}")
+            if not key.isascii() and lone_surrogate(key) is not None:
+                raise Rejected("bad_string", f"{name} has a key with a lone surrogate, which is not Unicode")
+            if value is None:
+                if required:
+                    raise Rejected("missing_required", f"{name}[{_show(key)}] is null; the map's values are required")
+                out[key] = None
+            else:
+                out[key] = check_value(value)
+        return out
+
     return check
 
 
@@ -280,9 +455,10 @@ def _fast_type(f: FieldSpec) -> Any:
             allowed = tuple(e for e in f.enum if lo <= e <= hi)
             return Literal[allowed] if allowed else None
         return Annotated[int, msgspec.Meta(ge=lo, le=hi)]
-    if f.type == "double":
+    if f.type in ("double", "float"):
         # finite bounds also turn away what msgspec might read as +-inf (the reference rejects it)
-        interval = _number_interval(f, -_DOUBLE_MAX, _DOUBLE_MAX, integral=False)
+        limit = FLOAT32_MAX if f.type == "float" else _DOUBLE_MAX
+        interval = _number_interval(f, -limit, limit, integral=False)
         if interval is None:
             return None
         return Annotated[float, msgspec.Meta(ge=interval[0], le=interval[1])]

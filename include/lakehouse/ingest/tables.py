@@ -21,30 +21,40 @@ tombstone deleted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.types import (
+    BinaryType,
     BooleanType,
     DateType,
+    DecimalType,
     DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
     IntegerType,
+    ListType,
     LongType,
+    MapType,
     StringType,
+    StructType,
     TimestampType,
     TimestamptzType,
+    UUIDType,
 )
 
 from lakehouse.core.errors import ConfigurationError, TableStateError
-from lakehouse.core.spec import PipelineSpec
+from lakehouse.core import schemas
+from lakehouse.core.spec import RESERVED_COLUMNS, FieldSpec, PipelineSpec
 from lakehouse.ingest.reader import DEAD_LETTER_TABLE, SPARK_KAFKA_STRUCT
 
-ICEBERG_TYPES = {
-    "string": (StringType,), "int": (IntegerType,), "long": (LongType,), "double": (DoubleType,),
-    "boolean": (BooleanType,), "timestamp": (TimestamptzType, TimestampType), "date": (DateType,),
-}
+_ICEBERG_PRIMITIVES = ((StringType, "string"), (IntegerType, "int"), (LongType, "long"), (FloatType, "float"),
+                       (DoubleType, "double"), (BooleanType, "boolean"), (TimestamptzType, "timestamp"),
+                       (TimestampType, "timestamp"), (DateType, "date"), (UUIDType, "string"),
+                       (BinaryType, "binary"), (FixedType, "binary"))
 # the dead-letter table's column definitions (DDL), from reader.DEAD_LETTER_TABLE
 DEAD_LETTER_COLUMNS = tuple(f"{name} {spark_type}" + (f" COMMENT '{comment}'" if comment else "")
                             for name, spark_type, _, comment in DEAD_LETTER_TABLE)
@@ -161,30 +171,64 @@ def check_owner(spec: PipelineSpec, name: str, table: Table) -> None:
         f"and its table should move to {spec.name!r}, set {OWNER}='{spec.name}' on it")
 
 
+def _contract_type(t: IcebergType, path: str) -> FieldSpec:
+    """An Iceberg column type as the contract type it holds (uuid columns are strings, see SPARK_TYPES)."""
+    if isinstance(t, StructType):
+        return FieldSpec(path, "struct", fields=tuple(replace(_contract_type(f.field_type, f.name), name=f.name)
+                                                      for f in t.fields))
+    if isinstance(t, ListType):
+        return FieldSpec(path, "list", items=_contract_type(t.element_type, "element"))
+    if isinstance(t, MapType):
+        return FieldSpec(path, "map", values=_contract_type(t.value_type, "value"),
+                         doc="" if isinstance(t.key_type, StringType) else f"keys of type {t.key_type}")
+    if isinstance(t, DecimalType):
+        return FieldSpec(path, "decimal", precision=t.precision, scale=t.scale)
+    for iceberg, name in _ICEBERG_PRIMITIVES:
+        if isinstance(t, iceberg):
+            return FieldSpec(path, name)
+    return FieldSpec(path, str(t))  # a type no contract declares: every comparison with it is incompatible
+
+
+def _as_stored(f: FieldSpec) -> FieldSpec:
+    """Contract field `f` as its column stores it: uuids as strings, constraints and units left out."""
+    return FieldSpec(f.name, "string" if f.type == "uuid" else f.type, required=f.required,
+                     precision=f.precision, scale=f.scale, fields=tuple(_as_stored(c) for c in f.fields),
+                     items=_as_stored(f.items) if f.items else None, values=_as_stored(f.values) if f.values else None)
+
+
+def _column_path(path: str) -> str:
+    """A dotted field path as Spark SQL names the column: each part quoted."""
+    return ".".join(f"`{part}`" for part in path.split("."))
+
+
+def _spec_at(spec: PipelineSpec, path: str) -> FieldSpec:
+    parts = path.split(".")
+    f = spec.contract.field(parts[0])
+    for part in parts[1:]:
+        f = {"element": f.items, "value": f.values}[part] if part in ("element", "value") and f.type != "struct" \
+            else next(c for c in f.fields if c.name == part)
+    return f
+
+
 def diff_schema(spec: PipelineSpec, table: str, schema) -> SchemaChanges:
-    """What it takes to make table `table` (pyiceberg schema) hold the spec's contract."""
+    """What it takes to make table `table` (pyiceberg schema) hold the spec's contract, nested fields
+    included: columns to add (dotted paths), types to widen in place, incompatible changes."""
     changes = SchemaChanges(table=table)
-    existing = {f.name: f for f in schema.fields}
-    for f in spec.contract.fields:
-        col = existing.get(f.name)
-        if col is None:
-            if f.required:
-                changes.incompatible.append(
-                    f"new field {f.name!r} is required: records already ingested (and replays of them) "
-                    f"lack it; add it as optional first")
-                changes.quarantined.add(f.name)
-            else:
-                changes.added.append(f.name)
-            continue
-        if isinstance(col.field_type, ICEBERG_TYPES[f.type]):
-            continue
-        if f.type == "long" and isinstance(col.field_type, IntegerType):
-            changes.widened.append(f.name)
-            continue
-        changes.incompatible.append(
-            f"field {f.name!r} is {col.field_type} in the table but {f.type} in the contract; "
-            f"Iceberg cannot change it in place")
-        changes.quarantined.add(f.name)
+    existing = tuple(_contract_type(f.field_type, f.name) for f in schema.fields
+                     if f.name not in RESERVED_COLUMNS)
+    diff = schemas.compare(existing, tuple(_as_stored(f) for f in spec.contract.fields),
+                           labels=("the table", "the contract"))
+    for path in diff.added:
+        if _spec_at(spec, path).required:
+            changes.incompatible.append(
+                f"new field {path!r} is required: records already ingested (and replays of them) "
+                f"lack it; add it as optional first")
+            changes.quarantined.add(path.split(".")[0])
+        else:
+            changes.added.append(path)
+    changes.widened.extend(diff.widened)
+    changes.incompatible.extend(diff.incompatible)
+    changes.quarantined.update(path.split(".")[0] for path in diff.incompatible_paths)
     return changes
 
 
@@ -232,12 +276,13 @@ def ensure_tables(spark, catalog: Catalog, spec: PipelineSpec) -> frozenset[str]
                     + ". Revert the change, or write to a new table, or set schema_policy.on_incompatible "
                       "to 'quarantine' to dead-letter affected records meanwhile.")
             quarantined |= changes.quarantined
-        for name in changes.added:
-            f = spec.contract.field(name)
+        for path in changes.added:
+            f = _spec_at(spec, path)
             comment = f" COMMENT {_sql_string(f.doc)}" if f.doc else ""
-            spark.sql(f"ALTER TABLE {spec.qualified(table)} ADD COLUMN `{name}` {f.spark_type}{comment}")
-        for name in changes.widened:
-            spark.sql(f"ALTER TABLE {spec.qualified(table)} ALTER COLUMN `{name}` TYPE bigint")
+            spark.sql(f"ALTER TABLE {spec.qualified(table)} ADD COLUMN {_column_path(path)} {f.spark_type}{comment}")
+        for path in changes.widened:
+            spark.sql(f"ALTER TABLE {spec.qualified(table)} ALTER COLUMN {_column_path(path)} "
+                      f"TYPE {_spec_at(spec, path).spark_type}")
     if loaded[spec.dead_letter_table] is None:
         _create_dead_letter_table(spark, spec)
     return frozenset(quarantined)
