@@ -231,7 +231,8 @@ def test_a_hostile_record_gets_the_reference_verdict(sink, key, value):
 
 # Kinds the reader gives from a record's Kafka metadata or its own failures, never the validator.
 READER_KINDS = {"bad_kafka_timestamp", "reader_failure"}
-AVRO_KINDS = {"bad_wire_format", "unknown_schema", "malformed_avro"}  # JSON never reaches them (test_formats)
+# JSON never reaches the wire formats' kinds (tests/test_formats.py)
+WIRE_KINDS = {"bad_wire_format", "unknown_schema", "malformed_avro", "malformed_protobuf"}
 # kinds of contract types the fast path leaves to the reference (tests/test_contract_types.py)
 REFERENCE_TYPE_KINDS = {"bad_uuid"}
 
@@ -244,7 +245,7 @@ def test_the_hostile_records_reach_every_error_kind(sink):
         assert_same_verdicts(validator, [case[1:] for case in HOSTILE])
         kinds |= {v[1] for v in (outcome(validator, validator.check, k, x) for _, k, x in HOSTILE)
                   if v[0] == "rejected"}
-    assert kinds == set(ERROR_KINDS) - READER_KINDS - AVRO_KINDS - REFERENCE_TYPE_KINDS
+    assert kinds == set(ERROR_KINDS) - READER_KINDS - WIRE_KINDS - REFERENCE_TYPE_KINDS
 
 
 @pytest.mark.parametrize("pipeline", ["orders", "customers"])

@@ -43,6 +43,16 @@ class SchemaTranslationError(ConfigurationError):
     message names the field path and what is not supported."""
 
 
+class SchemaChangeError(ConfigurationError):
+    """A reader task met a compatible writer schema that a contract following the writer schemas does not
+    hold yet: the ingest job evolves the table and writes the batch again (a task marker `schema-change`
+    names the schema id). Escaping a job, it means: run ingestion, which evolves the table, first."""
+
+
+class WriterSchemaIncompatibleError(ConfigurationError):
+    """A writer schema does not fit the contract and `schema_policy.on_incompatible` is `fail`."""
+
+
 class SourceError(LakehouseError, RuntimeError):
     """Kafka cannot serve what the pipeline needs; the message says what and why."""
 
@@ -69,6 +79,11 @@ class WriterFencedError(CommitError):
 
 class RetryableError(LakehouseError, RuntimeError):
     """A transient outage: the same work may succeed when tried again later."""
+
+
+class SchemaUnknownError(SourceError):
+    """A reader task met a writer schema id it was not shipped: the ingest job's driver resolves it in the
+    schema registry and writes the batch again (a task marker `schema-unknown` names the id)."""
 
 
 class TopicMissingError(SourceError):

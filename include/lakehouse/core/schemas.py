@@ -439,10 +439,21 @@ def is_change_event(record: FieldSpec) -> bool:
     return all(n in names for n in ENVELOPE_FIELDS)
 
 
+def proto_record(message) -> FieldSpec:
+    """A protobuf message descriptor as a struct FieldSpec (what `record_type` gives for a .proto file's
+    first message); raises SchemaTranslationError."""
+    return _proto_struct("", message, 0)
+
+
 def derive(schema_type: str, text: str, envelope: str | None = None) -> tuple[FieldSpec, ...]:
     """The contract fields of writer schema `text`: the record's fields, or with `envelope="debezium"`
     those of the change event's `after` record. Raises SchemaTranslationError."""
-    record = record_type(schema_type, text)
+    return row_fields(record_type(schema_type, text), envelope)
+
+
+def row_fields(record: FieldSpec, envelope: str | None = None) -> tuple[FieldSpec, ...]:
+    """The contract fields of a writer schema's record type: its own, or with `envelope="debezium"`
+    those of the change event's `after` record. Raises SchemaTranslationError."""
     if envelope is not None:
         if not is_change_event(record):
             raise SchemaTranslationError(f"the writer schema is not a Debezium change event: it lacks "
@@ -581,3 +592,59 @@ def derive_all(versions: Iterable[tuple[str, str]], envelope: str | None = None)
     if fields is None:
         raise SchemaTranslationError("no writer schema to derive the contract from")
     return fields
+
+
+# The writer types whose values a declared contract type takes (the record checks of
+# lakehouse.ingest.records convert them, and still refuse a value that does not fit).
+_ACCEPTED = {
+    "string": {"string", "uuid"},
+    "int": {"int"},
+    "long": {"int", "long"},
+    "float": {"int", "long", "float", "double"},
+    "double": {"int", "long", "float", "double"},
+    "decimal": {"int", "long", "string", "decimal"},
+    "boolean": {"boolean"},
+    "timestamp": {"timestamp", "string"},
+    "date": {"date", "string"},
+    "uuid": {"uuid", "string", "binary"},
+    "binary": {"binary", "string"},
+}
+
+
+def _conflicts(path: str, contract: FieldSpec, writer: FieldSpec, found: list[str]) -> None:
+    if contract.type in ("struct", "list", "map") or writer.type in ("struct", "list", "map"):
+        if contract.type != writer.type:
+            found.append(f"{path} is {contract.type_text} in the contract but {writer.type_text} in the writer schema")
+        elif contract.type == "struct":
+            _struct_conflicts(path, contract.fields, writer.fields, found)
+        elif contract.type == "list":
+            _conflicts(f"{path}[]", contract.items, writer.items, found)
+        else:
+            _conflicts(f"{path}{{}}", contract.values, writer.values, found)
+        return
+    accepted = set(_ACCEPTED.get(contract.type, ()))
+    if contract.unit is not None:  # epoch numbers
+        accepted |= {"int", "long"}
+    if writer.type not in accepted:
+        found.append(f"{path} is {contract.type_text} in the contract but {writer.type_text} in the writer schema, "
+                     f"whose values it cannot take")
+
+
+def _struct_conflicts(path: str, contract: Iterable[FieldSpec], writer: Iterable[FieldSpec], found: list[str]) -> None:
+    fields = {f.name: f for f in writer}
+    for f in contract:
+        here = f"{path}.{f.name}" if path else f.name
+        if f.name not in fields:
+            if f.required:
+                found.append(f"{here} is required by the contract but the writer schema has no such field")
+            continue
+        _conflicts(here, f, fields[f.name], found)
+
+
+def conflicts(contract: Iterable[FieldSpec], writer: Iterable[FieldSpec]) -> list[str]:
+    """Why records of writer schema fields `writer` cannot satisfy a declared contract: a required field
+    the writer lacks, a field whose writer type the contract type cannot take (see _ACCEPTED). Fields
+    the contract does not declare are ignored. [] when the writer schema fits."""
+    found: list[str] = []
+    _struct_conflicts("", contract, writer, found)
+    return found

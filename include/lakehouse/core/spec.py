@@ -336,6 +336,9 @@ class FieldSpec:
 @dataclass(frozen=True)
 class Contract:
     fields: tuple[FieldSpec, ...]
+    # `contract.from: writer_schema`: the fields follow the writer schemas (a new compatible one evolves
+    # the table); else they are declared and each writer schema is checked against them
+    from_writer_schema: bool = False
 
     def field(self, name: str) -> FieldSpec:
         for f in self.fields:
@@ -395,6 +398,7 @@ class SourceSpec:
     # that Spark tasks on any host get them with the spec; (): the schema registry
     # (LAKEHOUSE_SCHEMA_REGISTRY_URL)
     schemas: tuple[tuple[int, str, str], ...] = ()
+    schemas_dir: str | None = None  # the folder `source.schemas` names, resolved (its changes reload the spec)
     key_field: str | None = None  # the Kafka key must equal this field of the value
     key_required: bool = False
     key_format: str = "string"  # KEY_FORMATS; a record key's field `key_field` is compared, not the whole key
@@ -701,7 +705,7 @@ def _contract(r: _Reader, raw: Any, derived: tuple[FieldSpec, ...] | None = None
             if path in RESERVED_COLUMNS:
                 raise r.fail("contract.from", f"the writer schema's field {path!r} is reserved for source "
                                               f"coordinates; rename it in the schema")
-        return Contract(derived)
+        return Contract(derived, from_writer_schema=True)
     items = r.required(raw, "fields", "contract")
     return Contract(_fields(r, items, "contract.fields", top=True, depth=0))
 
@@ -1007,6 +1011,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         raise r.fail("source.key.format", "a change stream's keys are records holding the primary key "
                                           f"(Debezium's); use one of {', '.join(VALUE_FORMATS)}")
     schemas: tuple[tuple[int, str, str], ...] = ()
+    schemas_dir = None
     wire = [f for f in (value_format, key_format) if f in FORMAT_SCHEMA_TYPES]
     if src.get("schemas") is not None:
         if not wire:
@@ -1015,6 +1020,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         folder = r.string(src["schemas"], "source.schemas", _SCHEMA_FOLDER,
                           "a folder path beside the spec, at most 1,024 characters")
         try:
+            schemas_dir = str((Path(path).parent / folder).resolve())
             schemas = read_schema_folder(Path(path).parent / folder)
         except (OSError, ValueError, RuntimeError) as exc:  # a name too long, a symlink loop, too large
             raise r.fail("source.schemas", f"{folder!r} cannot be read: {exc}") from None
@@ -1042,6 +1048,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         retention_ms=retention,
         value_format=value_format,
         schemas=schemas,
+        schemas_dir=schemas_dir,
         key_field=key_field,
         key_required=r.boolean(key.get("required", key_field is not None or envelope is not None),
                                "source.key.required"),

@@ -1,42 +1,112 @@
-"""Record formats besides JSON: Avro in the Confluent wire format, writer schemas by id.
+"""Wire formats besides plain JSON: Avro, Protobuf and JSON Schema, with writer schemas by id.
 
-A value is one magic byte 0, the writer schema's id (4 bytes, big-endian) and the Avro binary
-encoding of one record, as Confluent's serializers (and the Iceberg Kafka Connect sink's
-converters) write it. `AvroDecoder` turns it into a mapping of field name to value for the
-contract checks (lakehouse.ingest.records); Avro's logical types arrive as Python values
-(timestamp-millis/micros as aware datetimes, date as dates), which the checks accept.
+A value (or a record key) in the Confluent wire format is one magic byte 0, the writer schema's id
+(4 bytes, big-endian) and the payload, as Confluent's serializers (and the Iceberg Kafka Connect
+sink's converters) write it; Protobuf payloads start with the message indexes that select the
+message in the schema's file (zig-zag varints; a single 0 for the first message). A decoder turns a
+value into a mapping of field name to Python value for the contract checks
+(lakehouse.ingest.records): Avro's logical types and Protobuf's well-known types arrive as datetimes,
+dates, Decimals and UUIDs, which the checks accept.
 
-Writer schemas come from a `SchemaStore`, once per id and process (a Spark task keeps its own):
-from the folder beside the spec that `source.schemas` names (`<id>.avsc` files, read with the spec and
-shipped to the tasks with it; for air-gapped use and the embedded stack) or from a Confluent-compatible registry (LAKEHOUSE_SCHEMA_REGISTRY_URL). What
-each failure becomes:
+Writer schemas come from a `SchemaStore`, each parsed once per id and process: the folder beside
+the spec that `source.schemas` names (`<id>.avsc`, `<id>.proto`, `<id>.json`, read with the spec; for
+air-gapped use and the embedded stack) and a Confluent-compatible registry
+(LAKEHOUSE_SCHEMA_REGISTRY_URL). Only the driver talks to the registry: it fetches the subjects'
+versions when the job starts, and an id a task meets that it was not given stops the task with a
+`schema-unknown` marker, the driver fetches it and writes the batch again. Tasks get every writer
+schema with the spec (`SourceSpec.schemas`), so executors need neither the registry's address nor its
+credentials. What each failure becomes:
 
     value without the wire format's header      dead letter `bad_wire_format`
-    a schema id the folder or registry lacks     dead letter `unknown_schema`
-    bytes that do not decode with that schema    dead letter `malformed_avro`
+    a schema id the folder and registry lack     dead letter `unknown_schema`
+    a payload that does not decode with it       dead letter `malformed_avro` / `malformed_protobuf` /
+                                                 `malformed_json`
     a registry that does not answer              SchemaRegistryUnavailableError: the batch is
                                                  retried, then the job stops; nothing is dead-lettered
+
+Before the first record of a writer schema is decoded, a `SchemaGate` (lakehouse.ingest.records) is
+asked whether the contract takes it: a new compatible schema of a contract that follows the writer
+schemas stops the task so the driver evolves the table first (lakehouse.ingest.job), an incompatible
+one follows `schema_policy`.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import logging
 import struct
 import threading
-from typing import Any
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from typing import Any, Callable
 
-from lakehouse.core import errors
-from lakehouse.core.errors import SchemaRegistryUnavailableError
-from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest.records import Rejected
+from lakehouse.core import errors, schemas
+from lakehouse.core.errors import SchemaRegistryUnavailableError, SchemaTranslationError
+from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, FieldSpec, PipelineSpec
+from lakehouse.ingest.records import JsonDecoder, Rejected
 
+log = logging.getLogger("lakehouse.ingest.formats")
 MAGIC = 0
 HEADER = struct.Struct(">bI")  # magic byte, schema id
+MAX_MESSAGE_INDEXES = 64  # nesting of the selected message in a .proto file; more is a corrupt payload
+
+
+# ------------------------------------------------------------------------------------ the wire format
+
+def split_header(value: bytes, what: str = "value") -> tuple[int, int]:
+    """(schema id, offset of the payload) of a wire-format `value`; Rejected("bad_wire_format") without
+    the header."""
+    if len(value) < HEADER.size or value[0] != MAGIC:
+        raise Rejected("bad_wire_format", f"{what} does not start with the wire format's magic byte 0 and a "
+                                          f"4-byte schema id (not from a Confluent-compatible serializer)")
+    return int.from_bytes(value[1:HEADER.size], "big"), HEADER.size
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """A zig-zag varint of `data` at `at`: (value, next offset); ValueError when truncated or too long."""
+    shift = result = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("truncated message indexes")
+        byte = data[at]
+        at += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), at
+        shift += 7
+
+
+def _zigzag(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        if n < 0x80:
+            out.append(n)
+            return bytes(out)
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+
+
+def message_indexes(value: bytes, at: int) -> tuple[tuple[int, ...], int]:
+    """The Protobuf message indexes after the header: (indexes, offset of the message)."""
+    count, at = _varint(value, at)
+    if count == 0:
+        return (0,), at
+    if not 0 < count <= MAX_MESSAGE_INDEXES:
+        raise ValueError(f"{count} message indexes")
+    indexes = []
+    for _ in range(count):
+        index, at = _varint(value, at)
+        if index < 0:
+            raise ValueError(f"negative message index {index}")
+        indexes.append(index)
+    return tuple(indexes), at
 
 
 def wire_value(schema_id: int, parsed_schema: Any, record: dict) -> bytes:
-    """`record` in the Confluent wire format with writer schema `schema_id` (for producers and tests)."""
+    """`record` as Avro in the wire format with writer schema `schema_id` (for producers and tests)."""
     from fastavro import schemaless_writer
 
     out = io.BytesIO()
@@ -45,14 +115,32 @@ def wire_value(schema_id: int, parsed_schema: Any, record: dict) -> bytes:
     return out.getvalue()
 
 
-def register_avro_schema(registry: dict, subject: str, text: str) -> int:
-    """Register the Avro schema `text` under `subject` (or find it there); its id."""
+def wire_protobuf(schema_id: int, message: Any, indexes: tuple[int, ...] = (0,)) -> bytes:
+    """A protobuf `message` in the wire format with writer schema `schema_id`, its message selected by
+    `indexes` in the schema's file (for producers and tests)."""
+    head = b"\x00" if indexes == (0,) else _zigzag(len(indexes)) + b"".join(_zigzag(i) for i in indexes)
+    return HEADER.pack(MAGIC, schema_id) + head + message.SerializeToString()
+
+
+def wire_json(schema_id: int, document: Any) -> bytes:
+    """A JSON document in the wire format with JSON Schema writer schema `schema_id`."""
+    return HEADER.pack(MAGIC, schema_id) + json.dumps(document, separators=(",", ":")).encode()
+
+
+def register_schema(registry: dict, subject: str, text: str, schema_type: str = "AVRO") -> int:
+    """Register writer schema `text` (AVRO, PROTOBUF as .proto text, or JSON) under `subject` (or find it
+    there); its id."""
     from confluent_kafka.schema_registry import Schema
 
-    return registry_client(registry).register_schema(subject, Schema(text, "AVRO"))
+    return registry_client(registry).register_schema(subject, Schema(text, schema_type))
 
 
-def parse_schema(text: str, *references: Any) -> Any:
+def register_avro_schema(registry: dict, subject: str, text: str) -> int:
+    """Register the Avro schema `text` under `subject` (or find it there); its id."""
+    return register_schema(registry, subject, text, "AVRO")
+
+
+def parse_schema(text: str) -> Any:
     """An Avro schema's JSON text, parsed for fastavro; raises ValueError for an invalid schema."""
     from fastavro import parse_schema as parse
 
@@ -78,113 +166,433 @@ def registry_client(registry: dict):
         return _CLIENTS[key]
 
 
-# schema type -> a function parsing a writer schema's text (ValueError when it is not one); the wire
-# formats' decoders below add theirs
-SCHEMA_PARSERS: dict[str, Any] = {"AVRO": parse_schema}
+# ------------------------------------------------------------------------------------ writer schemas
+
+@dataclass
+class WriterSchema:
+    """One writer schema, parsed for decoding: `parsed` is fastavro's schema (AVRO), the JSON document
+    (JSON) or a ProtoSchema (PROTOBUF); `text` is the Avro or JSON Schema source (None for Protobuf).
+    The contract fields it translates to are computed on first use (`fields`)."""
+
+    schema_id: int
+    schema_type: str
+    parsed: Any
+    text: str | None = None
+    _fields: dict[str | None, tuple[FieldSpec, ...]] = field(default_factory=dict)
+
+    def fields(self, envelope: str | None = None) -> tuple[FieldSpec, ...]:
+        """The contract fields of the schema's records (the `after` row of a change event with
+        `envelope`); raises SchemaTranslationError."""
+        if envelope not in self._fields:
+            if self.schema_type == "PROTOBUF":
+                record = schemas.proto_record(self.parsed.message((0,)))
+            else:
+                record = schemas.record_type(self.schema_type, self.text)
+            self._fields[envelope] = schemas.row_fields(record, envelope)
+        return self._fields[envelope]
+
+
+class ProtoSchema:
+    """A Protobuf writer schema: its descriptor pool and file, and per message index path the message
+    class and the function turning a message into a mapping of field name to value."""
+
+    def __init__(self, pool, file_name: str):
+        self.pool, self.file_name = pool, file_name
+        self._messages: dict[tuple[int, ...], tuple[Any, Callable[[Any], dict]]] = {}
+
+    def message(self, indexes: tuple[int, ...]):
+        """The message descriptor `indexes` select; raises SchemaTranslationError when there is none."""
+        return schemas.proto_message(self.pool, self.file_name, indexes)
+
+    def reader(self, indexes: tuple[int, ...]) -> tuple[Any, Callable[[Any], dict]]:
+        if indexes not in self._messages:
+            from google.protobuf import message_factory
+
+            descriptor = self.message(indexes)
+            self._messages[indexes] = (message_factory.GetMessageClass(descriptor), _proto_reader(descriptor, {}))
+        return self._messages[indexes]
+
+
+def _proto_reader(descriptor, readers: dict) -> Callable[[Any], dict]:
+    """A function turning a message of `descriptor` into {field name: value} (nested messages as dicts,
+    repeated fields as lists, maps as dicts with text keys, enums by name, well-known types as Python
+    values, fields without a value as None)."""
+    if descriptor.full_name in readers:
+        return lambda message: readers[descriptor.full_name](message)  # a recursive message type
+    fields = []
+    readers[descriptor.full_name] = None
+    for fd in descriptor.fields:
+        fields.append((fd.name, _proto_field(fd, readers)))
+
+    def read(message) -> dict:
+        return {name: get(message) for name, get in fields}
+
+    readers[descriptor.full_name] = read
+    return read
+
+
+def _proto_field(fd, readers: dict) -> Callable[[Any], Any]:
+    name = fd.name
+    if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        convert = _proto_value(fd.message_type.fields_by_name["value"], readers)
+        return lambda message: {str(k): convert(v) for k, v in getattr(message, name).items()}
+    convert = _proto_value(fd, readers)
+    if fd.is_repeated:
+        return lambda message: [convert(v) for v in getattr(message, name)]
+    if fd.has_presence:
+        return lambda message: convert(getattr(message, name)) if message.HasField(name) else None
+    return lambda message: convert(getattr(message, name))
+
+
+def _proto_value(fd, readers: dict) -> Callable[[Any], Any]:
+    if fd.type == 14:  # enum: by name; a number the schema does not know stays visible as its text
+        names = {v.number: v.name for v in fd.enum_type.values}
+        return lambda number: names.get(number, str(number))
+    if fd.type not in (10, 11):
+        return lambda v: v
+    full_name = fd.message_type.full_name
+    if full_name in schemas.PROTO_WRAPPERS:
+        return lambda wrapper: wrapper.value
+    if full_name == schemas.PROTO_TIMESTAMP:
+        return _proto_timestamp
+    if full_name == schemas.PROTO_DATE:
+        return _proto_date
+    return _proto_reader(fd.message_type, readers)
+
+
+def _proto_timestamp(ts) -> datetime:
+    try:
+        return ts.ToDatetime(tzinfo=timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        raise Rejected("timestamp_out_of_range", f"google.protobuf.Timestamp {ts.seconds}s {ts.nanos}ns is not "
+                                                 f"a time a table can hold") from None
+
+
+def _proto_date(d) -> date:
+    try:
+        return date(d.year, d.month, d.day)
+    except ValueError:
+        raise Rejected("bad_date", f"google.type.Date {d.year}-{d.month}-{d.day} is not a date") from None
+
+
+# A Protobuf writer schema the driver resolved from the registry travels to the tasks as a serialized
+# FileDescriptorSet (its imports included), base64 after this first line; .proto source never starts with '#'.
+DESCRIPTOR_SET = "#descriptor-set base64\n"
+
+
+def _parse_declared(schema_type: str, text: str) -> Any:
+    """A writer schema's text parsed for decoding; ValueError when it does not parse."""
+    if schema_type == "AVRO":
+        return parse_schema(text)
+    if schema_type == "JSON":
+        document = json.loads(text)
+        if not isinstance(document, dict):
+            raise ValueError("a JSON Schema is an object")
+        return document
+    if text.startswith(DESCRIPTOR_SET):
+        pool, name = schemas.proto_pool(base64.b64decode(text[len(DESCRIPTOR_SET):]))
+    else:
+        pool, name = schemas.proto_pool(schemas.compile_proto(text))
+    return ProtoSchema(pool, name)
+
+
+def _descriptor_set_text(pool, file_name: str) -> str:
+    """The file `file_name` of `pool` and every file it imports, as DESCRIPTOR_SET text."""
+    from google.protobuf import descriptor_pb2
+
+    found = descriptor_pb2.FileDescriptorSet()
+    seen: set[str] = set()
+
+    def add(file) -> None:
+        if file.name in seen:
+            return
+        seen.add(file.name)
+        for dependency in file.dependencies:
+            add(dependency)
+        file.CopyToProto(found.file.add())
+
+    add(pool.FindFileByName(file_name))
+    return DESCRIPTOR_SET + base64.b64encode(found.SerializeToString()).decode("ascii")
 
 
 class SchemaStore:
-    """Writer schemas by id, from the spec (`source.schemas`, read from its folder) or a registry, each
-    parsed once."""
+    """Writer schemas by id, each parsed once: the spec's (`source.schemas`: the folder's, and those the
+    driver resolved), then a registry's when `registry` is set (the driver's store only).
 
-    def __init__(self, declared: dict[int, tuple[str, str]] | None = None, registry: dict | None = None):
-        if not declared and registry is None:
+    A task's store has no registry: an id it was not given raises SchemaUnknownError for the driver to
+    resolve, unless `missing` (ids the driver found in no registry) holds it or `resolvable` is False
+    (no registry is configured): then its records are dead letters (`unknown_schema`).
+    """
+
+    def __init__(self, declared: dict[int, tuple[str, str]] | None = None, registry: dict | None = None,
+                 resolvable: bool = False, missing: frozenset[int] = frozenset()):
+        if not declared and registry is None and not resolvable:
             raise errors.ConfigurationError(
                 "a pipeline in a wire format (Avro, Protobuf, JSON Schema) needs its writer schemas: set "
                 "source.schemas in the spec (a folder of <schema id>.avsc, .proto or .json files) or "
                 "LAKEHOUSE_SCHEMA_REGISTRY_URL")
-        self.declared = declared or None
+        self.declared = declared or {}
         self.registry = registry
-        self._parsed: dict[tuple[int, str], Any] = {}
-        self._unknown: dict[tuple[int, str], str] = {}
+        self.resolvable = resolvable and registry is None
+        self.missing = missing
+        self._found: dict[int, WriterSchema] = {}
+        self._unknown: dict[int, str] = {}
+        self._lock = threading.Lock()  # Spark's Python workers may run tasks in threads
+
+    def get(self, schema_id: int, schema_type: str) -> WriterSchema:
+        """Writer schema `schema_id`, which must be of `schema_type`. Raises Rejected("unknown_schema")
+        when it is nowhere to be found, of another type, or does not parse; SchemaUnknownError when the
+        driver may resolve it; SchemaRegistryUnavailableError when the registry does not answer."""
+        with self._lock:
+            found = self._found.get(schema_id)
+            if found is None:
+                if schema_id in self._unknown:
+                    raise Rejected("unknown_schema", self._unknown[schema_id])
+                try:
+                    found = self._load(schema_id)
+                except Rejected as rejected:
+                    self._unknown[schema_id] = rejected.detail
+                    raise
+                except (ValueError, SchemaTranslationError) as exc:
+                    self._unknown[schema_id] = f"writer schema {schema_id} does not parse: {str(exc)[:300]}"
+                    raise Rejected("unknown_schema", self._unknown[schema_id]) from None
+                self._found[schema_id] = found
+        if found.schema_type != schema_type:
+            raise Rejected("unknown_schema", f"writer schema {schema_id} is {found.schema_type}, not {schema_type}")
+        return found
+
+    def resolve(self, schema_id: int) -> WriterSchema:
+        """Writer schema `schema_id` of whatever type, loaded (see `get` for what it raises)."""
+        with self._lock:
+            if schema_id not in self._found:
+                self._found[schema_id] = self._load(schema_id)
+            return self._found[schema_id]
 
     def parsed(self, schema_id: int, schema_type: str = "AVRO") -> Any:
-        """The writer schema `schema_id`, parsed as a `schema_type` schema (SCHEMA_PARSERS); raises
-        Rejected("unknown_schema") when the folder or the registry has none, or one of another type or
-        one that does not parse, SchemaRegistryUnavailableError when the registry does not answer."""
-        found = self._parsed.get((schema_id, schema_type))
-        if found is not None:
-            return found
-        if (schema_id, schema_type) in self._unknown:
-            raise Rejected("unknown_schema", self._unknown[schema_id, schema_type])
-        try:
-            kind, text, references = self._declared(schema_id) if self.declared else self._from_registry(schema_id)
-            if kind != schema_type:
-                raise Rejected("unknown_schema", f"writer schema {schema_id} is {kind}, not {schema_type}")
-            parsed = SCHEMA_PARSERS[schema_type](text, *references)
-        except Rejected as rejected:
-            self._unknown[schema_id, schema_type] = rejected.detail
-            raise
-        except ValueError as exc:
-            self._unknown[schema_id, schema_type] = f"writer schema {schema_id}: {exc}"
-            raise Rejected("unknown_schema", self._unknown[schema_id, schema_type]) from None
-        self._parsed[schema_id, schema_type] = parsed
-        return parsed
+        """The parsed form of writer schema `schema_id` (see WriterSchema.parsed and `get`)."""
+        return self.get(schema_id, schema_type).parsed
 
-    def _declared(self, schema_id: int) -> tuple[str, str, tuple]:
-        try:
-            return (*self.declared[schema_id], ())
-        except KeyError:
-            raise Rejected("unknown_schema", f"writer schema {schema_id} is not among the pipeline's "
-                                             f"source.schemas ({', '.join(map(str, sorted(self.declared)))})") from None
+    def shipped(self, schema_id: int) -> tuple[int, str, str]:
+        """Writer schema `schema_id` as `SourceSpec.schemas` carries it to the tasks: (id, type, text)."""
+        found = self._found[schema_id]
+        if found.schema_type == "PROTOBUF":
+            return schema_id, "PROTOBUF", found.text or _descriptor_set_text(found.parsed.pool,
+                                                                             found.parsed.file_name)
+        return schema_id, found.schema_type, found.text
 
-    def _from_registry(self, schema_id: int) -> tuple[str, str, tuple]:
-        """(schema type, text, references) of `schema_id` in the registry; references are the
-        confluent-kafka Schema's (name, subject, version), for Protobuf imports."""
+    def _load(self, schema_id: int) -> WriterSchema:
+        if schema_id in self.declared:
+            schema_type, text = self.declared[schema_id]
+            return WriterSchema(schema_id, schema_type, _parse_declared(schema_type, text),
+                                None if schema_type == "PROTOBUF" and not text.startswith(DESCRIPTOR_SET) else text)
+        if self.registry is not None:
+            return self._from_registry(schema_id)
+        if self.resolvable and schema_id not in self.missing:
+            raise errors.SchemaUnknownError(f"writer schema {schema_id} was not shipped to the task; the driver "
+                                            f"resolves it {errors.task_marker('schema-unknown', schema_id=schema_id)}")
+        where = "nor in the schema registry" if self.resolvable else "and no schema registry is configured"
+        raise Rejected("unknown_schema", f"writer schema {schema_id} is neither among the pipeline's source.schemas "
+                                         f"({', '.join(map(str, sorted(self.declared))) or 'none'}) {where}")
+
+    def _from_registry(self, schema_id: int) -> WriterSchema:
+        client = registry_client(self.registry)
+        schema = self._ask(schema_id, lambda: client.get_schema(schema_id))
+        schema_type = schema.schema_type or "AVRO"
+        if schema_type == "PROTOBUF":
+            serialized = self._ask(schema_id, lambda: client.get_schema(schema_id, fmt="serialized"))
+            return WriterSchema(schema_id, schema_type, self._registry_proto(client, schema_id, serialized))
+        if schema_type not in ("AVRO", "JSON"):
+            raise Rejected("unknown_schema", f"writer schema {schema_id} is {schema_type}")
+        return WriterSchema(schema_id, schema_type, _parse_declared(schema_type, schema.schema_str), schema.schema_str)
+
+    def _ask(self, schema_id: int, call: Callable[[], Any]) -> Any:
+        """`call()` of the registry client: Rejected("unknown_schema") for a 404,
+        SchemaRegistryUnavailableError when the registry does not answer or fails."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         try:
-            schema = registry_client(self.registry).get_schema(schema_id)
+            return call()
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
-                raise Rejected("unknown_schema", f"the schema registry has no schema {schema_id}") from None
+                raise Rejected("unknown_schema", f"writer schema {schema_id} is neither among the pipeline's "
+                                                 f"source.schemas nor in the schema registry") from None
             raise self._unavailable(schema_id, f"HTTP {exc.http_status_code} {exc.error_message}") from None
         except Exception as exc:  # noqa: BLE001 - connection refused, timeouts, TLS: the registry is not there
             raise self._unavailable(schema_id, f"{type(exc).__name__}: {exc}") from None
-        return schema.schema_type or "AVRO", schema.schema_str, ()
+
+    def _registry_proto(self, client, schema_id: int, schema) -> ProtoSchema:
+        """A Protobuf schema from the registry: serialized descriptors (`format=serialized`) with imports
+        resolved through the registry's references (confluent-kafka's own resolution), or, from a
+        registry that keeps the .proto text only, that text compiled."""
+        import binascii
+
+        from confluent_kafka.schema_registry._sync.protobuf import _resolve_named_schema
+        from confluent_kafka.schema_registry.common.protobuf import _init_pool, _str_to_proto
+        from google.protobuf.descriptor_pool import DescriptorPool
+
+        try:
+            descriptor = _str_to_proto(f"writer_schema_{schema_id}.proto", schema.schema_str)
+        except (binascii.Error, ValueError, Exception):  # noqa: BLE001 - not base64 descriptors: .proto text
+            pool, name = schemas.proto_pool(schemas.compile_proto(schema.schema_str))
+            return ProtoSchema(pool, name)
+        pool = DescriptorPool()
+        _init_pool(pool)
+        self._ask(schema_id, lambda: _resolve_named_schema(schema, client, pool))
+        pool.Add(descriptor)
+        return ProtoSchema(pool, descriptor.name)
+
+    def subject_versions(self, subject: str) -> list[int]:
+        """The ids of every version of `subject` in the registry, oldest first ([] for an unknown subject),
+        each loaded into the store. Raises SchemaRegistryUnavailableError when the registry does not answer."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        client = registry_client(self.registry)
+        try:
+            ids = [client.get_version(subject, version).schema_id for version in client.get_versions(subject)]
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                return []
+            raise self._unavailable(0, f"HTTP {exc.http_status_code} {exc.error_message}") from None
+        except Exception as exc:  # noqa: BLE001
+            raise self._unavailable(0, f"{type(exc).__name__}: {exc}") from None
+        found = []
+        for schema_id in ids:
+            try:
+                with self._lock:
+                    if schema_id not in self._found:
+                        self._found[schema_id] = self._load(schema_id)
+                found.append(schema_id)
+            except (Rejected, ValueError, SchemaTranslationError) as exc:
+                log.warning("writer schema %d of subject %s is left out: %s", schema_id, subject, exc)
+        return sorted(found)
 
     def _unavailable(self, schema_id: int, why: str) -> SchemaRegistryUnavailableError:
+        what = f"writer schema {schema_id}" if schema_id else "the subjects' versions"
         return SchemaRegistryUnavailableError(
-            f"the schema registry did not give writer schema {schema_id}: {why[:300]} "
+            f"the schema registry did not give {what}: {why[:300]} "
             f"{errors.task_marker('retryable', why='schema-registry-unavailable')}")
 
 
-class AvroDecoder:
-    """Confluent wire-format Avro values to mappings of field name to value."""
+# ------------------------------------------------------------------------------------------ decoders
 
-    def __init__(self, schemas: SchemaStore):
-        from fastavro import schemaless_reader
+class WireDecoder:
+    """Decodes one wire format's values (or keys: `what`) to mappings of field name to value.
 
-        self.schemas = schemas
-        self._read = schemaless_reader
+    `gate(writer_schema)` is asked once per writer schema before its first record is decoded; it
+    raises to stop the task, or returns a reason to dead-letter the schema's records with (a
+    quarantined, incompatible schema), or None.
+    """
+
+    schema_type = ""
+    malformed = ""
+
+    def __init__(self, store: SchemaStore, gate: Callable[[WriterSchema], str | None] | None = None,
+                 what: str = "value"):
+        self.store = store
+        self.gate = gate
+        self.what = what
+        self._admitted: dict[int, str | None] = {}
+
+    def writer(self, value: bytes) -> tuple[WriterSchema, int]:
+        """The writer schema of `value` (admitted by the gate) and where its payload starts."""
+        schema_id, at = split_header(value, self.what)
+        writer = self.store.get(schema_id, self.schema_type)
+        if self.gate is not None:
+            if schema_id not in self._admitted:
+                self._admitted[schema_id] = self.gate(writer)
+            refused = self._admitted[schema_id]
+            if refused is not None:
+                raise Rejected("schema_incompatible", refused)
+        return writer, at
 
     def decode(self, value: bytes) -> dict:
-        if len(value) < HEADER.size or value[0] != MAGIC:
-            raise Rejected("bad_wire_format", "value does not start with the wire format's magic byte 0 and a "
-                                              "4-byte schema id (not Avro from a Confluent-compatible serializer)")
-        schema_id = int.from_bytes(value[1:HEADER.size], "big")
-        parsed = self.schemas.parsed(schema_id, "AVRO")
-        buffer = io.BytesIO(value)
-        buffer.seek(HEADER.size)
+        writer, at = self.writer(value)
         try:
-            record = self._read(buffer, parsed, None)
+            record = self.read(writer, value, at)
+        except Rejected:
+            raise
         except Exception as exc:  # noqa: BLE001 - truncated, a bad union index, bad UTF-8, ...
-            raise Rejected("malformed_avro", f"does not decode with writer schema {schema_id}: "
-                                             f"{type(exc).__name__}: {str(exc)[:200]}") from None
+            raise Rejected(self.malformed, f"{self.what} does not decode with writer schema {writer.schema_id}: "
+                                           f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        if not isinstance(record, dict):
+            raise Rejected("not_an_object", f"writer schema {writer.schema_id} is not a record schema")
+        return record
+
+    def read(self, writer: WriterSchema, value: bytes, at: int) -> Any:
+        raise NotImplementedError
+
+
+class AvroDecoder(WireDecoder):
+    """Avro: fastavro reads the payload with the writer schema; every byte must belong to the record."""
+
+    schema_type, malformed = "AVRO", "malformed_avro"
+
+    def __init__(self, *args, **kwargs):
+        from fastavro import schemaless_reader
+
+        super().__init__(*args, **kwargs)
+        self._read = schemaless_reader
+
+    def read(self, writer: WriterSchema, value: bytes, at: int) -> Any:
+        buffer = io.BytesIO(value)
+        buffer.seek(at)
+        record = self._read(buffer, writer.parsed, None)
         if buffer.tell() != len(value):
             raise Rejected("malformed_avro", f"{len(value) - buffer.tell()} bytes left over after the record "
-                                             f"(writer schema {schema_id})")
-        if not isinstance(record, dict):
-            raise Rejected("not_an_object", f"writer schema {schema_id} is not a record schema")
+                                             f"(writer schema {writer.schema_id})")
         return record
 
 
-def schema_store(spec: PipelineSpec, registry: dict | None) -> SchemaStore:
-    """The writer schemas of a pipeline in a wire format: the spec's own, else the registry's
-    (ConfigurationError when it has neither)."""
+class ProtobufDecoder(WireDecoder):
+    """Protobuf: the message indexes select the message class, protobuf parses it."""
+
+    schema_type, malformed = "PROTOBUF", "malformed_protobuf"
+
+    def read(self, writer: WriterSchema, value: bytes, at: int) -> Any:
+        indexes, at = message_indexes(value, at)
+        try:
+            message_class, to_dict = writer.parsed.reader(indexes)
+        except SchemaTranslationError as exc:
+            raise Rejected("malformed_protobuf", f"{self.what}: {exc} (writer schema {writer.schema_id})") from None
+        return to_dict(message_class.FromString(value[at:]))
+
+
+class JsonSchemaDecoder(WireDecoder):
+    """JSON Schema: the payload is a JSON document, decoded as plain JSON values are."""
+
+    schema_type, malformed = "JSON", "malformed_json"
+
+    def __init__(self, *args, decimals: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.json = JsonDecoder(decimals)
+
+    def read(self, writer: WriterSchema, value: bytes, at: int) -> Any:
+        return self.json.decode(value[at:])
+
+    def payload(self, value: bytes) -> bytes:
+        """The JSON document of `value` once its header names an admitted writer schema (Rejected otherwise):
+        what the JSON fast path decodes."""
+        _, at = self.writer(value)
+        return value[at:]
+
+
+WIRE_DECODERS = {"avro": AvroDecoder, "protobuf": ProtobufDecoder, "json_schema": JsonSchemaDecoder}
+
+
+def schema_store(spec: PipelineSpec, registry: dict | None = None, resolvable: bool = False,
+                 missing: frozenset[int] = frozenset()) -> SchemaStore:
+    """The writer schemas of a pipeline in a wire format: the spec's own, then the `registry`'s (the
+    driver's store). A task's store has no registry; `resolvable` says the driver has one (see
+    SchemaStore). ConfigurationError when there are none at all."""
     declared = {schema_id: (schema_type, text) for schema_id, schema_type, text in spec.source.schemas}
-    return SchemaStore(declared, None if declared else registry)
+    return SchemaStore(declared, registry, resolvable, missing)
 
 
-def avro_decoder(spec: PipelineSpec, registry: dict | None) -> AvroDecoder:
-    return AvroDecoder(schema_store(spec, registry))
+def wire_decoder(fmt: str, spec: PipelineSpec, store: SchemaStore,
+                 gate: Callable[[WriterSchema], str | None] | None = None, what: str = "value") -> WireDecoder:
+    """The decoder of wire format `fmt` (one of FORMAT_SCHEMA_TYPES' keys) over `store`."""
+    if fmt not in FORMAT_SCHEMA_TYPES:
+        raise ValueError(f"{fmt!r} is not a wire format")
+    if fmt == "json_schema":
+        return JsonSchemaDecoder(store, gate, what, decimals=spec.contract.has_decimals)
+    return WIRE_DECODERS[fmt](store, gate, what)

@@ -40,13 +40,14 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakehouse.core import config, errors, events, hooks, offsets, sparkenv
+from lakehouse.core import config, errors, events, hooks, offsets, schemas, sparkenv
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.offsets import TableProgress
-from lakehouse.core.spec import PipelineSpec, load_spec
+from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, PipelineSpec, load_spec
 from lakehouse.ingest import committer, formats, tables, taskwriter
 from lakehouse.ingest.plan import BatchPlan, plan_batch, split_for_tasks, task_groups, topic_state_for
 from lakehouse.ingest.reader import batch_schema, make_reader
+from lakehouse.ingest.records import Rejected, WriterSchemas
 from lakehouse.ingest.taskwriter import TableTarget, TaskResult
 
 log = logging.getLogger("lakehouse.ingest")
@@ -223,12 +224,17 @@ class IngestJob:
         self.spark = spark or sparkenv.session(self.platform, [spec.catalog], f"lakehouse-ingest-{spec.name}")
         self.catalog = open_catalog(self.platform, spec.catalog)
         self.kafka_conf = self.platform.kafka()
-        if spec.wire_formats:  # no writer schemas at all: say so now, not in every task
-            formats.schema_store(spec, self.platform.schema_registry())
+        # Writer schemas of a wire format (none at all is said now, not in every task). Only the driver talks
+        # to the registry; the tasks get the schemas it resolved with the spec (task_spec, writer_schemas).
+        self._schemas = formats.schema_store(spec, self.platform.schema_registry()) if spec.wire_formats else None
+        self.accepted_schemas: dict[int, tuple] = {}  # id -> fields: the tables were evolved for it
+        self.resolved_schemas: dict[int, tuple[int, str, str]] = {}  # ids fetched from the registry, as shipped
+        self.missing_schemas: set[int] = set()  # ids the registry does not have
         self._faults = hooks.faults()
         self._faults.check()
         self._spec_mtime = self._mtime()
-        self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
+        self._prefetch_schemas()
+        self.quarantined = tables.ensure_tables(self.spark, self.catalog, self.spec)
         sparkenv.warm_python_workers(self.spark, ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow"))
         self._stop = threading.Event()
         # task seconds spent reading and decoding, summed over every task of the job (a stage clock)
@@ -241,24 +247,112 @@ class IngestJob:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def _mtime(self) -> float:
-        try:
-            return Path(self.spec.path).stat().st_mtime
-        except OSError:
-            return 0.0
+        """When the spec, or the folder of writer schemas it names (a new `<id>.avsc`), last changed."""
+        found = 0.0
+        for path in (self.spec.path, self.spec.source.schemas_dir):
+            try:
+                found = max(found, Path(path).stat().st_mtime) if path else found
+            except OSError:
+                pass
+        return found
 
     def reload_spec_if_changed(self) -> bool:
         """Pick up an edited spec between batches (additive evolution without stopping)."""
         mtime = self._mtime()
         if mtime == self._spec_mtime:
             return False
-        spec = load_spec(self.spec.path)
+        spec = self._with_accepted_schemas(load_spec(self.spec.path))
         if (spec.name, spec.source.topic, spec.target.tables, spec.dead_letter_table) != \
                 (self.spec.name, self.spec.source.topic, self.spec.target.tables, self.spec.dead_letter_table):
             raise IngestError(f"{spec.path}: pipeline name, topic or tables changed while running; restart it")
         self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
+        if spec.wire_formats:  # the folder's writer schemas as they are now
+            self._schemas = formats.schema_store(spec, self.platform.schema_registry())
         self.spec, self._spec_mtime = spec, mtime
         log.info("reloaded spec %s", spec.path)
         return True
+
+    def _prefetch_schemas(self) -> None:
+        """Fetch every version of the topic's subjects (`<topic>-value`, `<topic>-key`: Confluent's default
+        naming) from the registry, so that tasks rarely meet an id they were not shipped; a contract that
+        follows the writer schemas takes the compatible ones now. A registry that does not answer is
+        logged: the ids are fetched when met."""
+        if self._schemas is None or self._schemas.registry is None:
+            return
+        subjects = [(f"{self.spec.source.topic}-value", True)]
+        if self.spec.source.key_format in FORMAT_SCHEMA_TYPES:
+            subjects.append((f"{self.spec.source.topic}-key", False))
+        for subject, values in subjects:
+            try:
+                ids = self._schemas.subject_versions(subject)
+            except errors.SchemaRegistryUnavailableError as exc:
+                log.warning("pipeline %s: %s; writer schemas are fetched when the tasks meet them", self.spec.name, exc)
+                return
+            for schema_id in ids:
+                self._ship(schema_id)
+                if values and self.spec.contract.from_writer_schema:
+                    self._accept_if_compatible(schema_id)
+
+    def _ship(self, schema_id: int) -> None:
+        if schema_id not in self._schemas.declared:
+            self.resolved_schemas[schema_id] = self._schemas.shipped(schema_id)
+
+    def _accept_if_compatible(self, schema_id: int) -> None:
+        writer = self._schemas.resolve(schema_id)
+        if writer.schema_type != FORMAT_SCHEMA_TYPES[self.spec.source.value_format]:
+            return
+        try:
+            found = writer.fields(self.spec.source.envelope)
+        except errors.SchemaTranslationError:
+            return  # met in a record, it follows schema_policy then
+        diff = schemas.compare(self.spec.contract.fields, found)
+        if not diff.incompatible and not (diff.added and self.spec.schema_policy.on_additive == "fail"):
+            self.accepted_schemas[schema_id] = found
+            self.spec = self._with_accepted_schemas(self.spec)
+
+    def task_spec(self) -> PipelineSpec:
+        """The spec as reader tasks get it: with the writer schemas the driver fetched from the registry."""
+        if not self.resolved_schemas:
+            return self.spec
+        shipped = (*self.spec.source.schemas, *(self.resolved_schemas[i] for i in sorted(self.resolved_schemas)))
+        return replace(self.spec, source=replace(self.spec.source, schemas=shipped))
+
+    def writer_schemas(self) -> WriterSchemas:
+        """What reader tasks are told of writer schemas beyond those shipped (records.WriterSchemas)."""
+        return WriterSchemas(resolvable=self._schemas is not None and self._schemas.registry is not None,
+                             accepted=frozenset(self.accepted_schemas), missing=frozenset(self.missing_schemas))
+
+    def _with_accepted_schemas(self, spec: PipelineSpec) -> PipelineSpec:
+        """`spec` whose contract follows the writer schemas, with the writer schemas this job already
+        evolved the table for merged in (a reloaded spec derives its contract from the folder only)."""
+        if not spec.contract.from_writer_schema or not self.accepted_schemas:
+            return spec
+        fields = spec.contract.fields
+        for found in self.accepted_schemas.values():
+            fields = schemas.merge(fields, found)
+        return replace(spec, contract=replace(spec.contract, fields=fields))
+
+    def _evolve_for(self, schema_id: int) -> None:
+        """Make the contract and the tables follow writer schema `schema_id`, which a task met first: add its
+        fields, widen its types (schema_policy.on_additive 'fail' refuses new fields instead)."""
+        found = self._schemas.resolve(schema_id).fields(self.spec.source.envelope)
+        diff = schemas.compare(self.spec.contract.fields, found)
+        if diff.added and self.spec.schema_policy.on_additive == "fail":
+            raise tables.SchemaIncompatibleError(
+                f"{self.spec.path}: writer schema {schema_id} adds {', '.join(diff.added)} and "
+                f"schema_policy.on_additive is 'fail'; set it to 'evolve' to add them to the tables")
+        self.accepted_schemas[schema_id] = found
+        spec = self._with_accepted_schemas(self.spec)
+        self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
+        self.spec = spec
+        changes = "; ".join(f"{what} {', '.join(paths)}" for what, paths in
+                            (("added", diff.added), ("widened", diff.widened), ("now optional", diff.relaxed))
+                            if paths)
+        log.info("pipeline %s: writer schema %d evolved the tables: %s", self.spec.name, schema_id, changes)
+        self._record_best_effort(events.Event(
+            self.spec.name, "schema", "ok", f"writer schema {schema_id} evolved the tables: {changes}"[:2000],
+            details={"schema_id": schema_id, "added": diff.added, "widened": diff.widened,
+                     "relaxed": diff.relaxed, "tables": list(self.spec.target.tables)}))
 
     def request_stop(self, *_args) -> None:
         self._stop.set()
@@ -470,10 +564,10 @@ class IngestJob:
         # one task per piece, placed by parallelize rather than a repartition (which costs a shuffle)
         plan_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(rows, len(rows)),
                                              "topic string, partition int, start long, end long")
-        reader = make_reader(self.spec, self.kafka_conf, self.quarantined,
+        reader = make_reader(self.task_spec(), self.kafka_conf, self.quarantined,
                              ingested_at_us=int(time.time() * 1_000_000),
                              fault=self._faults.task_probe(self.platform.home, self.spec.name), timers=self._task_clock,
-                             poisoned=self._poisoned_in(plan), registry=self.platform.schema_registry())
+                             poisoned=self._poisoned_in(plan), writer_schemas=self.writer_schemas())
         return plan_df.mapInArrow(reader, ddl)
 
     def _poisoned_in(self, plan: BatchPlan) -> dict[tuple[int, int], str]:
@@ -515,9 +609,9 @@ class IngestJob:
         groups = task_groups(plan.ranges, self.spark.sparkContext.defaultParallelism)
         for _ in range(MAX_POISONED_PER_BATCH + 1):
             run = taskwriter.make_task_writer(
-                self.spec, self.kafka_conf, self.quarantined, ingested_at_us=int(time.time() * 1_000_000),
+                self.task_spec(), self.kafka_conf, self.quarantined, ingested_at_us=int(time.time() * 1_000_000),
                 targets=targets, write_uuid=uuid.uuid4(), fault=self._faults.task_probe(self.platform.home, self.spec.name),
-                poisoned=self._poisoned_in(plan), registry=self.platform.schema_registry())
+                poisoned=self._poisoned_in(plan), writer_schemas=self.writer_schemas())
             started = time.time()
             try:
                 with sparkenv.job_group(self.spark, f"lakehouse-{self.spec.name}-{batch_id}-write"):
@@ -527,9 +621,47 @@ class IngestJob:
                 if not self._poison(plan, exc):
                     raise
                 continue
-            return Written.of(results, started, time.time())
+            met = sorted({r.schema_event for r in results if r.schema_event})
+            if not met:
+                return Written.of(results, started, time.time())
+            # tasks met writer schemas to resolve or follow first; the files they wrote are orphans
+            if not any([self.schema_event(text) for text in met]):
+                raise IngestError(f"pipeline {self.spec.name}: the tasks keep stopping at writer schemas: {met[0]}")
+            loaded.update({name: self.catalog.load_table(name) for name in loaded})
+            targets = self._targets(plan, batch_id, loaded, planned_from)
         raise IngestError(f"pipeline {self.spec.name}: more than {MAX_POISONED_PER_BATCH} records crashed the reader "
                           f"in one batch; the reader itself is broken")
+
+    def schema_event(self, text: str) -> bool:
+        """Act on what a reader task reported of a writer schema (`text`, the message of its error with a
+        marker): an id it was not shipped (`schema-unknown`) is fetched from the registry, or recorded
+        as missing; a compatible change of a contract that follows the writer schemas (`schema-change`)
+        evolves the tables. True when the batch should be written again. A writer schema that does not
+        fit under schema_policy 'fail' (`schema-incompatible`) stops the job."""
+        failed = errors.marker_in(text)
+        if failed is None:
+            return False
+        kind, where = failed
+        if kind == "schema-incompatible":
+            raise errors.WriterSchemaIncompatibleError(text.split(" [lakehouse:")[0]) from None
+        if kind not in ("schema-change", "schema-unknown") or self._schemas is None:
+            return False
+        schema_id = int(where["schema_id"])
+        if kind == "schema-unknown":
+            if schema_id in self.resolved_schemas or schema_id in self.missing_schemas:
+                return False  # shipping it did not help: the failure is something else
+            try:
+                self._schemas.resolve(schema_id)  # SchemaRegistryUnavailableError: retried by run_batch
+            except Rejected as rejected:
+                log.warning("pipeline %s: %s; its records are dead letters", self.spec.name, rejected.detail)
+                self.missing_schemas.add(schema_id)
+                return True
+            self._ship(schema_id)
+            return True
+        if schema_id in self.accepted_schemas:
+            return False  # evolving did not help: the failure is something else
+        self._evolve_for(schema_id)
+        return True
 
     def _poison(self, plan: BatchPlan, exc: Exception) -> bool:
         """Whether `exc`, a failed Spark job, names a record that crashed the reader and that record was

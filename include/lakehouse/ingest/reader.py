@@ -34,6 +34,7 @@ from lakehouse.ingest.records import (
     TIMESTAMP_RANGE,
     RecordValidator,
     Rejected,
+    WriterSchemas,
     lone_surrogate,
 )
 
@@ -278,8 +279,9 @@ class BatchBuilder:
         except Rejected as rejected:
             self.reject(topic, partition, offset, ts_ms, key, value, headers, rejected.kind, rejected.detail)
             return
-        except errors.RetryableError:  # an outage (the schema registry), never the record's fault
-            raise
+        except (errors.RetryableError, errors.SchemaChangeError, errors.WriterSchemaIncompatibleError,
+                errors.SchemaUnknownError):
+            raise  # an outage (the schema registry) or a writer schema for the driver: never the record's fault
         except Exception as exc:  # noqa: BLE001 - a bug or a library's error costs this record, not the task
             self.reject(topic, partition, offset, ts_ms, key, value, headers, "reader_failure",
                         f"the reader failed on this record: {_describe(exc)}")
@@ -530,7 +532,8 @@ def reader_consumer(kafka_conf: dict, pipeline: str) -> Iterator[tuple[Consumer,
 
 def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
                 batch_rows: int = 10_000, stall_timeout: float = 60.0, fault=None, timers=None,
-                poisoned: Mapping[tuple[int, int], str] | None = None, registry: dict | None = None):
+                poisoned: Mapping[tuple[int, int], str] | None = None,
+                writer_schemas: WriterSchemas = WriterSchemas()):
     """The function mapInArrow runs in each task: plan rows in, decoded batches out.
 
     `fault` (the fault hook's task probe, lakehouse.core.hooks) injects the tests' task-side faults.
@@ -549,15 +552,16 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
     does not expect is raised with `errors.task_marker("record-failure", topic=...,
     partition=..., offset=...)` in its message (see `read_range`).
 
-    `registry` is the schema registry's client settings (PlatformConfig.schema_registry()) for an
-    Avro pipeline without a schema folder; each task fetches a writer schema once (ingest.formats).
+    `writer_schemas` is what the driver says about writer schemas beyond those shipped with `spec`
+    (records.WriterSchemas): tasks never talk to a schema registry; an id they were not shipped stops
+    the task (SchemaUnknownError) for the driver to resolve, when it can.
     """
     poisoned = dict(poisoned or {})
 
     def read(plan_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         sparkenv.steady_zip_imports()
         clock = StageClock()
-        validator = RecordValidator(spec, quarantined, registry)
+        validator = RecordValidator(spec, quarantined, writer_schemas=writer_schemas)
         builder = BatchBuilder(spec, validator, ingested_at_us)
         try:
             with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
@@ -584,7 +588,7 @@ def _epoch_ms(moment: datetime | None) -> int | None:
 
 
 def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_us: int, timers=None,
-                   registry: dict | None = None):
+                   writer_schemas: WriterSchemas = WriterSchemas()):
     """The mapInArrow function that decodes dead letters again (after a contract fix).
 
     `timers` is the stage clock of `make_reader`; nothing is read from Kafka, so
@@ -593,7 +597,7 @@ def make_redecoder(spec: PipelineSpec, quarantined: frozenset[str], ingested_at_
 
     def redecode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         clock = StageClock()
-        builder = BatchBuilder(spec, RecordValidator(spec, quarantined, registry), ingested_at_us)
+        builder = BatchBuilder(spec, RecordValidator(spec, quarantined, writer_schemas=writer_schemas), ingested_at_us)
         try:
             for batch in batches:
                 decoding = time.perf_counter()

@@ -22,6 +22,7 @@ import json
 import math
 import re
 import sys
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from uuid import UUID
@@ -29,6 +30,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Protocol
 
 import msgspec
 
+from lakehouse.core import errors
 from lakehouse.core.spec import FieldSpec, PipelineSpec
 
 INT32 = (-(2**31), 2**31 - 1)
@@ -45,9 +47,10 @@ TIMESTAMP_RANGE = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
 # The reasons a record can be dead-lettered; stored in the dead-letter table's error_kind.
 ERROR_KINDS = (
     "malformed_json",      # value is not parseable JSON
-    "bad_wire_format",     # Avro: no magic byte 0 and 4-byte schema id before the payload
-    "unknown_schema",      # Avro: the writer schema id is in neither the schema folder nor the registry
+    "bad_wire_format",     # wire formats: no magic byte 0 and 4-byte schema id before the payload
+    "unknown_schema",      # wire formats: the writer schema id is in neither the schema folder nor the registry
     "malformed_avro",      # Avro: the payload does not decode with its writer schema
+    "malformed_protobuf",  # Protobuf: the payload (or its message indexes) does not decode with its writer schema
     "not_utf8",            # value bytes are not UTF-8
     "not_an_object",       # JSON, but not an object
     "missing_required",    # a required field is absent or null
@@ -117,15 +120,10 @@ class JsonDecoder:
         return obj
 
 
-def _avro(spec: PipelineSpec, registry: dict | None) -> Decoder:
-    from lakehouse.ingest.formats import avro_decoder
-
-    return avro_decoder(spec, registry)
-
-
-# value_format -> the decoder's factory, given the spec and the schema registry's client settings (or None)
+# value_format "json" -> the decoder's factory, given the spec and the schema registry's client settings (or
+# None); the wire formats' decoders are lakehouse.ingest.formats'
 DECODERS: dict[str, Callable[[PipelineSpec, dict | None], Decoder]] = {
-    "json": lambda spec, registry: JsonDecoder(spec.contract.has_decimals), "avro": _avro}
+    "json": lambda spec, registry: JsonDecoder(spec.contract.has_decimals)}
 
 
 def _show(value: Any) -> str:
@@ -375,8 +373,11 @@ def _list_checker(f: FieldSpec, name: str) -> Callable[[Any], list]:
                 if required:
                     raise Rejected("missing_required", f"{name}[{i}] is null; the list's elements are required")
                 out.append(None)
-            else:
+                continue
+            try:
                 out.append(check_item(item))
+            except Rejected as rejected:  # name the element: `lines[3].sku`, not `lines[].sku`
+                raise Rejected(rejected.kind, rejected.detail.replace(f"{name}[]", f"{name}[{i}]", 1)) from None
         return out
 
     return check
@@ -399,8 +400,12 @@ def _map_checker(f: FieldSpec, name: str) -> Callable[[Any], dict]:
                 if required:
                     raise Rejected("missing_required", f"{name}[{_show(key)}] is null; the map's values are required")
                 out[key] = None
-            else:
+                continue
+            try:
                 out[key] = check_value(value)
+            except Rejected as rejected:
+                raise Rejected(rejected.kind, rejected.detail.replace(f"{name}{{}}", f"{name}[{_show(key)}]", 1)) \
+                    from None
         return out
 
     return check
@@ -600,6 +605,75 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
     return decode_row
 
 
+@dataclass(frozen=True)
+class WriterSchemas:
+    """What the ingest job's driver tells reader tasks about writer schemas (lakehouse.ingest.formats):
+    whether it resolves ids the tasks were not shipped (it has a registry), the ids it evolved the tables
+    for or quarantined (SchemaGate), and the ids no registry has (their records are dead letters)."""
+
+    resolvable: bool = False
+    accepted: frozenset[int] = frozenset()
+    missing: frozenset[int] = frozenset()
+
+
+class SchemaGate:
+    """Whether a pipeline takes the records of a writer schema, asked once per schema id by the wire
+    decoders (lakehouse.ingest.formats) before its first record is decoded.
+
+    A declared contract takes a writer schema whose fields it can read (schemas.conflicts); a contract
+    that follows the writer schemas takes one that adds nothing to it (schemas.compare). Otherwise:
+    - a compatible change of a followed contract raises SchemaChangeError (the driver evolves the table
+      and writes the batch again);
+    - an incompatible writer schema under `schema_policy.on_incompatible: fail` raises
+      WriterSchemaIncompatibleError (the job stops), under `quarantine` its records are dead-lettered
+      as `schema_incompatible` (the returned reason).
+    """
+
+    def __init__(self, spec: PipelineSpec, accepted: frozenset[int] = frozenset()):
+        self.spec = spec
+        self.accepted = accepted  # ids the driver already evolved the table for, or quarantined
+
+    def __call__(self, writer) -> str | None:
+        from lakehouse.core import schemas
+
+        contract = self.spec.contract
+        try:
+            fields = writer.fields(self.spec.source.envelope)
+        except errors.SchemaTranslationError as exc:
+            return self._incompatible(writer.schema_id, [str(exc)])
+        if not contract.from_writer_schema:
+            return self._incompatible(writer.schema_id, schemas.conflicts(contract.fields, fields))
+        diff = schemas.compare(contract.fields, fields)
+        if diff.incompatible:
+            return self._incompatible(writer.schema_id, diff.incompatible)
+        if diff.evolves and writer.schema_id not in self.accepted:
+            raise errors.SchemaChangeError(
+                f"writer schema {writer.schema_id} changes the contract ({_changes(diff)}) "
+                f"{errors.task_marker('schema-change', schema_id=writer.schema_id)}")
+        return None
+
+    def _incompatible(self, schema_id: int, why: list[str]) -> str | None:
+        if not why:
+            return None
+        reason = f"writer schema {schema_id} does not fit the contract: " + "; ".join(why)[:1500]
+        if self.spec.schema_policy.on_incompatible == "quarantine" or schema_id in self.accepted:
+            return reason
+        raise errors.WriterSchemaIncompatibleError(
+            f"{reason}. schema_policy.on_incompatible is 'fail': fix the producer, or set it to 'quarantine' "
+            f"to dead-letter its records {errors.task_marker('schema-incompatible', schema_id=schema_id)}")
+
+
+def _changes(diff) -> str:
+    parts = [f"{what} {', '.join(paths)}" for what, paths in
+             (("adds", diff.added), ("widens", diff.widened), ("may leave null", diff.relaxed)) if paths]
+    return "; ".join(parts)[:500]
+
+
+def _canonical(record: Any) -> str:
+    """A decoded record key as `_kafka.key` shows it: compact JSON with sorted keys."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+
+
 class RecordValidator:
     """Checks records against a spec's contract and source rules.
 
@@ -607,33 +681,71 @@ class RecordValidator:
     form (timestamps as epoch microseconds, dates as epoch days), or None for a
     tombstone that an upsert pipeline turns into a delete. It is the reference
     path: `check_row` gives the same verdicts, faster.
+
+    `registry` (client settings) lets the validator fetch writer schemas itself, as the driver does;
+    reader tasks get `writer_schemas` instead (see WriterSchemas).
     """
 
-    def __init__(self, spec: PipelineSpec, quarantined: frozenset[str] = frozenset(), registry: dict | None = None):
+    def __init__(self, spec: PipelineSpec, quarantined: frozenset[str] = frozenset(), registry: dict | None = None,
+                 writer_schemas: WriterSchemas = WriterSchemas()):
         self.spec = spec
-        self.decoder = DECODERS[spec.source.value_format](spec, registry)
+        source = spec.source
+        store = None
+        if spec.wire_formats:
+            from lakehouse.ingest.formats import schema_store
+
+            store = schema_store(spec, registry, writer_schemas.resolvable, writer_schemas.missing)
+        self.decoder = self._decoder(source.value_format, store, SchemaGate(spec, writer_schemas.accepted), "value")
+        self.key_decoder = None if source.key_format == "string" else \
+            self._decoder(source.key_format, store, None, "key")
+        self.key_record: dict | None = None  # the decoded key of the last check_key (record keys)
         self.fields = [(f.name, f.required, _field_checker(f)) for f in spec.contract.fields]
         self.quarantined = quarantined
-        self.max_value_bytes = spec.source.max_value_bytes
-        self.key_field = spec.source.key_field
-        self.key_required = spec.source.key_required
+        self.max_value_bytes = source.max_value_bytes
+        self.key_field = source.key_field
+        self.key_required = source.key_required
         self.tombstone_deletes = spec.tombstones_delete
         self.names = spec.contract.names
-        # JSON-specific; a decoder registered over "json" or a quarantine means the reference only.
+        # the JSON fast path: plain JSON values (or JSON Schema's payloads) with text keys, no quarantine
+        self._payload = getattr(self.decoder, "payload", None)
+        json_values = type(self.decoder) is JsonDecoder or self._payload is not None
         self.fast_path = JsonFastPath.for_spec(spec) \
-            if type(self.decoder) is JsonDecoder and not quarantined else None
+            if json_values and self.key_decoder is None and not quarantined else None
         self._fast_row = None if self.fast_path is None else self.fast_path.decode_row
         self.fallbacks = 0  # records check_row left to the reference `check`
 
+    def _decoder(self, fmt: str, store, gate, what: str) -> Decoder:
+        if fmt == "json":
+            return DECODERS["json"](self.spec, None) if what == "value" else JsonDecoder()
+        from lakehouse.ingest.formats import wire_decoder
+
+        return wire_decoder(fmt, self.spec, store, gate, what)
+
     def check_key(self, key: bytes | None) -> str | None:
+        """The key as text (`_kafka.key`): UTF-8 text, or a record key as compact JSON (kept decoded in
+        `key_record`); Rejected when it is missing though required, or does not decode."""
+        self.key_record = None
         if key is None:
             if self.key_required:
                 raise Rejected("null_key", "record has no key; the pipeline requires one")
             return None
+        if self.key_decoder is not None:
+            try:
+                self.key_record = self.key_decoder.decode(key)
+            except Rejected as rejected:
+                raise Rejected("bad_key", f"{rejected.kind}: {rejected.detail}") from None
+            return _canonical(self.key_record)
         try:
             return key.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise Rejected("bad_key", f"key is not UTF-8 at byte {exc.start}") from None
+
+    def _key_value(self, key_text: str | None) -> str | None:
+        """What the value's key field must equal: the key's text, or the field of a record key."""
+        if self.key_decoder is None or self.key_record is None:
+            return key_text
+        found = self.key_record.get(self.key_field)
+        return None if found is None else str(found)
 
     def check(self, key_text: str | None, value: bytes | None) -> dict | None:
         if value is None:
@@ -643,6 +755,16 @@ class RecordValidator:
         if len(value) > self.max_value_bytes:
             raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
         obj = self.decoder.decode(value)
+        row = self.check_fields(obj)
+        if self.key_field is not None and key_text is not None:
+            expected = self._key_value(key_text)
+            got = obj.get(self.key_field)
+            if expected != str(got):
+                raise Rejected("key_mismatch", f"key {_show(expected)} differs from {self.key_field} {_show(got)}")
+        return row
+
+    def check_fields(self, obj: dict) -> dict:
+        """The contract columns of a decoded record `obj`, checked (Rejected when one does not pass)."""
         row = {}
         for name, required, check in self.fields:
             v = obj.get(name)
@@ -655,9 +777,6 @@ class RecordValidator:
                 raise Rejected("schema_incompatible",
                                f"{name} changed incompatibly in the contract; quarantined until the table is fixed")
             row[name] = check(v)
-        if self.key_field is not None and key_text is not None and key_text != str(obj.get(self.key_field)):
-            raise Rejected("key_mismatch",
-                           f"key {_show(key_text)} differs from {self.key_field} {_show(obj.get(self.key_field))}")
         return row
 
     def check_row(self, key_text: str | None, value: bytes | None) -> tuple | None:
@@ -669,7 +788,14 @@ class RecordValidator:
         """
         fast_row = self._fast_row
         if fast_row is not None:
-            row = fast_row(key_text, value)
+            if self._payload is None:
+                row = fast_row(key_text, value)
+            else:  # JSON Schema: the document after the header, once the header names a known schema
+                try:
+                    row = None if value is None or len(value) > self.max_value_bytes else \
+                        fast_row(key_text, self._payload(value))
+                except Rejected:
+                    row = None
             if row is not None:
                 return row
         self.fallbacks += 1

@@ -32,11 +32,11 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakehouse.core import sparkenv
+from lakehouse.core import errors, sparkenv
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.reader import DEAD_LETTER_TABLE, BatchBuilder, StageClock, read_range, reader_consumer
-from lakehouse.ingest.records import RecordValidator
+from lakehouse.ingest.records import RecordValidator, WriterSchemas
 
 # Arrow columns of a decoded batch that become a dead-letter row, in the dead-letter table's names
 # (reader.DEAD_LETTER_TABLE), and the columns that hold the pipeline's name
@@ -78,6 +78,9 @@ class TaskResult:
     write_s: float = 0.0
     started: float = 0.0  # wall clock (time.time) when the task began and ended its work
     ended: float = 0.0
+    # a writer schema the driver must act on first (its error message, with the marker naming it): the
+    # task stopped there and wrote nothing; returned rather than raised, so Spark does not retry the task
+    schema_event: str | None = None
 
 
 # FileIO settings a task needs (object store endpoint, region, credentials' source), never the catalog's URI
@@ -229,12 +232,11 @@ def _stage(target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: 
 def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,
                      targets: list[TableTarget], write_uuid: uuid.UUID, batch_rows: int = 10_000,
                      stall_timeout: float = 60.0, fault=None, poisoned: Mapping[tuple[int, int], str] | None = None,
-                     registry: dict | None = None):
+                     writer_schemas: WriterSchemas = WriterSchemas()):
     """The function `rdd.mapPartitionsWithIndex` runs in each task: offset ranges in, one TaskResult out.
 
-    `fault`, `poisoned`, `batch_rows`, `stall_timeout` and `registry` (the schema registry's client
-    settings, for Avro) mean what they mean for `reader.make_reader`; the task's stage clock comes back
-    in its TaskResult.
+    `fault`, `poisoned`, `batch_rows`, `stall_timeout` and `writer_schemas` mean what they mean for
+    `reader.make_reader`; the task's stage clock comes back in its TaskResult.
     """
     poisoned = dict(poisoned or {})
     event_field = spec.event_time_field
@@ -246,14 +248,19 @@ def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozense
         began = time.time()
         sparkenv.steady_zip_imports()
         clock = StageClock()
-        builder = BatchBuilder(spec, RecordValidator(spec, quarantined, registry), ingested_at_us)
+        builder = BatchBuilder(spec, RecordValidator(spec, quarantined, writer_schemas=writer_schemas), ingested_at_us)
         batches: list[pa.RecordBatch] = []
-        with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
-            for rng in ranges:
-                poison = {o: why for (p, o), why in poisoned.items()
-                          if p == rng.partition and rng.start <= o < rng.end}
-                batches.extend(read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock,
-                                          watch=watch, poisoned=poison))
+        try:
+            with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
+                for rng in ranges:
+                    poison = {o: why for (p, o), why in poisoned.items()
+                              if p == rng.partition and rng.start <= o < rng.end}
+                    batches.extend(read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock,
+                                              watch=watch, poisoned=poison))
+        except (errors.SchemaUnknownError, errors.SchemaChangeError, errors.WriterSchemaIncompatibleError) as exc:
+            yield TaskResult(read_s=clock.read_s, decode_s=clock.decode_s, started=began, ended=time.time(),
+                             schema_event=str(exc))
+            return
         result = TaskResult(read_s=clock.read_s, decode_s=clock.decode_s, started=began)
         if not batches:
             result.ended = time.time()

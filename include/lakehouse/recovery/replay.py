@@ -169,8 +169,8 @@ class Replay:
             dlq = dlq.where(F.col("error_kind") == error_kind)
         _, ddl = batch_schema(self.spec)
         redecoded = dlq.select("_kafka", "key", "value", "headers").mapInArrow(
-            make_redecoder(self.spec, self.job.quarantined, int(time.time() * 1_000_000),
-                           registry=self.job.platform.schema_registry()), ddl).persist()
+            make_redecoder(self.job.task_spec(), self.job.quarantined, int(time.time() * 1_000_000),
+                           writer_schemas=self.job.writer_schemas()), ddl).persist()
         try:
             records = redecoded.count()
             receipt = ReplayReceipt(self.spec.name, "dead-letter-replay", {}, records)

@@ -1,0 +1,113 @@
+"""Protobuf and JSON Schema topics on the real embedded broker, Spark and catalog: typed rows, broken values
+dead-lettered by kind, exactly once through kill -9; writer schemas from the registry (confluent-kafka's
+MockSchemaRegistryClient, `mock://`, reached by the ingest job's driver in this process) shipped to the
+tasks, and a new writer schema evolving the table while the job runs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import struct
+
+import pytest
+from test_wire_formats import EVENT_TIME, ORDER_JSON_SCHEMA, ORDER_PROTO, proto_order
+
+from e2e import assert_exactly_once, lakehouse, pipeline, rows, run_cli, send, summaries, table  # noqa: F401
+from lakehouse.core import events
+from lakehouse.ingest import formats
+
+pytestmark = pytest.mark.slow
+
+
+def protobuf_pipeline(pipeline, make_spec):
+    folder = make_spec.directory / "schemas"
+    folder.mkdir(exist_ok=True)
+    (folder / "3.proto").write_text(ORDER_PROTO)
+    return pipeline(source={"value_format": "protobuf", "schemas": "schemas", "partitions": 2})
+
+
+def protobuf_orders(count: int) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
+    broken_kinds = ("bad_wire_format", "unknown_schema", "malformed_protobuf")
+    records, broken = [], dict.fromkeys(broken_kinds, 0)
+    for i in range(count):
+        value = formats.wire_protobuf(3, proto_order(order_id=f"ord-{i}", amount=float(i % 300)))
+        if i % 10 == 9:
+            kind = broken_kinds[(i // 10) % 3]
+            broken[kind] += 1
+            value = {"bad_wire_format": lambda v: b"\x01" + v[1:], "unknown_schema": lambda v: v[:1] + struct.pack(">I", 8) + v[5:],
+                     "malformed_protobuf": lambda v: v[:-3]}[kind](value)
+        records.append((f"ord-{i}".encode(), value))
+    return records, broken
+
+
+def test_a_protobuf_topic_lands_typed_with_broken_values_dead_lettered_by_kind(platform, pipeline, make_spec, spark):
+    spec = protobuf_pipeline(pipeline, make_spec)
+    records, broken = protobuf_orders(300)
+    send(platform, spec.source.topic, records)
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert assert_exactly_once(platform, spec) == 300
+    landed = {r["order_id"]: r for r in rows(platform, spec, spec.target.table)}
+    assert len(landed) == 300 - sum(broken.values())
+    assert landed["ord-4"]["status"] == "paid" and landed["ord-4"]["event_time"] == EVENT_TIME
+    letters = rows(platform, spec, spec.dead_letter_table)
+    assert {k: sum(1 for r in letters if r["error_kind"] == k) for k in broken} == broken
+
+
+def test_kill_9_after_the_files_neither_loses_nor_duplicates_a_protobuf_record(platform, pipeline, make_spec, spark):
+    spec = protobuf_pipeline(pipeline, make_spec)
+    records, _ = protobuf_orders(500)
+    send(platform, spec.source.topic, records)
+    crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", fault="after_files")
+    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-2000:])
+    assert rows(platform, spec, spec.target.table) == []
+    resumed = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert assert_exactly_once(platform, spec) == 500
+
+
+V1 = {"type": "object", "required": ["order_id", "amount"], "properties": {
+    "order_id": {"type": "string"}, "amount": {"type": "number"},
+    "event_time": {"type": "string", "format": "date-time"}}}
+V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": ["string", "null"]},
+                           "lines": {"type": "array", "items": {"type": "object", "required": ["sku"], "properties": {
+                               "sku": {"type": "string"}, "qty": {"type": "integer"}}}}}}
+
+
+def test_registry_writer_schemas_reach_the_tasks_and_a_new_one_evolves_the_table_while_ingesting(
+        platform, pipeline, make_spec, spark, monkeypatch):
+    """The folder holds version 1 (the contract follows the writer schemas); the registry holds version 1 under
+    the topic's subject and version 2 under a record-name subject, so the job meets version 2 first in a
+    record: the task reports it, the driver fetches it, evolves the table and writes the batch again."""
+    registry = {"url": f"mock://wire-ingest-{make_spec.directory.parent.name}"}
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry["url"])
+    folder = make_spec.directory / "schemas"
+    folder.mkdir()
+    v1 = formats.register_schema(registry, "placeholder-value", json.dumps(V1), "JSON")
+    (folder / f"{v1}.json").write_text(json.dumps(V1))
+    spec = pipeline(source={"value_format": "json_schema", "schemas": "schemas", "partitions": 1, "key": None},
+                    contract={"fields": None, "from": "writer_schema"}, partition_by=None, publish={"view": None})
+    v2 = formats.register_schema(registry, "shop.Order", json.dumps(V2), "JSON")
+    ghost = v2 + 100  # registered nowhere
+    when = EVENT_TIME.isoformat()
+    send(platform, spec.source.topic, [
+        (None, formats.wire_json(v1, {"order_id": "a", "amount": 1.5, "event_time": when})),
+        (None, formats.wire_json(v2, {"order_id": "b", "amount": 2, "coupon": "WINTER",
+                                      "lines": [{"sku": "x", "qty": 2}]})),
+        (None, formats.wire_json(ghost, {"order_id": "c", "amount": 3})),
+        (None, formats.wire_json(v2, {"order_id": "d", "amount": 4, "lines": [{"qty": 1}]})),  # sku required
+    ])
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert assert_exactly_once(platform, spec) == 4
+
+    landed = {r["order_id"]: r for r in rows(platform, spec, spec.target.table)}
+    assert landed["a"]["coupon"] is None and landed["a"]["event_time"] == EVENT_TIME
+    assert landed["b"]["coupon"] == "WINTER" and landed["b"]["lines"] == [{"sku": "x", "qty": 2}]
+    letters = {r["_kafka"]["offset"]: (r["error_kind"], r["error_detail"])
+               for r in rows(platform, spec, spec.dead_letter_table)}
+    assert letters[2][0] == "unknown_schema" and letters[3] == ("missing_required", "lines[0].sku is required")
+    assert table(platform, spec, spec.target.table).schema().find_field("lines.element.sku") is not None
+    evolved = events.recent(spec.name, kind="schema", platform=platform, catalog=spec.catalog)
+    assert [e["details"]["schema_id"] for e in evolved] == [v2]
+    assert "added coupon, lines" in evolved[0]["message"]
