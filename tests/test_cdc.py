@@ -118,31 +118,42 @@ def test_arbitrary_envelopes_get_a_verdict_never_an_escaping_error(cdc_spec, env
         assert rejected.kind in ERROR_KINDS
 
 
-def test_avro_change_events_decode_through_the_wire_format(make_spec):
-    value = {"type": "record", "name": "Value", "namespace": "shop.public.accounts", "fields": [
-        {"name": "id", "type": "long"}, {"name": "email", "type": ["null", "string"], "default": None}]}
-    envelope = {"type": "record", "name": "Envelope", "namespace": "shop.public.accounts", "fields": [
-        {"name": "before", "type": ["null", value], "default": None},
-        {"name": "after", "type": ["null", "shop.public.accounts.Value"], "default": None},
-        {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
-            {"name": "connector", "type": "string"}, {"name": "ts_ms", "type": "long"},
-            {"name": "lsn", "type": ["null", "long"], "default": None}]}},
-        {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
-    key_schema = {"type": "record", "name": "Key", "namespace": "shop.public.accounts",
-                  "fields": [{"name": "id", "type": "long"}]}
+AVRO_VALUE = {"type": "record", "name": "Value", "namespace": "shop.public.accounts", "fields": [
+    {"name": "id", "type": "long"}, {"name": "email", "type": ["null", "string"], "default": None}]}
+AVRO_ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "shop.public.accounts", "fields": [
+    {"name": "before", "type": ["null", AVRO_VALUE], "default": None},
+    {"name": "after", "type": ["null", "shop.public.accounts.Value"], "default": None},
+    {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
+        {"name": "connector", "type": "string"}, {"name": "ts_ms", "type": "long"},
+        {"name": "lsn", "type": ["null", "long"], "default": None}]}},
+    {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+AVRO_KEY = {"type": "record", "name": "Key", "namespace": "shop.public.accounts", "fields": [{"name": "id", "type": "long"}]}
+
+
+def avro_cdc_spec(make_spec, **overrides):
+    """A cdc pipeline of Avro change events whose contract follows the writer schemas (key schema 1, envelope 2)."""
     folder = make_spec.directory / "schemas"
-    folder.mkdir()
-    (folder / "1.avsc").write_text(json.dumps(key_schema))
-    (folder / "2.avsc").write_text(json.dumps(envelope))
-    spec = make_spec(mode="cdc", table_key=["id"], partition_by=None, contract={"fields": None, "from": "writer_schema"},
-                     source={"value_format": "avro", "schemas": "schemas", "key": {"field": None}},
-                     publish={"view": None})
+    folder.mkdir(exist_ok=True)
+    (folder / "1.avsc").write_text(json.dumps(AVRO_KEY))
+    (folder / "2.avsc").write_text(json.dumps(AVRO_ENVELOPE))
+    return make_spec(mode="cdc", table_key=["id"], partition_by=None, contract={"fields": None, "from": "writer_schema"},
+                     source={"value_format": "avro", "schemas": "schemas", "key": {"field": None},
+                             **overrides.pop("source", {})}, publish={"view": None}, **overrides)
+
+
+def avro_change(i: int, op: str, email: str | None, lsn: int) -> tuple[bytes, bytes]:
+    row = None if email is None else {"id": i, "email": email}
+    return (formats.wire_value(1, formats.parse_schema(json.dumps(AVRO_KEY)), {"id": i}),
+            formats.wire_value(2, formats.parse_schema(json.dumps(AVRO_ENVELOPE)), {
+                "before": row if op in ("u", "d") else None, "after": None if op == "d" else row, "op": op,
+                "ts_ms": None, "source": {"connector": "postgresql", "ts_ms": 1_764_000_000_000, "lsn": lsn}}))
+
+
+def test_avro_change_events_decode_through_the_wire_format(make_spec):
+    spec = avro_cdc_spec(make_spec)
     assert [f.name for f in spec.contract.fields] == ["id", "email"] and spec.source.key_format == "avro"
     validator = RecordValidator(spec)
-    encoded_key = formats.wire_value(1, formats.parse_schema(json.dumps(key_schema)), {"id": 5})
-    change = formats.wire_value(2, formats.parse_schema(json.dumps(envelope)), {
-        "before": None, "after": {"id": 5, "email": "e@x"}, "op": "c", "ts_ms": None,
-        "source": {"connector": "postgresql", "ts_ms": 1_764_000_000_000, "lsn": 77}})
+    encoded_key, change = avro_change(5, "c", "e@x", 77)
     assert validator.check_change(encoded_key, change) == (
         '{"id":5}', (5, "e@x", {"op": "c", "source_ts": 1_764_000_000_000_000, "position": Decimal(77)}), "upsert")
 

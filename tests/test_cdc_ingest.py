@@ -11,7 +11,7 @@ from decimal import Decimal
 from random import Random
 
 import pytest
-from test_cdc import FIELDS, event, key
+from test_cdc import FIELDS, avro_cdc_spec, avro_change, event, key
 
 from e2e import lakehouse, log_ends, pipeline, rows, run_cli, send, summaries  # noqa: F401 (fixture)
 from lakehouse.core import offsets
@@ -124,3 +124,18 @@ def test_kill_9_anywhere_in_a_batch_neither_loses_nor_reapplies_a_change(platfor
     resumed = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_applied_once(platform, spec, final, broken)
+
+
+def test_an_avro_change_stream_with_a_derived_contract_lands_in_the_final_state(platform, make_spec, spark):
+    from lakehouse.core.topics import ensure_topics
+
+    spec = avro_cdc_spec(make_spec, source={"partitions": 1})
+    ensure_topics([spec], platform)
+    changes = [avro_change(1, "r", "a@x", 10), avro_change(2, "r", "b@x", 11), avro_change(1, "u", "a2@x", 12),
+               avro_change(3, "c", "c@x", 13), avro_change(2, "d", None, 14), (avro_change(2, "d", None, 14)[0], None),
+               avro_change(3, "u", "c2@x", 15)]
+    send(platform, spec.source.topic, changes)
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert {r["id"]: r["email"] for r in rows(platform, spec, spec.target.table)} == {1: "a2@x", 3: "c2@x"}
+    assert rows(platform, spec, spec.dead_letter_table) == []
