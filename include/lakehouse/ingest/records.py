@@ -2,15 +2,20 @@
 
 The path of a record: `RecordValidator.check(key, value)` either returns the
 typed row (a dict of contract columns) or raises `Rejected(kind, detail)`, which
-the reader turns into a dead letter. Decoders are a seam: JSON today; Avro or
-JSON-Schema with a schema registry register another `Decoder` under their
-`value_format` name.
+the reader turns into a dead letter. The value's decoder is JSON (`JsonDecoder`)
+or a wire format's (lakehouse.ingest.formats: Avro, Protobuf, JSON Schema, whose
+writer schemas a `SchemaGate` checks against the contract once each); a record key
+is UTF-8 text or, decoded the same way, a record. A change stream's events
+(`mode: cdc`) go through `check_change` instead: their `after` row or, for a
+delete, the primary key of their key record.
 
 `check` is the reference: every verdict is defined by it. The reader calls
-`RecordValidator.check_row`, which gives the same verdict as a tuple; for JSON it
-first tries `JsonFastPath`, a msgspec decoder generated from the contract that
-accepts only records the reference accepts, with the same values, and hands
-everything else (errors, anything it cannot vouch for) to `check`.
+`RecordValidator.check_row`, which gives the same verdict as a tuple, faster: for
+JSON (and JSON Schema's documents) it first tries `JsonFastPath`, a msgspec decoder
+generated from the contract that accepts only records the reference accepts, with
+the same values, and hands everything else (errors, anything it cannot vouch for)
+to `check`; for Avro and Protobuf a row plan per writer schema leaves out the
+checks the writer's types make moot.
 """
 
 from __future__ import annotations
