@@ -634,14 +634,14 @@ class IngestJob:
             if not met:
                 return Written.of(results, started, time.time())
             # tasks met writer schemas to resolve or follow first; the files they wrote are orphans
-            if not any([self.schema_event(text) for text in met]):
+            if not any([self._schema_event(text) for text in met]):
                 raise IngestError(f"pipeline {self.spec.name}: the tasks keep stopping at writer schemas: {met[0]}")
             loaded.update({name: self.catalog.load_table(name) for name in loaded})
             targets = self._targets(plan, batch_id, loaded, planned_from)
         raise IngestError(f"pipeline {self.spec.name}: more than {MAX_POISONED_PER_BATCH} records crashed the reader "
                           f"in one batch; the reader itself is broken")
 
-    def schema_event(self, text: str) -> bool:
+    def _schema_event(self, text: str) -> bool:
         """Act on what a reader task reported of a writer schema (`text`, the message of its error with a
         marker): an id it was not shipped (`schema-unknown`) is fetched from the registry, or recorded
         as missing; a compatible change of a contract that follows the writer schemas (`schema-change`)
