@@ -10,6 +10,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException
 
 from lakehouse.upkeep import maintenance
+from lakehouse_airflow.audit import actor_of
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
 from lakehouse_airflow.spark import kafka_submit_environment
 
@@ -24,6 +25,9 @@ class MaintenanceOperator(SparkSubmitOperator):
     (in cluster mode the driver's stdout never reaches this task) and however the log is relayed.
 
     Templated fields: those of SparkSubmitOperator (application, application_args, conf, env_vars, ...).
+    The job's `maintenance` events name the DAG run's actor (the user who triggered it, or `scheduler`),
+    passed to the job in its environment (`Actor.environment()`).
+
     XCom: return value = the receipt {"pipeline", "run_id", "ok", "tables": [per-table receipt]};
     when the job fails (a table's maintenance failed), the receipt is pushed under key `receipt`
     and the task fails. Kafka settings: as SupervisedSparkSubmitOperator (`kafka_conn_id`).
@@ -40,6 +44,7 @@ class MaintenanceOperator(SparkSubmitOperator):
         since = datetime.now(timezone.utc) - timedelta(minutes=1)
         # appended, not replaced: argparse keeps the last --run-id, so a retried try stays unambiguous
         self.application_args = [*(self.application_args or []), "--run-id", run_id]
+        self.env_vars = {**(self.env_vars or {}), **actor_of(context).environment()}  # the job's events name it
         try:
             with kafka_submit_environment(self, lakehouse.kafka_settings):
                 super().execute(context)

@@ -9,7 +9,9 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.wap import publish, quality
+from lakehouse_airflow.audit import actor_of, require_operator
 from lakehouse_airflow.hooks import LakehouseHook
+from lakehouse_airflow.sensors import forced
 
 
 def table_asset(spec: PipelineSpec, table: str) -> Asset:
@@ -27,12 +29,17 @@ class PublishOperator(BaseOperator):
 
     Skips when no table holds data yet. Refuses (fails without retry) when there is no
     audit result, when the audit did not pass,
-    or when an audited snapshot does not descend from the current published head. The
-    first publication creates the branch and the readers' view. Records a `publish`
-    event. Pass `outlets=table_assets(spec)` so downstream DAGs schedule on the tables.
+    or when an audited snapshot does not descend from the current published head, and a run
+    triggered by a user who is not a lakehouse operator (lakehouse_airflow.audit.require_operator).
+    The first publication creates the branch and the readers' view. Records a `publish`
+    event naming the DAG run's actor and whether the run forced publication past the SLO
+    gates (its param `force_param`, when given). Pass `outlets=table_assets(spec)` so downstream
+    DAGs schedule on the tables. OpenLineage (when configured): the data tables in, the readers'
+    views out.
 
     :param pipeline: the pipeline name. Templated.
     :param quality_task_id: the QualityOperator task whose ``result`` XCom names the snapshots.
+    :param force_param: the DAG param that forces publication past the SLO gates (None: none).
 
     XCom: ``return_value`` = [{table, snapshot_id, previous_snapshot_id, view}].
     """
@@ -40,12 +47,18 @@ class PublishOperator(BaseOperator):
     template_fields = ("pipeline", "quality_task_id")
     ui_color = "#d9ead3"
 
-    def __init__(self, *, pipeline: str, quality_task_id: str = "quality", **kwargs: Any):
+    def __init__(self, *, pipeline: str, quality_task_id: str = "quality", force_param: str | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.quality_task_id = quality_task_id
+        self.force_param = force_param
+        self._published: list[publish.PublishedTable] = []  # for OpenLineage, once published
 
     def execute(self, context) -> list[dict]:
+        hook = LakehouseHook(self.pipeline)
+        actor, force = actor_of(context), forced(context, self.force_param)
+        require_operator(actor, "publish", {"forced": force}, hook)
         audited = context["ti"].xcom_pull(task_ids=self.quality_task_id, key="result")
         if not audited:
             raise AirflowFailException(f"no audit result from task {self.quality_task_id!r}: nothing to publish")
@@ -53,12 +66,13 @@ class PublishOperator(BaseOperator):
             raise AirflowSkipException(f"{self.pipeline}: no table holds data yet; nothing to publish")
         if not audited["success"]:
             raise AirflowFailException(f"the audit of {self.pipeline} failed; refusing to publish")
-        hook = LakehouseHook(self.pipeline)
         try:
             done = publish.publish(hook.spec, audited["snapshots"], hook.platform,
-                                   spark_factory=lambda: hook.spark(f"lakehouse-publish-{self.pipeline}"))
+                                   spark_factory=lambda: hook.spark(f"lakehouse-publish-{self.pipeline}"),
+                                   actor=actor, forced=force)
         except (publish.NotADescendantError, quality.LineageError) as exc:  # auditing again cannot help
             raise AirflowFailException(str(exc)) from None
+        self._published = done
         for p in done:
             self.log.info("%s: %s -> %s%s", p.table, p.previous_snapshot_id, p.snapshot_id,
                           f" (view {p.view})" if p.view else "")
