@@ -287,7 +287,8 @@ def digest(pipeline: str, since: datetime, batches: int = 60, platform: config.P
            catalog: str = "lake") -> dict:
     """One scan of a pipeline's events since `since`: {"batches": the newest `batches` batch events,
     newest first, "latest": {kind: the newest event of that kind} (kinds without events are absent),
-    "actions": the newest ACTIONS_SHOWN operator actions (events naming an actor), newest first}."""
+    "actions": the newest ACTIONS_SHOWN operator actions people took (events naming an actor other
+    than the scheduler), newest first}."""
     table = events_table(platform, catalog)
     arrow = table.scan(row_filter=And(EqualTo("pipeline", pipeline), GreaterThanOrEqual("ts", since.isoformat()))) \
         .to_arrow().sort_by([("ts", "descending")])
@@ -298,7 +299,8 @@ def digest(pipeline: str, since: datetime, batches: int = 60, platform: config.P
         if at >= 0:
             latest[kind] = _rows(arrow.slice(at, 1))[0]
     newest = arrow.filter(pc.equal(kinds, "batch")).slice(0, batches)
-    actions = arrow.filter(pc.is_valid(arrow.column("actor"))).slice(0, ACTIONS_SHOWN)
+    actors = arrow.column("actor")  # people's actions: the scheduler's runs would crowd them out
+    actions = arrow.filter(pc.and_(pc.is_valid(actors), pc.not_equal(actors, SCHEDULER))).slice(0, ACTIONS_SHOWN)
     return {"batches": _rows(newest), "latest": latest, "actions": _rows(actions)}
 
 
