@@ -40,7 +40,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakehouse.core import config, errors, events, hooks, offsets, sparkenv
+from lakehouse.core import config, errors, events, hooks, lineage, offsets, sparkenv
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import PipelineSpec, load_spec
@@ -437,6 +437,7 @@ class IngestJob:
         receipt.log_ends = {p: ps.end for p, ps in state.partitions.items()}
         receipt.seconds = time.monotonic() - started
         self._record(receipt)
+        lineage.ingest_batch(self.spec, self.platform, receipt, loaded)  # only when configured; never raises
         return receipt
 
     def _record(self, receipt: BatchReceipt) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException
 
+from lakehouse.core import lineage
+from lakehouse.core.catalog import open_catalog
 from lakehouse.upkeep import maintenance
 from lakehouse_airflow.audit import actor_of
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
@@ -31,12 +33,15 @@ class MaintenanceOperator(SparkSubmitOperator):
     XCom: return value = the receipt {"pipeline", "run_id", "ok", "tables": [per-table receipt]};
     when the job fails (a table's maintenance failed), the receipt is pushed under key `receipt`
     and the task fails. Kafka settings: as SupervisedSparkSubmitOperator (`kafka_conn_id`).
+    OpenLineage (when configured): every table maintained, in and out (compaction rewrites its files),
+    with its rows, data files and bytes after maintenance.
     """
 
     def __init__(self, *, pipeline: str, kafka_conn_id: str | None = KAFKA_CONN_ID, **kwargs: Any):
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id
+        self._maintained: list[dict] = []  # the receipt's tables, for OpenLineage
 
     def execute(self, context: Any) -> dict:
         lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
@@ -52,6 +57,7 @@ class MaintenanceOperator(SparkSubmitOperator):
             context["ti"].xcom_push(key="receipt", value=self._receipt(lakehouse, run_id, since))
             raise
         receipt = self._receipt(lakehouse, run_id, since)
+        self._maintained = receipt["tables"]
         if not receipt["tables"]:
             raise AirflowException(f"maintenance run {run_id} of {self.pipeline} exited 0 but recorded no "
                                    f"`maintenance` events on the ops timeline")
@@ -61,3 +67,26 @@ class MaintenanceOperator(SparkSubmitOperator):
     def _receipt(lakehouse: LakehouseHook, run_id: str, since: datetime) -> dict:
         return maintenance.receipt_from_events(lakehouse.pipeline, run_id, since=since,
                                                platform=lakehouse.platform, catalog=lakehouse.spec.catalog)
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """The OpenLineage datasets of the run (Airflow's OpenLineage provider asks for them when lineage
+        is configured): each table maintained, as input and as output, with its rows, data files and
+        bytes after maintenance and its current snapshot."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
+        spec, platform = lakehouse.spec, lakehouse.platform
+        catalog = open_catalog(platform, spec.catalog)
+        inputs, outputs = [], []
+        for maintained in self._maintained:
+            if maintained["status"] == "skipped":
+                continue
+            name = maintained["table"].split(".", 1)[1]  # without the catalog
+            table = catalog.load_table(name)
+            head = table.current_snapshot()
+            version = head.snapshot_id if head else None
+            inputs.append(lineage.table_dataset(spec, platform, name, table, version=version))
+            outputs.append(lineage.table_dataset(spec, platform, name, table, output=True, version=version,
+                                                 rows=maintained["rows_after"], files=maintained["data_files_after"],
+                                                 size=maintained["bytes_after"]))
+        return OperatorLineage(inputs=inputs, outputs=outputs)

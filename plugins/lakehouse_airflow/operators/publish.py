@@ -7,6 +7,8 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from lakehouse.core import lineage, offsets
+from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.wap import publish, quality
 from lakehouse_airflow.audit import actor_of, require_operator
@@ -78,3 +80,25 @@ class PublishOperator(BaseOperator):
                           f" (view {p.view})" if p.view else "")
         return [{"table": p.table, "snapshot_id": p.snapshot_id, "previous_snapshot_id": p.previous_snapshot_id,
                  "view": p.view} for p in done]
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """The OpenLineage datasets of the publication (Airflow's OpenLineage provider asks for them when
+        lineage is configured): each published data table in, at the published snapshot, and its readers'
+        view out, with the table's schema and row count at that snapshot."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        hook = LakehouseHook(self.pipeline)
+        catalog = open_catalog(hook.platform, hook.spec.catalog)
+        inputs, outputs = [], []
+        for published in self._published:
+            table = catalog.load_table(published.table)
+            inputs.append(lineage.table_dataset(hook.spec, hook.platform, published.table, table,
+                                                version=published.snapshot_id))
+            if published.view:
+                snapshot = table.snapshot_by_id(published.snapshot_id)
+                rows = offsets.summary_properties(snapshot).get("total-records") if snapshot else None
+                outputs.append(lineage.table_dataset(
+                    hook.spec, hook.platform, published.view, output=True, view=True,
+                    schema=table.schemas().get(snapshot.schema_id) if snapshot else table.schema(),
+                    version=published.snapshot_id, rows=None if rows is None else int(rows)))
+        return OperatorLineage(inputs=inputs, outputs=outputs)
