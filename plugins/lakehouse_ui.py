@@ -114,16 +114,17 @@ def _timeline(timeline: dict) -> str:
     if "error" in timeline:
         return f'<span class="error">{_e(timeline["error"])}</span>'
     last = timeline.get("last_batch")
-    if last is None:
-        return _field("last_batch", "no batch events yet", "muted")
-    stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
-    recent = timeline["recent"]
-    rate = f"{recent['records_per_s']:g}"
-    rows = [f'last batch: {_field("last_batch", last["message"])} <span class="muted">({_e(stages)})</span>',
-            f'last {recent["window_s"] / 60:.0f} min: {_field("batches", recent["batches"])} batches, '
-            f'{_field("records_per_s", rate)} records/s, '
-            f'{_field("recent_dead_letters", recent["dead_letters"])} dead letters, '
-            f'{_field("commit_retries", recent["commit_retries"])} commit retries']
+    if last is None:  # a writer that never committed: its other events (a retention alert) still show
+        rows = [_field("last_batch", "no batch events yet", "muted")]
+    else:
+        stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
+        recent = timeline["recent"]
+        rate = f"{recent['records_per_s']:g}"
+        rows = [f'last batch: {_field("last_batch", last["message"])} <span class="muted">({_e(stages)})</span>',
+                f'last {recent["window_s"] / 60:.0f} min: {_field("batches", recent["batches"])} batches, '
+                f'{_field("records_per_s", rate)} records/s, '
+                f'{_field("recent_dead_letters", recent["dead_letters"])} dead letters, '
+                f'{_field("commit_retries", recent["commit_retries"])} commit retries']
     for kind, event in sorted(timeline["latest"].items()):
         when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
         status = _field(f"latest_{kind}", event["status"], "status-" + _e(event["status"]))

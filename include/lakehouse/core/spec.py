@@ -909,7 +909,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     return spec
 
 
-_SHARE = re.compile(r"([0-9]{1,2}(?:\.[0-9]+)?) *%")
+_SHARE = re.compile(r"([0-9]{1,3}(?:\.[0-9]+)?) *%")
 
 
 def _retention_guard(r: _Reader, ret: dict, source: SourceSpec) -> dict:
