@@ -107,6 +107,8 @@ def test_the_page_lists_what_people_did_not_what_the_scheduler_ran(own_home):
 RESTRICTED = ("publish", "backfill", "cutover")
 
 
+# Airflow 3 deprecates DAG-level access_control (it warns whenever it is set); FAB still applies it
+@pytest.mark.filterwarnings("ignore:The airflow.security.permissions module is deprecated")
 @pytest.mark.parametrize(("auth_manager", "granted"), [
     ("airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager", True),
     ("airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager", False),

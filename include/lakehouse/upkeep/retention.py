@@ -60,7 +60,7 @@ MINUTE_MS = 60_000  # a retention the guard sets is a whole number of minutes
 GUARD_KIND = "retention_guard"  # the guard's events on the ops timeline
 # Kafka's answers to a client without the ACL it needs: the guard needs ALTER_CONFIGS on the topic
 REFUSALS = {KafkaError.TOPIC_AUTHORIZATION_FAILED: "ALTER_CONFIGS on topic {topic}",
-            KafkaError.CLUSTER_AUTHORIZATION_FAILED: "ALTER_CONFIGS on topic {topic}",
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED: "ALTER_CONFIGS on the cluster",
             KafkaError.POLICY_VIOLATION: None}  # a broker-side policy (alter.config.policy) said no
 
 

@@ -9,11 +9,12 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException
 
-from lakehouse.core import lineage
+from lakehouse.core import config, lineage
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.spec import PipelineSpec
 from lakehouse.upkeep import maintenance
 from lakehouse_airflow.audit import actor_of
-from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
+from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, openlineage_enabled
 from lakehouse_airflow.spark import kafka_submit_environment
 
 
@@ -41,7 +42,7 @@ class MaintenanceOperator(SparkSubmitOperator):
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id
-        self._maintained: list[dict] = []  # the receipt's tables, for OpenLineage
+        self._lineage: tuple[list, list] = ([], [])  # OpenLineage datasets (in, out), gathered when enabled
 
     def execute(self, context: Any) -> dict:
         lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
@@ -57,7 +58,8 @@ class MaintenanceOperator(SparkSubmitOperator):
             context["ti"].xcom_push(key="receipt", value=self._receipt(lakehouse, run_id, since))
             raise
         receipt = self._receipt(lakehouse, run_id, since)
-        self._maintained = receipt["tables"]
+        if openlineage_enabled():
+            self._lineage = self.datasets(lakehouse.spec, lakehouse.platform, receipt["tables"])
         if not receipt["tables"]:
             raise AirflowException(f"maintenance run {run_id} of {self.pipeline} exited 0 but recorded no "
                                    f"`maintenance` events on the ops timeline")
@@ -68,25 +70,29 @@ class MaintenanceOperator(SparkSubmitOperator):
         return maintenance.receipt_from_events(lakehouse.pipeline, run_id, since=since,
                                                platform=lakehouse.platform, catalog=lakehouse.spec.catalog)
 
-    def get_openlineage_facets_on_complete(self, task_instance):
-        """The OpenLineage datasets of the run (Airflow's OpenLineage provider asks for them when lineage
-        is configured): each table maintained, as input and as output, with its rows, data files and
-        bytes after maintenance and its current snapshot."""
-        from airflow.providers.openlineage.extractors import OperatorLineage
-
-        lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
-        spec, platform = lakehouse.spec, lakehouse.platform
+    @staticmethod
+    def datasets(spec: PipelineSpec, platform: config.PlatformConfig, maintained: list[dict]) -> tuple[list, list]:
+        """Each table of receipt tables `maintained` (skipped ones left out), as OpenLineage input and output
+        datasets at its current snapshot, the output with its rows, data files and bytes after maintenance."""
         catalog = open_catalog(platform, spec.catalog)
         inputs, outputs = [], []
-        for maintained in self._maintained:
-            if maintained["status"] == "skipped":
+        for receipt in maintained:
+            if receipt["status"] == "skipped":
                 continue
-            name = maintained["table"].split(".", 1)[1]  # without the catalog
+            name = receipt["table"].split(".", 1)[1]  # without the catalog
             table = catalog.load_table(name)
             head = table.current_snapshot()
             version = head.snapshot_id if head else None
             inputs.append(lineage.table_dataset(spec, platform, name, table, version=version))
             outputs.append(lineage.table_dataset(spec, platform, name, table, output=True, version=version,
-                                                 rows=maintained["rows_after"], files=maintained["data_files_after"],
-                                                 size=maintained["bytes_after"]))
+                                                 rows=receipt["rows_after"], files=receipt["data_files_after"],
+                                                 size=receipt["bytes_after"]))
+        return inputs, outputs
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """The run's datasets for Airflow's OpenLineage provider (gathered by `execute`): each table
+        maintained, in and out (compaction rewrites its files)."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        inputs, outputs = self._lineage
         return OperatorLineage(inputs=inputs, outputs=outputs)

@@ -7,12 +7,12 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from lakehouse.core import lineage, offsets
+from lakehouse.core import config, lineage, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.wap import publish, quality
 from lakehouse_airflow.audit import actor_of, require_operator
-from lakehouse_airflow.hooks import LakehouseHook
+from lakehouse_airflow.hooks import LakehouseHook, openlineage_enabled
 from lakehouse_airflow.sensors import forced
 
 
@@ -55,7 +55,7 @@ class PublishOperator(BaseOperator):
         self.pipeline = pipeline
         self.quality_task_id = quality_task_id
         self.force_param = force_param
-        self._published: list[publish.PublishedTable] = []  # for OpenLineage, once published
+        self._lineage: tuple[list, list] = ([], [])  # OpenLineage datasets (in, out), gathered when enabled
 
     def execute(self, context) -> list[dict]:
         hook = LakehouseHook(self.pipeline)
@@ -74,31 +74,38 @@ class PublishOperator(BaseOperator):
                                    actor=actor, forced=force)
         except (publish.NotADescendantError, quality.LineageError) as exc:  # auditing again cannot help
             raise AirflowFailException(str(exc)) from None
-        self._published = done
+        if openlineage_enabled():
+            self._lineage = self.datasets(hook.spec, hook.platform, done)
         for p in done:
             self.log.info("%s: %s -> %s%s", p.table, p.previous_snapshot_id, p.snapshot_id,
                           f" (view {p.view})" if p.view else "")
         return [{"table": p.table, "snapshot_id": p.snapshot_id, "previous_snapshot_id": p.previous_snapshot_id,
                  "view": p.view} for p in done]
 
+    @staticmethod
+    def datasets(spec: PipelineSpec, platform: config.PlatformConfig,
+                 done: list[publish.PublishedTable]) -> tuple[list, list]:
+        """(Each published data table at the published snapshot, its readers' view with the table's schema
+        and row count there) as OpenLineage datasets."""
+        catalog = open_catalog(platform, spec.catalog)
+        inputs, outputs = [], []
+        for published in done:
+            table = catalog.load_table(published.table)
+            snapshot = table.snapshot_by_id(published.snapshot_id)
+            inputs.append(lineage.table_dataset(spec, platform, published.table, table,
+                                                version=published.snapshot_id))
+            if published.view and snapshot is not None:
+                rows = offsets.summary_properties(snapshot).get("total-records")
+                outputs.append(lineage.table_dataset(
+                    spec, platform, published.view, output=True, view=True,
+                    schema=table.schemas().get(snapshot.schema_id, table.schema()), version=published.snapshot_id,
+                    rows=None if rows is None else int(rows)))
+        return inputs, outputs
+
     def get_openlineage_facets_on_complete(self, task_instance):
-        """The OpenLineage datasets of the publication (Airflow's OpenLineage provider asks for them when
-        lineage is configured): each published data table in, at the published snapshot, and its readers'
-        view out, with the table's schema and row count at that snapshot."""
+        """The publication's datasets for Airflow's OpenLineage provider (gathered by `execute`): each
+        published data table in, and its readers' view out."""
         from airflow.providers.openlineage.extractors import OperatorLineage
 
-        hook = LakehouseHook(self.pipeline)
-        catalog = open_catalog(hook.platform, hook.spec.catalog)
-        inputs, outputs = [], []
-        for published in self._published:
-            table = catalog.load_table(published.table)
-            inputs.append(lineage.table_dataset(hook.spec, hook.platform, published.table, table,
-                                                version=published.snapshot_id))
-            if published.view:
-                snapshot = table.snapshot_by_id(published.snapshot_id)
-                rows = offsets.summary_properties(snapshot).get("total-records") if snapshot else None
-                outputs.append(lineage.table_dataset(
-                    hook.spec, hook.platform, published.view, output=True, view=True,
-                    schema=table.schemas().get(snapshot.schema_id) if snapshot else table.schema(),
-                    version=published.snapshot_id, rows=None if rows is None else int(rows)))
+        inputs, outputs = self._lineage
         return OperatorLineage(inputs=inputs, outputs=outputs)
