@@ -42,7 +42,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual, NotNull
+from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform
@@ -113,8 +113,8 @@ class Actor:
 
     `user` is the Airflow user who triggered the DAG run (SCHEDULER for a run nobody triggered)
     or, for a command, the OS user it runs as; `via` is "airflow" or "cli"; `origin` says from
-    where: the DAG run (dag_id, run_id, run_type) or the host and process, and always the OS
-    user the acting process ran as (`os_user`).
+    where: the DAG run (dag_id, run_id, run_type, and `triggered_by`, the triggering user or None)
+    or the host and process, and always the OS user the acting process ran as (`os_user`).
     """
 
     user: str
@@ -124,8 +124,8 @@ class Actor:
     @classmethod
     def airflow(cls, dag_id: str, run_id: str, run_type: str, triggering_user: str | None) -> Actor:
         """The actor of an Airflow DAG run: its triggering user, or SCHEDULER when nobody triggered it."""
-        return cls(triggering_user or SCHEDULER, "airflow",
-                   {"dag_id": dag_id, "run_id": run_id, "run_type": run_type, "os_user": _os_user()})
+        return cls(triggering_user or SCHEDULER, "airflow", {"dag_id": dag_id, "run_id": run_id, "run_type": run_type,
+                                                             "triggered_by": triggering_user, "os_user": _os_user()})
 
     @classmethod
     def of_process(cls) -> Actor:
