@@ -13,7 +13,6 @@ broker's TOPIC_AUTHORIZATION_FAILED answer at the moment the guard alters the to
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -22,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from e2e import pipeline, run_cli, xcom  # noqa: F401 (fixture)
 from lakehouse.core import config, events, topics
-from lakehouse.core.spec import SpecError, load_spec
+from lakehouse.core.spec import SpecError
 from lakehouse.ingest.job import IngestJob
 from lakehouse.upkeep import retention
 from lakehouse.upkeep.retention import GuardReport, GuardState, decide
