@@ -11,9 +11,15 @@ event per table, which downstream DAGs can schedule on.
 A failed audit blocks every later publication too (each audit covers everything since the
 last publication): fix or delete the offending rows on `main` (the `quality` event names
 their topic, partition and offset) and the next run audits and publishes again.
+
+Forced publication: trigger a run with `force` true to publish past the freshness and lag
+gates (they measure, log and pass at once); the audit still decides. The `publish` event
+records the run as forced and who triggered it.
 """
 
 from __future__ import annotations
+
+from airflow.sdk import Param
 
 from lakehouse_airflow.dag_defaults import pipeline_dag, pipelines
 from lakehouse_airflow.operators.publish import PublishOperator, table_assets
@@ -28,11 +34,15 @@ for _spec in pipelines().values():
         doc=__doc__ + f"\n- readers' branch `{_spec.publish.branch}`"
         + (f", view `{_spec.qualified(_spec.publish.view)}`" if _spec.publish.view else "")
         + f"; suite `include/expectations/{_spec.publish.suite or _spec.name}.json`\n",
+        params={"force": Param(False, type="boolean",
+                               description="publish past the freshness and lag gates (the audit still decides); "
+                                           "recorded as a forced publication")},
     ):
         _audit = QualityOperator(task_id="quality", pipeline=_spec.name)
         # wait up to 5 minutes for the SLOs; a miss fails this run and the next scheduled run retries
-        _gates = [Sensor(task_id=kind, pipeline=_spec.name, poke_interval=10, timeout=300, retries=0)
+        _gates = [Sensor(task_id=kind, pipeline=_spec.name, poke_interval=10, timeout=300, retries=0,
+                         force_param="force")
                   for kind, Sensor in (("freshness", FreshnessSensor), ("lag", LagSensor))]
         _publish = PublishOperator(task_id="publish", pipeline=_spec.name, quality_task_id="quality",
-                                   outlets=table_assets(_spec))
+                                   force_param="force", outlets=table_assets(_spec))
         _audit >> _gates >> _publish

@@ -4,7 +4,9 @@ Airflow mounts `app` (FastAPI) under /lakehouse on its API server and shows the 
 in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
 
     GET /lakehouse/                 HTML: lag, freshness, last commit, quality, dead letters,
-                                    a lag/freshness chart and links to each pipeline's DAGs
+                                    the newest event of each kind (with who acted), the recent
+                                    operator actions (who, when, with which parameters, the
+                                    outcome), a lag/freshness chart and links to each pipeline's DAGs
     GET /lakehouse/api/pipelines    the same numbers as JSON
 
 Every number comes from `lakehouse.ops.history.overview` (the tables' snapshot summaries,
@@ -112,21 +114,45 @@ def _timeline(timeline: dict) -> str:
     if "error" in timeline:
         return f'<span class="error">{_e(timeline["error"])}</span>'
     last = timeline.get("last_batch")
-    if last is None:
-        return _field("last_batch", "no batch events yet", "muted")
-    stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
-    recent = timeline["recent"]
-    rate = f"{recent['records_per_s']:g}"
-    rows = [f'last batch: {_field("last_batch", last["message"])} <span class="muted">({_e(stages)})</span>',
-            f'last {recent["window_s"] / 60:.0f} min: {_field("batches", recent["batches"])} batches, '
-            f'{_field("records_per_s", rate)} records/s, '
-            f'{_field("recent_dead_letters", recent["dead_letters"])} dead letters, '
-            f'{_field("commit_retries", recent["commit_retries"])} commit retries']
+    if last is None:  # a writer that never committed: its other events (a retention alert) still show
+        rows = [_field("last_batch", "no batch events yet", "muted")]
+    else:
+        stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
+        recent = timeline["recent"]
+        rate = f"{recent['records_per_s']:g}"
+        rows = [f'last batch: {_field("last_batch", last["message"])} <span class="muted">({_e(stages)})</span>',
+                f'last {recent["window_s"] / 60:.0f} min: {_field("batches", recent["batches"])} batches, '
+                f'{_field("records_per_s", rate)} records/s, '
+                f'{_field("recent_dead_letters", recent["dead_letters"])} dead letters, '
+                f'{_field("commit_retries", recent["commit_retries"])} commit retries']
     for kind, event in sorted(timeline["latest"].items()):
         when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
         status = _field(f"latest_{kind}", event["status"], "status-" + _e(event["status"]))
-        rows.append(f'{_e(kind)}: {status} <span class="muted">{_e(event["message"] or "")} ({_e(when)})</span>')
+        by = f' by {_field(f"latest_{kind}_actor", event["actor"])}' if event.get("actor") else ""
+        rows.append(f'{_e(kind)}: {status}{by} <span class="muted">{_e(event["message"] or "")} ({_e(when)})</span>')
     return "<br>".join(rows)
+
+
+def _actions(timeline: dict) -> str:
+    """The newest operator actions people took: when, what, who (and through what), the parameters, the outcome."""
+    if "error" in timeline:
+        return '<span class="muted">the timeline cannot be read (see above)</span>'
+    actions = timeline.get("actions") or []
+    if not actions:
+        return '<span class="muted">none in the last 7 days</span>'
+    rows = []
+    for action in actions:
+        when = datetime.fromisoformat(action["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
+        origin = action["origin"]
+        via = (f'Airflow run {origin.get("dag_id")}/{origin.get("run_id")}' if origin.get("via") == "airflow"
+               else f'command on {origin.get("host")} as {origin.get("os_user")}')
+        parameters = ", ".join(f"{k}={v}" for k, v in sorted(action["parameters"].items())) or "no parameters"
+        rows.append(f'<li data-kind="{_e(action["kind"])}">{_e(when)} {_e(action["kind"])} by '
+                    f'{_field("action_actor", action["actor"])} <span class="muted">({_e(via)})</span>: '
+                    f'{_field("action_status", action["status"], "status-" + _e(action["status"]))} '
+                    f'<span class="muted">{_e(parameters)}; {_e(action["message"] or "")}</span></li>')
+    return f'<ul class="actions">{"".join(rows)}</ul>'
+
 
 
 def _card(entry: dict) -> str:
@@ -169,6 +195,7 @@ def _card(entry: dict) -> str:
 <tr><th>Dead letters</th><td>{_field("dead_letters", entry["dead_letters"])} rows</td></tr>
 <tr><th>Last quality check</th><td>{_quality(entry["quality"])}</td></tr>
 <tr><th>Timeline</th><td class="timeline">{_timeline(entry["timeline"])}</td></tr>
+<tr><th>Operator actions</th><td class="operator-actions">{_actions(entry["timeline"])}</td></tr>
 <tr><th>DAGs</th><td class="dags">{dags}</td></tr>
 </table>
 <div class="charts" data-history-source="{_e(hist["source"])}">{charts}</div>
@@ -184,7 +211,7 @@ table{border-collapse:collapse;font-size:14px} th{text-align:left;color:#52606d;
 td{padding:3px 0} .ok{color:#0b7a3b} .bad{color:#c0392b;font-weight:600} .muted{color:#7b8794}
 .error{color:#c0392b;font-family:monospace;white-space:pre-wrap} .broken{border-color:#e5a19a}
 .status-ok{color:#0b7a3b;font-weight:600} .status-failed{color:#c0392b;font-weight:600} .status-warn{color:#b7791f;font-weight:600}
-.dags a{margin-right:10px} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
+.dags a{margin-right:10px} .actions{margin:0;padding-left:18px} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
 .chart{margin:0} .chart figcaption{font-size:12px;color:#52606d} .bg{fill:#f0f4f8}
 .series{fill:none;stroke:#2563eb;stroke-width:2} .slo{stroke:#c0392b;stroke-dasharray:4 3}
 .nodata{width:360px;height:90px;background:#f0f4f8;color:#7b8794;font-size:12px;display:flex;align-items:center;justify-content:center}

@@ -7,6 +7,7 @@
     lakehouse status [--pipeline NAME] [--json]  lag, recovery points, row and dead-letter counts
     lakehouse maintain --pipeline NAME           compact, expire snapshots, remove orphans (receipt per table)
     lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
+    lakehouse retention --pipeline NAME --guard  extend retention.ms while the writer is behind, restore it after
     lakehouse schemas --pipeline NAME [--pull]   writer schemas (folder, registry) and whether the contract takes each
 
 The development stack (`devstack/`, installed by `make setup`) adds `lakehouse stack`, `lakehouse
@@ -14,7 +15,11 @@ airflow` and `lakehouse produce` (lakehouse_dev.cli).
 
 Exit codes (lakehouse.core.errors): 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the
 source or a table needs attention (offset gap, topic recreated, topic missing, retention too
-short, positions lost), 4 fenced (another ingest job of the pipeline took over its tables).
+short, positions lost, records about to age out that the retention guard could not protect), 4 fenced
+(another ingest job of the pipeline took over its tables).
+
+Replays, backfills and maintenance runs are audited on the ops timeline: their events name the OS user
+the command runs as (or the Airflow user whose DAG run started it), the arguments and the outcome.
 
 Every argument is checked while parsing, before a command creates anything (a Spark
 session, a table, a topic, a stack): a bad one exits 2 naming it. A broken spec file
@@ -146,32 +151,45 @@ def _ingest(job, args) -> int:
     return 0
 
 
+def _replay_parameters(args) -> dict:
+    """What a replay was asked to do, as its audited event records it (options given only)."""
+    def iso(ms: int | None) -> str | None:
+        return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat()
+
+    asked = {"offsets": None if args.offsets is None else ",".join(f"{p}:{s}-{e}" for p, (s, e) in args.offsets.items()),
+             "from_time": iso(args.from_time), "to_time": iso(args.to_time), "dead_letters": args.dead_letters,
+             "error_kind": args.error_kind, "into_table": args.into_table}
+    return {name: value for name, value in asked.items() if value not in (None, False)}
+
+
 def cmd_replay(args) -> int:
+    """A replay (a backfill with --backfill): one audited `replay` or `backfill` event, whatever the outcome."""
+    from lakehouse.core import events
     from lakehouse.ingest.job import IngestJob
     from lakehouse.recovery.replay import Replay
 
     spec = load_pipeline(args.pipeline)
-    ranges = args.offsets
-    replay = Replay(IngestJob(spec))
-    if args.dead_letters:
-        receipt = replay.dead_letters(args.error_kind)
-    else:
-        if ranges is None:
-            ranges = replay.resolve_time_range(args.from_time, args.to_time)
-        if not ranges:
-            print("no records in that time range")
-            return 0
-        receipt = replay.into_table(ranges, args.into_table) if args.into_table else replay.offsets(ranges)
-    from lakehouse.core import events
-
-    target = args.into_table or ", ".join(spec.target.tables)
-    inserted = sum(receipt.inserted_by_table.values())
-    events.record(events.Event(
-        spec.name, "backfill" if args.backfill else "replay", "ok",
-        f"{receipt.kind} of {receipt.records} records into {target}: {inserted} rows inserted",
-        metrics={"records": receipt.records, "inserted": inserted,
-                 "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds},
-        details={**receipt.to_json(), "target": target}), platform=replay.job.platform, catalog=spec.catalog)
+    platform = config.load()
+    with events.audited(spec.name, "backfill" if args.backfill else "replay", events.Actor.of_process(),
+                        _replay_parameters(args), platform, spec.catalog) as audit:
+        replay = Replay(IngestJob(spec, platform))
+        ranges = args.offsets
+        if args.dead_letters:
+            receipt = replay.dead_letters(args.error_kind)
+        else:
+            if ranges is None:
+                ranges = replay.resolve_time_range(args.from_time, args.to_time)
+            if not ranges:
+                audit.status, audit.message = "skipped", "no records in that time range"
+                print(audit.message)
+                return 0
+            receipt = replay.into_table(ranges, args.into_table) if args.into_table else replay.offsets(ranges)
+        target = args.into_table or ", ".join(spec.target.tables)
+        inserted = sum(receipt.inserted_by_table.values())
+        audit.message = f"{receipt.kind} of {receipt.records} records into {target}: {inserted} rows inserted"
+        audit.metrics = {"records": receipt.records, "inserted": inserted,
+                         "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds}
+        audit.details = {**receipt.to_json(), "target": target}
     if args.json:
         _print_json(receipt.to_json())
     else:
@@ -207,13 +225,18 @@ def cmd_maintain(args) -> int:
 
 
 def cmd_retention(args) -> int:
+    """The alignment check (and data retention), or with --guard one run of the retention guard; exit 3
+    when the topic's retention is too short, or when records will age out and the guard could not help."""
     from lakehouse.upkeep import retention
 
-    report = retention.align(load_pipeline(args.pipeline))
+    spec = load_pipeline(args.pipeline)
+    report = retention.guard(spec) if args.guard else retention.align(spec)
     if args.json:
         print(json.dumps(report.to_json(), separators=(",", ":"), default=str), flush=True)
     else:
         print(f"{report.status:<8} {report.message}")
+    if args.guard and report.status == "failed":
+        print(f"error: {report.message}", file=sys.stderr)
     return EXIT_SOURCE if report.status == "failed" else 0
 
 
@@ -428,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("retention", help="check Kafka retention covers lag, outages and the replay window; "
                                          "apply data retention")
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--guard", action="store_true",
+                   help="instead: run the retention guard once (extend the topic's retention.ms while the writer "
+                        "is behind, restore it once caught up)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_retention)
     p = sub.add_parser("schemas", help="list a pipeline's writer schemas (folder and registry) and whether the "

@@ -139,7 +139,8 @@ OPS_TIMELINE_TABLE = "ops.pipeline_events"
 # The Airflow DAGs: per pipeline one of each kind, `dag_id(pipeline, kind)`, and the ones every pipeline shares.
 DAG_KINDS = ("ingest", "maintenance", "publish", "backfill", "cutover")
 RETENTION_DAG_ID = "retention_alignment"
-SHARED_DAG_IDS = (RETENTION_DAG_ID,)
+RETENTION_GUARD_DAG_ID = "retention_guard"
+SHARED_DAG_IDS = (RETENTION_DAG_ID, RETENTION_GUARD_DAG_ID)
 
 MAX_SPEC_BYTES = 1024 * 1024  # a spec is a page of YAML; a larger file is a mistake or an attack
 MAX_YAML_DEPTH = 32
@@ -467,6 +468,18 @@ class RetentionSpec:
     outage_budget_s: float = 86400.0  # the longest writer or catalog outage to survive
     replay_window_s: float = 3 * 86400.0  # how far back replay and time travel must reach
     delete_after_s: float | None = None  # data retention on the event-time column; None keeps rows
+    # The retention guard acts when the oldest record not yet ingested gets this close to the topic's
+    # retention horizon: `guard_threshold_s` seconds, or (None) `guard_threshold_share` of the declared retention.
+    guard_threshold_s: float | None = None
+    guard_threshold_share: float = 0.5
+    max_retention_ms: int | None = None  # the most the guard may raise retention.ms to; None: it only alerts
+
+    def guard_threshold_ms(self, declared_ms: int) -> int:
+        """How close (ms) to the retention horizon of a topic declared to keep records `declared_ms` the
+        oldest record not yet ingested may get before the retention guard acts."""
+        if self.guard_threshold_s is not None:
+            return math.ceil(self.guard_threshold_s * 1000)
+        return math.ceil(declared_ms * self.guard_threshold_share)
 
 
 @dataclass(frozen=True)
@@ -1121,7 +1134,8 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     sup = r.mapping(top.get("supervision"), "supervision",
                     {"hung_after_triggers", "restart_backoff", "max_restarts", "retry_budget"})
     mnt = r.mapping(top.get("maintenance"), "maintenance", {"schedule", "min_input_files", "orphan_safety_window"})
-    ret = r.mapping(top.get("retention"), "retention", {"outage_budget", "replay_window", "delete_after"})
+    ret = r.mapping(top.get("retention"), "retention",
+                    {"outage_budget", "replay_window", "delete_after", "guard_threshold", "max_retention"})
     pub = r.mapping(top.get("publish"), "publish", {"branch", "view", "schedule", "suite"})
     interval_s = r.duration(trig.get("interval", "5s"), "trigger.interval", positive=True)
     orphan_window = r.duration(mnt.get("orphan_safety_window", "3d"), "maintenance.orphan_safety_window")
@@ -1184,6 +1198,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
             replay_window_s=r.duration(ret.get("replay_window", "3d"), "retention.replay_window", positive=True),
             delete_after_s=None if delete_after is None
             else r.duration(delete_after, "retention.delete_after", positive=True),
+            **_retention_guard(r, ret, source),
         ),
         publish=PublishSpec(
             branch=branch,
@@ -1195,6 +1210,35 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     )
     _check_own_names(r, spec)
     return spec
+
+
+_SHARE = re.compile(r"([0-9]{1,3}(?:\.[0-9]+)?) *%")
+
+
+def _retention_guard(r: _Reader, ret: dict, source: SourceSpec) -> dict:
+    """The retention guard's fields of RetentionSpec from section `retention` (`ret`): `guard_threshold`
+    (a duration, or a share of the declared retention such as 50%) and `max_retention` (a duration)."""
+    declared = source.retention_ms if source.retention_ms and source.retention_ms > 0 else None
+    fields: dict[str, Any] = {}
+    threshold = ret.get("guard_threshold")
+    share = _SHARE.fullmatch(threshold) if isinstance(threshold, str) else None
+    if share:
+        fields["guard_threshold_share"] = float(share.group(1)) / 100
+        if not 0 < fields["guard_threshold_share"] < 1:
+            raise r.fail("retention.guard_threshold", f"{_shown(threshold)}: a share must be above 0% and below 100%")
+    elif threshold is not None:
+        fields["guard_threshold_s"] = r.duration(threshold, "retention.guard_threshold", positive=True)
+        if declared is not None and fields["guard_threshold_s"] * 1000 >= declared:
+            raise r.fail("retention.guard_threshold",
+                         f"{_shown(threshold)} is not shorter than source.retention_ms ({declared} ms): the guard "
+                         f"would act all the time; use a shorter duration or a share such as 50%")
+    cap = ret.get("max_retention")
+    if cap is not None:
+        fields["max_retention_ms"] = math.ceil(r.duration(cap, "retention.max_retention", positive=True) * 1000)
+        if declared is not None and fields["max_retention_ms"] < declared:
+            raise r.fail("retention.max_retention", f"{_shown(cap)} is below source.retention_ms ({declared} ms): "
+                                                    f"the guard may only raise the topic's retention")
+    return fields
 
 
 class _SpecYamlLoader(yaml.SafeLoader):

@@ -40,7 +40,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakehouse.core import config, errors, events, hooks, offsets, schemas, sparkenv
+from lakehouse.core import config, errors, events, hooks, lineage, offsets, schemas, sparkenv
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, PipelineSpec, load_spec
@@ -540,6 +540,7 @@ class IngestJob:
         receipt.log_ends = {p: ps.end for p, ps in state.partitions.items()}
         receipt.seconds = time.monotonic() - started
         self._record(receipt)
+        lineage.ingest_batch(self.spec, self.platform, receipt, loaded)  # only when configured; never raises
         return receipt
 
     def _record(self, receipt: BatchReceipt) -> None:

@@ -12,10 +12,9 @@ for a CLI, a sensor or a UI page.
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta, timezone
 
-from lakehouse.core import config, events, offsets
+from lakehouse.core import config, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import SourceError
 from lakehouse.core.spec import PipelineSpec
@@ -37,9 +36,10 @@ def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime)
 
     `last_batch` (its time, numbers and stage seconds), `recent` (batches, records, records/s,
     dead letters and commit retries over the last RATE_WINDOW_S), `latest` (per event kind
-    other than batch: time, status, message) and `batches` (up to TIMELINE_BATCHES points,
-    oldest first, with lag and freshness at commit). `error` instead when the timeline
-    cannot be read: the rest of the status does not depend on it.
+    other than batch: time, status, message, actor), `actions` (the newest operator actions,
+    newest first: time, kind, status, actor and where it acted from, parameters, message) and
+    `batches` (up to TIMELINE_BATCHES points, oldest first, with lag and freshness at commit).
+    `error` instead when the timeline cannot be read: the rest of the status does not depend on it.
     """
     try:
         found = events.digest(spec.name, now - TIMELINE_WINDOW, TIMELINE_BATCHES, platform, spec.catalog)
@@ -60,8 +60,11 @@ def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime)
             "commit_retries": int(sum(b["metrics"].get("commit_retries", 0.0) for b in window)),
         },
         "latest": {kind: {"at": e["ts"].isoformat(), "status": e["status"], "message": e["message"],
-                          "metrics": e["metrics"], "details": e["details"]}
+                          "metrics": e["metrics"], "details": e["details"], "actor": e["actor"]}
                    for kind, e in found["latest"].items() if kind != "batch"},
+        "actions": [{"at": e["ts"].isoformat(), "kind": e["kind"], "status": e["status"], "actor": e["actor"],
+                     "origin": e["details"].get("actor") or {}, "parameters": e["details"].get("parameters") or {},
+                     "message": e["message"]} for e in found["actions"]],
         "batches": [{"at": b["ts"].isoformat(), "lag_records": b["metrics"].get("lag_records"),
                      "freshness_s": b["metrics"].get("freshness_s")} for b in reversed(batches)],
     }
@@ -122,7 +125,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     for p, ps in sorted(state.partitions.items()):
         partitions.append({"partition": p, "earliest": ps.earliest, "end": ps.end, "committed": committed[p],
                            "lag": max(0, ps.end - committed[p])})
-    oldest = _record_timestamps(platform.kafka(), spec.source.topic,
+    oldest = topics.record_timestamps(platform.kafka(), spec.source.topic,
                                 {p["partition"]: max(p["committed"], p["earliest"]) for p in partitions if p["lag"]})
     for p in partitions:
         ts = oldest.get(p["partition"])
@@ -133,33 +136,6 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     ages = [p["lag_s"] for p in partitions]
     status["lag_s"] = None if None in ages else max(ages, default=0.0)
     return status
-
-
-def _record_timestamps(kafka_conf: dict, topic: str, starts: dict[int, int], timeout: float = 10.0) -> dict[int, int]:
-    """Kafka timestamp (ms) of the record at `starts[p]` per partition; partitions that return none
-    within `timeout` seconds are left out."""
-    if not starts:
-        return {}
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**kafka_conf, "group.id": "lakehouse-status", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "fetch.wait.max.ms": 10})
-    found: dict[int, int] = {}
-    try:
-        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
-        deadline = time.monotonic() + timeout
-        pending = set(starts)
-        while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=len(pending), timeout=0.5):
-                p = msg.partition()
-                if p not in pending:
-                    continue
-                if msg.error() is None:
-                    found[p] = msg.timestamp()[1]
-                pending.discard(p)  # a record or end-of-partition: either way done with p
-    finally:
-        consumer.close()
-    return found
 
 
 def format_age(seconds: float | None) -> str:
@@ -241,5 +217,6 @@ def _timeline_lines(tl: dict) -> list[str]:
                      f"records ({recent['records_per_s']:g}/s), {recent['dead_letters']} dead letters, "
                      f"{recent['commit_retries']} commit retries")
     for kind, event in sorted(tl.get("latest", {}).items()):
-        lines.append(f"  latest {kind}: {event['status']} at {event['at']}: {event['message']}")
+        by = f" by {event['actor']}" if event.get("actor") else ""
+        lines.append(f"  latest {kind}: {event['status']} at {event['at']}{by}: {event['message']}")
     return lines
