@@ -42,7 +42,7 @@ from lakehouse.core.errors import ConfigurationError
 
 EVENTS_TABLE = "ops.pipeline_events"
 KINDS = ("batch", "restart", "hung", "maintenance", "retention", "quality", "publish", "cutover", "rollback",
-         "backfill", "replay", "gap", "retry", "writer")
+         "backfill", "replay", "gap", "retry", "writer", "verify")
 STATUSES = ("ok", "warn", "failed", "skipped")
 COMMIT_ATTEMPTS = 10
 # One commit per event call: merge manifests as they pile up and keep only recent metadata files,

@@ -18,6 +18,11 @@ fails the same way; its message says how to publish again). Ancestry is checked 
 pyiceberg's lineage helpers through `quality.lineage`, as the audit does. The first
 publication creates the branch and the view; a fan-out table `ns.t` gets the view
 `<view namespace>.t`.
+
+With `require_verified` (the publish DAG's PublishOperator sets it) publishing is also gated on
+exactly-once: every snapshot must have been verified by a passing verification of the chain
+(lakehouse.ops.verify; the DAG's `verify` task verifies the audited snapshots), else
+`verify.UnverifiedError` names the snapshots and what to run, and no branch moves.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from lakehouse.core import config, events
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import CommitError
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ops import verify
 from lakehouse.wap.quality import lineage
 
 log = logging.getLogger("lakehouse.publish")
@@ -142,7 +148,8 @@ def _check(spec: PipelineSpec, table: Table, name: str, snapshot_id: int) -> int
 
 
 def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.PlatformConfig | None = None,
-            spark_factory: Callable[[], object] | None = None, record_event: bool = True) -> list[PublishedTable]:
+            spark_factory: Callable[[], object] | None = None, record_event: bool = True,
+            require_verified: bool = False) -> list[PublishedTable]:
     """Fast-forward the readers' branch of each table in `snapshots` (table -> audited snapshot id).
 
     Every table is checked before any branch moves. Missing views are created with
@@ -151,7 +158,8 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
     Raises PublishError when `snapshots` is empty, names a table the pipeline does
     not write, or another publisher moved a branch meanwhile; NotADescendantError
     when a snapshot may not be published over the current head;
-    quality.LineageBrokenError when expired snapshots leave its ancestry unprovable.
+    quality.LineageBrokenError when expired snapshots leave its ancestry unprovable;
+    verify.UnverifiedError, with `require_verified`, when a snapshot was not verified exactly once.
     """
     platform = platform or config.load()
     if not snapshots:
@@ -159,6 +167,8 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
     unknown = sorted(set(snapshots) - set(spec.target.tables))
     if unknown:
         raise PublishError(f"{spec.name}: {unknown} are not data tables of the pipeline")
+    if require_verified:
+        verify.require_verified(spec, {name: int(sid) for name, sid in snapshots.items()}, platform)
     catalog = open_catalog(platform, spec.catalog)
     loaded = {name: catalog.load_table(name) for name in snapshots}
     heads = {name: _check(spec, loaded[name], name, int(sid)) for name, sid in snapshots.items()}

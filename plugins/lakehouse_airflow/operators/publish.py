@@ -8,6 +8,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ops import verify
 from lakehouse.wap import publish, quality
 from lakehouse_airflow.hooks import LakehouseHook
 
@@ -26,7 +27,8 @@ class PublishOperator(BaseOperator):
     """Fast-forward the readers' branch of every data table to the snapshots `quality_task_id` audited.
 
     Skips when no table holds data yet. Refuses (fails without retry) when there is no
-    audit result, when the audit did not pass,
+    audit result, when the audit did not pass, when an audited snapshot was not verified exactly
+    once by a passing verification (the publish DAG's `verify` task; lakehouse.ops.verify),
     or when an audited snapshot does not descend from the current published head. The
     first publication creates the branch and the readers' view. Records a `publish`
     event. Pass `outlets=table_assets(spec)` so downstream DAGs schedule on the tables.
@@ -56,8 +58,10 @@ class PublishOperator(BaseOperator):
         hook = LakehouseHook(self.pipeline)
         try:
             done = publish.publish(hook.spec, audited["snapshots"], hook.platform,
-                                   spark_factory=lambda: hook.spark(f"lakehouse-publish-{self.pipeline}"))
-        except (publish.NotADescendantError, quality.LineageError) as exc:  # auditing again cannot help
+                                   spark_factory=lambda: hook.spark(f"lakehouse-publish-{self.pipeline}"),
+                                   require_verified=True)
+        except (publish.NotADescendantError, quality.LineageError, verify.UnverifiedError) as exc:
+            # auditing (or publishing) again cannot help until someone acts
             raise AirflowFailException(str(exc)) from None
         for p in done:
             self.log.info("%s: %s -> %s%s", p.table, p.previous_snapshot_id, p.snapshot_id,
