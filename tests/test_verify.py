@@ -1,12 +1,15 @@
-"""`lakehouse verify` proves a range exactly once, on the real broker, Spark and catalog.
+"""`lakehouse verify` proves a range exactly once.
 
-The tables are damaged on purpose with pyiceberg, as a careless hand or a broken writer would:
-a row deleted, a row duplicated, a dead letter removed, a file of rows from another range added.
-Each must be found with its coordinates, and the verification must fail (exit 3), incrementally,
-after a passing one. Upsert tables keep the newest record per key: a stale row and a key that
-vanished without a tombstone are found. The publish DAG verifies the audited snapshots and
-refuses to publish what no passing verification covers. The pure checks are in the unit layer
-(tests/test_verify_checks.py).
+Unit layer: the interval arithmetic of source coordinates (property-based), the checks of one piece
+of a window (foreign, duplicated and missing offsets), each key's newest record and the upsert
+invariant, and the command's arguments.
+
+End-to-end (slow), on the real broker, Spark and catalog: the tables are damaged on purpose, as a
+careless hand or a broken writer would (a row deleted, a row duplicated, a dead letter removed, a file
+of rows from another range added), and each must be found with its coordinates, incrementally after a
+passing verification, with exit 3 and a failed `verify` event. Upsert tables keep the newest record
+per key: a stale row and a key that vanished without a tombstone are found. The publish DAG verifies
+the audited snapshots and refuses to publish what no passing verification covers.
 """
 
 from __future__ import annotations
@@ -14,17 +17,223 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyiceberg.expressions import And, EqualTo
 
-from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (fixture)
+from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (pipeline: a fixture)
+from lakehouse import cli
 from lakehouse.core import events
 from lakehouse.ops import verify
+from lakehouse.ops.coordinates import KAFKA_RECORDS, Coverage, Intervals
+from lakehouse.ops.verify import PartitionFacts, check_keys, check_rows, newest_per_key
 from lakehouse.wap import publish
 
-pytestmark = pytest.mark.slow
+# ---------------------------------------------------------------------------- unit layer: the arithmetic
+
+spans = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=8)
+
+
+def members(iv: Intervals) -> set[int]:
+    return {o for s, e in iv for o in range(s, e)}
+
+
+def model(pairs) -> set[int]:
+    return {o for s, e in pairs for o in range(s, e)}
+
+
+@given(spans, spans)
+def test_intervals_behave_as_the_sets_of_offsets_they_hold(a, b):
+    x, y = Intervals.of(a), Intervals.of(b)
+    assert members(x) == model(a) and x.count == len(model(a))
+    assert members(x.union(y)) == model(a) | model(b)
+    assert members(x.intersection(y)) == model(a) & model(b)
+    assert members(x.difference(y)) == model(a) - model(b)
+    assert members(x.clip(10, 40)) == {o for o in model(a) if 10 <= o < 40}
+    probe = np.arange(-2, 64, dtype=np.int64)
+    assert x.contains_many(probe).tolist() == [o in model(a) for o in probe.tolist()]
+    assert all((o in x) == (o in model(a)) for o in probe.tolist())
+    # normal form: sorted, disjoint, never touching, so equal sets are equal values
+    assert all(e1 < s2 for (_, e1), (s2, _) in zip(x.spans, x.spans[1:]))
+    assert Intervals.of([(o, o + 1) for o in model(a)]) == x
+
+
+@given(st.lists(st.one_of(st.integers(0, 40), st.integers(0, 2 ** 63 - 2)), max_size=50))
+def test_intervals_from_offsets_hold_exactly_those_offsets(offsets_):
+    iv = Intervals.from_offsets(np.array(offsets_, dtype=np.int64))
+    assert iv == Intervals.of([(o, o + 1) for o in offsets_]) and iv.count == len(set(offsets_))
+
+
+@given(st.dictionaries(st.integers(0, 5), spans, max_size=4), st.dictionaries(st.integers(0, 5), spans, max_size=4))
+def test_coverage_is_per_partition_arithmetic_and_survives_json(a, b):
+    x, y = Coverage.of(a), Coverage.of(b)
+    for p in range(6):
+        assert members(x.union(y).get(p)) == model(a.get(p, [])) | model(b.get(p, []))
+        assert members(x.difference(y).get(p)) == model(a.get(p, [])) - model(b.get(p, []))
+        assert members(x.intersection(y).get(p)) == model(a.get(p, [])) & model(b.get(p, []))
+    assert Coverage.from_json(json.loads(json.dumps(x.to_json()))) == x
+    assert x.count == sum(len(model(v)) for v in a.values())
+
+
+# ---------------------------------------------------------------------------- unit layer: one piece's checks
+
+TOPIC = "orders"
+
+
+def facts(**changes) -> PartitionFacts:
+    base = dict(topic=TOPIC, partition=0, in_topic=True, earliest=0, committed=100,
+                positions={"raw.t": 100, "raw.t_dlq": 100}, gaps=Intervals(), floors={})
+    return PartitionFacts(**{**base, **changes})
+
+
+def rows(*items: tuple[str, str | None, int]) -> pa.Table:
+    tables, topics, offsets_ = zip(*items) if items else ((), (), ())
+    return pa.table({"table": pa.array(tables, pa.string()), "topic": pa.array(topics, pa.string()),
+                     "offset": pa.array(offsets_, pa.int64())})
+
+
+def kafka(*offsets_: int) -> pa.Table:
+    n = len(offsets_)
+    return pa.table([pa.array([0] * n, pa.int32()), pa.array(offsets_, pa.int64()), pa.array([0] * n, pa.int64()),
+                     pa.array([None] * n, pa.string()), pa.array([False] * n)], schema=KAFKA_RECORDS)
+
+
+def test_a_piece_finds_missing_duplicated_and_foreign_offsets_with_their_reasons():
+    f = facts(gaps=Intervals.of([(40, 45)]), floors={"raw.t": 2}, positions={"raw.t": 100, "raw.t_dlq": 90})
+    held = rows(("raw.t", TOPIC, 2), ("raw.t", TOPIC, 3), ("raw.t_dlq", TOPIC, 3),  # 3 held twice
+                ("raw.t", TOPIC, 6),                                                  # 4, 5 missing
+                ("raw.t", "elsewhere", 7),                                            # another topic
+                ("raw.t", TOPIC, 1),                                                  # below the table's first
+                ("raw.t", TOPIC, 41),                                                 # in a recorded gap
+                ("raw.t", TOPIC, 8),                                                  # Kafka has no record at 8
+                ("raw.t_dlq", TOPIC, 95),                                             # past the DLQ's position
+                ("raw.t", TOPIC, 120))                                                # past everything
+    found = check_rows(f, held, kafka(2, 3, 4, 5, 6, 7), Intervals.of([(2, 9)]), count_missing=True)
+    assert found.counts == {"missing": 3, "duplicated": 1, "foreign": 6, "stale": 0}
+    assert found.missing == Coverage.of({0: [(4, 6), (7, 8)]})  # 7 is held only by another topic's row
+    why = {(p.offset, p.tables): p.detail for p in found.problems if p.kind == "foreign"}
+    assert "another topic" in why[(7, ("raw.t",))]
+    assert "below 2, the first offset raw.t ingested" in why[(1, ("raw.t",))]
+    assert "recorded gap" in why[(41, ("raw.t",))]
+    assert "Kafka holds no record" in why[(8, ("raw.t",))]
+    assert "raw.t_dlq's committed position 90" in why[(95, ("raw.t_dlq",))]
+    assert "committed position 100" in why[(120, ("raw.t",))]
+    (dup,) = [p for p in found.problems if p.kind == "duplicated"]
+    assert (dup.offset, sorted(dup.tables)) == (3, ["raw.t", "raw.t_dlq"])
+    assert found.offsets == 6 and found.rows == 10
+
+
+def test_rows_below_the_earliest_offset_are_checked_for_duplicates_only_and_upserts_miss_nothing_per_offset():
+    held = rows(("raw.t", TOPIC, 1), ("raw.t", TOPIC, 1))  # offset 0 aged out of Kafka: not missing, 1 twice
+    found = check_rows(facts(earliest=5), held, kafka(5), Intervals.of([(5, 6)]), count_missing=True)
+    assert (found.counts["duplicated"], found.counts["missing"]) == (1, 1)  # 5: Kafka holds it, nobody does
+    assert check_rows(facts(), rows(), kafka(5, 6), Intervals.of([(5, 7)]), count_missing=False).ok
+
+
+@settings(max_examples=200)
+@given(st.lists(st.integers(0, 30), max_size=40), st.sets(st.integers(0, 30)))
+def test_missing_and_duplicated_follow_from_counting(held, delivered):
+    found = check_rows(facts(), rows(*[("raw.t", TOPIC, o) for o in held]), kafka(*sorted(delivered)),
+                       Intervals.of([(0, 31)]), count_missing=True)
+    stray = {o for o in held if o not in delivered}  # inside the span but not a record Kafka has
+    counted = [o for o in held if o in delivered]
+    assert found.counts["foreign"] == sum(1 for o in held if o in stray)
+    assert found.counts["duplicated"] == sum(1 for o in set(counted) if counted.count(o) > 1)
+    assert members(found.missing.get(0)) == delivered - set(counted)
+
+
+# ---------------------------------------------------------------------------- unit layer: upsert keys
+
+
+def records(*items: tuple[str, int, int, int, bool]) -> pa.Table:
+    """(key, partition, offset, timestamp ms, tombstone) as KAFKA_RECORDS rows."""
+    key, part, off, ts, dead = zip(*items)
+    return pa.table([pa.array(part, pa.int32()), pa.array(off, pa.int64()), pa.array(ts, pa.int64()),
+                     pa.array(key, pa.string()), pa.array(dead)], schema=KAFKA_RECORDS)
+
+
+def key_rows(*items: tuple[str, int, int, int]) -> pa.Table:
+    key, part, off, ts = zip(*items) if items else ((), (), (), ())
+    return pa.table({"key": pa.array(key, pa.string()), "partition": pa.array(part, pa.int32()),
+                     "offset": pa.array(off, pa.int64()), "timestamp_ms": pa.array(ts, pa.int64())})
+
+
+def test_the_newest_record_of_a_key_is_the_highest_offset_in_a_partition_and_the_latest_time_across():
+    newest = newest_per_key(records(("a", 0, 1, 500, False), ("a", 0, 3, 100, False), ("a", 1, 9, 300, True),
+                                    ("b", 2, 4, 7, False), ("b", 1, 5, 7, False)))
+    assert newest.to_pylist() == [
+        {"key": "a", "partition": 1, "offset": 9, "timestamp_ms": 300, "tombstone": True},  # 300 > offset 3's 100
+        {"key": "b", "partition": 2, "offset": 4, "timestamp_ms": 7, "tombstone": False}]  # a tie: higher partition
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 2), st.integers(0, 50), st.integers(0, 9),
+                          st.booleans()), min_size=1, max_size=30, unique_by=lambda r: (r[1], r[2])))
+def test_the_newest_record_is_the_latest_of_each_partitions_last(items):
+    """As the ingest job's `latest_per_key` ranks a key's records: the last of each partition first, then the
+    latest Kafka timestamp across partitions, the higher partition on a tie."""
+    last: dict[tuple[str, int], tuple] = {}
+    for key, p, o, ts, dead in items:
+        if (key, p) not in last or o > last[(key, p)][2]:
+            last[(key, p)] = (key, p, o, ts, dead)
+    expected = {}
+    for key, p, o, ts, dead in last.values():
+        if key not in expected or (ts, p) > (expected[key][3], expected[key][1]):
+            expected[key] = (key, p, o, ts, dead)
+    found = newest_per_key(records(*items)).to_pylist()
+    assert [tuple(r.values()) for r in found] == [expected[k] for k in sorted(expected)]
+
+
+def test_each_keys_row_is_its_newest_record_and_a_tombstone_leaves_no_older_row():
+    newest = newest_per_key(records(("ok", 0, 5, 1, False), ("later", 0, 6, 1, False), ("stale", 0, 7, 1, False),
+                                    ("lost", 0, 8, 1, False), ("gone", 0, 9, 1, True), ("back", 0, 10, 1, True),
+                                    ("deleted_later", 0, 11, 1, False), ("no_ledger", 0, 12, 1, True)))
+    held = key_rows(("ok", 0, 5, 1), ("later", 0, 60, 1), ("stale", 0, 3, 1), ("back", 0, 2, 1))
+    ledger = key_rows(("gone", 0, 9, 1), ("back", 0, 10, 1), ("deleted_later", 0, 70, 1))
+    found, checked = check_keys(TOPIC, "raw.t", "raw.t__tombstones", newest, held, ledger)
+    assert checked == 8
+    assert {(p.kind, p.key, p.offset) for p in found.problems} == {
+        ("stale", "stale", 7), ("missing", "lost", 8), ("stale", "back", 10), ("missing", "no_ledger", 12)}
+    assert found.problems[0].tables == ("raw.t",)
+
+
+# ---------------------------------------------------------------------------- unit layer: the command
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["verify", "--pipeline", "orders", "--since", "0s"], "argument --since: '0s' must be longer than 0"),
+    (["verify", "--pipeline", "orders", "--since", "soon"], "argument --since: 'soon' is not a duration"),
+    (["verify", "--pipeline", "orders", "--snapshots", "12..x"], "argument --snapshots: '12..x' is not a snapshot"),
+    (["verify", "--pipeline", "orders", "--snapshots", "1..2", "--since", "1h"], "not allowed with argument"),
+    (["verify", "--pipeline", "orders", "--engine", "gpu"], "argument --engine: invalid choice"),
+    (["trace", "--pipeline", "orders", "--partition", "0"], "give --partition N --offset O, or --key K"),
+    (["trace", "--pipeline", "orders", "--partition", "-1", "--offset", "3"], "argument --partition: '-1'"),
+    (["trace", "--pipeline", "orders", "--partition", "0", "--offset", "1e9"], "argument --offset: '1e9' is not"),
+    (["trace", "--pipeline", "orders", "--key", "k"], "argument --key: needs --since"),
+    (["trace", "--pipeline", "orders", "--key", "k", "--since", "yesterday"], "argument --since: 'yesterday' is"),
+    (["trace", "--pipeline", "orders", "--key", "k", "--partition", "0", "--since", "1h"], "not with --partition"),
+    (["trace", "--pipeline", "orders", "--partition", "0", "--offset", "1", "--since", "1h"], "only with --key"),
+    (["trace", "--pipeline", "orders", "--key", "k", "--since", "2026-11-21T10:00:00Z",
+      "--until", "2026-11-21T09:00:00Z"], "argument --until: must be later than --since"),
+])
+def test_verify_and_trace_refuse_bad_arguments_before_doing_anything(argv, message, own_home, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not any(own_home.iterdir())  # no catalog, no state: nothing was created
+
+
+def test_a_snapshot_range_is_two_ids():
+    assert verify.parse_snapshot_range("12..-3") == (12, -3)
+    with pytest.raises(verify.VerifyError, match="FROM..TO"):
+        verify.parse_snapshot_range("12...13")
+
+
+# ---------------------------------------------------------------------------- end to end
 
 
 def order(partition: int, i: int, **changes) -> tuple[bytes, bytes]:
@@ -70,6 +279,7 @@ def orders(platform, pipeline):
     return spec
 
 
+@pytest.mark.slow
 def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(platform, orders, spark):
     spec = orders
     code, first = verify_cli(spec)
@@ -127,59 +337,7 @@ def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(pl
     assert verify.unverified(spec, {spec.target.table: data.refresh().current_snapshot().snapshot_id}, platform)
 
 
-def test_trace_says_where_each_record_is(platform, orders, spark):
-    spec = orders
-    data = table(platform, spec, spec.target.table)
-
-    def trace(*args: str) -> tuple[int, dict]:
-        done = run_cli(spec, "trace", "--pipeline", spec.name, "--json", *args)
-        assert done.returncode in (0, 3), done.stderr[-3000:]
-        return done.returncode, json.loads(done.stdout)
-
-    code, row = trace("--partition", "1", "--offset", "4")
-    assert code == 0 and row["verdict"] == "in-table"
-    (sighting,) = row["sightings"]
-    assert sighting["table"] == spec.target.table and sighting["row"]["order_id"] == "ord-1-4"
-    ingest_commit = data.current_snapshot()
-    assert [c["snapshot_id"] for c in sighting["commits"]] == [ingest_commit.snapshot_id]
-    assert sighting["commits"][0]["kind"] == "ingest" and row["kafka"] is None  # the table answered alone
-
-    code, letter = trace("--partition", "0", "--offset", "15")
-    assert code == 0 and letter["verdict"] == "dead-letter"
-    assert letter["sightings"][0]["row"]["error_kind"] == "malformed_json"
-    assert "malformed_json" in letter["message"]
-
-    send(platform, spec.source.topic, [order(1, i) for i in range(20, 23)], partition=1)
-    code, pending = trace("--partition", "1", "--offset", "21")
-    assert code == 0 and pending["verdict"] == "not-yet-ingested"
-    assert pending["kafka"] == {"earliest": 0, "end": 23, "committed": 20, "lag": 3}
-    code, beyond = trace("--partition", "1", "--offset", "999")
-    assert code == 0 and beyond["verdict"] == "beyond-log-end" and "log end 23" in beyond["message"]
-
-    delete(spark, spec, spec.target.table, "_kafka.partition = 0 AND _kafka.offset = 7")
-    data = data.refresh()
-    code, lost = trace("--partition", "0", "--offset", "7")
-    assert code == 3 and lost["verdict"] == "missing"
-    assert lost["record"]["key"] == "ord-0-7" and "--offsets 0:7-8" in lost["message"]
-    data.append(data.scan(row_filter=at(1, 3)).to_arrow())
-    code, twice = trace("--partition", "1", "--offset", "3")
-    assert code == 3 and twice["verdict"] == "duplicated" and len(twice["sightings"]) == 2
-
-    human = run_cli(spec, "trace", "--pipeline", spec.name, "--partition", "1", "--offset", "4")
-    assert human.returncode == 0 and f"{spec.source.topic}[1]@4" in human.stdout
-    assert f"committed by snapshot {ingest_commit.snapshot_id} (ingest" in human.stdout
-
-    # by key over a time window: the ingested record, and the same key sent again since
-    send(platform, spec.source.topic, [order(1, 4, status="paid")], partition=1)
-    code, key = trace("--key", "ord-1-4", "--since", "1h")
-    assert code == 0
-    assert [(r["partition"], r["offset"], r["verdict"]) for r in key["records"]] == \
-        [(1, 4, "in-table"), (1, 23, "not-yet-ingested")]
-
-    bad = run_cli(spec, "trace", "--pipeline", spec.name, "--partition", "7", "--offset", "0")
-    assert bad.returncode == 2 and "has no partition 7" in bad.stderr
-
-
+@pytest.mark.slow
 def test_upsert_tables_hold_each_keys_newest_record(platform, pipeline, spark):
     spec = pipeline(partitions=1, mode="upsert", table_key=["order_id"], partition_by=[])
     updates = [order(0, i % 4, status=status) for i, status in enumerate(["created"] * 4 + ["paid"] * 4)]
@@ -207,6 +365,7 @@ def test_upsert_tables_hold_each_keys_newest_record(platform, pipeline, spark):
     assert pc.sum(pc.equal(data.refresh().scan().to_arrow().column("order_id"), "ord-0-1")).as_py() == 1
 
 
+@pytest.mark.slow
 def test_the_publish_dag_publishes_only_verified_snapshots(platform, orders, make_spec, run_dag, spark):
     spec = orders
     run = run_dag(f"{spec.name}_verify", make_spec.directory)  # the scheduled verification

@@ -8,6 +8,7 @@
 | `dead-letter` | the dead-letter table holds it, with its `error_kind` and `error_detail` |
 | `tombstone` | an upsert pipeline's tombstone: the ledger holds it as the newest delete of its key |
 | `duplicated` | more than one row holds it (a breach of exactly-once: `lakehouse verify` lists all) |
+| `foreign` | a row holds it but no commit of the pipeline covers the offset (a breach: written by something else) |
 | `superseded` | upsert: no row holds it because a newer record of its key replaced it (or a newer tombstone) |
 | `deleted` | upsert: its key was deleted by a later tombstone |
 | `not-yet-ingested` | at or past the pipeline's committed position: the next batch reads it (the lag says how far) |
@@ -48,9 +49,9 @@ from lakehouse.ingest.reader import reader_consumer
 from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
 from lakehouse.ops.verify import newer
 
-VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "superseded", "deleted", "not-yet-ingested", "gap",
+VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "foreign", "superseded", "deleted", "not-yet-ingested", "gap",
             "beyond-log-end", "no-record", "aged-out", "missing", "not-held")
-BREACHES = ("duplicated", "missing")  # verdicts that break exactly-once: `lakehouse trace` exits 3
+BREACHES = ("duplicated", "missing", "foreign")  # verdicts that break exactly-once: `lakehouse trace` exits 3
 MAX_KEY_SCAN = 5_000_000  # records of a time window read from Kafka to find one key's records
 MAX_VALUE_CHARS = 2000    # raw values shown per row
 
@@ -202,21 +203,26 @@ class _Tables:
         return [(c.gaps, c.to_json()) for name in self.spec.positioned_tables if name in self.loaded
                 for c in self.lineage(name).commits if c.gaps]
 
-    def key_row(self, name: str, key: str) -> dict | None:
-        """The row of Kafka key `key` in upsert table or ledger `name` (one per key), at its head: its rows
-        came from records of that key, so `_kafka.key` finds it, pruned by the files' bounds."""
+    def key_coordinates(self, name: str, key: str) -> tuple[int, int, int | None] | None:
+        """(partition, offset, timestamp ms) of the row of Kafka key `key` in upsert table or ledger `name` (one
+        per key) at its head: its rows came from records of that key, so `_kafka.key` finds it, the files
+        pruned by their bounds."""
         table = self.loaded.get(name)
         if table is None or table.current_snapshot() is None:
             return None
         found = table.scan(row_filter=EqualTo("_kafka.key", key), selected_fields=("_kafka",)).to_arrow().to_pylist()
-        return found[0] if found else None
+        if not found:
+            return None
+        kafka = found[0]["_kafka"]
+        stamp = kafka.get("timestamp")
+        return kafka["partition"], kafka["offset"], int(stamp.timestamp() * 1000) if stamp is not None else None
 
 
 # ---------------------------------------------------------------------------- verdicts
 
 
-def _held(spec: PipelineSpec, partition: int, offset: int, sightings: list[Sighting]) -> tuple[str, str]:
-    """The verdict and message for a record that rows hold."""
+def held_verdict(spec: PipelineSpec, partition: int, offset: int, sightings: list[Sighting]) -> tuple[str, str]:
+    """The verdict and message for a record that rows hold (`sightings`, at least one). Pure."""
     where = f"{spec.source.topic}[{partition}]@{offset}"
     counted = [s for s in sightings if s.role != "tombstones"]
     if len(counted) > 1:
@@ -224,6 +230,10 @@ def _held(spec: PipelineSpec, partition: int, offset: int, sightings: list[Sight
                               + f"): a breach of exactly-once; `lakehouse verify --pipeline {spec.name}` lists every "
                                 f"duplicate")
     first = counted[0] if counted else sightings[0]
+    if not first.commits and first.history_complete and first.role != "tombstones":
+        return "foreign", (f"a row of {first.table} holds {where}, but no commit of the pipeline covers that offset "
+                           f"(past the committed position, or written by something else): a breach of exactly-once; "
+                           f"`lakehouse verify --pipeline {spec.name}` lists every foreign row")
     when = (f", committed by snapshot {first.commits[-1]['snapshot_id']} at {first.commits[-1]['at']} "
             f"({first.commits[-1]['kind']})" if first.commits else "")
     if first.role == "dead-letter":
@@ -234,6 +244,58 @@ def _held(spec: PipelineSpec, partition: int, offset: int, sightings: list[Sight
         return "tombstone", (f"{where} is a tombstone: it deleted key {first.row['_kafka'].get('key')!r}; the ledger "
                              f"{first.table} keeps it so that replays cannot bring the key back")
     return "in-table", f"{where} is a row of {first.table}{when}"
+
+
+@dataclass(frozen=True)
+class Whereabouts:
+    """What decides the verdict of a record no row holds: its partition's earliest offset, log end and
+    committed position, the commit that recorded a gap holding it (if one did), the Kafka record at the
+    offset when it was read (`read`: it was asked for), and for an upsert pipeline keyed by the Kafka key
+    the coordinates (partition, offset, timestamp ms) of its key's row and newest tombstone."""
+
+    earliest: int
+    end: int
+    committed: int
+    gap: dict | None = None
+    read: bool = False
+    record: dict | None = None
+    key_row: tuple[int, int, int | None] | None = None
+    key_tombstone: tuple[int, int, int | None] | None = None
+
+
+def not_held_verdict(spec: PipelineSpec, partition: int, offset: int, w: Whereabouts) -> tuple[str, str]:
+    """The verdict and message for a record no row holds. Pure."""
+    where = f"{spec.source.topic}[{partition}]@{offset}"
+    if offset >= w.end:
+        return "beyond-log-end", f"{where} is past the end of the partition (log end {w.end}): Kafka has not received it"
+    if w.gap is not None:
+        return "gap", (f"{where} aged out of Kafka before it was ingested: the gap was recorded by snapshot "
+                       f"{w.gap['snapshot_id']} of {w.gap['table']} at {w.gap['at']}")
+    if offset >= w.committed:
+        return "not-yet-ingested", (f"{where} is not ingested yet: the committed position of partition {partition} "
+                                    f"is {w.committed}, {w.end - w.committed} records behind the log end {w.end}")
+    if offset < w.earliest:
+        return "aged-out", (f"no table holds {where}, and Kafka no longer does (its earliest offset is "
+                            f"{w.earliest}), so whether it was lost or replaced cannot be told any more")
+    if not w.read or w.record is None:
+        return "no-record", (f"Kafka delivers no record at {where} (a transaction marker or an aborted record): "
+                             f"there is nothing to ingest")
+    missing = ("missing", f"Kafka holds {where} and the pipeline committed past it (position {w.committed}), but "
+                          f"no table holds it: a breach of exactly-once. Replay it with `lakehouse replay --pipeline "
+                          f"{spec.name} --offsets {partition}:{offset}-{offset + 1}` and run `lakehouse verify`")
+    if spec.target.mode != "upsert":
+        return missing
+    if not spec.tombstones_delete or spec.target.fanout is not None:
+        return "not-held", (f"no row holds {where}: in this upsert table a newer record of its key may have replaced "
+                            f"it; `lakehouse verify --pipeline {spec.name}` checks each key's newest record")
+    key, mine = w.record.get("key"), (partition, offset, w.record.get("timestamp_ms"))
+    if w.key_row is not None and newer(w.key_row, mine):
+        return "superseded", (f"{where} was replaced by a newer record of key {key!r} (partition {w.key_row[0]}, "
+                              f"offset {w.key_row[1]})")
+    if w.key_tombstone is not None and newer(w.key_tombstone, mine):
+        return "deleted", (f"key {key!r} of {where} was deleted by the tombstone at partition {w.key_tombstone[0]}, "
+                           f"offset {w.key_tombstone[1]}")
+    return missing
 
 
 def _partition_state(spec: PipelineSpec, tables: _Tables, platform: config.PlatformConfig,
@@ -247,52 +309,16 @@ def _partition_state(spec: PipelineSpec, tables: _Tables, platform: config.Platf
     return state, offsets.committed_positions(progress, state.earliest)
 
 
-def _not_held(spec: PipelineSpec, tables: _Tables, state: TopicState, committed: dict[int, int], partition: int,
-              offset: int, record: dict | None, read: bool) -> tuple[str, str]:
-    """The verdict and message for a record no row holds. `record` is the Kafka record at the offset (its
-    key, timestamp and tombstone flag) when `read` found one."""
-    where = f"{spec.source.topic}[{partition}]@{offset}"
+def _whereabouts(spec: PipelineSpec, tables: _Tables, state: TopicState, committed: dict[int, int], partition: int,
+                 offset: int, record: dict | None, read: bool) -> Whereabouts:
+    """The Whereabouts of a record no row holds, looking up its gap and (upsert) its key's row and tombstone."""
     ps = state.partitions[partition]
-    position = committed[partition]
-    if offset >= ps.end:
-        return "beyond-log-end", f"{where} is past the end of the partition (log end {ps.end}): Kafka has not received it"
-    for gaps, commit in tables.gaps():
-        if (partition, offset) in gaps:
-            return "gap", (f"{where} aged out of Kafka before it was ingested: the gap was recorded by snapshot "
-                           f"{commit['snapshot_id']} of {commit['table']} at {commit['at']}")
-    if offset >= position:
-        return "not-yet-ingested", (f"{where} is not ingested yet: the committed position of partition {partition} is "
-                                    f"{position}, {ps.end - position} records behind the log end {ps.end}")
-    if offset < ps.earliest:
-        return "aged-out", (f"no table holds {where}, and Kafka no longer does (its earliest offset is "
-                            f"{ps.earliest}), so whether it was lost or replaced cannot be told any more")
-    if not read or record is None:
-        return "no-record", (f"Kafka delivers no record at {where} (a transaction marker or an aborted record): "
-                             f"there is nothing to ingest")
-    missing = ("missing", f"Kafka holds {where} and the pipeline committed past it (position {position}), but no "
-                          f"table holds it: a breach of exactly-once. Replay it with `lakehouse replay --pipeline "
-                          f"{spec.name} --offsets {partition}:{offset}-{offset + 1}` and run `lakehouse verify`")
-    if spec.target.mode != "upsert":
-        return missing
-    if not spec.tombstones_delete or spec.target.fanout is not None:
-        return "not-held", (f"no row holds {where}: in this upsert table a newer record of its key may have replaced "
-                            f"it; `lakehouse verify --pipeline {spec.name}` checks each key's newest record")
-    key, mine = record.get("key"), (partition, offset, record.get("timestamp_ms"))
-    row = tables.key_row(spec.target.table, key) if key is not None else None
-    tomb = tables.key_row(spec.tombstone_table, key) if key is not None else None
-
-    def coords(found: dict) -> tuple[int, int, int | None]:
-        k = found["_kafka"]
-        stamp = k.get("timestamp")
-        return k["partition"], k["offset"], int(stamp.timestamp() * 1000) if stamp else None
-
-    if row is not None and newer(coords(row), mine):
-        p, o, _ = coords(row)
-        return "superseded", f"{where} was replaced by a newer record of key {key!r} (partition {p}, offset {o})"
-    if tomb is not None and newer(coords(tomb), mine):
-        p, o, _ = coords(tomb)
-        return "deleted", f"key {key!r} of {where} was deleted by the tombstone at partition {p}, offset {o}"
-    return missing
+    gap = next((commit for gaps, commit in tables.gaps() if (partition, offset) in gaps), None)
+    row = tomb = None
+    if record is not None and record.get("key") is not None and spec.tombstones_delete \
+            and ps.earliest <= offset < committed[partition]:
+        row, tomb = (tables.key_coordinates(name, record["key"]) for name in (spec.target.table, spec.tombstone_table))
+    return Whereabouts(ps.earliest, ps.end, committed[partition], gap, read, record, row, tomb)
 
 
 def trace_record(spec: PipelineSpec, partition: int, offset: int,
@@ -311,7 +337,7 @@ def trace_record(spec: PipelineSpec, partition: int, offset: int,
                  tables.rows(coordinate_filter(partition, offset, spec.source.topic))]
     result = RecordTrace(spec.name, spec.source.topic, partition, offset, "", "", sightings)
     if sightings:
-        result.verdict, result.message = _held(spec, partition, offset, sightings)
+        result.verdict, result.message = held_verdict(spec, partition, offset, sightings)
     else:
         state, committed = _partition_state(spec, tables, platform, partition)
         ps = state.partitions[partition]
@@ -321,8 +347,8 @@ def trace_record(spec: PipelineSpec, partition: int, offset: int,
         if readable:
             found = _read_records(spec, platform, OffsetRange(spec.source.topic, partition, offset, offset + 1))
             result.record = found[0] if found else None
-        result.verdict, result.message = _not_held(spec, tables, state, committed, partition, offset, result.record,
-                                                   readable)
+        result.verdict, result.message = not_held_verdict(spec, partition, offset, _whereabouts(
+            spec, tables, state, committed, partition, offset, result.record, readable))
     result.seconds = time.monotonic() - started
     return result
 
@@ -376,12 +402,13 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
         trace = RecordTrace(spec.name, spec.source.topic, p, o, "", "", held.get((p, o), []),
                             record=records.get((p, o)))
         if trace.sightings:
-            trace.verdict, trace.message = _held(spec, p, o, trace.sightings)
+            trace.verdict, trace.message = held_verdict(spec, p, o, trace.sightings)
         else:
             ps = state.partitions[p]
             trace.kafka = {"earliest": ps.earliest, "end": ps.end, "committed": committed[p],
                            "lag": max(0, ps.end - committed[p])}
-            trace.verdict, trace.message = _not_held(spec, tables, state, committed, p, o, trace.record, True)
+            trace.verdict, trace.message = not_held_verdict(spec, p, o, _whereabouts(
+                spec, tables, state, committed, p, o, trace.record, True))
         traces.append(trace)
     return KeyTrace(spec.name, key, since.isoformat(), until.isoformat(), scanned, traces,
                     time.monotonic() - started)

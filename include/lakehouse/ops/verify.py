@@ -705,14 +705,17 @@ def _read_piece_rows(piece: Piece) -> dict[str, pa.Table]:
     return out
 
 
+ROWS = pa.schema([("table", pa.string()), ("topic", pa.string()), ("offset", pa.int64())])
+
+
 def _coordinates(by_table: dict[str, pa.Table]) -> pa.Table:
-    """The rows of every table as `table`, `topic`, `offset` (the input of check_rows)."""
-    parts = [pa.table({"table": pa.array([name] * data.num_rows, pa.string()),
-                       "topic": pc.struct_field(data.column("_kafka"), "topic"),
-                       "offset": pc.struct_field(data.column("_kafka"), "offset")})
+    """The rows of every table as `table`, `topic`, `offset` (ROWS, the input of check_rows); scans may
+    return strings as `large_string` or not, depending on the files read."""
+    parts = [pa.table([pa.array([name] * data.num_rows, pa.string()),
+                       pc.cast(pc.struct_field(data.column("_kafka"), "topic"), pa.string()),
+                       pc.cast(pc.struct_field(data.column("_kafka"), "offset"), pa.int64())], schema=ROWS)
              for name, data in by_table.items()]
-    return pa.concat_tables(parts) if parts else pa.table(
-        {"table": pa.array([], pa.string()), "topic": pa.array([], pa.string()), "offset": pa.array([], pa.int64())})
+    return pa.concat_tables(parts) if parts else ROWS.empty_table()
 
 
 def check_piece(piece: Piece, kafka_conf: dict, pipeline: str) -> PieceResult:
