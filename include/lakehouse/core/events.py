@@ -1,8 +1,8 @@
 """The ops timeline: one Iceberg table, `ops.pipeline_events`, one row per thing that happened.
 
-Restarts, maintenance runs, quality results, publications, cutovers, rollbacks,
-retention checks, backfills, retries after transient failures and writer claims
-and fencings each append one event, so the Airflow page, `lakehouse
+Restarts, maintenance runs, quality results, exactly-once verifications, publications,
+cutovers, rollbacks, retention checks, backfills, retries after transient failures and
+writer claims and fencings each append one event, so the Airflow page, `lakehouse
 status` and ad-hoc SQL read the same history:
 
     SELECT ts, kind, status, message, metrics['lag_records']

@@ -206,6 +206,16 @@ class Coverage:
         """One OffsetRange per interval, in partition and offset order."""
         return [OffsetRange(topic, p, s, e) for p, iv in self.partitions.items() for s, e in iv]
 
+    def head(self, intervals: int) -> Coverage:
+        """The first `intervals` intervals (in partition and offset order), for listings that must stay short."""
+        kept: dict[int, list[tuple[int, int]]] = {}
+        for p, iv in self.partitions.items():
+            room = intervals - sum(len(v) for v in kept.values())
+            if room <= 0:
+                break
+            kept[p] = list(iv)[:room]
+        return Coverage.of(kept)
+
     def to_json(self) -> dict[str, list[list[int]]]:
         """{"partition": [[start, end], ...]}."""
         return {str(p): [[s, e] for s, e in iv] for p, iv in self.partitions.items()}

@@ -249,21 +249,22 @@ class Verification:
         listed = "; ".join(str(p) for p in f.problems[:10])
         more = f" (+{sum(f.counts.values()) - 10} more)" if sum(f.counts.values()) > 10 else ""
         missing = f". Missing offsets: {f.missing.describe()}" if f.missing else ""
-        return (f"{head}. Problems: {counts}: {listed}{more}{missing}. Replay missing offsets with `lakehouse "
-                f"replay --pipeline {self.pipeline} --offsets P:START-END`; delete duplicated and foreign rows by "
-                f"their `_kafka` coordinates (the listing names the table of each), then verify again.")
+        return (f"{head}. Problems: {counts}: {listed}{more}{missing}. Delete foreign rows, and every copy of a "
+                f"duplicated offset, by their `_kafka` coordinates (each problem names its table); then replay the "
+                f"duplicated and missing offsets with `lakehouse replay --pipeline {self.pipeline} --offsets "
+                f"P:START-END` (it writes each absent offset once) and verify again.")
 
     def to_json(self) -> dict:
         f = self.findings
         return {
             "pipeline": self.pipeline, "topic": self.topic, "ok": self.ok, "status": self.status, "mode": self.mode,
             "engine": self.engine,
-            "tables": {t: asdict(s) | {"positions": {str(p): o for p, o in s.positions.items()}}
-                       for t, s in self.tables.items()},
+            "tables": {t: {"to": s.to, "base": s.base, "snapshots": len(s.snapshots),
+                           "positions": {str(p): o for p, o in s.positions.items()}} for t, s in self.tables.items()},
             "snapshots": self.snapshots, "window": self.window.to_json(), "kafka": self.kafka.to_json(),
             "committed": {str(p): o for p, o in self.committed.items()}, "gaps": self.gaps.to_json(),
             "offsets": f.offsets, "rows": f.rows, "keys_checked": self.keys_checked, "counts": f.counts,
-            "missing": f.missing.to_json(), "problems": [asdict(p) for p in f.problems],
+            "missing": f.missing.head(MAX_PROBLEMS).to_json(), "problems": [asdict(p) for p in f.problems],
             "seconds": round(self.seconds, 3), "offsets_per_s": round(self.offsets_per_s, 1),
             "verified_at": self.verified_at,
         }
