@@ -334,6 +334,14 @@ def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(pl
     # a failed run does not move the chain: the next one checks the same snapshots again
     code, still = verify_cli(spec)
     assert code == 3 and still["counts"] == found["counts"]
+    # on demand: the last hour's snapshots, and the data table's snapshots from the ingest commit on
+    code, recent = verify_cli(spec, "--since", "1h")
+    assert code == 3 and recent["mode"] == "since" and recent["counts"] == found["counts"]
+    head = data.refresh().current_snapshot().snapshot_id
+    code, ranged = verify_cli(spec, "--snapshots", f"{first['snapshots'][spec.target.table]}..{head}")
+    assert code == 3 and ranged["counts"] == found["counts"]
+    assert ranged["tables"][spec.target.table] | {"positions": None} == {
+        "to": head, "base": None, "snapshots": 4, "positions": None}  # the ingest commit and the 3 damages to it
     assert verify.unverified(spec, {spec.target.table: data.refresh().current_snapshot().snapshot_id}, platform)
 
 

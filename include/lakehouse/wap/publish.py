@@ -167,11 +167,11 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
     unknown = sorted(set(snapshots) - set(spec.target.tables))
     if unknown:
         raise PublishError(f"{spec.name}: {unknown} are not data tables of the pipeline")
-    if require_verified:
-        verify.require_verified(spec, {name: int(sid) for name, sid in snapshots.items()}, platform)
     catalog = open_catalog(platform, spec.catalog)
     loaded = {name: catalog.load_table(name) for name in snapshots}
     heads = {name: _check(spec, loaded[name], name, int(sid)) for name, sid in snapshots.items()}
+    if require_verified:  # after the lineage checks: a broken lineage is the first thing to fix
+        verify.require_verified(spec, {name: int(sid) for name, sid in snapshots.items()}, platform)
     done = []
     for name, sid in snapshots.items():
         sid = int(sid)
