@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 import lakehouse_ui
 from e2e import pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixture)
-from lakehouse.ops.trace import Sighting, Whereabouts, held_verdict, not_held_verdict
+from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict
 from test_ui import card, field
 from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
@@ -46,7 +46,7 @@ def sighting(role: str = "data", commits=(COMMIT,), complete: bool = True, **row
 ])
 def test_a_held_record_is_where_its_rows_are(make_spec, sightings, verdict, words):
     found, message = held_verdict(make_spec(), 0, 7, sightings)
-    assert found == verdict and words in message
+    assert found == verdict and words in message and found in VERDICTS
 
 
 def test_a_record_no_row_holds_is_explained_by_the_log_the_positions_and_the_gaps(make_spec):

@@ -227,6 +227,17 @@ def test_verify_and_trace_refuse_bad_arguments_before_doing_anything(argv, messa
     assert not any(own_home.iterdir())  # no catalog, no state: nothing was created
 
 
+def test_the_verify_dag_runs_on_the_specs_schedule(make_spec):
+    from lakehouse.core.spec import SpecError
+
+    assert make_spec().verify.schedule == "@hourly" and "verify" in make_spec().dag_kinds
+    assert make_spec(verify={"schedule": "*/20 * * * *"}).verify.schedule == "*/20 * * * *"
+    with pytest.raises(SpecError, match=r"verify.schedule: 'nightly' is not a schedule"):
+        make_spec(verify={"schedule": "nightly"})
+    with pytest.raises(SpecError, match=r"verify.when: unknown field"):
+        make_spec(verify={"when": "@daily"})
+
+
 def test_a_snapshot_range_is_two_ids():
     assert verify.parse_snapshot_range("12..-3") == (12, -3)
     with pytest.raises(verify.VerifyError, match="FROM..TO"):

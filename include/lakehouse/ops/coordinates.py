@@ -426,8 +426,8 @@ def window_filter(window: Coverage) -> BooleanExpression:
     condition: BooleanExpression = AlwaysFalse()
     for p, iv in window.partitions.items():
         for start, end in iv:
-            condition = Or(condition, And(EqualTo("_kafka.partition", p),
-                                          And(GreaterThanOrEqual("_kafka.offset", start), LessThan("_kafka.offset", end))))
+            in_range = And(GreaterThanOrEqual("_kafka.offset", start), LessThan("_kafka.offset", end))
+            condition = Or(condition, And(EqualTo("_kafka.partition", p), in_range))
     return condition
 
 

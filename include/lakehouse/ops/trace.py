@@ -49,8 +49,8 @@ from lakehouse.ingest.reader import reader_consumer
 from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
 from lakehouse.ops.verify import newer
 
-VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "foreign", "superseded", "deleted", "not-yet-ingested", "gap",
-            "beyond-log-end", "no-record", "aged-out", "missing", "not-held")
+VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "foreign", "superseded", "deleted",
+            "not-yet-ingested", "gap", "beyond-log-end", "no-record", "aged-out", "missing", "not-held")
 BREACHES = ("duplicated", "missing", "foreign")  # verdicts that break exactly-once: `lakehouse trace` exits 3
 MAX_KEY_SCAN = 5_000_000  # records of a time window read from Kafka to find one key's records
 MAX_VALUE_CHARS = 2000    # raw values shown per row
@@ -267,7 +267,8 @@ def not_held_verdict(spec: PipelineSpec, partition: int, offset: int, w: Whereab
     """The verdict and message for a record no row holds. Pure."""
     where = f"{spec.source.topic}[{partition}]@{offset}"
     if offset >= w.end:
-        return "beyond-log-end", f"{where} is past the end of the partition (log end {w.end}): Kafka has not received it"
+        return "beyond-log-end", (f"{where} is past the end of the partition (log end {w.end}): Kafka has not "
+                                  f"received it")
     if w.gap is not None:
         return "gap", (f"{where} aged out of Kafka before it was ingested: the gap was recorded by snapshot "
                        f"{w.gap['snapshot_id']} of {w.gap['table']} at {w.gap['at']}")

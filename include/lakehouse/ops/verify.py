@@ -473,7 +473,8 @@ def _plan(spec: PipelineSpec, platform: config.PlatformConfig, mode: str, upto: 
             s.columns = (*s.columns, "_kafka.timestamp", *spec.target.key)
         if full:
             if s.lineage is not None:
-                s.scope = replace(s.scope, base=None, snapshots=tuple(c.snapshot_id for c in reversed(s.lineage.commits)))
+                every = tuple(c.snapshot_id for c in reversed(s.lineage.commits))
+                s.scope = replace(s.scope, base=None, snapshots=every)
             cover_files(s, [task.file for task in _plan_files(s.table, s.scope.to)])
             continue
         if s.lineage is None:
@@ -659,8 +660,8 @@ def check_rows(facts: PartitionFacts, rows: pa.Table, kafka: pa.Table, kafka_spa
              f"at or past {table}'s committed position {position}: no commit of the pipeline holds it"
              if position is not None else f"{table} holds no committed position in partition {p}")
     for table, floor in facts.floors.items():
-        mark((tables == _code(table_names, table)) & (offs < floor), f"below {floor}, the first offset {table} ingested: no commit of "
-                                                 f"the pipeline holds it")
+        mark((tables == _code(table_names, table)) & (offs < floor),
+             f"below {floor}, the first offset {table} ingested: no commit of the pipeline holds it")
     mark(facts.gaps.contains_many(offs), "inside a recorded gap (it aged out of Kafka before ingestion)")
     mark(kafka_span.contains_many(offs) & ~np.isin(offs, delivered),
          "Kafka holds no record at this offset (a transaction marker, an aborted record, or made-up coordinates)")
