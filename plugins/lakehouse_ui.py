@@ -74,7 +74,8 @@ MAX_PARTITION, MAX_OFFSET = 2 ** 31 - 1, 2 ** 63 - 1
 
 def _trace(pipeline: str, partition: str, offset: str) -> tuple[int, dict]:
     """(HTTP status, body) of one record's trace: 200 and the trace, 400 for a refused value, 422 when the
-    pipeline cannot answer (an unknown pipeline or partition, Kafka or the catalog unreachable)."""
+    pipeline cannot answer (an unknown pipeline or partition, Kafka unreachable), 500 for anything else,
+    with the error's text."""
     def number(text: str, name: str, maximum: int) -> int:
         if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > maximum:
             raise ValueError(f"{name} must be a whole number from 0 to {maximum}, got {text[:40]!r}")
@@ -92,6 +93,8 @@ def _trace(pipeline: str, partition: str, offset: str) -> tuple[int, dict]:
         return 200, trace_record(load_pipeline(pipeline), *where).to_json()
     except LakehouseError as exc:
         return 422, {"pipeline": pipeline, "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a page answers with what failed, not a bare 500
+        return 500, {"pipeline": pipeline, "error": f"{type(exc).__name__}: {exc}"}
 
 
 @app.get("/api/trace")

@@ -219,7 +219,8 @@ def cmd_retention(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    """One record's (or one key's records') whereabouts; exits 3 when a record is missing or duplicated."""
+    """One record's (or one key's records') whereabouts; exits 3 when a record is missing, duplicated or
+    foreign."""
     from lakehouse.ops import trace
 
     spec = load_pipeline(args.pipeline)
@@ -359,7 +360,7 @@ def _offset(text: str) -> int:
 
 def _key(text: str) -> str:
     if not text or len(text) > 65536:
-        raise argparse.ArgumentTypeError("a Kafka key of 1 to 65536 characters")
+        raise argparse.ArgumentTypeError("must be a Kafka key of 1 to 65536 characters")
     return text
 
 
@@ -493,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_retention)
+
     p = sub.add_parser("trace", help="where one record is: a row, a dead letter, not yet ingested, a gap, ...")
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--partition", type=_partition, help="the record's partition")
