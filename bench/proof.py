@@ -66,9 +66,10 @@ def _orders(spec: PipelineSpec, partition: int, start: int, count: int, base: da
     return pa.Table.from_arrays([*arrays, kafka, stamps], schema=_schema(spec))
 
 
-def build_table(stack: BenchStack, spec: PipelineSpec, rows: int, progress) -> dict[str, Any]:
-    """The spec's data table filled with `rows` orders over PARTITIONS partitions, as ingest commits leave
-    it; returns the build's numbers (rows, files, commits, seconds)."""
+def build_table(catalog, spec: PipelineSpec, rows: int, progress=lambda line: None,
+                rows_per_commit: int = ROWS_PER_COMMIT) -> dict[str, Any]:
+    """The spec's data table, created in `catalog` (pyiceberg) and filled with `rows` orders over PARTITIONS
+    partitions, as ingest commits leave it; returns the build's numbers (rows, files, commits, seconds)."""
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
     from pyiceberg.transforms import DayTransform
 
@@ -76,7 +77,6 @@ def build_table(stack: BenchStack, spec: PipelineSpec, rows: int, progress) -> d
     from lakehouse.ingest.taskwriter import _with_struct_bounds  # the bounds ingestion records, for pruning
 
     started = time.monotonic()
-    catalog = open_catalog(stack.platform(), spec.catalog)
     catalog.create_namespace_if_not_exists(spec.target.table.split(".")[0])
     table = catalog.create_table(spec.target.table, schema=_schema(spec), properties=tables.table_properties(spec))
     with table.update_spec() as partitioning:
@@ -86,7 +86,7 @@ def build_table(stack: BenchStack, spec: PipelineSpec, rows: int, progress) -> d
     counter = itertools.count()
     files = commits = 0
     while sum(positions.values()) < rows:
-        batch = min(ROWS_PER_COMMIT, rows - sum(positions.values()))
+        batch = min(rows_per_commit, rows - sum(positions.values()))
         shares = {p: batch // PARTITIONS + (1 if p < batch % PARTITIONS else 0) for p in positions}
         written = []
         for p, count in shares.items():
@@ -112,14 +112,13 @@ def build_table(stack: BenchStack, spec: PipelineSpec, rows: int, progress) -> d
             "commits": commits, "partitions": PARTITIONS, "build_s": round(time.monotonic() - started, 1)}
 
 
-def trace_latency(stack: BenchStack, spec: PipelineSpec, rows: int, lookups: int, seed: int) -> dict[str, Any]:
+def trace_latency(platform, spec: PipelineSpec, rows: int, lookups: int, seed: int) -> dict[str, Any]:
     """Seconds of `lookups` traces of random records of the table `build_table` filled (each as a fresh
     call: the table loaded from the catalog, its files planned with the coordinate filter); every
     answer must be the row itself."""
     from lakehouse.ops import trace
     from lakehouse.ops.coordinates import coordinate_filter
 
-    platform = stack.platform()
     per_partition = rows // PARTITIONS
     rng = random.Random(seed)
     seconds, planned = [], []

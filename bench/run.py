@@ -49,6 +49,7 @@ from typing import Any, Callable
 from bench import machine, proof, report, stats, workloads
 from bench.env import DEFAULT_BROKER_PORT, BenchError, BenchStack
 from lakehouse.core import config
+from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import load_spec
 
 DEFAULT_RECORDS = 300_000
@@ -351,10 +352,11 @@ class Bench:
     def proof(self) -> None:
         """Trace latency on a large table, verification throughput on an ingested pipeline."""
         spec = self.stack.write_spec("bench_trace", "bench-trace", proof.PARTITIONS, self.batch_size)
-        built = proof.build_table(self.stack, spec, self.args.trace_rows, progress=self.say)
+        platform = self.stack.platform()
+        built = proof.build_table(open_catalog(platform, spec.catalog), spec, self.args.trace_rows, progress=self.say)
         self.say(f"trace table {built['table']}: {built['rows']:,} rows, {built['files']:,} files in "
                  f"{built['commits']} commits, built in {built['build_s']:.0f}s")
-        latency = proof.trace_latency(self.stack, spec, built["rows"], TRACE_LOOKUPS, self.args.seed)
+        latency = proof.trace_latency(platform, spec, built["rows"], TRACE_LOOKUPS, self.args.seed)
         self.say(f"trace: median {_fmt(latency['median_s'], 3)}s, p95 {_fmt(latency['p95_s'], 3)}s over "
                  f"{latency['lookups']} lookups; {_fmt(latency['files_planned_median'])} of "
                  f"{latency['files_total']:,} files read per lookup")

@@ -20,7 +20,11 @@ from fastapi.testclient import TestClient
 
 import lakehouse_ui
 from e2e import pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixture)
-from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict
+from bench import proof
+from lakehouse.core import config, offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse.ops.coordinates import Coverage, coordinate_filter
+from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
 from test_ui import card, field
 from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
@@ -79,6 +83,38 @@ def test_an_upsert_record_no_row_holds_was_superseded_or_deleted_or_is_missing(m
     fanned = make_spec(mode="upsert", table_key=["order_id"],
                        fanout={"field": "status", "routes": {"paid": "raw.orders_{suffix}_paid"}})
     assert not_held_verdict(fanned, 0, 20, Whereabouts(10, 100, 60, read=True, record=record))[0] == "not-held"
+
+
+# ---------------------------------------------------------------------------- unit layer: pruning
+
+
+@pytest.fixture
+def private_platform(tmp_path) -> config.PlatformConfig:
+    """A platform whose catalog and warehouse are private to the test; no broker is ever contacted."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return config.PlatformConfig(home=home, bootstrap_servers="127.0.0.1:9", catalog_uri=f"sqlite:///{home}/catalog.db",
+                                 warehouse=(home / "warehouse").as_uri())
+
+
+def test_a_trace_reads_only_the_file_whose_coordinate_bounds_hold_the_record(make_spec, private_platform):
+    """The bench's table builder writes files as ingestion does (one per partition and batch, with `_kafka`
+    bounds); a trace's scan plans the one file holding the offset and answers from the table alone."""
+    spec = make_spec(partitions=proof.PARTITIONS)
+    catalog = open_catalog(private_platform, spec.catalog)
+    built = proof.build_table(catalog, spec, rows=30_000, rows_per_commit=5_000)
+    table = catalog.load_table(spec.target.table)
+    assert built["commits"] == 6 and len(list(table.scan().plan_files())) == built["files"] >= 18
+    planned = list(table.scan(row_filter=coordinate_filter(1, 4321, spec.source.topic)).plan_files())
+    assert len(planned) == 1  # pyiceberg binds `_kafka.partition`/`_kafka.offset` and prunes on the bounds
+
+    found = trace_record(spec, 1, 4321, private_platform)  # no broker: the table answers alone
+    assert found.verdict == "in-table" and found.kafka is None
+    (sighting,) = found.sightings
+    assert sighting.row["order_id"] == "ord-1-4321"
+    holding = [s for s in table.snapshots() if (1, 4321) in Coverage.of_ranges(offsets.decode_ranges(
+        offsets.summary_properties(s).get(offsets.K_RANGES)))]
+    assert [c["snapshot_id"] for c in sighting.commits] == [s.snapshot_id for s in holding] and len(holding) == 1
 
 
 # ---------------------------------------------------------------------------- end to end

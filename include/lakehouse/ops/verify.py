@@ -726,10 +726,10 @@ def check_piece(piece: Piece, kafka_conf: dict, pipeline: str) -> PieceResult:
     that is no dead letter. Runs in this process or in a Spark task."""
     facts = piece.facts
     parts = []
-    if piece.kafka:
+    for start, end in piece.kafka:  # a consumer per range, as the reader tasks have (see reader_consumer)
         with reader_consumer(kafka_conf, pipeline) as (consumer, _watch):
-            parts = [read_kafka(consumer, OffsetRange(facts.topic, facts.partition, s, e), with_keys=piece.key_check)
-                     for s, e in piece.kafka]
+            parts.append(read_kafka(consumer, OffsetRange(facts.topic, facts.partition, start, end),
+                                    with_keys=piece.key_check))
     kafka = pa.concat_tables(parts) if parts else KAFKA_RECORDS.empty_table()
     by_table = _read_piece_rows(piece)
     findings = check_rows(facts, _coordinates(by_table), kafka, Intervals.of(piece.kafka),
