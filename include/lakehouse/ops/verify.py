@@ -36,7 +36,9 @@ key leaves no trace to check without decoding values; that case is left out.
   verified, up to the head (or the snapshot asked for: the publish gate verifies exactly the
   snapshots it is about to publish). The window is the offsets those snapshots' summaries hold
   (`lakehouse.offsets`, `lakehouse.gaps`) and the coordinate bounds (file metrics) of every data
-  file they added or removed, so a row deleted, duplicated or appended by hand is in it. Without
+  file they added or removed, so a row deleted, duplicated or appended by hand is in it (for an
+  upsert table also the coordinates of the rows that came or went: MERGE deletes by position,
+  and position delete files carry no coordinates). Without
   such an earlier verification, or when a snapshot adds position or equality deletes to an append
   table, the run is `full`: every row of every table, every offset Kafka holds up to the committed
   position. Each passing incremental or full run is a `verify` event naming the snapshot it
@@ -49,8 +51,8 @@ key leaves no trace to check without decoding values; that case is left out.
 **Where it runs**: the window is cut into pieces of at most PIECE_OFFSETS offsets of one partition.
 A piece reads its offsets from Kafka with the ingest reader's consumer settings
 (lakehouse.ops.coordinates.read_kafka: committed records only, as ingestion reads them) and its rows
-with pyiceberg, the data files pruned by their `_kafka` bounds, and checks them (`check_piece`,
-pure). Pieces run in this process, or as the tasks of one Spark job when the window holds more than
+with pyiceberg, the data files pruned by their `_kafka` bounds, and checks them (`check_piece`; the
+checks themselves, `check_rows`, `newest_per_key` and `check_keys`, are pure). Pieces run in this process, or as the tasks of one Spark job when the window holds more than
 SPARK_ABOVE_OFFSETS offsets (`engine="auto"`); only their findings come back. The per-key check of
 upsert tables runs on the driver over each key's newest record in the window.
 """
@@ -84,13 +86,13 @@ from lakehouse.ingest.plan import TopicState, split_for_tasks, topic_state_for
 from lakehouse.ingest.reader import reader_consumer
 from lakehouse.ingest.taskwriter import io_properties, shipped_metadata
 from lakehouse.ops.coordinates import (
+    KAFKA_RECORDS,
     Coverage,
     Intervals,
     Lineage,
     is_on_main,
     lineage,
     pinned,
-    KAFKA_RECORDS,
     read_kafka,
     window_filter,
 )
