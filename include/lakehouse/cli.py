@@ -9,6 +9,8 @@
     lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
     lakehouse retention --pipeline NAME --guard  extend retention.ms while the writer is behind, restore it after
     lakehouse schemas --pipeline NAME [--pull]   writer schemas (folder, registry) and whether the contract takes each
+    lakehouse trace --pipeline NAME --partition N --offset O   where one record is (or --key K --since T)
+    lakehouse verify --pipeline NAME             prove every offset exactly once across the tables (exit 3: not)
 
 The development stack (`devstack/`, installed by `make setup`) adds `lakehouse stack`, `lakehouse
 airflow` and `lakehouse produce` (lakehouse_dev.cli).
@@ -36,7 +38,7 @@ import logging
 import math
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from importlib.metadata import entry_points
 from typing import Callable
 
@@ -266,6 +268,40 @@ def cmd_schemas(args) -> int:
     return EXIT_CONFIG if any(r.verdict in ("incompatible", "untranslatable") for r in found) else 0
 
 
+def cmd_trace(args) -> int:
+    """One record's (or one key's records') whereabouts; exits 3 when a record is missing, duplicated or
+    foreign."""
+    from lakehouse.ops import trace
+
+    spec = load_pipeline(args.pipeline)
+    if args.key is not None:
+        found = trace.trace_key(spec, args.key, args.since, args.until,
+                                progress=None if args.json else lambda line: print(line, file=sys.stderr, flush=True))
+    else:
+        found = trace.trace_record(spec, args.partition, args.offset)
+    if args.json:
+        _print_json(found.to_json())
+    else:
+        print(found.render())
+    return found.exit_code
+
+
+def cmd_verify(args) -> int:
+    """Verification of a range exactly once; exits 3 when anything is missing, duplicated, foreign or stale."""
+    from lakehouse.ops import verify
+
+    result = verify.verify(load_pipeline(args.pipeline), since_s=args.since, snapshots=args.snapshots,
+                           full=args.full, engine=args.engine,
+                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print(result.summary())
+        for problem in result.findings.problems:
+            print(f"  {problem}")
+    return 0 if result.ok else EXIT_SOURCE
+
+
 # --- argument types: each returns the parsed value or raises ArgumentTypeError (argparse: exit 2) ----------
 
 def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
@@ -364,6 +400,50 @@ def _time_ms(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time, e.g. 2026-11-21T10:00:00Z") from None
 
 
+def _partition(text: str) -> int:
+    return _integer(text, 0, 2 ** 31 - 1)
+
+
+def _offset(text: str) -> int:
+    return _integer(text, 0, 2 ** 63 - 1)
+
+
+def _key(text: str) -> str:
+    if not text or len(text) > 65536:
+        raise argparse.ArgumentTypeError("must be a Kafka key of 1 to 65536 characters")
+    return text
+
+
+def _moment(text: str) -> datetime:
+    """A point in time: ISO-8601 (UTC without an offset) or a duration meaning that long ago (`2h`)."""
+    try:
+        return datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        return datetime.fromtimestamp(_time_ms(text) / 1000, tz=timezone.utc)
+    except (argparse.ArgumentTypeError, ValueError, OverflowError, OSError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an ISO-8601 time (2026-11-21T10:00:00Z) nor a "
+                                         f"duration ago (30m, 2h, 7d)") from None
+
+
+def _since(text: str) -> float:
+    """Seconds of a `--since` duration: above 0, at most 10 years."""
+    try:
+        return parse_duration(text, positive=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _snapshot_range(text: str) -> tuple[int, int]:
+    from lakehouse.ops.verify import VerifyError, parse_snapshot_range
+
+    try:
+        return parse_snapshot_range(text)
+    except VerifyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _check_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Checks that span arguments (and LAKEHOUSE_METRICS_PORT); a failure exits 2 with the message."""
     def fail(message: str) -> None:
@@ -378,6 +458,17 @@ def _check_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             fail("argument --into-table: replays offsets or a time range, not --dead-letters")
         if args.error_kind and not args.dead_letters:
             fail("argument --error-kind: only applies with --dead-letters")
+    if args.command == "trace":
+        if args.key is None and (args.partition is None or args.offset is None):
+            fail("give --partition N --offset O, or --key K --since TIME")
+        if args.key is not None and (args.partition is not None or args.offset is not None):
+            fail("argument --key: not with --partition/--offset")
+        if args.key is not None and args.since is None:
+            fail("argument --key: needs --since (ISO-8601 time or a duration ago, e.g. 2h)")
+        if args.key is None and (args.since is not None or args.until is not None):
+            fail("arguments --since/--until: only with --key")
+        if args.since is not None and args.until is not None and args.since >= args.until:
+            fail("argument --until: must be later than --since")
     if args.command == "ingest" and args.metrics_port is None and os.environ.get("LAKEHOUSE_METRICS_PORT"):
         try:
             args.metrics_port = _port(os.environ["LAKEHOUSE_METRICS_PORT"])
@@ -463,6 +554,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first write the registry subjects' versions the pipeline's schema folder lacks into it")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_schemas)
+
+    p = sub.add_parser("trace", help="where one record is: a row, a dead letter, not yet ingested, a gap, ...")
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--partition", type=_partition, help="the record's partition")
+    p.add_argument("--offset", type=_offset, help="the record's offset")
+    p.add_argument("--key", type=_key, help="trace every record of this Kafka key in a time window instead")
+    p.add_argument("--since", type=_moment, help="with --key: start of the window, ISO-8601 or a duration ago (2h)")
+    p.add_argument("--until", type=_moment, help="with --key: end of the window (default: now)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_trace)
+
+    p = sub.add_parser("verify", help="prove every offset of a range is exactly once across the pipeline's tables")
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--since", type=_since, help="the snapshots committed in the last DURATION, e.g. 1h "
+                                                    "(default: every snapshot since the last verification)")
+    scope.add_argument("--snapshots", type=_snapshot_range, help="the snapshots FROM..TO of one table (inclusive)")
+    scope.add_argument("--full", action="store_true", help="every row and every offset Kafka holds")
+    p.add_argument("--engine", choices=("auto", "local", "spark"), default="auto",
+                   help="where the checks run (auto: a Spark job above 5,000,000 offsets)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_verify)
     for command in sorted(entry_points(group="lakehouse.commands"), key=lambda e: e.name):
         command.load()(sub)  # e.g. the development stack's `stack`, `airflow` and `produce`
     return parser

@@ -137,7 +137,7 @@ _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 OPS_TIMELINE_TABLE = "ops.pipeline_events"
 
 # The Airflow DAGs: per pipeline one of each kind, `dag_id(pipeline, kind)`, and the ones every pipeline shares.
-DAG_KINDS = ("ingest", "maintenance", "publish", "backfill", "cutover")
+DAG_KINDS = ("ingest", "maintenance", "publish", "backfill", "cutover", "verify")
 RETENTION_DAG_ID = "retention_alignment"
 RETENTION_GUARD_DAG_ID = "retention_guard"
 SHARED_DAG_IDS = (RETENTION_DAG_ID, RETENTION_GUARD_DAG_ID)
@@ -493,6 +493,12 @@ class PublishSpec:
 
 
 @dataclass(frozen=True)
+class VerifySpec:
+    """When the `<pipeline>_verify` DAG proves the tables exactly once (lakehouse.ops.verify)."""
+    schedule: str = "@hourly"
+
+
+@dataclass(frozen=True)
 class SloSpec:
     freshness_s: float = 60.0
     lag_records: int = 100_000
@@ -514,6 +520,7 @@ class PipelineSpec:
     maintenance: MaintenanceSpec = MaintenanceSpec()
     retention: RetentionSpec = RetentionSpec()
     publish: PublishSpec = PublishSpec()
+    verify: VerifySpec = VerifySpec()
     candidate_for: str | None = None  # the live pipeline this one is a candidate replacement of
     description: str = ""
 
@@ -1000,7 +1007,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     r = _Reader(path)
     top = r.mapping(raw, "", {"name", "description", "source", "target", "dead_letter", "contract",
                               "schema_policy", "trigger", "slo", "supervision", "maintenance", "retention",
-                              "publish", "candidate_for"})
+                              "publish", "verify", "candidate_for"})
     if not top:
         raise r.fail("(file)", "is empty")
     name = r.identifier(r.required(top, "name", ""), "name")
@@ -1137,6 +1144,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     ret = r.mapping(top.get("retention"), "retention",
                     {"outage_budget", "replay_window", "delete_after", "guard_threshold", "max_retention"})
     pub = r.mapping(top.get("publish"), "publish", {"branch", "view", "schedule", "suite"})
+    ver = r.mapping(top.get("verify"), "verify", {"schedule"})
     interval_s = r.duration(trig.get("interval", "5s"), "trigger.interval", positive=True)
     orphan_window = r.duration(mnt.get("orphan_safety_window", "3d"), "maintenance.orphan_safety_window")
     if orphan_window < max(3600.0, 100 * interval_s):
@@ -1206,6 +1214,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
             schedule=r.schedule(pub.get("schedule", "*/10 * * * *"), "publish.schedule"),
             suite=None if pub.get("suite") is None else r.identifier(pub["suite"], "publish.suite"),
         ),
+        verify=VerifySpec(schedule=r.schedule(ver.get("schedule", "@hourly"), "verify.schedule")),
         candidate_for=candidate_for,
     )
     _check_own_names(r, spec)

@@ -884,6 +884,8 @@ class RecordValidator:
         if len(value) > self.max_value_bytes:
             raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
         event = _unwrap(self.decoder.decode(value))
+        if not isinstance(event, dict):
+            raise Rejected("bad_envelope", f"not a Debezium change event: the payload is {_show(event)}")
         op = event.get("op")
         source = event.get("source") if isinstance(event.get("source"), dict) else {}
         meta = {"op": op, "source_ts": _epoch_ms_to_us(source.get("ts_ms", event.get("ts_ms"))),

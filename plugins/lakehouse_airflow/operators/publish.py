@@ -10,6 +10,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from lakehouse.core import config, lineage, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ops import verify
 from lakehouse.wap import publish, quality
 from lakehouse_airflow.audit import actor_of, require_operator
 from lakehouse_airflow.hooks import LakehouseHook, openlineage_enabled
@@ -30,8 +31,9 @@ class PublishOperator(BaseOperator):
     """Fast-forward the readers' branch of every data table to the snapshots `quality_task_id` audited.
 
     Skips when no table holds data yet. Refuses (fails without retry) when there is no
-    audit result, when the audit did not pass,
-    or when an audited snapshot does not descend from the current published head, and a run
+    audit result, when the audit did not pass, when an audited snapshot was not verified exactly
+    once by a passing verification (the publish DAG's `verify` task; lakehouse.ops.verify),
+    when an audited snapshot does not descend from the current published head, and a run
     triggered by a user who is not a lakehouse operator (lakehouse_airflow.audit.require_operator).
     The first publication creates the branch and the readers' view. Records a `publish`
     event naming the DAG run's actor and whether the run forced publication past the SLO
@@ -71,8 +73,9 @@ class PublishOperator(BaseOperator):
         try:
             done = publish.publish(hook.spec, audited["snapshots"], hook.platform,
                                    spark_factory=lambda: hook.spark(f"lakehouse-publish-{self.pipeline}"),
-                                   actor=actor, forced=force)
-        except (publish.NotADescendantError, quality.LineageError) as exc:  # auditing again cannot help
+                                   actor=actor, forced=force, require_verified=True)
+        except (publish.NotADescendantError, quality.LineageError, verify.UnverifiedError) as exc:
+            # auditing (or publishing) again cannot help until someone acts
             raise AirflowFailException(str(exc)) from None
         if openlineage_enabled():
             self._lineage = self.datasets(hook.spec, hook.platform, done)
