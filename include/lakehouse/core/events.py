@@ -1,8 +1,8 @@
 """The ops timeline: one Iceberg table, `ops.pipeline_events`, one row per thing that happened.
 
 Restarts, maintenance runs, quality results, publications, cutovers, rollbacks,
-retention checks, backfills, retries after transient failures and writer claims
-and fencings each append one event, so the Airflow page, `lakehouse
+retention checks, backfills, retries after transient failures, writer claims
+and fencings, and layout changes (a table following its edited spec) each append one event, so the Airflow page, `lakehouse
 status` and ad-hoc SQL read the same history:
 
     SELECT ts, kind, status, message, metrics['lag_records']
@@ -42,7 +42,7 @@ from lakehouse.core.errors import ConfigurationError
 
 EVENTS_TABLE = "ops.pipeline_events"
 KINDS = ("batch", "restart", "hung", "maintenance", "retention", "quality", "publish", "cutover", "rollback",
-         "backfill", "replay", "gap", "retry", "writer")
+         "backfill", "replay", "gap", "retry", "writer", "layout")
 STATUSES = ("ok", "warn", "failed", "skipped")
 COMMIT_ATTEMPTS = 10
 # One commit per event call: merge manifests as they pile up and keep only recent metadata files,

@@ -15,10 +15,13 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from lakehouse.core import config, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import SourceError
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest import tables as table_layout
 from lakehouse.ingest.job import STAGES
 from lakehouse.ingest.plan import topic_state_for
 
@@ -67,11 +70,36 @@ def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime)
     }
 
 
+def layout(spec: PipelineSpec, catalog) -> dict:
+    """Drift between the spec's layout and its existing data tables (lakehouse.ingest.tables.layout_drift):
+    `tables` (one drift each: what differs), `refused` (what the ingest job cannot apply and stops on,
+    a renamed default table included), `in_sync`, and `applies`: when the job applies the rest."""
+    drifts = []
+    for name in spec.target.tables:
+        try:
+            drifts.append(table_layout.layout_drift(spec, name, catalog.load_table(name).metadata))
+        except NoSuchTableError:
+            continue
+    refused = [why for d in drifts for why in d.refused]
+    try:
+        recorded = catalog.load_table(spec.dead_letter_table).metadata.properties.get(table_layout.DEFAULT_TABLE)
+    except NoSuchTableError:
+        recorded = None
+    if recorded is not None and recorded != spec.target.table:
+        renamed = table_layout.default_table_refusal(spec, recorded, catalog.table_exists(recorded))
+        if renamed:
+            refused.append(renamed)
+    return {"in_sync": not refused and all(d.in_sync for d in drifts), "refused": refused,
+            "tables": [d.to_json() for d in drifts],
+            "applies": "when the ingest job next starts or reloads the edited spec (between batches)"}
+
+
 def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
                     now: datetime | None = None, with_timeline: bool = True) -> dict:
     """Per pipeline: committed vs log-end offsets, lag, last commit, newest event time, counts,
-    snapshots, and `timeline` (see `timeline`; None with `with_timeline=False`, for callers that
-    poll only lag and freshness, such as the SLO trigger, and skip the timeline's scan)."""
+    snapshots, `timeline` (see `timeline`) and `layout` (drift between spec and tables, see `layout`);
+    both None with `with_timeline=False`, for callers that poll only lag and freshness, such as the
+    SLO trigger, and skip their reads)."""
     platform = platform or config.load()
     now = now or datetime.now(timezone.utc)
     catalog = open_catalog(platform, spec.catalog)
@@ -105,6 +133,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         "lag_records": None,
         "lag_s": None,
         "timeline": timeline(spec, platform, now) if with_timeline else None,
+        "layout": layout(spec, catalog) if with_timeline else None,
     }
     commits = [tp.committed_at for tp in data if tp.committed_at]
     events = [tp.max_event_time for tp in data if tp.max_event_time]
@@ -203,8 +232,23 @@ def render(statuses: list[dict]) -> str:
             else:
                 lines.append(f"  {t['table']}: {t['rows']} rows, {t['snapshots']} snapshots, recovery point "
                              f"snapshot {t['recovery_snapshot_id']} at {t['last_commit_at'] or '-'}")
+        lines.extend(_layout_lines(s.get("layout")))
         lines.extend(_timeline_lines(s.get("timeline") or {}))
     return "\n".join(lines)
+
+
+def _layout_lines(found: dict | None) -> list[str]:
+    """The layout part of `render`: in sync, or each difference and whether the job applies it."""
+    if found is None:
+        return []
+    if found["in_sync"]:
+        return ["  layout: the tables follow the spec"]
+    lines = [f"  LAYOUT REFUSED (the ingest job stops until this is resolved): {why}" for why in found["refused"]]
+    for drift in found["tables"]:
+        changes = [c for c in drift["changes"] if c not in found["refused"]]
+        if changes:
+            lines.append(f"  layout drift of {drift['table']}, applied {found['applies']}: " + "; ".join(changes))
+    return lines
 
 
 def batch_summary(batches: list[dict], seconds: float) -> str:
