@@ -170,7 +170,7 @@ def test_a_renamed_default_table_is_refused_while_the_old_one_exists(catalog, ma
         tables.check_default_table(catalog, renamed)
     message = str(refused.value)
     assert f"has been writing {spec.target.table}, which still exists" in message
-    assert f"ALTER TABLE lake.{spec.target.table} RENAME TO lake.{spec.target.table}_v2" in message
+    assert f"ALTER TABLE lake.{spec.target.table} RENAME TO {spec.target.table}_v2" in message
     assert f"candidate_for: {spec.name}" in message
     catalog.rename_table(spec.target.table, renamed.target.table)  # what the message says to do
     tables.check_default_table(catalog, renamed)
@@ -354,3 +354,43 @@ def test_partitioning_changes_mid_stream_under_continuous_ingestion_exactly_once
     card = page_card(spec)
     assert 'data-field="layout" class="">drift<' in card
     assert "property write.parquet.compression-codec: &#x27;snappy&#x27; -&gt; &#x27;zstd&#x27;" in card
+
+
+@pytest.mark.slow
+def test_changes_a_table_cannot_follow_stop_the_job_with_what_to_do(platform, spark, pipeline):
+    from lakehouse.core.catalog import open_catalog
+    from lakehouse.ingest.job import IngestJob
+
+    spec = pipeline(partitions=1)
+    catalog = open_catalog(platform, spec.catalog)
+    send(platform, spec.source.topic, [order(i) for i in range(10)])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+
+    # a renamed target.table: refused before anything is created, then done the way the message says
+    renamed = edit(spec, {"table": spec.target.table + "_v2"})
+    refused = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
+    assert refused.returncode == 2, refused.stderr
+    assert f"ALTER TABLE lake.{spec.target.table} RENAME TO {renamed.target.table}" in refused.stderr
+    assert not catalog.table_exists(renamed.target.table)
+    spark.sql(f"ALTER TABLE lake.{spec.target.table} RENAME TO {renamed.target.table}")  # as the message says
+    send(platform, spec.source.topic, [order(i) for i in range(10, 15)])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    assert assert_exactly_once(platform, renamed) == 15
+    assert len(rows(platform, renamed, renamed.target.table)) == 15
+
+    # a new upsert key picked up mid-stream: the running job stops on it, the table as it was
+    job = IngestJob(renamed, platform, spark)
+    rekeyed = edit(renamed, {"mode": "upsert", "key": ["order_id"]})
+    send(platform, spec.source.topic, [order(i) for i in range(15, 20)])
+    with pytest.raises(tables.LayoutChangeRefused, match="was written as append but the spec now says upsert"):
+        job.run_batch()
+    data = table(platform, rekeyed, rekeyed.target.table)
+    assert data.metadata.properties[tables.WRITE_MODE] == "append"
+    assert "write.merge.mode" not in data.metadata.properties
+    assert len(rows(platform, rekeyed, rekeyed.target.table)) == 15
+    refused = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")  # and a restart stops too
+    assert refused.returncode == 2 and f"candidate_for: {spec.name}" in refused.stderr
+    status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    assert status["layout"]["in_sync"] is False
+    assert "was written as append" in status["layout"]["refused"][0]
+    assert "LAYOUT REFUSED" in run_cli(spec, "status", "--pipeline", spec.name).stdout

@@ -7,6 +7,9 @@
     lakehouse status [--pipeline NAME] [--json]  lag, recovery points, row and dead-letter counts
     lakehouse maintain --pipeline NAME           compact, expire snapshots, remove orphans (receipt per table)
     lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
+    lakehouse cost --pipeline NAME [--days N]    per day: bytes produced and retained by Kafka, table bytes and
+                                                 files, object-store requests, compute seconds (priced when
+                                                 LAKEHOUSE_PRICE_* are set)
 
 The development stack (`devstack/`, installed by `make setup`) adds `lakehouse stack`, `lakehouse
 airflow` and `lakehouse produce` (lakehouse_dev.cli).
@@ -216,6 +219,21 @@ def cmd_retention(args) -> int:
     return EXIT_SOURCE if report.status == "failed" else 0
 
 
+def cmd_cost(args) -> int:
+    """The pipeline's daily use and price (lakehouse.ops.cost); what it reads is told on stderr."""
+    from lakehouse.ops import cost
+
+    platform = config.load()
+    prices = cost.UnitPrices.from_settings(platform.prices)  # a bad price stops before anything is read
+    report = cost.daily_cost(load_pipeline(args.pipeline), days=args.days, platform=platform, prices=prices,
+                             progress=lambda message: print(f"{message} ...", file=sys.stderr, flush=True))
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(cost.render(report))
+    return 0
+
+
 # --- argument types: each returns the parsed value or raises ArgumentTypeError (argparse: exit 2) ----------
 
 def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
@@ -233,6 +251,12 @@ def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
 def _at_least(minimum: int) -> Callable[[str], int]:
     """An argument type: an integer of at least `minimum`."""
     return lambda text: _integer(text, minimum)
+
+
+def _days(text: str) -> int:
+    from lakehouse.ops.cost import MAX_DAYS
+
+    return _integer(text, 1, MAX_DAYS)
 
 
 def _seed(text: str) -> int:
@@ -403,6 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_retention)
+    p = sub.add_parser("cost", help="what a pipeline uses per day (Kafka, tables, requests, compute) and, with "
+                                    "LAKEHOUSE_PRICE_* set, what it costs")
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--days", type=_days, default=7, help="UTC days back, today included (1 to 90, default 7)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_cost)
     for command in sorted(entry_points(group="lakehouse.commands"), key=lambda e: e.name):
         command.load()(sub)  # e.g. the development stack's `stack`, `airflow` and `produce`
     return parser

@@ -492,11 +492,11 @@ def default_table_refusal(spec: PipelineSpec, recorded: str | None, recorded_exi
     table (`recorded_exists`: whether that table still exists) and the spec names another; else None."""
     if recorded is None or recorded == spec.target.table or not recorded_exists:
         return None
-    old, new = spec.qualified(recorded), spec.qualified(spec.target.table)
     return (f"target.table is {spec.target.table} but pipeline {spec.name} has been writing {recorded}, which "
             f"still exists (its dead-letter table {spec.dead_letter_table} records it). A new name would start "
             f"an empty table from the oldest record Kafka still holds and leave the rows already ingested "
-            f"behind. To rename the table with its rows and positions: ALTER TABLE {old} RENAME TO {new}, then "
+            f"behind. To rename the table with its rows and positions: ALTER TABLE {spec.qualified(recorded)} RENAME "
+            f"TO {spec.target.table} (Spark SQL: the new name without the catalog), then "
             f"start the job again. To build a new table beside it: a candidate pipeline (candidate_for: "
             f"{spec.name}) writing {spec.target.table}, cut over once it has caught up. Or put target.table back "
             f"to {recorded}")
