@@ -501,7 +501,7 @@ def render(report: CostReport) -> str:
             row.append(f"{(d.price or {}).get('total', 0.0):.4f}")
         rows.append(row)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     totals = report.totals()
     lines.append(f"window: {human_bytes(totals['produced_bytes'])} produced, {totals['put_requests']:.0f} PUT and "
                  f"{totals['get_requests']:.0f} GET requests, {totals['ingest_seconds']:.1f} s ingesting, "
