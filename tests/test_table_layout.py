@@ -169,6 +169,7 @@ def test_a_renamed_default_table_is_refused_while_the_old_one_exists(catalog, ma
     with pytest.raises(tables.LayoutChangeRefused) as refused:
         tables.check_default_table(catalog, renamed)
     message = str(refused.value)
+    assert message.endswith(tables.recorded_default_table(catalog, renamed)[2])  # what status shows
     assert f"has been writing {spec.target.table}, which still exists" in message
     assert f"ALTER TABLE lake.{spec.target.table} RENAME TO {spec.target.table}_v2" in message
     assert f"candidate_for: {spec.name}" in message

@@ -66,6 +66,8 @@ from lakehouse.core.errors import ConfigurationError, TableStateError
 from lakehouse.core.spec import TARGET_FILE_SIZE_PROPERTY, PartitionField, PipelineSpec
 from lakehouse.ingest.reader import DEAD_LETTER_TABLE, SPARK_KAFKA_STRUCT
 
+log = logging.getLogger("lakehouse.tables")
+
 ICEBERG_TYPES = {
     "string": (StringType,), "int": (IntegerType,), "long": (LongType,), "double": (DoubleType,),
     "boolean": (BooleanType,), "timestamp": (TimestamptzType, TimestampType), "date": (DateType,),
@@ -83,8 +85,6 @@ def dead_letter_columns(pipeline: str) -> list:
     return [F.col(source).alias(name) if source else F.lit(pipeline).alias(name)
             for name, _, source, _ in DEAD_LETTER_TABLE]
 
-
-log = logging.getLogger("lakehouse.tables")
 
 OWNER = "lakehouse.pipeline"
 STAGING = "write.wap.enabled"  # Spark stages writes that carry spark.wap.id (see sparkenv.staged)
@@ -487,37 +487,41 @@ def apply_layout(catalog: Catalog, spec: PipelineSpec,
     return applied
 
 
-def default_table_refusal(spec: PipelineSpec, recorded: str | None, recorded_exists: bool) -> str | None:
-    """Why the job must not start when the dead-letter table records `recorded` as the pipeline's default
-    table (`recorded_exists`: whether that table still exists) and the spec names another; else None."""
-    if recorded is None or recorded == spec.target.table or not recorded_exists:
-        return None
+def _renamed_table_refusal(spec: PipelineSpec, recorded: str) -> str:
+    """Why a spec naming another default table than `recorded` (which still exists) cannot run, and what to do."""
     return (f"target.table is {spec.target.table} but pipeline {spec.name} has been writing {recorded}, which "
             f"still exists (its dead-letter table {spec.dead_letter_table} records it). A new name would start "
             f"an empty table from the oldest record Kafka still holds and leave the rows already ingested "
             f"behind. To rename the table with its rows and positions: ALTER TABLE {spec.qualified(recorded)} RENAME "
-            f"TO {spec.target.table} (Spark SQL: the new name without the catalog), then "
-            f"start the job again. To build a new table beside it: a candidate pipeline (candidate_for: "
-            f"{spec.name}) writing {spec.target.table}, cut over once it has caught up. Or put target.table back "
-            f"to {recorded}")
+            f"TO {spec.target.table} (Spark SQL: the new name without the catalog), then start the job again. To "
+            f"build a new table beside it: a candidate pipeline (candidate_for: {spec.name}) writing "
+            f"{spec.target.table}, cut over once it has caught up. Or put target.table back to {recorded}")
+
+
+def recorded_default_table(catalog: Catalog, spec: PipelineSpec) -> tuple[Table | None, str | None, str | None]:
+    """(the pipeline's dead-letter table, the default table it records, why the job must not start: the spec
+    names another default table while the recorded one still exists, else None). (None, None, None) when
+    the dead-letter table does not exist or belongs to another pipeline (ensure_tables refuses that)."""
+    try:
+        dead_letters = catalog.load_table(spec.dead_letter_table)
+    except NoSuchTableError:
+        return None, None, None
+    if dead_letters.metadata.properties.get(OWNER) != spec.name:
+        return None, None, None
+    recorded = dead_letters.metadata.properties.get(DEFAULT_TABLE)
+    if recorded is None or recorded == spec.target.table or not catalog.table_exists(recorded):
+        return dead_letters, recorded, None
+    return dead_letters, recorded, _renamed_table_refusal(spec, recorded)
 
 
 def check_default_table(catalog: Catalog, spec: PipelineSpec) -> None:
     """Before the ingest job creates any table: raise LayoutChangeRefused when `target.table` was renamed
-    in the spec while the table the pipeline has been writing still exists. Records the default table
-    on the dead-letter table when it holds none yet, or when the recorded one is gone (renamed in the
-    catalog, or dropped on purpose)."""
-    try:
-        dead_letters = catalog.load_table(spec.dead_letter_table)
-    except NoSuchTableError:
-        return  # a new pipeline: the dead-letter table is created with the record
-    if dead_letters.metadata.properties.get(OWNER) != spec.name:
-        return  # ensure_tables refuses the table with the ownership error
-    recorded = dead_letters.metadata.properties.get(DEFAULT_TABLE)
-    if recorded == spec.target.table:
-        return
-    why = default_table_refusal(spec, recorded, recorded is not None and catalog.table_exists(recorded))
+    in the spec while the table the pipeline has been writing still exists (`recorded_default_table`).
+    Records the default table on the dead-letter table when it holds none yet, or when the recorded one
+    is gone (renamed in the catalog, or dropped on purpose)."""
+    dead_letters, recorded, why = recorded_default_table(catalog, spec)
     if why:
         raise LayoutChangeRefused(f"{spec.path}: {why}")
-    with dead_letters.transaction() as tx:
-        tx.set_properties({DEFAULT_TABLE: spec.target.table})
+    if dead_letters is not None and recorded != spec.target.table:
+        with dead_letters.transaction() as tx:
+            tx.set_properties({DEFAULT_TABLE: spec.target.table})

@@ -81,14 +81,9 @@ def layout(spec: PipelineSpec, catalog) -> dict:
         except NoSuchTableError:
             continue
     refused = [why for d in drifts for why in d.refused]
-    try:
-        recorded = catalog.load_table(spec.dead_letter_table).metadata.properties.get(table_layout.DEFAULT_TABLE)
-    except NoSuchTableError:
-        recorded = None
-    if recorded is not None and recorded != spec.target.table:
-        renamed = table_layout.default_table_refusal(spec, recorded, catalog.table_exists(recorded))
-        if renamed:
-            refused.append(renamed)
+    renamed = table_layout.recorded_default_table(catalog, spec)[2]
+    if renamed:
+        refused.append(renamed)
     return {"in_sync": not refused and all(d.in_sync for d in drifts), "refused": refused,
             "tables": [d.to_json() for d in drifts],
             "applies": "when the ingest job next starts or reloads the edited spec (between batches)"}
