@@ -6,7 +6,8 @@ in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
     GET /lakehouse/                 HTML: lag, freshness, last commit, quality, the last exactly-once
                                     verification, dead letters, the newest event of each kind (with
                                     who acted), the recent operator actions (who, when, with which
-                                    parameters, the outcome), a lag/freshness chart, links to each
+                                    parameters, the outcome), layout drift between spec and tables,
+                                    a lag/freshness chart, the cost panel (per day), links to each
                                     pipeline's DAGs and a form to trace one record
     GET /lakehouse/api/pipelines    the same numbers as JSON
     GET /lakehouse/trace?pipeline=P&partition=N&offset=O    HTML: where that record is (lakehouse.ops.trace)
@@ -38,6 +39,7 @@ from lakehouse.core.errors import LakehouseError
 from lakehouse.core.spec import IDENTIFIER, load_pipeline, load_specs
 from lakehouse.ingest.job import STAGES
 from lakehouse.ops import history
+from lakehouse.ops.cost import human_bytes
 from lakehouse.ops.status import format_age
 
 app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
@@ -243,6 +245,48 @@ def _actions(timeline: dict) -> str:
     return f'<ul class="actions">{"".join(rows)}</ul>'
 
 
+def _layout(found: dict | None) -> str:
+    """Drift between the spec and its tables: in sync, what the job applies at its next start or spec
+    reload, or what it refuses (and stops on)."""
+    if found is None:
+        return _field("layout", "unknown", "muted")
+    if found["in_sync"]:
+        return _field("layout", "follows the spec", "ok")
+    rows = [_field("layout", "refused" if found["refused"] else "drift", "bad" if found["refused"] else "")]
+    rows += [f'<span class="error" data-field="layout_refused">{_e(why)}</span>' for why in found["refused"]]
+    for drift in found["tables"]:
+        changes = [c for c in drift["changes"] if c not in found["refused"]]
+        if changes:
+            rows.append(f'{_e(drift["table"])}: <span data-field="layout_changes">{_e("; ".join(changes))}</span> '
+                        f'<span class="muted">(applied {_e(found["applies"])})</span>')
+    return "<br>".join(rows)
+
+
+def _cost(found: dict) -> str:
+    """The cost panel: one row per day of what the pipeline used, priced when unit prices are set."""
+    if "error" in found:
+        return f'<span class="error" data-field="cost_error">{_e(found["error"])}</span>'
+    priced = found["priced"]
+    head = ("day", "produced", "Kafka retains", "tables", "files", "PUT", "GET", "ingest s", "maintenance s")
+    head += (f'price {found["prices"]["currency"]}'.strip(),) if priced else ()
+    rows = []
+    for d in found["days"]:
+        cells = [(d["day"] + (" (so far)" if d["partial"] else ""), "day"),
+                 (human_bytes(d["produced_bytes"]), "produced_bytes"),
+                 (human_bytes(d["kafka_retained_bytes"]), "kafka_retained_bytes"),
+                 (human_bytes(d["table_bytes"]), "table_bytes"), (d["table_files"], "table_files"),
+                 (d["put_requests"], "put_requests"), (d["get_requests"], "get_requests"),
+                 (f'{d["ingest_seconds"]:.1f}', "ingest_seconds"), (f'{d["maintenance_seconds"]:.1f}', "maintenance_seconds")]
+        if priced:
+            cells.append((f'{(d["price"] or {}).get("total", 0.0):.4f}', "price"))
+        day = d["day"]
+        rows.append("<tr>" + "".join(f'<td>{_field(f"cost_{day}_{name}", "-" if v is None else v)}</td>'
+                                     for v, name in cells) + "</tr>")
+    note = "" if priced else '<p class="muted">no unit prices set (LAKEHOUSE_PRICE_*): quantities only</p>'
+    notes = "".join(f'<p class="muted">{_e(n)}</p>' for n in found["notes"])
+    return (f'<table class="cost"><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(rows)}</table>'
+            f"{note}{notes}")
+
 
 def _card(entry: dict) -> str:
     name = entry["pipeline"]
@@ -287,9 +331,11 @@ def _card(entry: dict) -> str:
 <tr><th>Trace a record</th><td>{_trace_form(name)}</td></tr>
 <tr><th>Timeline</th><td class="timeline">{_timeline(entry["timeline"])}</td></tr>
 <tr><th>Operator actions</th><td class="operator-actions">{_actions(entry["timeline"])}</td></tr>
+<tr><th>Layout</th><td class="layout">{_layout(entry.get("layout"))}</td></tr>
 <tr><th>DAGs</th><td class="dags">{dags}</td></tr>
 </table>
 <div class="charts" data-history-source="{_e(hist["source"])}">{charts}</div>
+<details class="cost-panel" open><summary>Cost per day (UTC)</summary>{_cost(entry["cost"])}</details>
 </section>"""
 
 
@@ -305,6 +351,8 @@ td{padding:3px 0} .ok{color:#0b7a3b} .bad{color:#c0392b;font-weight:600} .muted{
 .dags a{margin-right:10px} .actions{margin:0;padding-left:18px} .trace input{width:8em} .verdict{font-weight:600} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
 .chart{margin:0} .chart figcaption{font-size:12px;color:#52606d} .bg{fill:#f0f4f8}
 .series{fill:none;stroke:#2563eb;stroke-width:2} .slo{stroke:#c0392b;stroke-dasharray:4 3}
+.cost-panel{margin-top:8px} .cost-panel summary{font-size:14px;color:#52606d;font-weight:600;cursor:pointer}
+.cost th,.cost td{padding:2px 12px 2px 0;font-size:13px;text-align:right} .cost th:first-child,.cost td:first-child{text-align:left}
 .nodata{width:360px;height:90px;background:#f0f4f8;color:#7b8794;font-size:12px;display:flex;align-items:center;justify-content:center}
 """
 

@@ -11,6 +11,9 @@
     lakehouse schemas --pipeline NAME [--pull]   writer schemas (folder, registry) and whether the contract takes each
     lakehouse trace --pipeline NAME --partition N --offset O   where one record is (or --key K --since T)
     lakehouse verify --pipeline NAME             prove every offset exactly once across the tables (exit 3: not)
+    lakehouse cost --pipeline NAME [--days N]    per day: bytes produced and retained by Kafka, table bytes and
+                                                 files, object-store requests, compute seconds (priced when
+                                                 LAKEHOUSE_PRICE_* are set)
 
 The development stack (`devstack/`, installed by `make setup`) adds `lakehouse stack`, `lakehouse
 airflow` and `lakehouse produce` (lakehouse_dev.cli).
@@ -302,6 +305,21 @@ def cmd_verify(args) -> int:
     return 0 if result.ok else EXIT_SOURCE
 
 
+def cmd_cost(args) -> int:
+    """The pipeline's daily use and price (lakehouse.ops.cost); what it reads is told on stderr."""
+    from lakehouse.ops import cost
+
+    platform = config.load()
+    prices = cost.UnitPrices.from_settings(platform.prices)  # a bad price stops before anything is read
+    report = cost.daily_cost(load_pipeline(args.pipeline), days=args.days, platform=platform, prices=prices,
+                             progress=lambda message: print(f"{message} ...", file=sys.stderr, flush=True))
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(cost.render(report))
+    return 0
+
+
 # --- argument types: each returns the parsed value or raises ArgumentTypeError (argparse: exit 2) ----------
 
 def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
@@ -319,6 +337,12 @@ def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
 def _at_least(minimum: int) -> Callable[[str], int]:
     """An argument type: an integer of at least `minimum`."""
     return lambda text: _integer(text, minimum)
+
+
+def _days(text: str) -> int:
+    from lakehouse.ops.cost import MAX_DAYS
+
+    return _integer(text, 1, MAX_DAYS)
 
 
 def _seed(text: str) -> int:
@@ -576,6 +600,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the checks run (auto: a Spark job above 5,000,000 offsets)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser("cost", help="what a pipeline uses per day (Kafka, tables, requests, compute) and, with "
+                                    "LAKEHOUSE_PRICE_* set, what it costs")
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--days", type=_days, default=7, help="UTC days back, today included (1 to 90, default 7)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_cost)
     for command in sorted(entry_points(group="lakehouse.commands"), key=lambda e: e.name):
         command.load()(sub)  # e.g. the development stack's `stack`, `airflow` and `produce`
     return parser

@@ -2,8 +2,9 @@
 
 Restarts, maintenance runs, quality results, exactly-once verifications, publications,
 cutovers, rollbacks, retention checks and the retention guard's changes, backfills, retries
-after transient failures, writer claims and fencings and schema evolutions each append one
-event, so the Airflow page, `lakehouse status` and ad-hoc SQL read the same history:
+after transient failures, writer claims and fencings, schema evolutions and layout changes (a
+table following its edited spec) each append one event, so the Airflow page, `lakehouse
+status` and ad-hoc SQL read the same history:
 
     SELECT ts, kind, status, actor, message, metrics['lag_records']
     FROM lake.ops.pipeline_events WHERE pipeline = 'orders' ORDER BY ts DESC
@@ -56,7 +57,7 @@ log = logging.getLogger("lakehouse.events")
 
 EVENTS_TABLE = "ops.pipeline_events"
 KINDS = ("batch", "restart", "hung", "maintenance", "retention", "retention_guard", "quality", "publish", "cutover",
-         "rollback", "backfill", "replay", "gap", "retry", "writer", "schema", "verify")
+         "rollback", "backfill", "replay", "gap", "retry", "writer", "schema", "verify", "layout")
 STATUSES = ("ok", "warn", "failed", "skipped")
 COMMIT_ATTEMPTS = 10
 # One commit per event call: merge manifests as they pile up and keep only recent metadata files,

@@ -173,6 +173,7 @@ RESERVED_PROPERTIES = frozenset({
     "write.wap.enabled",
 })
 MAX_PROPERTY_VALUE = 4096
+TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # declared as target.target_file_size_mb
 
 
 class SpecError(ConfigurationError):
@@ -906,6 +907,9 @@ def _properties(r: _Reader, raw: Any) -> dict[str, str]:
         if key.lower() in RESERVED_PROPERTIES:
             raise r.fail(where, "is managed by Iceberg or by the platform (write-audit-publish staging) and "
                                 "cannot be set from a spec; remove it")
+        if key.lower() == TARGET_FILE_SIZE_PROPERTY:  # one knob: the table's writers and compaction read it
+            raise r.fail(where, "is target.target_file_size_mb (the tasks' writes and compaction both use it); "
+                                "set that instead")
         if isinstance(value, bool):
             text = "true" if value else "false"  # Iceberg reads booleans in lower case
         elif (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]) or \

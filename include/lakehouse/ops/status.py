@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from lakehouse.core import config, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import SourceError
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest import tables as table_layout
 from lakehouse.ingest.job import STAGES
 from lakehouse.ingest.plan import topic_state_for
 
@@ -70,11 +73,31 @@ def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime)
     }
 
 
+def layout(spec: PipelineSpec, catalog) -> dict:
+    """Drift between the spec's layout and its existing data tables (lakehouse.ingest.tables.layout_drift):
+    `tables` (one drift each: what differs), `refused` (what the ingest job cannot apply and stops on,
+    a renamed default table included), `in_sync`, and `applies`: when the job applies the rest."""
+    drifts = []
+    for name in spec.target.tables:
+        try:
+            drifts.append(table_layout.layout_drift(spec, name, catalog.load_table(name).metadata))
+        except NoSuchTableError:
+            continue
+    refused = [why for d in drifts for why in d.refused]
+    renamed = table_layout.recorded_default_table(catalog, spec)[2]
+    if renamed:
+        refused.append(renamed)
+    return {"in_sync": not refused and all(d.in_sync for d in drifts), "refused": refused,
+            "tables": [d.to_json() for d in drifts],
+            "applies": "when the ingest job next starts or reloads the edited spec (between batches)"}
+
+
 def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
                     now: datetime | None = None, with_timeline: bool = True) -> dict:
     """Per pipeline: committed vs log-end offsets, lag, last commit, newest event time, counts,
-    snapshots, and `timeline` (see `timeline`; None with `with_timeline=False`, for callers that
-    poll only lag and freshness, such as the SLO trigger, and skip the timeline's scan)."""
+    snapshots, `timeline` (see `timeline`) and `layout` (drift between spec and tables, see `layout`);
+    both None with `with_timeline=False`, for callers that poll only lag and freshness, such as the
+    SLO trigger, and skip their reads)."""
     platform = platform or config.load()
     now = now or datetime.now(timezone.utc)
     catalog = open_catalog(platform, spec.catalog)
@@ -108,6 +131,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         "lag_records": None,
         "lag_s": None,
         "timeline": timeline(spec, platform, now) if with_timeline else None,
+        "layout": layout(spec, catalog) if with_timeline else None,
     }
     commits = [tp.committed_at for tp in data if tp.committed_at]
     events = [tp.max_event_time for tp in data if tp.max_event_time]
@@ -179,8 +203,23 @@ def render(statuses: list[dict]) -> str:
             else:
                 lines.append(f"  {t['table']}: {t['rows']} rows, {t['snapshots']} snapshots, recovery point "
                              f"snapshot {t['recovery_snapshot_id']} at {t['last_commit_at'] or '-'}")
+        lines.extend(_layout_lines(s.get("layout")))
         lines.extend(_timeline_lines(s.get("timeline") or {}))
     return "\n".join(lines)
+
+
+def _layout_lines(found: dict | None) -> list[str]:
+    """The layout part of `render`: in sync, or each difference and whether the job applies it."""
+    if found is None:
+        return []
+    if found["in_sync"]:
+        return ["  layout: the tables follow the spec"]
+    lines = [f"  LAYOUT REFUSED (the ingest job stops until this is resolved): {why}" for why in found["refused"]]
+    for drift in found["tables"]:
+        changes = [c for c in drift["changes"] if c not in found["refused"]]
+        if changes:
+            lines.append(f"  layout drift of {drift['table']}, applied {found['applies']}: " + "; ".join(changes))
+    return lines
 
 
 def batch_summary(batches: list[dict], seconds: float) -> str:
