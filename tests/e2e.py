@@ -117,6 +117,19 @@ def assert_exactly_once(platform: PlatformConfig, spec: PipelineSpec) -> int:
     return len(expected)
 
 
+def killed_after_files_then_resumed(platform: PlatformConfig, spec: PipelineSpec) -> int:
+    """`lakehouse ingest --once` killed (kill -9) after the batch's files were written, which must leave the
+    table empty, then run again to the end: the exactly-once count (assert_exactly_once)."""
+    import signal
+
+    crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", fault="after_files")
+    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-2000:])
+    assert rows(platform, spec, spec.target.table) == [], "nothing is visible before the commit"
+    resumed = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    return assert_exactly_once(platform, spec)
+
+
 def committed_group_offsets(platform: PlatformConfig, spec: PipelineSpec) -> dict[int, int]:
     consumer = Consumer(platform.kafka(**{"group.id": spec.consumer_group}))
     try:

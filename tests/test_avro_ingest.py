@@ -6,14 +6,20 @@ files were written."""
 from __future__ import annotations
 
 import json
-import signal
 import struct
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from test_formats import ORDER_SCHEMA, ORDER_SCHEMA_V2
 
-from e2e import assert_exactly_once, lakehouse, pipeline, rows, run_cli, send  # noqa: F401 (fixture)
+from e2e import (  # noqa: F401 (fixture)
+    assert_exactly_once,
+    killed_after_files_then_resumed,
+    pipeline,
+    rows,
+    run_cli,
+    send,
+)
 from lakehouse.core.catalog import open_catalog
 from lakehouse.ingest.formats import parse_schema, wire_value
 
@@ -71,12 +77,7 @@ def test_kill_9_after_the_files_neither_loses_nor_duplicates_an_avro_record(plat
     spec = avro_pipeline(pipeline, make_spec)
     records, _ = orders(1000)
     send(platform, spec.source.topic, records)
-    crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", fault="after_files")
-    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-2000:])
-    assert rows(platform, spec, spec.target.table) == []
-    resumed = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert assert_exactly_once(platform, spec) == 1000
+    assert killed_after_files_then_resumed(platform, spec) == 1000
 
 
 def test_an_avro_pipeline_without_writer_schemas_is_refused_at_start_naming_both_sources(platform, pipeline,
