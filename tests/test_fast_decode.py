@@ -233,8 +233,9 @@ def test_a_hostile_record_gets_the_reference_verdict(sink, key, value):
 READER_KINDS = {"bad_kafka_timestamp", "reader_failure"}
 # JSON never reaches the wire formats' kinds (tests/test_formats.py)
 WIRE_KINDS = {"bad_wire_format", "unknown_schema", "malformed_avro", "malformed_protobuf"}
-# kinds of contract types the fast path leaves to the reference (tests/test_contract_types.py)
-REFERENCE_TYPE_KINDS = {"bad_uuid"}
+# kinds of contract types the fast path leaves to the reference (tests/test_contract_types.py), and of
+# change streams (tests/test_cdc.py)
+REFERENCE_TYPE_KINDS = {"bad_uuid", "bad_envelope", "unsupported_change"}
 
 
 def test_the_hostile_records_reach_every_error_kind(sink):

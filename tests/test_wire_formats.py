@@ -267,3 +267,42 @@ def test_contract_fields_do_not_mix_key_and_value_schemas_of_one_type(make_spec)
         spec_in(make_spec, "avro", {"1.avsc": json.dumps(V1)}, contract={"fields": None, "from": "writer_schema"},
                 partition_by=None, source={"key": {"format": "avro", "field": None}})
     assert Contract((FieldSpec("a", "int"),)).from_writer_schema is False
+
+
+def test_the_airflow_connection_gives_the_registry_with_its_credentials_to_hooks_and_submitted_jobs(monkeypatch,
+                                                                                                   make_spec):
+    from lakehouse_airflow.hooks import LakehouseHook, connection_environment
+
+    spec = make_spec()
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", "http://from-the-environment:8081")
+    monkeypatch.setenv("AIRFLOW_CONN_LAKEHOUSE_SCHEMA_REGISTRY",
+                       json.dumps({"conn_type": "http", "host": "registry.internal", "schema": "https", "port": 8443,
+                                   "login": "lake house", "password": "p@ss:word"}))
+    hook = LakehouseHook(spec.name)
+    assert hook.platform.schema_registry() == {"url": "https://registry.internal:8443",
+                                               "basic.auth.user.info": "lake house:p@ss:word"}
+    env = connection_environment()
+    assert env["LAKEHOUSE_SCHEMA_REGISTRY_URL"] == "https://lake%20house:p%40ss%3Aword@registry.internal:8443"
+    assert "p@ss" not in repr(hook.platform)  # the configuration's repr hides the password
+    monkeypatch.delenv("AIRFLOW_CONN_LAKEHOUSE_SCHEMA_REGISTRY")
+    assert "LAKEHOUSE_SCHEMA_REGISTRY_URL" not in connection_environment()
+
+
+def test_lakehouse_schemas_pulls_the_registry_versions_and_says_what_the_contract_makes_of_each(
+        make_spec, monkeypatch, capsys):
+    from lakehouse import cli
+
+    registry = {"url": f"mock://test-wire-schemas-cli-{make_spec.directory.parent.name}"}
+    spec = followed(make_spec, (1, V1))
+    ids = [formats.register_schema(registry, f"{spec.source.topic}-value", json.dumps(v)) for v in (V1, V2, V3)]
+    assert ids == [1, 2, 3]
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry["url"])
+    assert cli.main(["schemas", "--pipeline", spec.name, "--pull"]) == 2  # 3 lands in the folder: the spec breaks
+    assert "writer schema 3: field 'amount' is int in the contract but string" in capsys.readouterr().err
+    assert sorted(p.name for p in (make_spec.directory / "schemas").iterdir()) == ["1.avsc", "2.avsc", "3.avsc"]
+    (make_spec.directory / "schemas" / "3.avsc").unlink()
+    assert cli.main(["schemas", "--pipeline", spec.name, "--json"]) == 2  # the registry's 3 is incompatible
+    listed = {r["schema_id"]: (r["where"], r["verdict"]) for r in json.loads(capsys.readouterr().out)}
+    assert listed == {1: ("folder", "fits"), 2: ("folder", "fits"), 3: ("registry", "incompatible")}

@@ -111,3 +111,19 @@ def test_registry_writer_schemas_reach_the_tasks_and_a_new_one_evolves_the_table
     evolved = events.recent(spec.name, kind="schema", platform=platform, catalog=spec.catalog)
     assert [e["details"]["schema_id"] for e in evolved] == [v2]
     assert "added coupon, lines" in evolved[0]["message"]
+
+
+def test_a_new_writer_schema_file_in_the_folder_evolves_the_table_at_the_next_run(platform, pipeline, make_spec,
+                                                                                   spark):
+    folder = make_spec.directory / "schemas"
+    folder.mkdir()
+    (folder / "1.json").write_text(json.dumps(V1))
+    spec = pipeline(source={"value_format": "json_schema", "schemas": "schemas", "partitions": 1, "key": None},
+                    contract={"fields": None, "from": "writer_schema"}, partition_by=None, publish={"view": None})
+    send(platform, spec.source.topic, [(None, formats.wire_json(1, {"order_id": "a", "amount": 1}))])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    (folder / "2.json").write_text(json.dumps(V2))  # the air-gapped path: a reviewed file, no registry
+    send(platform, spec.source.topic, [(None, formats.wire_json(2, {"order_id": "b", "amount": 2, "coupon": "X"}))])
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert {r["order_id"]: r["coupon"] for r in rows(platform, spec, spec.target.table)} == {"a": None, "b": "X"}

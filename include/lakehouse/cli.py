@@ -7,6 +7,7 @@
     lakehouse status [--pipeline NAME] [--json]  lag, recovery points, row and dead-letter counts
     lakehouse maintain --pipeline NAME           compact, expire snapshots, remove orphans (receipt per table)
     lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
+    lakehouse schemas --pipeline NAME [--pull]   writer schemas (folder, registry) and whether the contract takes each
 
 The development stack (`devstack/`, installed by `make setup`) adds `lakehouse stack`, `lakehouse
 airflow` and `lakehouse produce` (lakehouse_dev.cli).
@@ -216,6 +217,32 @@ def cmd_retention(args) -> int:
     return EXIT_SOURCE if report.status == "failed" else 0
 
 
+def cmd_schemas(args) -> int:
+    """Lists the pipeline's writer schemas and what the contract makes of each; with --pull, first writes the
+    registry subjects' versions the schema folder lacks into it. Returns EXIT_CONFIG when one is
+    incompatible or cannot be translated."""
+    from lakehouse.ingest import formats
+
+    spec = load_pipeline(args.pipeline)
+    if not spec.wire_formats:
+        raise errors.ConfigurationError(f"pipeline {spec.name!r} reads {spec.source.value_format} values, which "
+                                        f"carry no writer schema")
+    registry = config.load().schema_registry()
+    if args.pull:
+        if registry is None:
+            raise errors.ConfigurationError("--pull needs the schema registry: set LAKEHOUSE_SCHEMA_REGISTRY_URL")
+        for schema_id, schema_type, path in formats.pull_schemas(spec, registry):
+            print(f"pulled   {schema_id} ({schema_type}) -> {path}", file=sys.stderr)
+        spec = load_pipeline(args.pipeline)  # the contract as the folder now derives it
+    found = formats.describe_schemas(spec, registry)
+    if args.json:
+        _print_json([report.__dict__ for report in found])
+    else:
+        for r in found:
+            print(f"{r.schema_id:<8} {r.schema_type:<9} {r.where:<9} {r.verdict:<15} {r.why}".rstrip())
+    return EXIT_CONFIG if any(r.verdict in ("incompatible", "untranslatable") for r in found) else 0
+
+
 # --- argument types: each returns the parsed value or raises ArgumentTypeError (argparse: exit 2) ----------
 
 def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
@@ -403,6 +430,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_retention)
+    p = sub.add_parser("schemas", help="list a pipeline's writer schemas (folder and registry) and whether the "
+                                       "contract takes each")
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--pull", action="store_true",
+                   help="first write the registry subjects' versions the pipeline's schema folder lacks into it")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_schemas)
     for command in sorted(entry_points(group="lakehouse.commands"), key=lambda e: e.name):
         command.load()(sub)  # e.g. the development stack's `stack`, `airflow` and `produce`
     return parser

@@ -21,9 +21,10 @@ client deploy mode the driver runs in that process. A driver in cluster deploy m
 (YARN, Kubernetes) runs elsewhere and must get its secrets from the cluster (e.g. a
 Kubernetes secret).
 
-The Kafka connection's settings (`lakehouse_kafka`, see hooks.py) reach the job the same
-way: `kafka_submit_environment` puts them into the worker process's environment only
-while the operator's `execute` runs.
+The Kafka and schema registry connections' settings (`lakehouse_kafka`,
+`lakehouse_schema_registry`, see hooks.py) reach the job the same way:
+`connection_submit_environment` puts them into the worker process's environment only while
+the operator's `execute` runs.
 """
 
 from __future__ import annotations
@@ -90,18 +91,16 @@ def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_
 
 
 @contextlib.contextmanager
-def kafka_submit_environment(operator, settings: dict[str, str]) -> Iterator[None]:
-    """While the block runs, the Kafka connection's `settings` are in this process's environment
-    (as LAKEHOUSE_BOOTSTRAP_SERVERS / LAKEHOUSE_KAFKA_*), where spark-submit, started from it,
-    inherits them; the operator's `env_vars` lose the keys the connection sets, so the
-    connection wins over what the DAG file's environment forwarded. Restored afterwards.
+def connection_submit_environment(operator, env: dict[str, str]) -> Iterator[None]:
+    """While the block runs, the connections' settings `env` (LakehouseHook.submit_environment: Kafka as
+    LAKEHOUSE_BOOTSTRAP_SERVERS / LAKEHOUSE_KAFKA_*, the schema registry as LAKEHOUSE_SCHEMA_REGISTRY_URL)
+    are in this process's environment, where spark-submit, started from it, inherits them; the
+    operator's `env_vars` lose the keys the connections set, so the connections win over what the DAG
+    file's environment forwarded. Restored afterwards.
 
     Nothing is written into templated fields or XCom; Airflow has already stored the rendered
     `env_vars` before `execute` runs, and they never held these values.
     """
-    from lakehouse_airflow.hooks import kafka_environment
-
-    env = kafka_environment(settings)
     if not env:
         yield
         return

@@ -113,7 +113,7 @@ PARTITION_SOURCE_TYPES = {
     "bucket": ("string", "int", "long", "timestamp", "date", "decimal", "uuid", "binary"),
     "truncate": ("string", "int", "long", "decimal", "binary"),
 }
-RESERVED_COLUMNS = ("_kafka", "_ingested_at")
+RESERVED_COLUMNS = ("_kafka", "_ingested_at", "_cdc")
 # Airflow's cron presets; any other schedule is a five-field cron expression.
 SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 
@@ -519,6 +519,11 @@ class PipelineSpec:
             return True
         return self.target.mode == "upsert" and self.source.key_field is not None \
             and self.target.key == (self.source.key_field,)
+
+    @property
+    def is_cdc(self) -> bool:
+        """Whether the values are change events applied to an upsert table (`target.mode: cdc`)."""
+        return self.source.envelope is not None
 
     @property
     def wire_formats(self) -> tuple[str, ...]:
@@ -1088,6 +1093,9 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         mode = "upsert"
     elif source.envelope is not None:
         raise r.fail("source.envelope", f"change events need target.mode cdc, not {mode!r}")
+    if source.envelope is not None and tgt.get("fanout") is not None:
+        raise r.fail("target.fanout", "a change stream mirrors one source table into one table; fan-out would "
+                                      "split a key's inserts and deletes across tables")
     parts = tgt.get("partition_by") or []
     if isinstance(parts, str):
         parts = [parts]

@@ -69,6 +69,15 @@ MAX_POISONED_PER_BATCH = 100
 # offset, across partitions the later Kafka timestamp.
 NEWER = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t._kafka.offset) OR "
          "(s._kafka.partition <> t._kafka.partition AND s._kafka.timestamp >= t._kafka.timestamp))")
+# A change stream orders a key's changes by the source: across partitions the later position in the
+# source's log, else the later commit time, else the later Kafka timestamp.
+NEWER_CDC = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t._kafka.offset) OR "
+             "(s._kafka.partition <> t._kafka.partition AND CASE "
+             "WHEN s._cdc.position IS NOT NULL AND t._cdc.position IS NOT NULL AND s._cdc.position <> t._cdc.position "
+             "THEN s._cdc.position > t._cdc.position "
+             "WHEN s._cdc.source_ts IS NOT NULL AND t._cdc.source_ts IS NOT NULL "
+             "AND s._cdc.source_ts <> t._cdc.source_ts THEN s._cdc.source_ts > t._cdc.source_ts "
+             "ELSE s._kafka.timestamp >= t._kafka.timestamp END))")
 
 
 class IngestError(errors.CommitError):
@@ -862,13 +871,15 @@ class IngestJob:
         return rows.select(*cols, *keep)
 
     def latest_per_key(self, rows):
-        """The newest record of each key in `rows` (see NEWER)."""
+        """The newest record of each key in `rows` (see NEWER, NEWER_CDC)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         keys = list(self.spec.target.key)
         per_partition = Window.partitionBy(*keys, "_kafka.partition").orderBy(F.col("_kafka.offset").desc())
-        across = Window.partitionBy(*keys).orderBy(F.col("_kafka.timestamp").desc(),
+        source_order = [F.col("_cdc.position").desc_nulls_last(), F.col("_cdc.source_ts").desc_nulls_last()] \
+            if self.spec.is_cdc else []
+        across = Window.partitionBy(*keys).orderBy(*source_order, F.col("_kafka.timestamp").desc(),
                                                    F.col("_kafka.partition").desc())
         return (rows.withColumn("_rn", F.row_number().over(per_partition)).where("_rn = 1").drop("_rn")
                 .withColumn("_rn", F.row_number().over(across)).where("_rn = 1").drop("_rn"))
@@ -888,10 +899,11 @@ class IngestJob:
         sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
         names = ", ".join(f"`{c}`" for c in columns)
         values = ", ".join(f"s.`{c}`" for c in columns)
+        newer = NEWER_CDC if self.spec.is_cdc else NEWER
         sparkenv.merge(self.spark, latest,
                        f"MERGE INTO {self.spec.qualified(table)} t USING {{source}} s ON {on} "
-                       f"WHEN MATCHED AND s._op = 'delete' AND {NEWER} THEN DELETE "
-                       f"WHEN MATCHED AND s._op = 'upsert' AND {NEWER} THEN UPDATE SET {sets} "
+                       f"WHEN MATCHED AND s._op = 'delete' AND {newer} THEN DELETE "
+                       f"WHEN MATCHED AND s._op = 'upsert' AND {newer} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
 
     def record_tombstones(self, rows) -> None:

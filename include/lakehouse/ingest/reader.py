@@ -65,6 +65,11 @@ def arrow_type(f: FieldSpec) -> pa.DataType:
         return pa.map_(pa.string(), arrow_type(f.values))
     return ARROW_TYPES[f.type]
 SPARK_KAFKA_STRUCT = "struct<topic:string,partition:int,offset:bigint,timestamp:timestamp,key:string>"
+# A change stream's rows also carry the change that wrote them: Debezium's op, the source's commit time and
+# the event's position in the source's log (records.source_position), which order a key's changes.
+CDC_STRUCT = pa.struct([("op", pa.string()), ("source_ts", pa.timestamp("us", tz="UTC")),
+                        ("position", pa.decimal128(38, 0))])
+SPARK_CDC_STRUCT = "struct<op:string,source_ts:timestamp,position:decimal(38,0)>"
 SPARK_HEADERS = "array<struct<key:string,value:binary>>"
 # The dead-letter table's columns, in order: (name, Spark type, the decoded batch's column a dead
 # letter's value comes from, or None for the pipeline's name, comment). The one definition of the
@@ -104,6 +109,8 @@ def batch_schema(spec: PipelineSpec) -> tuple[pa.Schema, str]:
         ("_kafka", KAFKA_STRUCT, SPARK_KAFKA_STRUCT),
         ("_ingested_at", pa.timestamp("us", tz="UTC"), "timestamp"),
     ]
+    if spec.is_cdc:
+        fields.append(("_cdc", CDC_STRUCT, SPARK_CDC_STRUCT))
     fields += [(source, _DEAD_LETTER_ARROW[spark_type], spark_type)
                for _, spark_type, source, _ in DEAD_LETTER_TABLE if source in _DEAD_LETTER_COLUMNS]
     schema = pa.schema([(n, t) for n, t, _ in fields])
@@ -233,7 +240,9 @@ class BatchBuilder:
         self.schema, _ = batch_schema(spec)
         self.validator = validator
         self.contract = spec.contract.names
-        self._null_row = (None,) * len(self.contract)
+        # a change stream's row ends with its `_cdc` value (records.RecordValidator.check_change)
+        self._cdc = spec.is_cdc
+        self._null_row = (None,) * (len(self.contract) + self._cdc)
         self._key_index = self.contract.index(validator.key_field) if validator.key_field else None
         self.default_table = spec.target.table
         fanout = spec.target.fanout
@@ -265,17 +274,21 @@ class BatchBuilder:
             if ts_ms is not None and not MIN_KAFKA_TIMESTAMP_MS <= ts_ms <= MAX_KAFKA_TIMESTAMP_MS:
                 raise Rejected("bad_kafka_timestamp", f"Kafka timestamp {ts_ms} ms is outside {TIMESTAMP_RANGE}; "
                                                       f"_kafka.timestamp left null")
-            key_text = validator.check_key(key)
-            row = validator.check_row(key_text, value)
-            if row is None:  # tombstone on an upsert pipeline: delete the key
-                row = tuple(key_text if i == self._key_index else None for i in range(len(self.contract)))
-                route, op = self.default_table, "delete"
-            elif self._route_index is None:
-                route, op = self.default_table, "upsert"
+            if self._cdc:  # a change event: its row (a delete's holds the primary key) and op
+                key_text, row, op = validator.check_change(key, value)
+                route = self.default_table
             else:
-                routed = row[self._route_index]
-                route = self.default_table if routed is None else self.routes.get(str(routed), self.default_table)
-                op = "upsert"
+                key_text = validator.check_key(key)
+                row = validator.check_row(key_text, value)
+                if row is None:  # tombstone on an upsert pipeline: delete the key
+                    row = tuple(key_text if i == self._key_index else None for i in range(len(self.contract)))
+                    route, op = self.default_table, "delete"
+                elif self._route_index is None:
+                    route, op = self.default_table, "upsert"
+                else:
+                    routed = row[self._route_index]
+                    route = self.default_table if routed is None else self.routes.get(str(routed), self.default_table)
+                    op = "upsert"
         except Rejected as rejected:
             self.reject(topic, partition, offset, ts_ms, key, value, headers, rejected.kind, rejected.detail)
             return
@@ -335,6 +348,8 @@ class BatchBuilder:
             return list(map(itemgetter(i), items))
 
         columns: dict[str, Any] = {name: column(rows, i) for i, name in enumerate(self.contract)}
+        if self._cdc:
+            columns["_cdc"] = column(rows, len(self.contract))
         columns["_route"] = column(records, 5)
         columns["_op"] = column(records, 6)
         columns["_ingested_at"] = [self.ingested_at] * n

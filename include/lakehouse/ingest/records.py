@@ -68,6 +68,8 @@ ERROR_KINDS = (
     "bad_key",             # key bytes are not UTF-8
     "key_mismatch",        # key differs from the key field in the value
     "schema_incompatible", # carries a field the table cannot take under the quarantine policy
+    "bad_envelope",        # CDC: not a change event (no op, an unknown op, no `after` row for an insert/update)
+    "unsupported_change",  # CDC: a truncate (op t) or a message (op m): no row to apply
     "bad_string",          # a string field holds text that is not Unicode (an escaped lone surrogate "\ud800")
     "timestamp_out_of_range",  # ISO-8601 with an offset, but outside TIMESTAMP_RANGE once in UTC
     "bad_kafka_timestamp",     # the record's Kafka timestamp is outside TIMESTAMP_RANGE (set by the reader)
@@ -663,6 +665,46 @@ class SchemaGate:
             f"to dead-letter its records {errors.task_marker('schema-incompatible', schema_id=schema_id)}")
 
 
+def _unwrap(obj: Any) -> Any:
+    """Kafka Connect's JSON with schemas ({"schema": ..., "payload": ...}) as its payload; anything else as is."""
+    if isinstance(obj, dict) and len(obj) == 2 and "schema" in obj and "payload" in obj:
+        return obj["payload"]
+    return obj
+
+
+def _epoch_ms_to_us(ms: Any) -> int | None:
+    if type(ms) is int and MIN_TIMESTAMP_US <= ms * 1000 <= MAX_TIMESTAMP_US:
+        return ms * 1000
+    return None
+
+
+MAX_POSITION = 10 ** 38 - 1  # the `_cdc.position` column is a decimal(38,0)
+
+
+def source_position(source: dict) -> Decimal | None:
+    """Where a change event stands in its source database's log, as one number that orders the events of
+    one connector: PostgreSQL's `lsn`; MySQL's binlog `file` number, `pos` and `row`; SQL Server's
+    `change_lsn` and `event_serial_no`; Oracle's `scn`; MongoDB's `sec` and `ord`. None for a source
+    without one (ordering then falls back to the commit time and the Kafka timestamp)."""
+    try:
+        if isinstance(source.get("lsn"), int):
+            found = source["lsn"]
+        elif isinstance(source.get("file"), str) and isinstance(source.get("pos"), int):
+            number = int(re.sub(r"\D", "", source["file"])[-12:] or 0)
+            found = (number * 10 ** 12 + source["pos"]) * 10 ** 6 + int(source.get("row") or 0)
+        elif isinstance(source.get("change_lsn"), str):
+            found = int(source["change_lsn"].replace(":", ""), 16) * 10 ** 6 + int(source.get("event_serial_no") or 0)
+        elif isinstance(source.get("scn"), (str, int)):
+            found = int(source["scn"])
+        elif isinstance(source.get("sec"), int):
+            found = source["sec"] * 10 ** 9 + int(source.get("ord") or 0)
+        else:
+            return None
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return Decimal(found) if 0 <= found <= MAX_POSITION else None
+
+
 def _changes(diff) -> str:
     parts = [f"{what} {', '.join(paths)}" for what, paths in
              (("adds", diff.added), ("widens", diff.widened), ("may leave null", diff.relaxed)) if paths]
@@ -700,6 +742,7 @@ class RecordValidator:
             self._decoder(source.key_format, store, None, "key")
         self.key_record: dict | None = None  # the decoded key of the last check_key (record keys)
         self.fields = [(f.name, f.required, _field_checker(f)) for f in spec.contract.fields]
+        self._checks = {name: check for name, _, check in self.fields}
         self.quarantined = quarantined
         self.max_value_bytes = source.max_value_bytes
         self.key_field = source.key_field
@@ -731,10 +774,13 @@ class RecordValidator:
             return None
         if self.key_decoder is not None:
             try:
-                self.key_record = self.key_decoder.decode(key)
+                record = _unwrap(self.key_decoder.decode(key))
             except Rejected as rejected:
                 raise Rejected("bad_key", f"{rejected.kind}: {rejected.detail}") from None
-            return _canonical(self.key_record)
+            if not isinstance(record, dict):
+                raise Rejected("bad_key", f"the key is a {type(record).__name__}, not a record")
+            self.key_record = record
+            return _canonical(record)
         try:
             return key.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -778,6 +824,65 @@ class RecordValidator:
                                f"{name} changed incompatibly in the contract; quarantined until the table is fixed")
             row[name] = check(v)
         return row
+
+    def check_change(self, key: bytes | None, value: bytes | None) -> tuple[str | None, tuple, str]:
+        """A change event of a `mode: cdc` pipeline (Debezium's envelope), checked: (key text, row, op).
+
+        The row is the contract values of the event's `after` (creates `c`, snapshot reads `r`, updates
+        `u`: op "upsert") or, for a delete (`d`) or a tombstone (a null value), the primary-key columns
+        from the key record (op "delete"); its last element is the event's `_cdc` value: the Debezium
+        op, the source's commit time (epoch micros) and its position in the source's log (see
+        `source_position`), which order changes of one key across Kafka partitions. Kafka Connect's JSON
+        envelopes with schemas ({"schema": ..., "payload": ...}) are unwrapped. Raises Rejected."""
+        key_text = self.check_key(key)
+        if self.key_record is None:  # a key that is not a record holding the primary key
+            raise Rejected("bad_key", "a change event's key must be a record holding the primary key columns")
+        keys = self._key_values(self.key_record)
+        key_row = tuple(keys.get(name) for name in self.names)
+        if value is None:  # the tombstone after a delete: the key stays deleted
+            return key_text, (*key_row, {"op": "d", "source_ts": None, "position": None}), "delete"
+        if len(value) > self.max_value_bytes:
+            raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
+        event = _unwrap(self.decoder.decode(value))
+        op = event.get("op")
+        source = event.get("source") if isinstance(event.get("source"), dict) else {}
+        meta = {"op": op, "source_ts": _epoch_ms_to_us(source.get("ts_ms", event.get("ts_ms"))),
+                "position": source_position(source)}
+        if op in ("c", "r", "u"):
+            after = _unwrap(event.get("after"))
+            if not isinstance(after, dict):
+                raise Rejected("bad_envelope", f"a change event with op {op!r} has no `after` row")
+            row = self.check_fields(after)
+            for name, value_in_key in keys.items():
+                if row[name] != value_in_key:
+                    raise Rejected("key_mismatch", f"the key's {name} {_show(value_in_key)} differs from the row's "
+                                                   f"{_show(row[name])}")
+            return key_text, (*(row[name] for name in self.names), meta), "upsert"
+        if op == "d":
+            return key_text, (*key_row, meta), "delete"
+        if op in ("t", "m"):
+            raise Rejected("unsupported_change", "a truncate (op t) empties the whole source table and is not applied "
+                                                 "row by row; replay the table's snapshot instead" if op == "t" else
+                           "a logical decoding message (op m) carries no row")
+        if op is None:
+            raise Rejected("bad_envelope", "not a Debezium change event: it has no `op`")
+        raise Rejected("bad_envelope", f"op {_show(op)} is not a Debezium operation (c, r, u, d, t, m)")
+
+    def _key_values(self, record: dict) -> dict:
+        """The primary-key columns (target.key) of a change event's key record, checked."""
+        record = _unwrap(record)
+        if not isinstance(record, dict):
+            raise Rejected("bad_key", "a change event's key must be a record holding the primary key columns")
+        found = {}
+        for name in self.spec.target.key:
+            value = record.get(name)
+            if value is None:
+                raise Rejected("bad_key", f"the key record has no primary key column {name}")
+            try:
+                found[name] = self._checks[name](value)
+            except Rejected as rejected:
+                raise Rejected("bad_key", f"{rejected.kind}: {rejected.detail}") from None
+        return found
 
     def check_row(self, key_text: str | None, value: bytes | None) -> tuple | None:
         """The verdict of `check` as a tuple of contract values in contract order.

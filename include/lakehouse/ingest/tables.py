@@ -49,7 +49,7 @@ from pyiceberg.types import (
 from lakehouse.core.errors import ConfigurationError, TableStateError
 from lakehouse.core import schemas
 from lakehouse.core.spec import RESERVED_COLUMNS, FieldSpec, PipelineSpec
-from lakehouse.ingest.reader import DEAD_LETTER_TABLE, SPARK_KAFKA_STRUCT
+from lakehouse.ingest.reader import DEAD_LETTER_TABLE, SPARK_CDC_STRUCT, SPARK_KAFKA_STRUCT
 
 _ICEBERG_PRIMITIVES = ((StringType, "string"), (IntegerType, "int"), (LongType, "long"), (FloatType, "float"),
                        (DoubleType, "double"), (BooleanType, "boolean"), (TimestamptzType, "timestamp"),
@@ -125,6 +125,9 @@ def _create_data_table(spark, spec: PipelineSpec, table: str) -> None:
                for f in spec.contract.fields]
     columns += [f"_kafka {SPARK_KAFKA_STRUCT} COMMENT 'source coordinates'",
                 "_ingested_at timestamp COMMENT 'when the pipeline committed the row'"]
+    if spec.is_cdc:
+        columns.append(f"_cdc {SPARK_CDC_STRUCT} COMMENT 'the change that wrote the row: op, source commit time "
+                       f"and log position'")
     partitioned = ""
     if spec.target.partition_by:
         partitioned = "PARTITIONED BY (" + ", ".join(p.spark_sql() for p in spec.target.partition_by) + ")"

@@ -10,8 +10,8 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from lakehouse.core import spec as spec_module
 from lakehouse.recovery import backfill
-from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, kafka_connection_settings
-from lakehouse_airflow.spark import kafka_submit_environment
+from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, connection_environment
+from lakehouse_airflow.spark import connection_submit_environment
 
 
 class BackfillPlanOperator(BaseOperator):
@@ -60,5 +60,5 @@ class BackfillSparkSubmitOperator(SparkSubmitOperator):
         if not planned["job_args"]:
             raise AirflowSkipException("nothing to backfill: " + "; ".join(planned["notes"]))
         self.application_args = [*(self.application_args or []), *planned["job_args"]]
-        with kafka_submit_environment(self, kafka_connection_settings(self.kafka_conn_id)):
+        with connection_submit_environment(self, connection_environment(self.kafka_conn_id)):
             super().execute(context)

@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from lakehouse.upkeep import maintenance
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
-from lakehouse_airflow.spark import kafka_submit_environment
+from lakehouse_airflow.spark import connection_submit_environment
 
 
 class MaintenanceOperator(SparkSubmitOperator):
@@ -41,7 +41,7 @@ class MaintenanceOperator(SparkSubmitOperator):
         # appended, not replaced: argparse keeps the last --run-id, so a retried try stays unambiguous
         self.application_args = [*(self.application_args or []), "--run-id", run_id]
         try:
-            with kafka_submit_environment(self, lakehouse.kafka_settings):
+            with connection_submit_environment(self, lakehouse.submit_environment):
                 super().execute(context)
         except AirflowException:
             context["ti"].xcom_push(key="receipt", value=self._receipt(lakehouse, run_id, since))

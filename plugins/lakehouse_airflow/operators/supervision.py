@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from lakehouse.ops import supervision
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
-from lakehouse_airflow.spark import kafka_submit_environment
+from lakehouse_airflow.spark import connection_submit_environment
 
 
 class _SubmittedJob:
@@ -78,7 +78,7 @@ class SupervisedSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> dict:
         lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
-        with kafka_submit_environment(self, lakehouse.kafka_settings):
+        with connection_submit_environment(self, lakehouse.submit_environment):
             self._supervisor = supervision.Supervisor(
                 lakehouse.spec, lakehouse.platform, self._launch, driver_marker=self.application,
                 startup_grace_s=self.startup_grace_s, stop_grace_s=self.stop_grace_s)
