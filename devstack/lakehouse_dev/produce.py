@@ -83,13 +83,16 @@ BAD_KINDS = (
     "bad_date",          # "31/12/2026", "2026-02-30", days outside years 1 to 9999
     "bad_uuid",          # "not-a-uuid", 32 hex digits without dashes
     "bad_key",           # a key that does not decode: Latin-1 text, a record key without its header
+    "key_mismatch",      # the key of another entity (a change event's key naming another row)
+    "bad_envelope",      # change streams: no Debezium envelope (an application's row), an op Debezium has not
+    "unsupported_change",  # change streams: a logical decoding message (op m), no row to apply
 )
 # What each value format can carry of them (kinds its writer schema cannot hold are left out per spec,
 # checked against the reader when the producer starts). JSON Schema's payload is JSON text.
 _JSON_TEXT = ("malformed_json", "not_utf8", "not_an_object", "oversize", "bad_string")
 _WIRE = ("bad_wire_format", "unknown_schema")
 _EVERY_FORMAT = ("missing_required", "bad_enum", "out_of_range", "pattern_mismatch", "timestamp_out_of_range",
-                 "bad_date", "bad_uuid", "null_value", "null_key", "bad_key", "bad_kafka_timestamp")
+                 "bad_date", "bad_uuid", "null_value", "null_key", "bad_key", "key_mismatch", "bad_kafka_timestamp")
 FORMAT_KINDS = {
     "json": (*_JSON_TEXT, *_EVERY_FORMAT, "wrong_type", "bad_timestamp"),
     "json_schema": (*_JSON_TEXT, *_EVERY_FORMAT, "wrong_type", "bad_timestamp", *_WIRE),
@@ -857,7 +860,10 @@ def verdict(validator: RecordValidator, key: bytes | None, value: bytes | None, 
     if timestamp is not None and not MIN_KAFKA_TIMESTAMP_MS <= timestamp <= MAX_KAFKA_TIMESTAMP_MS:
         return "bad_kafka_timestamp"
     try:
-        validator.check_row(validator.check_key(key), value)
+        if validator.spec.is_cdc:
+            validator.check_change(key, value)
+        else:
+            validator.check_row(validator.check_key(key), value)
     except Rejected as rejected:
         return rejected.kind
     return None
@@ -950,6 +956,11 @@ class RecordStream:
                                         {n: record[n] for n in self.key_names}, self.rng), self.values.encode(record), None
             if kind == "bad_kafka_timestamp":
                 return key, self.values.encode(record), self.factory.kafka_timestamp()
+            if kind == "key_mismatch":  # the key of another entity
+                if key is None:
+                    return None
+                other = {name: self.factory.value(self.factory.spec.contract.field(name)) for name in self.key_names}
+                return self.key_of(other), self.values.encode(record), None
             self.factory.corrupt(kind, record, path)
             return key, self.values.encode(record), None
         except Exception:  # noqa: BLE001 - the writer schema cannot hold this defect (fastavro, protobuf errors)
@@ -1012,7 +1023,8 @@ def _stream(spec: PipelineSpec, seed: int | None, now: Callable[[], datetime] | 
 
         return ChangeStream(spec, rng, platform, now=now, connect_schemas=connect_schemas)
     if connect_schemas:
-        raise ValueError("connect_schemas (Kafka Connect's schemas.enable) applies to change streams only")
+        raise errors.ConfigurationError(f"Connect schemas (schemas.enable=true) belong to change streams; pipeline "
+                                        f"{spec.name!r} is in target.mode {spec.target.mode}, not cdc")
     return RecordStream(spec, rng, platform, now=now)
 
 
