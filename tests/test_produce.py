@@ -264,7 +264,7 @@ def test_kinds_a_spec_cannot_express_are_not_sent(make_spec):
     # no key requirement: no null_key; an upsert keyed on the record key reads a tombstone as a delete;
     # no enum, range, pattern or timestamp; 1 MiB values are the broker's own limit
     assert set(kinds) == {"malformed_json", "not_utf8", "not_an_object", "missing_required", "wrong_type",
-                          "bad_string", "bad_kafka_timestamp", "bad_key"}
+                          "bad_string", "bad_kafka_timestamp", "bad_key", "key_mismatch"}
 
 
 def test_a_seed_reproduces_the_same_records(make_spec):

@@ -40,7 +40,8 @@ from lakehouse.core import config, errors
 from lakehouse.core.spec import FieldSpec, PipelineSpec
 from lakehouse_dev.produce import (_ATTEMPTS, _FIELD_KINDS, _MAX_SENDABLE_BYTES, _SELF_TEST_RECORDS, BAD_KINDS,
                                    FAULT_HEADER, FORMAT_KINDS, SOURCE_HEADER, FieldPath, RecordFactory,
-                                   SyntheticRecord, _attempts_failed, _deep_copy, reader_validator, verdict)
+                                   SyntheticRecord, _attempts_failed, _deep_copy, reader_validator, verdict,
+                                   written)
 from lakehouse_dev.record_formats import (CONTENT_TYPES, WIRE_WRITERS, JsonWriter, ProduceError, _decimals_as_text,
                                           contract_schema, writer_schema)
 
@@ -482,9 +483,10 @@ class ChangeStream:
         try:
             for _ in range(_SELF_TEST_RECORDS):
                 row = self.factory.row()
+                key, value = written(self.spec, lambda: (self._key(self._pk(row)),
+                                                         self._value(self._event("c", None, row, source))))
                 try:
-                    refused = verdict(self.validator, self._key(self._pk(row)),
-                                      self._value(self._event("c", None, row, source)), None)
+                    refused = verdict(self.validator, key, value, None)
                 except errors.LakehouseError as exc:
                     raise ProduceError(f"{self.spec.path}: the reader refuses the writer schema: {exc}") from None
                 if refused is not None:

@@ -875,6 +875,18 @@ def reader_validator(spec: PipelineSpec, platform: config.PlatformConfig | None)
     return RecordValidator(spec, registry=registry)
 
 
+def written(spec: PipelineSpec, write: Callable[[], Any]) -> Any:
+    """`write()` of a valid record; ProduceError when the writer schema cannot hold it (a folder schema of
+    other types than the contract's)."""
+    try:
+        return write()
+    except ProduceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - fastavro's and protobuf's errors for a value the schema refuses
+        raise ProduceError(f"{spec.path}: a valid record does not fit the writer schema: {type(exc).__name__}: "
+                           f"{str(exc)[:300]}; the folder's schema and the contract disagree") from None
+
+
 def _attempts_failed(spec: PipelineSpec, kind: str, last: str | None) -> ProduceError:
     return ProduceError(f"{spec.path}: could not make a {kind} record that the reader rejects as {kind} "
                         f"(in {_ATTEMPTS} attempts; the last was {'accepted' if last is None else last!r}); "
@@ -973,7 +985,7 @@ class RecordStream:
         try:
             for _ in range(_SELF_TEST_RECORDS):
                 record = self.factory.valid()
-                key, value = self.key_of(record), self.values.encode(record)
+                key, value = written(self.spec, lambda: (self.key_of(record), self.values.encode(record)))
                 if len(value) > self.spec.source.max_value_bytes:
                     raise ProduceError(f"{self.spec.path}: source.max_value_bytes is {self.spec.source.max_value_bytes} "
                                        f"but a valid record takes {len(value)} bytes")
