@@ -89,25 +89,26 @@ def airflow(*args: str, timeout: float = 120.0) -> str:
         time.sleep(3)
 
 
-def hand_to_airflow(specs, shared: tuple[str, ...] = ("retention_alignment",)) -> None:
-    """Unpause every DAG of the given pipelines: `@continuous` ingest DAGs start their jobs at once,
-    scheduled ones run on their schedule."""
+def hand_to_airflow(specs) -> None:
+    """Unpause every DAG of the given pipelines: the `@continuous` ingest DAGs start their jobs at once."""
     dag_ids = [f"{s.name}_{kind}" for s in specs for kind in ("ingest", "publish", "maintenance")]
-    for dag_id in [*dag_ids, *shared]:
+    for dag_id in [*dag_ids, "retention_alignment"]:
         airflow("dags", "unpause", dag_id)
-    print("unpaused: " + ", ".join([*dag_ids, *shared]))
+    print("unpaused: " + ", ".join([*dag_ids, "retention_alignment"]))
 
 
 def catch_up(specs, logs: Path) -> bool:
-    """Run a `--once` job per scheduled pipeline, side by side, as their `_ingest` DAGs do on schedule;
-    False when one fails (its log says why)."""
-    jobs = {s.name: start("ingest", "--pipeline", s.name, "--once", log=logs / f"ingest-{s.name}.log") for s in specs}
-    ok = True
-    for name, job in jobs.items():
+    """A `--once` job per scheduled pipeline, one after the other (two cores: side by side, or beside the
+    publish DAGs, they only slow each other down), as their `_ingest` DAGs run on schedule; False when one
+    fails (its log says why)."""
+    for s in specs:
+        started = time.monotonic()
+        job = start("ingest", "--pipeline", s.name, "--once", log=logs / f"ingest-{s.name}.log")
         if job.wait() != 0:
-            print(f"the --once job of {name} failed (exit {job.returncode}); see {logs}/ingest-{name}.log")
-            ok = False
-    return ok
+            print(f"the --once job of {s.name} failed (exit {job.returncode}); see {logs}/ingest-{s.name}.log")
+            return False
+        print(f"{s.name}: caught up in {time.monotonic() - started:.0f}s")
+    return True
 
 
 def change_stream_summary(log: Path) -> str:
@@ -208,10 +209,8 @@ def main() -> int:
     if scheduled:
         say(f"scheduled pipelines ({', '.join(s.name for s in scheduled)}): a `--once` job each catches up, "
             f"as their ingest DAGs do every 5 minutes")
-        started = time.monotonic()
         if not catch_up(scheduled, logs):
             return 1
-        print(f"caught up in {time.monotonic() - started:.0f}s")
 
     if airflow_started:
         say("write-audit-publish: triggering the publish DAGs (quality suite, freshness and lag gates)")
@@ -224,8 +223,10 @@ def main() -> int:
         finally:
             for p in trickle:
                 p.send_signal(signal.SIGTERM)
-        if scheduled:  # from now on Airflow runs them on their schedules
-            hand_to_airflow(scheduled, shared=())
+    if scheduled and airflow_started:  # from now on Airflow runs them on their schedules
+        pattern = f"^({'|'.join(s.name for s in scheduled)})_(ingest|publish|maintenance)$"
+        airflow("dags", "unpause", "--treat-dag-id-as-regex", "-y", pattern)
+        print(f"unpaused the DAGs of {', '.join(s.name for s in scheduled)} (matching {pattern})")
 
     say("status")
     print(render([pipeline_status(s) for s in specs]))
