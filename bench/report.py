@@ -328,6 +328,7 @@ def render(results: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
     out += _freshness(results)
     out += _baseline(results)
     out += _maintenance(results)
+    out += _proof(results)
     out += _data(results)
     if plots:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
@@ -536,6 +537,33 @@ def _maintenance(results: Mapping[str, Any]) -> list[str]:
         + ([f"`lakehouse maintain` exited with {m.get('maintain_exit_code')}; the table was measured after it "
             f"anyway. Its error:", "", "```", str(m.get("maintain_error")).strip(), "```", ""]
            if m.get("maintain_error") else [])
+
+
+def _proof(results: Mapping[str, Any]) -> list[str]:
+    p = results.get("proof") or {}
+    if not p:
+        return []
+    built, trace, ver = p.get("trace_table") or {}, p.get("trace") or {}, p.get("verify") or {}
+    spark = ver.get("spark") or {}
+    return ["## Proving the contract: trace and verify", "",
+            f"`lakehouse trace` on {built.get('table')}: {num(built.get('rows'))} rows in {num(built.get('files'))} "
+            f"data files and {num(built.get('commits'))} ingest commits over {built.get('partitions')} partitions "
+            f"(built with pyiceberg appends in {secs(built.get('build_s'))}). Each lookup is a fresh call: the "
+            f"table loaded from the catalog, its files pruned by their `_kafka` bounds.", "",
+            table(["", ""], [
+                ("trace latency, median", secs(trace.get("median_s"))),
+                ("trace latency, p95", secs(trace.get("p95_s"))),
+                ("trace latency, max", secs(trace.get("max_s"))),
+                ("data files read per lookup (median)",
+                 f"{num(trace.get('files_planned_median'))} of {num(trace.get('files_total'))}"),
+            ]), "",
+            f"`lakehouse verify --full` over {ver.get('pipeline')} ({num(ver.get('offsets'))} offsets Kafka holds, "
+            f"every row of its data and dead-letter tables):", "",
+            table(["engine", "offsets/s", "seconds"], [
+                ("in process (median)", num(ver.get("local_median_offsets_per_s")), secs(ver.get("local_median_s"))),
+                ("Spark job (one run, session start included)", num(spark.get("offsets_per_s")),
+                 secs(spark.get("seconds"))),
+            ]), ""]
 
 
 def _data(results: Mapping[str, Any]) -> list[str]:

@@ -12,7 +12,9 @@ Order of work, all on the same synthetic records:
   7. the hand-written baseline with N = 10,000 and 50,000;
   8. freshness: one continuous job per trigger while a paced producer runs each rate;
   9. maintenance on the table the 1 s-trigger job left;
- 10. stop the stack; write results.json, the PNG plots and report.md.
+ 10. proof: `lakehouse trace` latency on a table of BENCH_TRACE_ROWS rows, `lakehouse verify`
+     throughput (offsets proven exactly once per second) on a pipeline `--once` filled;
+ 11. stop the stack; write results.json, the PNG plots and report.md.
 
 A section that fails is reported (with its error) and the others still run; the exit code
 is then 1. Targets that do not hold do not change the exit code: they are findings.
@@ -25,6 +27,7 @@ Knobs (flags, or environment variables for `make bench`):
   --pipeline-repeats / BENCH_PIPELINE_REPEATS   `--once` runs per topic (default 2)
   --phase-seconds / BENCH_PHASE_SECONDS          seconds per produce rate (default 15)
   --drain-seconds / BENCH_DRAIN_SECONDS          bound on the drain after the last phase (default 30)
+  --trace-rows / BENCH_TRACE_ROWS    rows of the table the trace latency is measured on (default 10,000,000)
   --rates, --triggers, --port, --out, --sections
 """
 
@@ -43,12 +46,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import machine, report, stats, workloads
+from bench import machine, proof, report, stats, workloads
 from bench.env import DEFAULT_BROKER_PORT, BenchError, BenchStack
 from lakehouse.core import config
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.spec import load_spec
 
 DEFAULT_RECORDS = 300_000
-SECTIONS = ("ceilings", "pipeline", "scaling", "small_batches", "baseline", "freshness", "maintenance")
+SECTIONS = ("ceilings", "pipeline", "scaling", "small_batches", "baseline", "freshness", "maintenance", "proof")
+TRACE_ROWS = 10_000_000
+TRACE_LOOKUPS = 20
 BASELINE_EVERY = (10_000, 50_000)
 FRESHNESS_BATCH = 200_000  # the orders spec's max_records_per_batch, for the continuous jobs
 SMALL_BATCH = 10  # records per batch of the small-batch section
@@ -102,6 +109,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--phase-seconds", type=float, default=_env_number("BENCH_PHASE_SECONDS", 15.0))
     parser.add_argument("--drain-seconds", type=float, default=_env_number("BENCH_DRAIN_SECONDS", 30.0))
     parser.add_argument("--bad-ratio", type=float, default=0.01, help="share of records broken on purpose")
+    parser.add_argument("--trace-rows", type=int, default=int(_env_number("BENCH_TRACE_ROWS", TRACE_ROWS)),
+                        help="rows of the table trace latency is measured on (default %(default)s)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--port", type=int, default=int(_env_number("BENCH_BROKER_PORT", DEFAULT_BROKER_PORT)),
                         help="the scratch broker's port")
@@ -115,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.records < 3_000:
         parser.error("--records must be at least 3000 (three batches of at least 1000)")
+    if args.trace_rows < 3_000:
+        parser.error("--trace-rows must be at least 3000")
     if args.repeats < 1 or args.pipeline_repeats < 1:
         parser.error("repeats must be at least 1")
     return args
@@ -137,7 +148,7 @@ class Bench:
                 "records": args.records, "batch_size": self.batch_size, "repeats": args.repeats,
                 "pipeline_repeats": args.pipeline_repeats, "rates": args.rates, "triggers": args.triggers,
                 "phase_s": args.phase_seconds, "drain_s": args.drain_seconds, "bad_ratio": args.bad_ratio,
-                "seed": args.seed, "broker_port": args.port, "cores": os.cpu_count(),
+                "seed": args.seed, "broker_port": args.port, "cores": os.cpu_count(), "trace_rows": args.trace_rows,
                 "sections": args.sections},
             "errors": {},
         }
@@ -339,6 +350,30 @@ class Bench:
         self.results["maintenance"] = m
         self.say(f"maintenance of {m['table']}: files {m['files_before']} -> {m['files_after']}, scan "
                  f"{_fmt(m['scan_median_before'], 3)}s -> {_fmt(m['scan_median_after'], 3)}s")
+
+    def proof(self) -> None:
+        """Trace latency on a large table, verification throughput on an ingested pipeline."""
+        spec = self.stack.write_spec("bench_trace", "bench-trace", proof.PARTITIONS, self.batch_size)
+        platform = self.stack.platform()
+        built = proof.build_table(open_catalog(platform, spec.catalog), spec, self.args.trace_rows, progress=self.say)
+        self.say(f"trace table {built['table']}: {built['rows']:,} rows, {built['files']:,} files in "
+                 f"{built['commits']} commits, built in {built['build_s']:.0f}s")
+        latency = proof.trace_latency(platform, spec, built["rows"], TRACE_LOOKUPS, self.args.seed)
+        self.say(f"trace: median {_fmt(latency['median_s'], 3)}s, p95 {_fmt(latency['p95_s'], 3)}s over "
+                 f"{latency['lookups']} lookups; {_fmt(latency['files_planned_median'])} of "
+                 f"{latency['files_total']:,} files read per lookup")
+        ingested = self.stack.pipelines_dir / f"{self.specs['p3'].name}_r1.yaml"
+        if ingested.exists():  # the pipeline section's first `--once` run over the whole backlog
+            target = load_spec(ingested)
+        else:
+            base = self.specs["p3"]
+            target = self.stack.write_spec("bench_verify", base.source.topic, base.source.partitions, self.batch_size)
+            workloads.run_once(self.stack, target, self.args.records, self.value_bytes_per_record)
+        throughput = proof.verify_throughput(self.stack, target, self.args.repeats)
+        self.say(f"verify {target.name}: {throughput['offsets']:,} offsets, "
+                 f"{_fmt(throughput['local_median_offsets_per_s'])} offsets/s in process, "
+                 f"{_fmt(throughput['spark']['offsets_per_s'])} offsets/s as a Spark job")
+        self.results["proof"] = {"trace_table": built, "trace": latency, "verify": throughput}
 
     # -- the run -------------------------------------------------------------------------------
 

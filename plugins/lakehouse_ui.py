@@ -3,14 +3,22 @@
 Airflow mounts `app` (FastAPI) under /lakehouse on its API server and shows the page
 in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
 
-    GET /lakehouse/                 HTML: lag, freshness, last commit, quality, dead letters,
-                                    a lag/freshness chart and links to each pipeline's DAGs
+    GET /lakehouse/                 HTML: lag, freshness, last commit, quality, the last exactly-once
+                                    verification, dead letters, the newest event of each kind (with
+                                    who acted), the recent operator actions (who, when, with which
+                                    parameters, the outcome), layout drift between spec and tables,
+                                    a lag/freshness chart, the cost panel (per day), links to each
+                                    pipeline's DAGs and a form to trace one record
     GET /lakehouse/api/pipelines    the same numbers as JSON
+    GET /lakehouse/trace?pipeline=P&partition=N&offset=O    HTML: where that record is (lakehouse.ops.trace)
+    GET /lakehouse/api/trace?...    the same as JSON
 
 Every number comes from `lakehouse.ops.history.overview` (the tables' snapshot summaries,
 Kafka and the ops timeline) at request time. A spec file that does not load (or claims a
 table, view or name another spec claims) is shown with its SpecError text next to the
-working pipelines; a pipeline with no commits says so.
+working pipelines; a pipeline with no commits says so. The trace form's values are checked (a
+pipeline of the specs, a partition and an offset that are whole numbers from 0) before anything is
+read; a refused value answers 400 with the reason, a record the pipeline cannot trace 422.
 
 Access: Airflow 3 does not put plugin FastAPI apps behind its login; the page is
 read-only and served on the API server's address (127.0.0.1 in the embedded stack).
@@ -24,12 +32,14 @@ from datetime import datetime, timezone
 
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from lakehouse.core import config
-from lakehouse.core.spec import load_specs
+from lakehouse.core.errors import LakehouseError
+from lakehouse.core.spec import IDENTIFIER, load_pipeline, load_specs
 from lakehouse.ingest.job import STAGES
 from lakehouse.ops import history
+from lakehouse.ops.cost import human_bytes
 from lakehouse.ops.status import format_age
 
 app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
@@ -61,6 +71,48 @@ def pipelines_json() -> list[dict]:
 @app.get("/", response_class=HTMLResponse)
 def pipelines_page() -> str:
     return _page(_entries(), datetime.now(timezone.utc))
+
+
+MAX_PARTITION, MAX_OFFSET = 2 ** 31 - 1, 2 ** 63 - 1
+
+
+def _trace(pipeline: str, partition: str, offset: str) -> tuple[int, dict]:
+    """(HTTP status, body) of one record's trace: 200 and the trace, 400 for a refused value, 422 when the
+    pipeline cannot answer (an unknown pipeline or partition, Kafka unreachable), 500 for anything else,
+    with the error's text."""
+    def number(text: str, name: str, maximum: int) -> int:
+        if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > maximum:
+            raise ValueError(f"{name} must be a whole number from 0 to {maximum}, got {text[:40]!r}")
+        return int(text)
+
+    try:
+        if not IDENTIFIER.fullmatch(pipeline):
+            raise ValueError(f"{pipeline[:60]!r} is not a pipeline name")
+        where = (number(partition, "partition", MAX_PARTITION), number(offset, "offset", MAX_OFFSET))
+    except ValueError as exc:
+        return 400, {"pipeline": pipeline[:128], "error": str(exc)}
+    from lakehouse.ops.trace import trace_record
+
+    try:
+        return 200, trace_record(load_pipeline(pipeline), *where).to_json()
+    except LakehouseError as exc:
+        return 422, {"pipeline": pipeline, "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a page answers with what failed, not a bare 500
+        return 500, {"pipeline": pipeline, "error": f"{type(exc).__name__}: {exc}"}
+
+
+@app.get("/api/trace")
+def trace_json(pipeline: str = "", partition: str = "", offset: str = "") -> JSONResponse:
+    """Where one record is (lakehouse.ops.trace.trace_record), or {"error"} with 400/422."""
+    status, body = _trace(pipeline, partition, offset)
+    return JSONResponse(body, status_code=status)
+
+
+@app.get("/trace", response_class=HTMLResponse)
+def trace_page(pipeline: str = "", partition: str = "", offset: str = "") -> HTMLResponse:
+    """The trace form's answer as a page."""
+    status, body = _trace(pipeline, partition, offset)
+    return HTMLResponse(_trace_page(body), status_code=status)
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -107,26 +159,133 @@ def _quality(event: dict | None) -> str:
             + f' <span class="muted">{_e(event.get("message") or "")} ({_e(when)})</span>')
 
 
+def _verification(event: dict | None) -> str:
+    """The newest `verify` event: status, what it says and when; what to run when none yet."""
+    if event is None:
+        return _field("verification", "none yet", "muted") + ' <span class="muted">(run the verify DAG or ' \
+                                                              '`lakehouse verify`)</span>'
+    when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (_field("verification", event["status"], f"status-{_e(event['status'])}")
+            + f' <span class="muted" data-field="verification_message">{_e(event.get("message") or "")}</span>'
+            + f' <span class="muted">({_e(when)})</span>')
+
+
+def _trace_form(name: str) -> str:
+    return (f'<form class="trace" action="trace" method="get" data-field="trace_form">'
+            f'<input type="hidden" name="pipeline" value="{_e(name)}">'
+            f'partition <input name="partition" type="number" min="0" max="{MAX_PARTITION}" required> '
+            f'offset <input name="offset" type="number" min="0" required> <button type="submit">Trace</button></form>')
+
+
+def _trace_page(body: dict) -> str:
+    """A trace's answer: the verdict and why, the rows holding the record and the commits that added them."""
+    if "error" in body:
+        content = f'<p class="error" data-field="error">{_e(body["error"])}</p>'
+    else:
+        rows = "".join(
+            f'<tr><td>{_e(s["role"])}</td><td>{_e(s["table"])}</td><td>'
+            + ", ".join(f'snapshot {_e(c["snapshot_id"])} ({_e(c["kind"])}) at {_e(c["at"])}' for c in s["commits"])
+            + "</td></tr>" for s in body["sightings"])
+        kafka = body.get("kafka")
+        content = (f'<p><span data-field="verdict" class="verdict">{_e(body["verdict"])}</span>: '
+                   f'<span data-field="message">{_e(body["message"])}</span></p>'
+                   + (f'<table><tr><th>role</th><th>table</th><th>added by</th></tr>{rows}</table>' if rows else "")
+                   + (f'<p class="muted" data-field="kafka">partition {_e(body["partition"])}: earliest '
+                      f'{_e(kafka["earliest"])}, committed {_e(kafka["committed"])}, log end {_e(kafka["end"])}, '
+                      f'lag {_e(kafka["lag"])}</p>' if kafka else ""))
+    title = "Trace" + (f' {body["topic"]}[{body["partition"]}]@{body["offset"]}' if "error" not in body else "")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style></head>
+<body><h1>{_e(title)} <small>{_e(body.get("pipeline", ""))}</small></h1>
+<section class="card">{content}</section><p><a href="./">All pipelines</a></p></body></html>"""
+
+
 def _timeline(timeline: dict) -> str:
     """The last batch with its stage seconds, throughput over the last minutes, the newest other events."""
     if "error" in timeline:
         return f'<span class="error">{_e(timeline["error"])}</span>'
     last = timeline.get("last_batch")
-    if last is None:
-        return _field("last_batch", "no batch events yet", "muted")
-    stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
-    recent = timeline["recent"]
-    rate = f"{recent['records_per_s']:g}"
-    rows = [f'last batch: {_field("last_batch", last["message"])} <span class="muted">({_e(stages)})</span>',
-            f'last {recent["window_s"] / 60:.0f} min: {_field("batches", recent["batches"])} batches, '
-            f'{_field("records_per_s", rate)} records/s, '
-            f'{_field("recent_dead_letters", recent["dead_letters"])} dead letters, '
-            f'{_field("commit_retries", recent["commit_retries"])} commit retries']
+    if last is None:  # a writer that never committed: its other events (a retention alert) still show
+        rows = [_field("last_batch", "no batch events yet", "muted")]
+    else:
+        stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
+        recent = timeline["recent"]
+        rate = f"{recent['records_per_s']:g}"
+        rows = [f'last batch: {_field("last_batch", last["message"])} <span class="muted">({_e(stages)})</span>',
+                f'last {recent["window_s"] / 60:.0f} min: {_field("batches", recent["batches"])} batches, '
+                f'{_field("records_per_s", rate)} records/s, '
+                f'{_field("recent_dead_letters", recent["dead_letters"])} dead letters, '
+                f'{_field("commit_retries", recent["commit_retries"])} commit retries']
     for kind, event in sorted(timeline["latest"].items()):
         when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
         status = _field(f"latest_{kind}", event["status"], "status-" + _e(event["status"]))
-        rows.append(f'{_e(kind)}: {status} <span class="muted">{_e(event["message"] or "")} ({_e(when)})</span>')
+        by = f' by {_field(f"latest_{kind}_actor", event["actor"])}' if event.get("actor") else ""
+        rows.append(f'{_e(kind)}: {status}{by} <span class="muted">{_e(event["message"] or "")} ({_e(when)})</span>')
     return "<br>".join(rows)
+
+
+def _actions(timeline: dict) -> str:
+    """The newest operator actions people took: when, what, who (and through what), the parameters, the outcome."""
+    if "error" in timeline:
+        return '<span class="muted">the timeline cannot be read (see above)</span>'
+    actions = timeline.get("actions") or []
+    if not actions:
+        return '<span class="muted">none in the last 7 days</span>'
+    rows = []
+    for action in actions:
+        when = datetime.fromisoformat(action["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
+        origin = action["origin"]
+        via = (f'Airflow run {origin.get("dag_id")}/{origin.get("run_id")}' if origin.get("via") == "airflow"
+               else f'command on {origin.get("host")} as {origin.get("os_user")}')
+        parameters = ", ".join(f"{k}={v}" for k, v in sorted(action["parameters"].items())) or "no parameters"
+        rows.append(f'<li data-kind="{_e(action["kind"])}">{_e(when)} {_e(action["kind"])} by '
+                    f'{_field("action_actor", action["actor"])} <span class="muted">({_e(via)})</span>: '
+                    f'{_field("action_status", action["status"], "status-" + _e(action["status"]))} '
+                    f'<span class="muted">{_e(parameters)}; {_e(action["message"] or "")}</span></li>')
+    return f'<ul class="actions">{"".join(rows)}</ul>'
+
+
+def _layout(found: dict | None) -> str:
+    """Drift between the spec and its tables: in sync, what the job applies at its next start or spec
+    reload, or what it refuses (and stops on)."""
+    if found is None:
+        return _field("layout", "unknown", "muted")
+    if found["in_sync"]:
+        return _field("layout", "follows the spec", "ok")
+    rows = [_field("layout", "refused" if found["refused"] else "drift", "bad" if found["refused"] else "")]
+    rows += [f'<span class="error" data-field="layout_refused">{_e(why)}</span>' for why in found["refused"]]
+    for drift in found["tables"]:
+        changes = [c for c in drift["changes"] if c not in found["refused"]]
+        if changes:
+            rows.append(f'{_e(drift["table"])}: <span data-field="layout_changes">{_e("; ".join(changes))}</span> '
+                        f'<span class="muted">(applied {_e(found["applies"])})</span>')
+    return "<br>".join(rows)
+
+
+def _cost(found: dict) -> str:
+    """The cost panel: one row per day of what the pipeline used, priced when unit prices are set."""
+    if "error" in found:
+        return f'<span class="error" data-field="cost_error">{_e(found["error"])}</span>'
+    priced = found["priced"]
+    head = ("day", "produced", "Kafka retains", "tables", "files", "PUT", "GET", "ingest s", "maintenance s")
+    head += (f'price {found["prices"]["currency"]}'.strip(),) if priced else ()
+    rows = []
+    for d in found["days"]:
+        cells = [(d["day"] + (" (so far)" if d["partial"] else ""), "day"),
+                 (human_bytes(d["produced_bytes"]), "produced_bytes"),
+                 (human_bytes(d["kafka_retained_bytes"]), "kafka_retained_bytes"),
+                 (human_bytes(d["table_bytes"]), "table_bytes"), (d["table_files"], "table_files"),
+                 (d["put_requests"], "put_requests"), (d["get_requests"], "get_requests"),
+                 (f'{d["ingest_seconds"]:.1f}', "ingest_seconds"), (f'{d["maintenance_seconds"]:.1f}', "maintenance_seconds")]
+        if priced:
+            cells.append((f'{(d["price"] or {}).get("total", 0.0):.4f}', "price"))
+        day = d["day"]
+        rows.append("<tr>" + "".join(f'<td>{_field(f"cost_{day}_{name}", "-" if v is None else v)}</td>'
+                                     for v, name in cells) + "</tr>")
+    note = "" if priced else '<p class="muted">no unit prices set (LAKEHOUSE_PRICE_*): quantities only</p>'
+    notes = "".join(f'<p class="muted">{_e(n)}</p>' for n in found["notes"])
+    return (f'<table class="cost"><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(rows)}</table>'
+            f"{note}{notes}")
 
 
 def _card(entry: dict) -> str:
@@ -168,10 +327,15 @@ def _card(entry: dict) -> str:
 <tr><th>Rows</th><td>{_field("rows", entry["rows"])}</td></tr>
 <tr><th>Dead letters</th><td>{_field("dead_letters", entry["dead_letters"])} rows</td></tr>
 <tr><th>Last quality check</th><td>{_quality(entry["quality"])}</td></tr>
+<tr><th>Exactly once</th><td>{_verification(entry["timeline"].get("latest", {}).get("verify"))}</td></tr>
+<tr><th>Trace a record</th><td>{_trace_form(name)}</td></tr>
 <tr><th>Timeline</th><td class="timeline">{_timeline(entry["timeline"])}</td></tr>
+<tr><th>Operator actions</th><td class="operator-actions">{_actions(entry["timeline"])}</td></tr>
+<tr><th>Layout</th><td class="layout">{_layout(entry.get("layout"))}</td></tr>
 <tr><th>DAGs</th><td class="dags">{dags}</td></tr>
 </table>
 <div class="charts" data-history-source="{_e(hist["source"])}">{charts}</div>
+<details class="cost-panel" open><summary>Cost per day (UTC)</summary>{_cost(entry["cost"])}</details>
 </section>"""
 
 
@@ -184,9 +348,11 @@ table{border-collapse:collapse;font-size:14px} th{text-align:left;color:#52606d;
 td{padding:3px 0} .ok{color:#0b7a3b} .bad{color:#c0392b;font-weight:600} .muted{color:#7b8794}
 .error{color:#c0392b;font-family:monospace;white-space:pre-wrap} .broken{border-color:#e5a19a}
 .status-ok{color:#0b7a3b;font-weight:600} .status-failed{color:#c0392b;font-weight:600} .status-warn{color:#b7791f;font-weight:600}
-.dags a{margin-right:10px} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
+.dags a{margin-right:10px} .actions{margin:0;padding-left:18px} .trace input{width:8em} .verdict{font-weight:600} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
 .chart{margin:0} .chart figcaption{font-size:12px;color:#52606d} .bg{fill:#f0f4f8}
 .series{fill:none;stroke:#2563eb;stroke-width:2} .slo{stroke:#c0392b;stroke-dasharray:4 3}
+.cost-panel{margin-top:8px} .cost-panel summary{font-size:14px;color:#52606d;font-weight:600;cursor:pointer}
+.cost th,.cost td{padding:2px 12px 2px 0;font-size:13px;text-align:right} .cost th:first-child,.cost td:first-child{text-align:left}
 .nodata{width:360px;height:90px;background:#f0f4f8;color:#7b8794;font-size:12px;display:flex;align-items:center;justify-content:center}
 """
 

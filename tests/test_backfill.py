@@ -106,13 +106,17 @@ def test_an_in_place_backfill_restores_deleted_rows_exactly_once_and_a_dry_run_w
     assert planned["records"] == 300 and planned["dry_run"] is True
     assert planned["target_table"] == spec.qualified(spec.target.table)
     assert dry.get_task_instance("backfill").state == "skipped"
-    assert len(rows(platform, spec, spec.target.table)) == remaining and not backfill_events(platform, spec)
+    assert len(rows(platform, spec, spec.target.table)) == remaining
+    [dry_event] = backfill_events(platform, spec)  # audited: who asked what, and that nothing was written
+    assert (dry_event["status"], dry_event["actor"]) == ("skipped", "dag_test")
+    assert dry_event["details"]["parameters"]["start_time"] == "2000-01-01T00:00:00+00:00"
 
     # a refused request fails the plan and never reaches the job
     refused = run_dag(f"{spec.name}_backfill", pipelines_dir, conf={"offsets": "0:0-100000", "dry_run": False})
     assert refused.state == "failed"
     assert refused.get_task_instance("plan").state == "failed"
     assert refused.get_task_instance("backfill").state == "upstream_failed"
+    assert backfill_events(platform, spec)[-1]["status"] == "failed"
 
     first = run_dag(f"{spec.name}_backfill", pipelines_dir, conf={"offsets": everything, "dry_run": False})
     assert first.state == "success" and first.get_task_instance("backfill").state == "success"
@@ -121,8 +125,11 @@ def test_an_in_place_backfill_restores_deleted_rows_exactly_once_and_a_dry_run_w
     assert again.state == "success"
     assert assert_exactly_once(platform, spec) == 300
 
-    recorded = backfill_events(platform, spec)
+    recorded = [e for e in backfill_events(platform, spec) if e["status"] == "ok"]
     assert [e["metrics"]["inserted"] for e in recorded] == [len(rows(platform, spec, spec.target.table)) - remaining, 0]
+    # the replay job spark-submit ran records the user who triggered the DAG run, and the run
+    assert [(e["actor"], e["details"]["actor"]["run_id"]) for e in recorded] == \
+        [("dag_test", first.run_id), ("dag_test", again.run_id)]
     assert recorded[0]["metrics"]["records"] == 300
     assert positions(platform, spec) == live_positions  # the live pipeline's resume point did not move
 

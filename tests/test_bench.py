@@ -347,3 +347,21 @@ def test_bench_specs_are_the_orders_spec_with_their_own_topic_tables_and_batch_s
     assert spec.contract == orders.contract and spec.target.partition_by == orders.target.partition_by
     assert spec.target.mode == orders.target.mode == "append"
     assert template["name"] == "orders"  # the template itself is left untouched
+
+
+# ---------------------------------------------------------------------------------------------- proof
+
+def test_the_report_shows_trace_latency_and_verification_throughput():
+    proof = {"trace_table": {"table": "lake.raw.bench_trace", "rows": 10_000_000, "files": 640, "commits": 100,
+                             "partitions": 3, "build_s": 80.0},
+             "trace": {"lookups": 20, "median_s": 0.21, "p95_s": 0.4, "max_s": 0.5, "files_planned_median": 1,
+                       "files_total": 640},
+             "verify": {"pipeline": "bench_p3_r1", "offsets": 300_000, "local_median_offsets_per_s": 190_000,
+                        "local_median_s": 1.58, "spark": {"offsets_per_s": 22_000, "seconds": 13.3}}}
+    text = report.render({**RESULTS, "proof": proof})
+    assert "on lake.raw.bench_trace: 10,000,000 rows in 640 data files and 100 ingest commits" in text
+    assert "| trace latency, median | 0.21 s |" in text and "| trace latency, p95 | 0.40 s |" in text
+    assert "| data files read per lookup (median) | 1 of 640 |" in text
+    assert "| in process (median) | 190,000 | 1.58 s |" in text
+    assert "| Spark job (one run, session start included) | 22,000 | 13.30 s |" in text
+    assert "Proving the contract" not in report.render(RESULTS)  # a run without the section shows none

@@ -278,4 +278,9 @@ def test_cutover_refuses_a_view_it_does_not_manage_or_a_candidate_it_cannot_veri
     elsewhere = dataclasses.replace(candidate, name="declared_elsewhere")
     with pytest.raises(cutover.CutoverError, match="is not a candidate for"):
         cutover.cutover(None, live, elsewhere, platform)
-    assert lake.views == {view: "SELECT * FROM other.raw.secrets"} and not lake.timeline
+    assert lake.views == {view: "SELECT * FROM other.raw.secrets"}
+    # each refused attempt is audited: a failed cutover event naming who asked and what
+    refusals = lake.events("cutover")
+    assert [e["status"] for e in refusals] == ["failed"] * 3
+    assert [e["details"]["parameters"]["candidate"] for e in refusals] == [candidate.name] * 2 + [elsewhere.name]
+    assert {e["actor"] for e in refusals} == {events.Actor.of_process().user}

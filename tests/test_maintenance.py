@@ -85,6 +85,8 @@ def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, 
     recorded = [e for e in events.recent(spec.name, "maintenance", platform=platform)
                 if e["details"]["run_id"] == receipt["run_id"]]
     assert len(recorded) == 3 and all(e["status"] == "ok" for e in recorded)
+    # audited: the job spark-submit ran names the user who triggered the DAG run
+    assert {(e["actor"], e["details"]["actor"]["dag_id"]) for e in recorded} == {("dag_test", run.dag_id)}
     assert {e["metrics"]["data_files_after"] for e in recorded} == {t["data_files_after"] for t in receipt["tables"]}
 
     # ingestion did commit while the maintenance job ran, and nothing was lost or duplicated

@@ -306,3 +306,51 @@ def test_lakehouse_schemas_pulls_the_registry_versions_and_says_what_the_contrac
     assert cli.main(["schemas", "--pipeline", spec.name, "--json"]) == 2  # the registry's 3 is incompatible
     listed = {r["schema_id"]: (r["where"], r["verdict"]) for r in json.loads(capsys.readouterr().out)}
     assert listed == {1: ("folder", "fits"), 2: ("folder", "fits"), 3: ("registry", "incompatible")}
+
+
+# ------------------------------------------------------------------- the row plans agree with the reference
+
+PLANNED = {"type": "record", "name": "P", "fields": [
+    {"name": "order_id", "type": "string"},
+    {"name": "qty", "type": "int"},
+    {"name": "serial", "type": ["null", "long"], "default": None},
+    {"name": "price", "type": "double"},
+    {"name": "code", "type": "string"},
+    {"name": "flag", "type": ["null", "boolean"], "default": None},
+    {"name": "raw", "type": "bytes"},
+    {"name": "at", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}], "default": None}]}
+PLANNED_CONTRACT = [
+    {"name": "order_id", "type": "string", "required": True},
+    {"name": "qty", "type": "long", "required": True, "min": 1},          # a bound: checked
+    {"name": "serial", "type": "long", "required": True},                  # nullable in the writer: checked
+    {"name": "price", "type": "double"},                                   # NaN and infinity: checked
+    {"name": "code", "type": "string", "pattern": "[A-Z]{3}"},
+    {"name": "flag", "type": "boolean"},
+    {"name": "raw", "type": "binary"},
+    {"name": "at", "type": "timestamp"},
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(record=st.fixed_dictionaries({
+    "order_id": st.text(max_size=5), "qty": st.integers(-2 ** 31, 2 ** 31 - 1),
+    "serial": st.none() | st.integers(-2 ** 63, 2 ** 63 - 1), "price": st.floats(),
+    "code": st.sampled_from(["EUR", "eur", "EURO"]), "flag": st.none() | st.booleans(),
+    "raw": st.binary(max_size=4),
+    "at": st.none() | st.datetimes(timezones=st.just(timezone.utc))}),
+    quarantine=st.sampled_from([frozenset(), frozenset({"code"})]))
+def test_an_avro_row_plan_gives_the_reference_verdict_for_any_record(make_spec, record, quarantine):
+    spec = spec_in(make_spec, "avro", {"4.avsc": json.dumps(PLANNED)}, fields=PLANNED_CONTRACT, partition_by=None,
+                   key=None)
+    value = wire(4, PLANNED, record)
+
+    def outcome(call):
+        try:
+            return "row", call(None, value)
+        except Rejected as rejected:
+            return rejected.kind, rejected.detail
+
+    validator = RecordValidator(spec, quarantined=quarantine)
+    planned = outcome(validator.check_row)
+    reference = outcome(validator.check)
+    assert planned == (reference if reference[0] != "row" else ("row", tuple(reference[1].values())))

@@ -7,14 +7,24 @@
     lakehouse status [--pipeline NAME] [--json]  lag, recovery points, row and dead-letter counts
     lakehouse maintain --pipeline NAME           compact, expire snapshots, remove orphans (receipt per table)
     lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
+    lakehouse retention --pipeline NAME --guard  extend retention.ms while the writer is behind, restore it after
     lakehouse schemas --pipeline NAME [--pull]   writer schemas (folder, registry) and whether the contract takes each
+    lakehouse trace --pipeline NAME --partition N --offset O   where one record is (or --key K --since T)
+    lakehouse verify --pipeline NAME             prove every offset exactly once across the tables (exit 3: not)
+    lakehouse cost --pipeline NAME [--days N]    per day: bytes produced and retained by Kafka, table bytes and
+                                                 files, object-store requests, compute seconds (priced when
+                                                 LAKEHOUSE_PRICE_* are set)
 
 The development stack (`devstack/`, installed by `make setup`) adds `lakehouse stack`, `lakehouse
 airflow` and `lakehouse produce` (lakehouse_dev.cli).
 
 Exit codes (lakehouse.core.errors): 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the
 source or a table needs attention (offset gap, topic recreated, topic missing, retention too
-short, positions lost), 4 fenced (another ingest job of the pipeline took over its tables).
+short, positions lost, records about to age out that the retention guard could not protect), 4 fenced
+(another ingest job of the pipeline took over its tables).
+
+Replays, backfills and maintenance runs are audited on the ops timeline: their events name the OS user
+the command runs as (or the Airflow user whose DAG run started it), the arguments and the outcome.
 
 Every argument is checked while parsing, before a command creates anything (a Spark
 session, a table, a topic, a stack): a bad one exits 2 naming it. A broken spec file
@@ -31,7 +41,7 @@ import logging
 import math
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from importlib.metadata import entry_points
 from typing import Callable
 
@@ -146,32 +156,45 @@ def _ingest(job, args) -> int:
     return 0
 
 
+def _replay_parameters(args) -> dict:
+    """What a replay was asked to do, as its audited event records it (options given only)."""
+    def iso(ms: int | None) -> str | None:
+        return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat()
+
+    asked = {"offsets": None if args.offsets is None else ",".join(f"{p}:{s}-{e}" for p, (s, e) in args.offsets.items()),
+             "from_time": iso(args.from_time), "to_time": iso(args.to_time), "dead_letters": args.dead_letters,
+             "error_kind": args.error_kind, "into_table": args.into_table}
+    return {name: value for name, value in asked.items() if value not in (None, False)}
+
+
 def cmd_replay(args) -> int:
+    """A replay (a backfill with --backfill): one audited `replay` or `backfill` event, whatever the outcome."""
+    from lakehouse.core import events
     from lakehouse.ingest.job import IngestJob
     from lakehouse.recovery.replay import Replay
 
     spec = load_pipeline(args.pipeline)
-    ranges = args.offsets
-    replay = Replay(IngestJob(spec))
-    if args.dead_letters:
-        receipt = replay.dead_letters(args.error_kind)
-    else:
-        if ranges is None:
-            ranges = replay.resolve_time_range(args.from_time, args.to_time)
-        if not ranges:
-            print("no records in that time range")
-            return 0
-        receipt = replay.into_table(ranges, args.into_table) if args.into_table else replay.offsets(ranges)
-    from lakehouse.core import events
-
-    target = args.into_table or ", ".join(spec.target.tables)
-    inserted = sum(receipt.inserted_by_table.values())
-    events.record(events.Event(
-        spec.name, "backfill" if args.backfill else "replay", "ok",
-        f"{receipt.kind} of {receipt.records} records into {target}: {inserted} rows inserted",
-        metrics={"records": receipt.records, "inserted": inserted,
-                 "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds},
-        details={**receipt.to_json(), "target": target}), platform=replay.job.platform, catalog=spec.catalog)
+    platform = config.load()
+    with events.audited(spec.name, "backfill" if args.backfill else "replay", events.Actor.of_process(),
+                        _replay_parameters(args), platform, spec.catalog) as audit:
+        replay = Replay(IngestJob(spec, platform))
+        ranges = args.offsets
+        if args.dead_letters:
+            receipt = replay.dead_letters(args.error_kind)
+        else:
+            if ranges is None:
+                ranges = replay.resolve_time_range(args.from_time, args.to_time)
+            if not ranges:
+                audit.status, audit.message = "skipped", "no records in that time range"
+                print(audit.message)
+                return 0
+            receipt = replay.into_table(ranges, args.into_table) if args.into_table else replay.offsets(ranges)
+        target = args.into_table or ", ".join(spec.target.tables)
+        inserted = sum(receipt.inserted_by_table.values())
+        audit.message = f"{receipt.kind} of {receipt.records} records into {target}: {inserted} rows inserted"
+        audit.metrics = {"records": receipt.records, "inserted": inserted,
+                         "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds}
+        audit.details = {**receipt.to_json(), "target": target}
     if args.json:
         _print_json(receipt.to_json())
     else:
@@ -207,13 +230,18 @@ def cmd_maintain(args) -> int:
 
 
 def cmd_retention(args) -> int:
+    """The alignment check (and data retention), or with --guard one run of the retention guard; exit 3
+    when the topic's retention is too short, or when records will age out and the guard could not help."""
     from lakehouse.upkeep import retention
 
-    report = retention.align(load_pipeline(args.pipeline))
+    spec = load_pipeline(args.pipeline)
+    report = retention.guard(spec) if args.guard else retention.align(spec)
     if args.json:
         print(json.dumps(report.to_json(), separators=(",", ":"), default=str), flush=True)
     else:
         print(f"{report.status:<8} {report.message}")
+    if args.guard and report.status == "failed":
+        print(f"error: {report.message}", file=sys.stderr)
     return EXIT_SOURCE if report.status == "failed" else 0
 
 
@@ -243,6 +271,55 @@ def cmd_schemas(args) -> int:
     return EXIT_CONFIG if any(r.verdict in ("incompatible", "untranslatable") for r in found) else 0
 
 
+def cmd_trace(args) -> int:
+    """One record's (or one key's records') whereabouts; exits 3 when a record is missing, duplicated or
+    foreign."""
+    from lakehouse.ops import trace
+
+    spec = load_pipeline(args.pipeline)
+    if args.key is not None:
+        found = trace.trace_key(spec, args.key, args.since, args.until,
+                                progress=None if args.json else lambda line: print(line, file=sys.stderr, flush=True))
+    else:
+        found = trace.trace_record(spec, args.partition, args.offset)
+    if args.json:
+        _print_json(found.to_json())
+    else:
+        print(found.render())
+    return found.exit_code
+
+
+def cmd_verify(args) -> int:
+    """Verification of a range exactly once; exits 3 when anything is missing, duplicated, foreign or stale."""
+    from lakehouse.ops import verify
+
+    result = verify.verify(load_pipeline(args.pipeline), since_s=args.since, snapshots=args.snapshots,
+                           full=args.full, engine=args.engine,
+                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print(result.summary())
+        for problem in result.findings.problems:
+            print(f"  {problem}")
+    return 0 if result.ok else EXIT_SOURCE
+
+
+def cmd_cost(args) -> int:
+    """The pipeline's daily use and price (lakehouse.ops.cost); what it reads is told on stderr."""
+    from lakehouse.ops import cost
+
+    platform = config.load()
+    prices = cost.UnitPrices.from_settings(platform.prices)  # a bad price stops before anything is read
+    report = cost.daily_cost(load_pipeline(args.pipeline), days=args.days, platform=platform, prices=prices,
+                             progress=lambda message: print(f"{message} ...", file=sys.stderr, flush=True))
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(cost.render(report))
+    return 0
+
+
 # --- argument types: each returns the parsed value or raises ArgumentTypeError (argparse: exit 2) ----------
 
 def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
@@ -260,6 +337,12 @@ def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
 def _at_least(minimum: int) -> Callable[[str], int]:
     """An argument type: an integer of at least `minimum`."""
     return lambda text: _integer(text, minimum)
+
+
+def _days(text: str) -> int:
+    from lakehouse.ops.cost import MAX_DAYS
+
+    return _integer(text, 1, MAX_DAYS)
 
 
 def _seed(text: str) -> int:
@@ -341,6 +424,50 @@ def _time_ms(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time, e.g. 2026-11-21T10:00:00Z") from None
 
 
+def _partition(text: str) -> int:
+    return _integer(text, 0, 2 ** 31 - 1)
+
+
+def _offset(text: str) -> int:
+    return _integer(text, 0, 2 ** 63 - 1)
+
+
+def _key(text: str) -> str:
+    if not text or len(text) > 65536:
+        raise argparse.ArgumentTypeError("must be a Kafka key of 1 to 65536 characters")
+    return text
+
+
+def _moment(text: str) -> datetime:
+    """A point in time: ISO-8601 (UTC without an offset) or a duration meaning that long ago (`2h`)."""
+    try:
+        return datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        return datetime.fromtimestamp(_time_ms(text) / 1000, tz=timezone.utc)
+    except (argparse.ArgumentTypeError, ValueError, OverflowError, OSError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an ISO-8601 time (2026-11-21T10:00:00Z) nor a "
+                                         f"duration ago (30m, 2h, 7d)") from None
+
+
+def _since(text: str) -> float:
+    """Seconds of a `--since` duration: above 0, at most 10 years."""
+    try:
+        return parse_duration(text, positive=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _snapshot_range(text: str) -> tuple[int, int]:
+    from lakehouse.ops.verify import VerifyError, parse_snapshot_range
+
+    try:
+        return parse_snapshot_range(text)
+    except VerifyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _check_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Checks that span arguments (and LAKEHOUSE_METRICS_PORT); a failure exits 2 with the message."""
     def fail(message: str) -> None:
@@ -355,6 +482,17 @@ def _check_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             fail("argument --into-table: replays offsets or a time range, not --dead-letters")
         if args.error_kind and not args.dead_letters:
             fail("argument --error-kind: only applies with --dead-letters")
+    if args.command == "trace":
+        if args.key is None and (args.partition is None or args.offset is None):
+            fail("give --partition N --offset O, or --key K --since TIME")
+        if args.key is not None and (args.partition is not None or args.offset is not None):
+            fail("argument --key: not with --partition/--offset")
+        if args.key is not None and args.since is None:
+            fail("argument --key: needs --since (ISO-8601 time or a duration ago, e.g. 2h)")
+        if args.key is None and (args.since is not None or args.until is not None):
+            fail("arguments --since/--until: only with --key")
+        if args.since is not None and args.until is not None and args.since >= args.until:
+            fail("argument --until: must be later than --since")
     if args.command == "ingest" and args.metrics_port is None and os.environ.get("LAKEHOUSE_METRICS_PORT"):
         try:
             args.metrics_port = _port(os.environ["LAKEHOUSE_METRICS_PORT"])
@@ -428,6 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("retention", help="check Kafka retention covers lag, outages and the replay window; "
                                          "apply data retention")
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--guard", action="store_true",
+                   help="instead: run the retention guard once (extend the topic's retention.ms while the writer "
+                        "is behind, restore it once caught up)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_retention)
     p = sub.add_parser("schemas", help="list a pipeline's writer schemas (folder and registry) and whether the "
@@ -437,6 +578,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first write the registry subjects' versions the pipeline's schema folder lacks into it")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_schemas)
+
+    p = sub.add_parser("trace", help="where one record is: a row, a dead letter, not yet ingested, a gap, ...")
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--partition", type=_partition, help="the record's partition")
+    p.add_argument("--offset", type=_offset, help="the record's offset")
+    p.add_argument("--key", type=_key, help="trace every record of this Kafka key in a time window instead")
+    p.add_argument("--since", type=_moment, help="with --key: start of the window, ISO-8601 or a duration ago (2h)")
+    p.add_argument("--until", type=_moment, help="with --key: end of the window (default: now)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_trace)
+
+    p = sub.add_parser("verify", help="prove every offset of a range is exactly once across the pipeline's tables")
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--since", type=_since, help="the snapshots committed in the last DURATION, e.g. 1h "
+                                                    "(default: every snapshot since the last verification)")
+    scope.add_argument("--snapshots", type=_snapshot_range, help="the snapshots FROM..TO of one table (inclusive)")
+    scope.add_argument("--full", action="store_true", help="every row and every offset Kafka holds")
+    p.add_argument("--engine", choices=("auto", "local", "spark"), default="auto",
+                   help="where the checks run (auto: a Spark job above 5,000,000 offsets)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser("cost", help="what a pipeline uses per day (Kafka, tables, requests, compute) and, with "
+                                    "LAKEHOUSE_PRICE_* set, what it costs")
+    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--days", type=_days, default=7, help="UTC days back, today included (1 to 90, default 7)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_cost)
     for command in sorted(entry_points(group="lakehouse.commands"), key=lambda e: e.name):
         command.load()(sub)  # e.g. the development stack's `stack`, `airflow` and `produce`
     return parser

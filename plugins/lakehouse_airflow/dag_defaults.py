@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from airflow.sdk import DAG
 
 from lakehouse.core import spec as spec_module
+from lakehouse_airflow.audit import RESTRICTED_DAG_KINDS, operator_access_control, operator_role
 
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
 OWNER = "data-platform"
@@ -47,7 +48,14 @@ def spec_doc(spec: spec_module.PipelineSpec) -> str:
 def pipeline_dag(spec: spec_module.PipelineSpec, kind: str, *, schedule, doc: str, extra_tags: tuple[str, ...] = (),
                  retries: int | None = None, **kwargs) -> DAG:
     """The DAG `<pipeline>_<kind>`: one run at a time, no catch-up, owner, tags and `doc_md` (the
-    DAG file's `doc` followed by the pipeline's description)."""
+    DAG file's `doc` followed by the pipeline's description). A DAG that changes what readers see
+    (audit.RESTRICTED_DAG_KINDS) is granted to the operator role only (`access_control`, applied
+    by auth managers that support DAG-level permissions; see lakehouse_airflow.audit)."""
+    if kind in RESTRICTED_DAG_KINDS:
+        kwargs.setdefault("access_control", operator_access_control())
+        doc += (f"\n\n**Restricted** to lakehouse operators (role `{operator_role()}` where the auth manager has "
+                f"DAG-level permissions; `LAKEHOUSE_OPERATORS` for any). Every run is audited on the ops timeline: "
+                f"who triggered it, with which parameters, and the outcome.\n")
     return DAG(
         dag_id=spec_module.dag_id(spec.name, kind),
         schedule=schedule,

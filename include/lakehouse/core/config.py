@@ -21,6 +21,14 @@ platform at a real cluster is a matter of environment variables only:
     LAKEHOUSE_JARS               comma-separated jars for Spark (default: found by `make setup`)
     LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS  SQLite catalog: how long a commit waits for another
                                  process's lock (default 30000)
+    Unit prices `lakehouse cost` prices a pipeline's use with (default: none, quantities only; read
+    here, checked by lakehouse.ops.cost where they are used, so a bad one stops only that command):
+    LAKEHOUSE_PRICE_OBJECT_STORE_GB_MONTH  object-store storage per GiB-month
+    LAKEHOUSE_PRICE_KAFKA_GB_MONTH         broker storage per GiB-month
+    LAKEHOUSE_PRICE_PUT_PER_1000           1,000 object-store writes
+    LAKEHOUSE_PRICE_GET_PER_1000           1,000 object-store reads
+    LAKEHOUSE_PRICE_COMPUTE_HOUR           an hour of a job's executors
+    LAKEHOUSE_PRICE_CURRENCY               the prices' currency, a label such as EUR
 
 An s3:// (or s3a://) warehouse is read and written through Iceberg's S3FileIO
 (Spark) and pyarrow (pyiceberg). These optional variables describe the object
@@ -82,6 +90,15 @@ S3_SCHEMES = ("s3", "s3a")
 KAFKA_PREFIX = "LAKEHOUSE_KAFKA_"
 # Every variable this module reads (plus the KAFKA_PREFIX family), so a deployment
 # (docker-compose.yaml) can be checked for settings nothing reads.
+# Unit prices of `lakehouse cost` (lakehouse.ops.cost.UnitPrices): stored as given, checked where used.
+PRICE_ENVIRONMENT = (
+    "LAKEHOUSE_PRICE_OBJECT_STORE_GB_MONTH",
+    "LAKEHOUSE_PRICE_KAFKA_GB_MONTH",
+    "LAKEHOUSE_PRICE_PUT_PER_1000",
+    "LAKEHOUSE_PRICE_GET_PER_1000",
+    "LAKEHOUSE_PRICE_COMPUTE_HOUR",
+    "LAKEHOUSE_PRICE_CURRENCY",
+)
 ENVIRONMENT = (
     "LAKEHOUSE_HOME",
     "LAKEHOUSE_PIPELINES_DIR",
@@ -96,6 +113,7 @@ ENVIRONMENT = (
     "LAKEHOUSE_S3_ENDPOINT",
     "LAKEHOUSE_S3_PATH_STYLE_ACCESS",
     "LAKEHOUSE_S3_REGION",
+    *PRICE_ENVIRONMENT,
 )
 # Variables the Spark jobs read besides ENVIRONMENT: sizing and logging (lakehouse.core.sparkenv), the
 # metrics port (lakehouse.cli), test fault injection (lakehouse.core.hooks: the test suite's hook file and the
@@ -309,6 +327,7 @@ class PlatformConfig:
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     catalog_busy_timeout_ms: int = 30_000
     schema_registry_url: str | None = None
+    prices: dict[str, str] = field(default_factory=dict)  # the LAKEHOUSE_PRICE_* variables set, unchecked
 
     __repr__ = _redacted_repr  # catalog_uri and schema_registry_url may hold a password
 
@@ -426,6 +445,19 @@ def _busy_timeout_from_env() -> int:
     return int(raw)
 
 
+def _prices_from_env() -> dict[str, str]:
+    """The LAKEHOUSE_PRICE_* variables that are set, as given (lakehouse.ops.cost checks them)."""
+    found = {
+        "LAKEHOUSE_PRICE_OBJECT_STORE_GB_MONTH": os.environ.get("LAKEHOUSE_PRICE_OBJECT_STORE_GB_MONTH"),
+        "LAKEHOUSE_PRICE_KAFKA_GB_MONTH": os.environ.get("LAKEHOUSE_PRICE_KAFKA_GB_MONTH"),
+        "LAKEHOUSE_PRICE_PUT_PER_1000": os.environ.get("LAKEHOUSE_PRICE_PUT_PER_1000"),
+        "LAKEHOUSE_PRICE_GET_PER_1000": os.environ.get("LAKEHOUSE_PRICE_GET_PER_1000"),
+        "LAKEHOUSE_PRICE_COMPUTE_HOUR": os.environ.get("LAKEHOUSE_PRICE_COMPUTE_HOUR"),
+        "LAKEHOUSE_PRICE_CURRENCY": os.environ.get("LAKEHOUSE_PRICE_CURRENCY"),
+    }
+    return {name: value for name, value in found.items() if value and value.strip()}
+
+
 _LOADED: dict[tuple, PlatformConfig] = {}
 _LOADED_LOCK = threading.Lock()
 _PROVIDERS: list | None = None
@@ -490,6 +522,7 @@ def load(fresh: bool = False) -> PlatformConfig:
         catalog_busy_timeout_ms=_busy_timeout_from_env(),
         object_store=_object_store_from_env(),
         schema_registry_url=_schema_registry_from_env(),
+        prices=_prices_from_env(),
     )
     with _LOADED_LOCK:
         _LOADED[key] = platform

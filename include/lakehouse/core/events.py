@@ -1,12 +1,20 @@
 """The ops timeline: one Iceberg table, `ops.pipeline_events`, one row per thing that happened.
 
-Restarts, maintenance runs, quality results, publications, cutovers, rollbacks,
-retention checks, backfills, retries after transient failures and writer claims
-and fencings each append one event, so the Airflow page, `lakehouse
+Restarts, maintenance runs, quality results, exactly-once verifications, publications,
+cutovers, rollbacks, retention checks and the retention guard's changes, backfills, retries
+after transient failures, writer claims and fencings, schema evolutions and layout changes (a
+table following its edited spec) each append one event, so the Airflow page, `lakehouse
 status` and ad-hoc SQL read the same history:
 
-    SELECT ts, kind, status, message, metrics['lag_records']
+    SELECT ts, kind, status, actor, message, metrics['lag_records']
     FROM lake.ops.pipeline_events WHERE pipeline = 'orders' ORDER BY ts DESC
+
+Operator actions (replays, backfills, cutovers, rollbacks, publications, maintenance runs,
+retention changes) are audited: their event names the `actor` (the Airflow user who triggered
+the DAG run, `scheduler` for a run nobody triggered, or the OS user of a command; `details.actor`
+says through what and from where) and `details.parameters` what was asked; its status and
+message are the outcome. `audited()` records exactly one such event whether the action succeeds
+or fails.
 
 `record()` appends with pyiceberg (no Spark needed, so sensors and callbacks can
 call it) and retries when another writer commits first. `recent()` reads events back,
@@ -15,12 +23,17 @@ newest first.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
+import pwd
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,11 +51,13 @@ from pyiceberg.types import DoubleType, MapType, NestedField, StringType, Timest
 
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import ConfigurationError
+from lakehouse.core.errors import ConfigurationError, LakehouseError
+
+log = logging.getLogger("lakehouse.events")
 
 EVENTS_TABLE = "ops.pipeline_events"
-KINDS = ("batch", "restart", "hung", "maintenance", "retention", "quality", "publish", "cutover", "rollback",
-         "backfill", "replay", "gap", "retry", "writer", "schema")
+KINDS = ("batch", "restart", "hung", "maintenance", "retention", "retention_guard", "quality", "publish", "cutover",
+         "rollback", "backfill", "replay", "gap", "retry", "writer", "schema", "verify", "layout")
 STATUSES = ("ok", "warn", "failed", "skipped")
 COMMIT_ATTEMPTS = 10
 # One commit per event call: merge manifests as they pile up and keep only recent metadata files,
@@ -59,6 +74,8 @@ SCHEMA = Schema(
     NestedField(6, "message", StringType(), required=False),
     NestedField(7, "metrics", MapType(8, StringType(), 9, DoubleType(), value_required=False), required=False),
     NestedField(10, "details", StringType(), required=False, doc="JSON object"),
+    # added after the first release: `events_table` adds it to a timeline created without it
+    NestedField(11, "actor", StringType(), required=False, doc="who made an operator action happen"),
 )
 PARTITIONING = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=DayTransform(), name="ts_day"))
 _ARROW = pa.schema([
@@ -70,11 +87,72 @@ _ARROW = pa.schema([
     pa.field("message", pa.string()),
     pa.field("metrics", pa.map_(pa.string(), pa.float64())),
     pa.field("details", pa.string()),
+    pa.field("actor", pa.string()),
 ])
+ACTIONS_SHOWN = 10  # operator actions `digest` returns
+MAX_MESSAGE = 2000  # characters of an error kept in a failed action's message
+# set by the Airflow operators for the jobs they start (spark-submit), read by `Actor.of_process`
+AIRFLOW_RUN_ENV = "LAKEHOUSE_AIRFLOW_RUN"
+SCHEDULER = "scheduler"  # the actor of a DAG run nobody triggered (scheduled, asset-triggered)
 
 
 class EventError(ConfigurationError):
     """An event that does not fit the timeline (unknown kind or status)."""
+
+
+def _os_user() -> str:
+    """The name of the user this process runs as (its effective uid; not $USER, which anyone can set)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (containers)
+        return str(os.geteuid())
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who made an operator action happen.
+
+    `user` is the Airflow user who triggered the DAG run (SCHEDULER for a run nobody triggered)
+    or, for a command, the OS user it runs as; `via` is "airflow" or "cli"; `origin` says from
+    where: the DAG run (dag_id, run_id, run_type, and `triggered_by`, the triggering user or None)
+    or the host and process, and always the OS user the acting process ran as (`os_user`).
+    """
+
+    user: str
+    via: str
+    origin: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def airflow(cls, dag_id: str, run_id: str, run_type: str, triggering_user: str | None) -> Actor:
+        """The actor of an Airflow DAG run: its triggering user, or SCHEDULER when nobody triggered it."""
+        return cls(triggering_user or SCHEDULER, "airflow", {"dag_id": dag_id, "run_id": run_id, "run_type": run_type,
+                                                             "triggered_by": triggering_user, "os_user": _os_user()})
+
+    @classmethod
+    def of_process(cls) -> Actor:
+        """This process's actor: the Airflow run that started it (AIRFLOW_RUN_ENV, set by the operators
+        for the Spark jobs they submit), else the OS user of the command, on this host."""
+        text = os.environ.get(AIRFLOW_RUN_ENV)
+        if text:
+            try:
+                run = json.loads(text)
+                return cls(str(run["user"]), "airflow", {**{k: str(run[k]) for k in ("dag_id", "run_id", "run_type")},
+                                                         "os_user": _os_user(), "host": socket.gethostname()})
+            except (ValueError, TypeError, KeyError):
+                log.warning("ignoring %s: not the JSON an Airflow operator sets (%.200s)", AIRFLOW_RUN_ENV, text)
+        return cls(_os_user(), "cli", {"os_user": _os_user(), "host": socket.gethostname(), "pid": os.getpid()})
+
+    def environment(self) -> dict[str, str]:
+        """The variable that makes a process started for this actor (a Spark job) record it."""
+        return {AIRFLOW_RUN_ENV: json.dumps({"user": self.user, **self.origin}, sort_keys=True)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user": self.user, "via": self.via, **self.origin}
+
+    def __str__(self) -> str:
+        if self.via == "airflow":
+            return f"{self.user} (Airflow run {self.origin.get('dag_id')}/{self.origin.get('run_id')})"
+        return f"{self.user} (command on {self.origin.get('host')})"
 
 
 @dataclass(frozen=True)
@@ -87,8 +165,10 @@ class Event:
     details: dict[str, Any] = field(default_factory=dict)
     ts: datetime | None = None
     event_id: str | None = None
+    actor: Actor | None = None  # set on operator actions (see `audited`)
 
     def row(self) -> dict:
+        details = self.details if self.actor is None else {**self.details, "actor": self.actor.to_json()}
         return {
             "event_id": self.event_id or uuid.uuid4().hex,
             "ts": self.ts or datetime.now(timezone.utc),
@@ -97,7 +177,8 @@ class Event:
             "status": self.status,
             "message": self.message,
             "metrics": [(k, None if v is None else float(v)) for k, v in self.metrics.items()],
-            "details": json.dumps(self.details, default=str, sort_keys=True),
+            "details": json.dumps(details, default=str, sort_keys=True),
+            "actor": None if self.actor is None else self.actor.user,
         }
 
 
@@ -105,7 +186,7 @@ def events_table(platform: config.PlatformConfig | None = None, catalog: str = "
     """The `ops.pipeline_events` table, created on first use."""
     cat = open_catalog(platform or config.load(), catalog)
     try:
-        return cat.load_table(EVENTS_TABLE)  # every call after the first: one catalog read
+        return _with_actor(cat.load_table(EVENTS_TABLE))  # every call after the first: one catalog read
     except NoSuchTableError:
         pass
     try:
@@ -115,7 +196,22 @@ def events_table(platform: config.PlatformConfig | None = None, catalog: str = "
     try:
         return cat.create_table(EVENTS_TABLE, schema=SCHEMA, partition_spec=PARTITIONING, properties=PROPERTIES)
     except TableAlreadyExistsError:  # another process created it meanwhile
-        return cat.load_table(EVENTS_TABLE)
+        return _with_actor(cat.load_table(EVENTS_TABLE))
+
+
+def _with_actor(table):
+    """`table`, with the `actor` column added when it was created before there was one. Processes of
+    the earlier release keep appending without it (an optional column they leave empty)."""
+    for _ in range(COMMIT_ATTEMPTS):
+        if "actor" in table.schema().column_names:
+            return table
+        try:
+            with table.update_schema() as update:
+                update.add_column("actor", StringType(), doc="who made an operator action happen")
+        except CommitFailedException:  # another commit (perhaps the same change) landed first
+            pass
+        table = table.refresh()
+    return table
 
 
 def record(*events: Event, platform: config.PlatformConfig | None = None, catalog: str = "lake") -> None:
@@ -142,6 +238,44 @@ def record(*events: Event, platform: config.PlatformConfig | None = None, catalo
             table = table.refresh()
 
 
+@dataclass
+class Audit:
+    """An operator action under way (see `audited`): what its event says when the action returns."""
+
+    status: str = "ok"
+    message: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def audited(pipeline: str, kind: str, actor: Actor, parameters: dict[str, Any],
+            platform: config.PlatformConfig | None = None, catalog: str = "lake") -> Iterator[Audit]:
+    """Carry out an operator action in the `with` block and record it as one `kind` event naming
+    `actor`, with `parameters` under `details.parameters` and the outcome.
+
+    Yields an Audit for the block to fill in (status, message, metrics, details). When the block
+    returns, the event says what the Audit holds; when it raises, the event is `failed`, says the
+    error and keeps the details gathered so far, and the error is raised on (a timeline that cannot
+    be written then is logged: it must not hide the action's own error). Raises what `record`
+    raises when the action succeeded but its event cannot be written.
+    """
+    audit = Audit()
+    try:
+        yield audit
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, LakehouseError) else f"{type(exc).__name__}: {exc}"
+        failed = Event(pipeline, kind, "failed", error[:MAX_MESSAGE], audit.metrics,
+                       {**audit.details, "parameters": parameters}, actor=actor)
+        try:
+            record(failed, platform=platform, catalog=catalog)
+        except Exception as unrecorded:  # noqa: BLE001 - the action's error is the one to report
+            log.warning("could not record the failed %s of %s by %s: %s", kind, pipeline, actor, unrecorded)
+        raise
+    record(Event(pipeline, kind, audit.status, audit.message, audit.metrics,
+                 {**audit.details, "parameters": parameters}, actor=actor), platform=platform, catalog=catalog)
+
+
 def _rows(arrow: pa.Table) -> list[dict]:
     rows = arrow.to_pylist()
     for row in rows:
@@ -153,7 +287,9 @@ def _rows(arrow: pa.Table) -> list[dict]:
 def digest(pipeline: str, since: datetime, batches: int = 60, platform: config.PlatformConfig | None = None,
            catalog: str = "lake") -> dict:
     """One scan of a pipeline's events since `since`: {"batches": the newest `batches` batch events,
-    newest first, "latest": {kind: the newest event of that kind}} (kinds without events are absent)."""
+    newest first, "latest": {kind: the newest event of that kind} (kinds without events are absent),
+    "actions": the newest ACTIONS_SHOWN operator actions people took (events naming an actor other
+    than the scheduler), newest first}."""
     table = events_table(platform, catalog)
     arrow = table.scan(row_filter=And(EqualTo("pipeline", pipeline), GreaterThanOrEqual("ts", since.isoformat()))) \
         .to_arrow().sort_by([("ts", "descending")])
@@ -164,7 +300,9 @@ def digest(pipeline: str, since: datetime, batches: int = 60, platform: config.P
         if at >= 0:
             latest[kind] = _rows(arrow.slice(at, 1))[0]
     newest = arrow.filter(pc.equal(kinds, "batch")).slice(0, batches)
-    return {"batches": _rows(newest), "latest": latest}
+    actors = arrow.column("actor")  # people's actions: the scheduler's runs would crowd them out
+    actions = arrow.filter(pc.and_(pc.is_valid(actors), pc.not_equal(actors, SCHEDULER))).slice(0, ACTIONS_SHOWN)
+    return {"batches": _rows(newest), "latest": latest, "actions": _rows(actions)}
 
 
 def recent(pipeline: str | None = None, kind: str | None = None, since: datetime | None = None,

@@ -137,9 +137,10 @@ _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 OPS_TIMELINE_TABLE = "ops.pipeline_events"
 
 # The Airflow DAGs: per pipeline one of each kind, `dag_id(pipeline, kind)`, and the ones every pipeline shares.
-DAG_KINDS = ("ingest", "maintenance", "publish", "backfill", "cutover")
+DAG_KINDS = ("ingest", "maintenance", "publish", "backfill", "cutover", "verify")
 RETENTION_DAG_ID = "retention_alignment"
-SHARED_DAG_IDS = (RETENTION_DAG_ID,)
+RETENTION_GUARD_DAG_ID = "retention_guard"
+SHARED_DAG_IDS = (RETENTION_DAG_ID, RETENTION_GUARD_DAG_ID)
 
 MAX_SPEC_BYTES = 1024 * 1024  # a spec is a page of YAML; a larger file is a mistake or an attack
 MAX_YAML_DEPTH = 32
@@ -172,6 +173,7 @@ RESERVED_PROPERTIES = frozenset({
     "write.wap.enabled",
 })
 MAX_PROPERTY_VALUE = 4096
+TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # declared as target.target_file_size_mb
 
 
 class SpecError(ConfigurationError):
@@ -467,6 +469,18 @@ class RetentionSpec:
     outage_budget_s: float = 86400.0  # the longest writer or catalog outage to survive
     replay_window_s: float = 3 * 86400.0  # how far back replay and time travel must reach
     delete_after_s: float | None = None  # data retention on the event-time column; None keeps rows
+    # The retention guard acts when the oldest record not yet ingested gets this close to the topic's
+    # retention horizon: `guard_threshold_s` seconds, or (None) `guard_threshold_share` of the declared retention.
+    guard_threshold_s: float | None = None
+    guard_threshold_share: float = 0.5
+    max_retention_ms: int | None = None  # the most the guard may raise retention.ms to; None: it only alerts
+
+    def guard_threshold_ms(self, declared_ms: int) -> int:
+        """How close (ms) to the retention horizon of a topic declared to keep records `declared_ms` the
+        oldest record not yet ingested may get before the retention guard acts."""
+        if self.guard_threshold_s is not None:
+            return math.ceil(self.guard_threshold_s * 1000)
+        return math.ceil(declared_ms * self.guard_threshold_share)
 
 
 @dataclass(frozen=True)
@@ -477,6 +491,12 @@ class PublishSpec:
     view: str | None = None  # namespace.view readers query; it selects from the published branch
     schedule: str = "*/10 * * * *"
     suite: str | None = None  # include/expectations/<suite>.json; None = the pipeline name
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """When the `<pipeline>_verify` DAG proves the tables exactly once (lakehouse.ops.verify)."""
+    schedule: str = "@hourly"
 
 
 @dataclass(frozen=True)
@@ -501,6 +521,7 @@ class PipelineSpec:
     maintenance: MaintenanceSpec = MaintenanceSpec()
     retention: RetentionSpec = RetentionSpec()
     publish: PublishSpec = PublishSpec()
+    verify: VerifySpec = VerifySpec()
     candidate_for: str | None = None  # the live pipeline this one is a candidate replacement of
     description: str = ""
 
@@ -886,6 +907,9 @@ def _properties(r: _Reader, raw: Any) -> dict[str, str]:
         if key.lower() in RESERVED_PROPERTIES:
             raise r.fail(where, "is managed by Iceberg or by the platform (write-audit-publish staging) and "
                                 "cannot be set from a spec; remove it")
+        if key.lower() == TARGET_FILE_SIZE_PROPERTY:  # one knob: the table's writers and compaction read it
+            raise r.fail(where, "is target.target_file_size_mb (the tasks' writes and compaction both use it); "
+                                "set that instead")
         if isinstance(value, bool):
             text = "true" if value else "false"  # Iceberg reads booleans in lower case
         elif (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]) or \
@@ -987,7 +1011,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     r = _Reader(path)
     top = r.mapping(raw, "", {"name", "description", "source", "target", "dead_letter", "contract",
                               "schema_policy", "trigger", "slo", "supervision", "maintenance", "retention",
-                              "publish", "candidate_for"})
+                              "publish", "verify", "candidate_for"})
     if not top:
         raise r.fail("(file)", "is empty")
     name = r.identifier(r.required(top, "name", ""), "name")
@@ -1121,8 +1145,10 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     sup = r.mapping(top.get("supervision"), "supervision",
                     {"hung_after_triggers", "restart_backoff", "max_restarts", "retry_budget"})
     mnt = r.mapping(top.get("maintenance"), "maintenance", {"schedule", "min_input_files", "orphan_safety_window"})
-    ret = r.mapping(top.get("retention"), "retention", {"outage_budget", "replay_window", "delete_after"})
+    ret = r.mapping(top.get("retention"), "retention",
+                    {"outage_budget", "replay_window", "delete_after", "guard_threshold", "max_retention"})
     pub = r.mapping(top.get("publish"), "publish", {"branch", "view", "schedule", "suite"})
+    ver = r.mapping(top.get("verify"), "verify", {"schedule"})
     interval_s = r.duration(trig.get("interval", "5s"), "trigger.interval", positive=True)
     orphan_window = r.duration(mnt.get("orphan_safety_window", "3d"), "maintenance.orphan_safety_window")
     if orphan_window < max(3600.0, 100 * interval_s):
@@ -1184,6 +1210,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
             replay_window_s=r.duration(ret.get("replay_window", "3d"), "retention.replay_window", positive=True),
             delete_after_s=None if delete_after is None
             else r.duration(delete_after, "retention.delete_after", positive=True),
+            **_retention_guard(r, ret, source),
         ),
         publish=PublishSpec(
             branch=branch,
@@ -1191,10 +1218,40 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
             schedule=r.schedule(pub.get("schedule", "*/10 * * * *"), "publish.schedule"),
             suite=None if pub.get("suite") is None else r.identifier(pub["suite"], "publish.suite"),
         ),
+        verify=VerifySpec(schedule=r.schedule(ver.get("schedule", "@hourly"), "verify.schedule")),
         candidate_for=candidate_for,
     )
     _check_own_names(r, spec)
     return spec
+
+
+_SHARE = re.compile(r"([0-9]{1,3}(?:\.[0-9]+)?) *%")
+
+
+def _retention_guard(r: _Reader, ret: dict, source: SourceSpec) -> dict:
+    """The retention guard's fields of RetentionSpec from section `retention` (`ret`): `guard_threshold`
+    (a duration, or a share of the declared retention such as 50%) and `max_retention` (a duration)."""
+    declared = source.retention_ms if source.retention_ms and source.retention_ms > 0 else None
+    fields: dict[str, Any] = {}
+    threshold = ret.get("guard_threshold")
+    share = _SHARE.fullmatch(threshold) if isinstance(threshold, str) else None
+    if share:
+        fields["guard_threshold_share"] = float(share.group(1)) / 100
+        if not 0 < fields["guard_threshold_share"] < 1:
+            raise r.fail("retention.guard_threshold", f"{_shown(threshold)}: a share must be above 0% and below 100%")
+    elif threshold is not None:
+        fields["guard_threshold_s"] = r.duration(threshold, "retention.guard_threshold", positive=True)
+        if declared is not None and fields["guard_threshold_s"] * 1000 >= declared:
+            raise r.fail("retention.guard_threshold",
+                         f"{_shown(threshold)} is not shorter than source.retention_ms ({declared} ms): the guard "
+                         f"would act all the time; use a shorter duration or a share such as 50%")
+    cap = ret.get("max_retention")
+    if cap is not None:
+        fields["max_retention_ms"] = math.ceil(r.duration(cap, "retention.max_retention", positive=True) * 1000)
+        if declared is not None and fields["max_retention_ms"] < declared:
+            raise r.fail("retention.max_retention", f"{_shown(cap)} is below source.retention_ms ({declared} ms): "
+                                                    f"the guard may only raise the topic's retention")
+    return fields
 
 
 class _SpecYamlLoader(yaml.SafeLoader):

@@ -2,16 +2,19 @@
 
 `ensure_topics(specs)` creates what is missing and warns (`TopicMismatchWarning`)
 about existing topics that disagree with their spec; it never deletes or
-shrinks anything, because a topic is the system of record.
+shrinks anything, because a topic is the system of record. `describe_retention` reads a
+topic's `retention.ms`; `record_timestamps` the Kafka timestamps of given records (how old
+the oldest record not yet ingested is).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import Iterable
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from lakehouse.core import config, kafka_security
@@ -88,6 +91,31 @@ def describe_retention(topic: str, platform: config.PlatformConfig | None = None
             raise TopicError(f"topic {topic!r} does not exist on {platform.bootstrap_servers}")
         return None
     return int(entry.value)
+
+
+def record_timestamps(kafka_conf: dict, topic: str, starts: dict[int, int], timeout: float = 10.0) -> dict[int, int]:
+    """Kafka timestamp (ms) of the record at `starts[p]` per partition; partitions that return none
+    within `timeout` seconds are left out."""
+    if not starts:
+        return {}
+    consumer = Consumer({**kafka_conf, "group.id": "lakehouse-status", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    found: dict[int, int] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        deadline = time.monotonic() + timeout
+        pending = set(starts)
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=len(pending), timeout=0.5):
+                p = msg.partition()
+                if p not in pending:
+                    continue
+                if msg.error() is None:
+                    found[p] = msg.timestamp()[1]
+                pending.discard(p)  # a record or end-of-partition: either way done with p
+    finally:
+        consumer.close()
+    return found
 
 
 def ensure_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig | None = None,

@@ -40,6 +40,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import (
+    AssertDefaultSpecId,
     AssertTableUUID,
     SetPropertiesUpdate,
     SetSnapshotRefUpdate,
@@ -210,12 +211,22 @@ def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str,
     pyiceberg's own requirement on `main`, so every attempt is checked, not only the first (the
     caller reloads the table and calls again on CommitFailedException: the files stay valid). A
     failed attempt's manifests are orphans for maintenance, as are files never committed.
+
+    pyiceberg's fast append describes every added file with the table's default partition spec, so
+    the files must carry it (ValueError otherwise: the caller writes them again) and the commit
+    requires it unchanged (a partition evolution landing meanwhile is a CommitFailedException).
+    Manifests of older specs are carried over as they are.
     """
+    spec_id = table.metadata.default_spec_id
+    if any(f.spec_id != spec_id for f in files):
+        raise ValueError(f"data files of partition specs {sorted({f.spec_id for f in files})} cannot be appended "
+                         f"under the table's default spec {spec_id}")
     append = table.transaction().update_snapshot(snapshot_properties=summary).fast_append()
     for data_file in files:
         append.append_data_file(data_file)
     updates, requirements = append._commit()
-    catalog.commit_table(table, requirements=(AssertTableUUID(uuid=table.metadata.table_uuid), *requirements, fence),
+    catalog.commit_table(table, requirements=(AssertTableUUID(uuid=table.metadata.table_uuid), *requirements,
+                                              AssertDefaultSpecId(default_spec_id=spec_id), fence),
                          updates=updates)
     return append.snapshot_id
 

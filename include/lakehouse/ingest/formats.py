@@ -491,21 +491,31 @@ class WireDecoder:
         self.store = store
         self.gate = gate
         self.what = what
-        self._admitted: dict[int, str | None] = {}
+        self._admitted: dict[int, WriterSchema] = {}  # per decoder: no lock on the way of every record
+        self._refused: dict[int, str] = {}
 
     def writer(self, value: bytes) -> tuple[WriterSchema, int]:
         """The writer schema of `value` (admitted by the gate) and where its payload starts."""
+        if len(value) >= HEADER.size and value[0] == MAGIC:
+            writer = self._admitted.get(int.from_bytes(value[1:HEADER.size], "big"))
+            if writer is not None:
+                return writer, HEADER.size
         schema_id, at = split_header(value, self.what)
+        if schema_id in self._refused:
+            raise Rejected("schema_incompatible", self._refused[schema_id])
         writer = self.store.get(schema_id, self.schema_type)
-        if self.gate is not None:
-            if schema_id not in self._admitted:
-                self._admitted[schema_id] = self.gate(writer)
-            refused = self._admitted[schema_id]
-            if refused is not None:
-                raise Rejected("schema_incompatible", refused)
+        refused = self.gate(writer) if self.gate is not None else None
+        if refused is not None:
+            self._refused[schema_id] = refused
+            raise Rejected("schema_incompatible", refused)
+        self._admitted[schema_id] = writer
         return writer, at
 
     def decode(self, value: bytes) -> dict:
+        return self.decode_with_writer(value)[1]
+
+    def decode_with_writer(self, value: bytes) -> tuple[WriterSchema, dict]:
+        """(writer schema, record) of `value`; see `decode`."""
         writer, at = self.writer(value)
         try:
             record = self.read(writer, value, at)
@@ -516,7 +526,7 @@ class WireDecoder:
                                            f"{type(exc).__name__}: {str(exc)[:200]}") from None
         if not isinstance(record, dict):
             raise Rejected("not_an_object", f"writer schema {writer.schema_id} is not a record schema")
-        return record
+        return writer, record
 
     def read(self, writer: WriterSchema, value: bytes, at: int) -> Any:
         raise NotImplementedError

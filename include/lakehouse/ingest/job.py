@@ -40,7 +40,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakehouse.core import config, errors, events, hooks, offsets, schemas, sparkenv
+from lakehouse.core import config, errors, events, hooks, lineage, offsets, schemas, sparkenv
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, PipelineSpec, load_spec
@@ -242,14 +242,15 @@ class IngestJob:
         self._faults = hooks.faults()
         self._faults.check()
         self._spec_mtime = self._mtime()
+        self._unrecorded: list[events.Event] = []  # timeline events not written yet (catalog outage)
+        tables.check_default_table(self.catalog, spec)  # a renamed target.table stops before anything is created
         self._prefetch_schemas()
-        self.quarantined = tables.ensure_tables(self.spark, self.catalog, self.spec)
+        self.quarantined = tables.ensure_tables(self.spark, self.catalog, self.spec, self._layout_changed)
         sparkenv.warm_python_workers(self.spark, ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow"))
         self._stop = threading.Event()
         # task seconds spent reading and decoding, summed over every task of the job (a stage clock)
         self._task_clock = (self.spark.sparkContext.accumulator(0.0), self.spark.sparkContext.accumulator(0.0))
         self._writer: committer.Writer | None = None  # claimed before the first commit
-        self._unrecorded: list[events.Event] = []  # timeline events not written yet (catalog outage)
         # records whose decoding crashed a Spark task: (partition, offset) -> why; dead-lettered unread
         self.poisoned: dict[tuple[int, int], str] = {}
 
@@ -266,7 +267,10 @@ class IngestJob:
         return found
 
     def reload_spec_if_changed(self) -> bool:
-        """Pick up an edited spec between batches (additive evolution without stopping)."""
+        """Pick up an edited spec between batches: additive schema evolution and the tables' layout
+        (partitioning, properties) without stopping. A change of pipeline name, topic or tables raises
+        IngestError, one the tables cannot follow (write mode, upsert key) LayoutChangeRefused; the
+        tables are left as they were."""
         mtime = self._mtime()
         if mtime == self._spec_mtime:
             return False
@@ -274,7 +278,7 @@ class IngestJob:
         if (spec.name, spec.source.topic, spec.target.tables, spec.dead_letter_table) != \
                 (self.spec.name, self.spec.source.topic, self.spec.target.tables, self.spec.dead_letter_table):
             raise IngestError(f"{spec.path}: pipeline name, topic or tables changed while running; restart it")
-        self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
+        self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec, self._layout_changed)
         if spec.wire_formats:  # the folder's writer schemas as they are now
             self._schemas = formats.schema_store(spec, self.platform.schema_registry())
         self.spec, self._spec_mtime = spec, mtime
@@ -352,7 +356,7 @@ class IngestJob:
                 f"schema_policy.on_additive is 'fail'; set it to 'evolve' to add them to the tables")
         self.accepted_schemas[schema_id] = found
         spec = self._with_accepted_schemas(self.spec)
-        self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec)
+        self.quarantined = tables.ensure_tables(self.spark, self.catalog, spec, self._layout_changed)
         self.spec = spec
         changes = "; ".join(f"{what} {', '.join(paths)}" for what, paths in
                             (("added", diff.added), ("widened", diff.widened), ("now optional", diff.relaxed))
@@ -362,6 +366,12 @@ class IngestJob:
             self.spec.name, "schema", "ok", f"writer schema {schema_id} evolved the tables: {changes}"[:2000],
             details={"schema_id": schema_id, "added": diff.added, "widened": diff.widened,
                      "relaxed": diff.relaxed, "tables": list(self.spec.target.tables)}))
+
+    def _layout_changed(self, drift: tables.LayoutDrift) -> None:
+        """A `layout` event on the ops timeline: a data table now follows an edited spec."""
+        self._record_best_effort(events.Event(
+            self.spec.name, "layout", "ok", f"{drift.table} follows the spec: " + "; ".join(drift.describe()),
+            details=drift.to_json()))
 
     def request_stop(self, *_args) -> None:
         self._stop.set()
@@ -540,6 +550,7 @@ class IngestJob:
         receipt.log_ends = {p: ps.end for p, ps in state.partitions.items()}
         receipt.seconds = time.monotonic() - started
         self._record(receipt)
+        lineage.ingest_batch(self.spec, self.platform, receipt, loaded)  # only when configured; never raises
         return receipt
 
     def _record(self, receipt: BatchReceipt) -> None:
@@ -632,16 +643,20 @@ class IngestJob:
                 continue
             met = sorted({r.schema_event for r in results if r.schema_event})
             if not met:
-                return Written.of(results, started, time.time())
+                written = Written.of(results, started, time.time())
+                for target in targets:  # pyiceberg's writer leaves DataFile.spec_id unset: the shipped spec's
+                    for data_file in written.files.get(target.name, []):
+                        data_file.spec_id = target.metadata.default_spec_id
+                return written
             # tasks met writer schemas to resolve or follow first; the files they wrote are orphans
-            if not any([self.schema_event(text) for text in met]):
+            if not any([self._schema_event(text) for text in met]):
                 raise IngestError(f"pipeline {self.spec.name}: the tasks keep stopping at writer schemas: {met[0]}")
             loaded.update({name: self.catalog.load_table(name) for name in loaded})
             targets = self._targets(plan, batch_id, loaded, planned_from)
         raise IngestError(f"pipeline {self.spec.name}: more than {MAX_POISONED_PER_BATCH} records crashed the reader "
                           f"in one batch; the reader itself is broken")
 
-    def schema_event(self, text: str) -> bool:
+    def _schema_event(self, text: str) -> bool:
         """Act on what a reader task reported of a writer schema (`text`, the message of its error with a
         marker): an id it was not shipped (`schema-unknown`) is fetched from the registry, or recorded
         as missing; a compatible change of a contract that follows the writer schemas (`schema-change`)
@@ -743,6 +758,10 @@ class IngestJob:
                 raise PlanStaleError(f"{table}: the pipeline's positions moved from snapshot {planned.snapshot_id} to "
                                      f"{tp.snapshot_id} since the batch was planned; planning again")
             writer.check(loaded)  # a fenced job stops before committing anything
+            stale = {f.spec_id for f in written.files.get(table, [])} - {loaded.metadata.default_spec_id}
+            if stale:  # the partitioning changed since the tasks wrote the files (another process evolved it)
+                raise PlanStaleError(f"{table}: the files were written with partition spec {sorted(stale)} but the "
+                                     f"table's spec is now {loaded.metadata.default_spec_id}; writing the batch again")
             summary = self._summary(plan, tp, batch_id, written.max_event_time, written.min_kafka_time)
             merge_s = 0.0
             files = written.files.get(table, [])

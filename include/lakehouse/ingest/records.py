@@ -2,15 +2,20 @@
 
 The path of a record: `RecordValidator.check(key, value)` either returns the
 typed row (a dict of contract columns) or raises `Rejected(kind, detail)`, which
-the reader turns into a dead letter. Decoders are a seam: JSON today; Avro or
-JSON-Schema with a schema registry register another `Decoder` under their
-`value_format` name.
+the reader turns into a dead letter. The value's decoder is JSON (`JsonDecoder`)
+or a wire format's (lakehouse.ingest.formats: Avro, Protobuf, JSON Schema, whose
+writer schemas a `SchemaGate` checks against the contract once each); a record key
+is UTF-8 text or, decoded the same way, a record. A change stream's events
+(`mode: cdc`) go through `check_change` instead: their `after` row or, for a
+delete, the primary key of their key record.
 
 `check` is the reference: every verdict is defined by it. The reader calls
-`RecordValidator.check_row`, which gives the same verdict as a tuple; for JSON it
-first tries `JsonFastPath`, a msgspec decoder generated from the contract that
-accepts only records the reference accepts, with the same values, and hands
-everything else (errors, anything it cannot vouch for) to `check`.
+`RecordValidator.check_row`, which gives the same verdict as a tuple, faster: for
+JSON (and JSON Schema's documents) it first tries `JsonFastPath`, a msgspec decoder
+generated from the contract that accepts only records the reference accepts, with
+the same values, and hands everything else (errors, anything it cannot vouch for)
+to `check`; for Avro and Protobuf a row plan per writer schema leaves out the
+checks the writer's types make moot.
 """
 
 from __future__ import annotations
@@ -705,6 +710,38 @@ def source_position(source: dict) -> Decimal | None:
     return Decimal(found) if 0 <= found <= MAX_POSITION else None
 
 
+# (contract type, writer type) whose values need no check when the contract field has no constraint
+_UNCHECKED = {("int", "int"), ("long", "int"), ("long", "long"), ("boolean", "boolean"), ("binary", "binary")}
+
+
+def _passes_unchecked(f: FieldSpec, w: FieldSpec, schema_type: str) -> bool:
+    """Whether every non-null value of writer field `w` passes contract field `f`'s check unchanged."""
+    if f.enum is not None or f.min is not None or f.max is not None or f.pattern or f.max_length:
+        return False
+    if (f.type, w.type) in _UNCHECKED:
+        # Avro's long is 64-bit; a Protobuf "long" may be a uint64 beyond it
+        return schema_type == "AVRO" or (f.type, w.type) != ("long", "long")
+    # fastavro decodes Avro strings as strict UTF-8 (proto2 strings can come as bytes)
+    return f.type == w.type == "string" and schema_type == "AVRO"
+
+
+def _aware_micros(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """An Avro timestamp (an aware datetime, always inside TIMESTAMP_RANGE) as epoch microseconds; the
+    field's `check` for anything else."""
+    def convert(v: Any) -> Any:
+        if type(v) is datetime and v.tzinfo is not None:
+            return (v - _EPOCH) // _ONE_MICROSECOND
+        return check(v)
+    return convert
+
+
+def _quarantined(name: str) -> Callable[[Any], Any]:
+    def refuse(v: Any) -> Any:
+        raise Rejected("schema_incompatible",
+                       f"{name} changed incompatibly in the contract; quarantined until the table is fixed")
+    return refuse
+
+
 def _changes(diff) -> str:
     parts = [f"{what} {', '.join(paths)}" for what, paths in
              (("adds", diff.added), ("widens", diff.widened), ("may leave null", diff.relaxed)) if paths]
@@ -749,6 +786,9 @@ class RecordValidator:
         self.key_required = source.key_required
         self.tombstone_deletes = spec.tombstones_delete
         self.names = spec.contract.names
+        # Avro and Protobuf: per writer schema, a row plan that skips the checks its types make moot
+        self._plans: dict[int, Callable[[dict], tuple] | None] | None = \
+            {} if hasattr(self.decoder, "decode_with_writer") and not hasattr(self.decoder, "payload") else None
         # the JSON fast path: plain JSON values (or JSON Schema's payloads) with text keys, no quarantine
         self._payload = getattr(self.decoder, "payload", None)
         json_values = type(self.decoder) is JsonDecoder or self._payload is not None
@@ -844,6 +884,8 @@ class RecordValidator:
         if len(value) > self.max_value_bytes:
             raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
         event = _unwrap(self.decoder.decode(value))
+        if not isinstance(event, dict):
+            raise Rejected("bad_envelope", f"not a Debezium change event: the payload is {_show(event)}")
         op = event.get("op")
         source = event.get("source") if isinstance(event.get("source"), dict) else {}
         meta = {"op": op, "source_ts": _epoch_ms_to_us(source.get("ts_ms", event.get("ts_ms"))),
@@ -868,6 +910,64 @@ class RecordValidator:
             raise Rejected("bad_envelope", "not a Debezium change event: it has no `op`")
         raise Rejected("bad_envelope", f"op {_show(op)} is not a Debezium operation (c, r, u, d, t, m)")
 
+    def _planned_row(self, key_text: str | None, value: bytes) -> tuple:
+        """`check_row` of a wire-format value through its writer schema's row plan (`_plan`): the same
+        verdict as `check`, which it is equivalent to field by field."""
+        writer, obj = self.decoder.decode_with_writer(value)
+        plan = self._plans.get(writer.schema_id, False)
+        if plan is False:
+            plan = self._plans[writer.schema_id] = self._plan(writer)
+        if plan is None:
+            row = self.check_fields(obj)
+            values = tuple(row[name] for name in self.names)
+        else:
+            values = plan(obj)
+        if self.key_field is not None and key_text is not None:
+            expected = self._key_value(key_text)
+            got = obj.get(self.key_field)
+            if expected != str(got):
+                raise Rejected("key_mismatch", f"key {_show(expected)} differs from {self.key_field} {_show(got)}")
+        return values
+
+    def _plan(self, writer) -> Callable[[dict], tuple] | None:
+        """The row plan of writer schema `writer`: `check_fields` as a tuple, with the check of a field left out
+        where the writer's type guarantees it passes (an int into a long, an unconstrained string from
+        Avro, which decodes UTF-8 strictly, bytes, booleans) and timestamps converted directly. None when
+        the writer schema does not translate (the reference then checks every field)."""
+        try:
+            written = {f.name: f for f in writer.fields(self.spec.source.envelope)}
+        except errors.SchemaTranslationError:
+            return None
+        steps = []
+        for f, (name, required, check) in zip(self.spec.contract.fields, self.fields):
+            w = written.get(name)
+            convert = check
+            if name in self.quarantined:
+                convert = _quarantined(name)
+            elif w is not None and _passes_unchecked(f, w, writer.schema_type):
+                convert = None
+            elif w is not None and f.type == "timestamp" and w.type == "timestamp" and w.unit is None \
+                    and writer.schema_type == "AVRO" and not f.unit:
+                convert = _aware_micros(check)
+            steps.append((name, required, convert))
+
+        def plan(obj: dict) -> tuple:
+            out = []
+            append = out.append
+            for name, required, convert in steps:
+                v = obj.get(name)
+                if v is None:
+                    if required:
+                        raise Rejected("missing_required", f"{name} is required")
+                    append(None)
+                elif convert is None:
+                    append(v)
+                else:
+                    append(convert(v))
+            return tuple(out)
+
+        return plan
+
     def _key_values(self, record: dict) -> dict:
         """The primary-key columns (target.key) of a change event's key record, checked."""
         record = _unwrap(record)
@@ -891,6 +991,8 @@ class RecordValidator:
         `check` does, with the same kind and detail. Records the fast path vouches
         for never reach `check`; the others do and are counted in `fallbacks`.
         """
+        if self._plans is not None and value is not None and len(value) <= self.max_value_bytes:
+            return self._planned_row(key_text, value)
         fast_row = self._fast_row
         if fast_row is not None:
             if self._payload is None:

@@ -13,6 +13,18 @@ One table has one owner: every table records the pipeline that created it
 nobody) owns. Tables are created with `write.wap.enabled=true`, so the ingest job's
 writes are staged and only lakehouse.ingest.committer makes them visible.
 
+The data tables follow the spec's layout (`apply_layout`, run by `ensure_tables` at every job
+start and spec reload): a changed `target.partition_by` is applied as Iceberg partition
+evolution (files already written keep their partition spec, new files get the new one;
+readers see every row and prune on each file's own spec), and the Iceberg properties the
+spec owns (`target.target_file_size_mb`, `target.properties` and the platform's defaults)
+are set, or unset when `target.properties` no longer names them. What a table cannot
+follow stops the job with an explanation (`LayoutChangeRefused`): another write mode or
+upsert key than the one the table was written with (`lakehouse.write-mode`), and, checked
+by the ingest job before any table is created, another default table than the one the
+pipeline has been writing (`check_default_table`, recorded on the dead-letter table).
+`layout_drift` says what differs without changing anything (`lakehouse status`, the page).
+
 An upsert pipeline whose tombstones delete keys keeps a tombstone ledger beside its
 default table (`<table>__tombstones`: the key columns and the newest tombstone's
 coordinates), so a replay of older records cannot bring back a key that a later
@@ -21,11 +33,24 @@ tombstone deleted.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.table import Table
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    VoidTransform,
+    YearTransform,
+)
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -48,8 +73,10 @@ from pyiceberg.types import (
 
 from lakehouse.core.errors import ConfigurationError, TableStateError
 from lakehouse.core import schemas
-from lakehouse.core.spec import RESERVED_COLUMNS, FieldSpec, PipelineSpec
+from lakehouse.core.spec import RESERVED_COLUMNS, TARGET_FILE_SIZE_PROPERTY, FieldSpec, PartitionField, PipelineSpec
 from lakehouse.ingest.reader import DEAD_LETTER_TABLE, SPARK_CDC_STRUCT, SPARK_KAFKA_STRUCT
+
+log = logging.getLogger("lakehouse.tables")
 
 _ICEBERG_PRIMITIVES = ((StringType, "string"), (IntegerType, "int"), (LongType, "long"), (FloatType, "float"),
                        (DoubleType, "double"), (BooleanType, "boolean"), (TimestamptzType, "timestamp"),
@@ -71,6 +98,13 @@ def dead_letter_columns(pipeline: str) -> list:
 
 OWNER = "lakehouse.pipeline"
 STAGING = "write.wap.enabled"  # Spark stages writes that carry spark.wap.id (see sparkenv.staged)
+# what a data table was written as: "append" or "upsert(key, ...)"; a table cannot change it in place
+WRITE_MODE = "lakehouse.write-mode"
+# the keys `target.properties` set at the last layout, comma-separated: a key the spec drops is unset
+SPEC_PROPERTIES = "lakehouse.spec-properties"
+# on the dead-letter table: the default data table the pipeline writes (a renamed target.table is refused)
+DEFAULT_TABLE = "lakehouse.default-table"
+LAYOUT_ATTEMPTS = 5
 
 
 class SchemaIncompatibleError(ConfigurationError):
@@ -79,6 +113,11 @@ class SchemaIncompatibleError(ConfigurationError):
 
 class TableOwnershipError(ConfigurationError):
     """A table the spec names belongs to another pipeline (or was not created by one)."""
+
+
+class LayoutChangeRefused(ConfigurationError):
+    """The spec changed something its table cannot follow (write mode, upsert key, default table, a
+    partition field on a column the table lacks); the message says what to do instead."""
 
 
 def require_staging(table: Table, name: str) -> None:
@@ -103,16 +142,26 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def write_mode(spec: PipelineSpec) -> str:
+    """How the spec writes its data tables: "append", or "upsert(k1, k2)" with its key columns."""
+    return "append" if spec.target.mode != "upsert" else f"upsert({', '.join(spec.target.key)})"
+
+
 def table_properties(spec: PipelineSpec) -> dict[str, str]:
+    """The properties a data table is created with: the platform's, the spec's (`target.properties`
+    last) and the platform's records (owner, staging, write mode, the keys the spec set)."""
     props = {
         "format-version": "2",
         "write.parquet.compression-codec": "zstd",
-        "write.target-file-size-bytes": str(spec.target.target_file_size_bytes),
+        TARGET_FILE_SIZE_PROPERTY: str(spec.target.target_file_size_bytes),
         "write.metadata.delete-after-commit.enabled": "true",
         "write.metadata.previous-versions-max": "50",
         OWNER: spec.name,
         STAGING: "true",
+        WRITE_MODE: write_mode(spec),
     }
+    if spec.target.properties:
+        props[SPEC_PROPERTIES] = ",".join(sorted(spec.target.properties))
     if spec.target.mode == "upsert":
         props.update({"write.merge.mode": "merge-on-read", "write.update.mode": "merge-on-read",
                       "write.delete.mode": "merge-on-read"})
@@ -138,7 +187,7 @@ def _create_data_table(spark, spec: PipelineSpec, table: str) -> None:
 
 def _create_dead_letter_table(spark, spec: PipelineSpec) -> None:
     props = {"format-version": "2", "write.parquet.compression-codec": "zstd",
-             OWNER: spec.name, "lakehouse.role": "dead-letter", STAGING: "true",
+             OWNER: spec.name, "lakehouse.role": "dead-letter", STAGING: "true", DEFAULT_TABLE: spec.target.table,
              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "50"}
     rendered = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(spec.dead_letter_table)} "
@@ -249,11 +298,14 @@ def _load_owned(catalog: Catalog, spec: PipelineSpec, name: str) -> Table | None
     return table
 
 
-def ensure_tables(spark, catalog: Catalog, spec: PipelineSpec) -> frozenset[str]:
-    """Create missing tables and apply the schema policy; returns the quarantined fields.
+def ensure_tables(spark, catalog: Catalog, spec: PipelineSpec,
+                  on_change: Callable[[LayoutDrift], None] | None = None) -> frozenset[str]:
+    """Create missing tables, apply the schema policy and the spec's layout (`apply_layout`, which
+    calls `on_change` with each data table's applied drift); returns the quarantined fields.
 
     Raises SchemaIncompatibleError when the policy says to stop, TableOwnershipError when a table
-    the spec names belongs to another pipeline.
+    the spec names belongs to another pipeline, LayoutChangeRefused when a data table cannot follow
+    the spec.
     """
     namespaces = {t.split(".")[0] for t in spec.owned_tables}
     existing = {ns[0] for ns in catalog.list_namespaces()}
@@ -288,4 +340,236 @@ def ensure_tables(spark, catalog: Catalog, spec: PipelineSpec) -> frozenset[str]
                       f"TYPE {_spec_at(spec, path).spark_type}")
     if loaded[spec.dead_letter_table] is None:
         _create_dead_letter_table(spark, spec)
+    apply_layout(catalog, spec, on_change)
     return frozenset(quarantined)
+
+
+# ---------------------------------------------------------------------------- the table follows its spec
+
+# spec transform -> pyiceberg transform (arguments: bucket width, truncate width)
+_TRANSFORMS: dict[str, Callable[[int | None], Transform]] = {
+    "identity": lambda _: IdentityTransform(), "year": lambda _: YearTransform(),
+    "month": lambda _: MonthTransform(), "day": lambda _: DayTransform(), "hour": lambda _: HourTransform(),
+    "bucket": lambda n: BucketTransform(n), "truncate": lambda w: TruncateTransform(w),
+}
+
+
+def _spec_field(transform: Transform, column: str) -> PartitionField | None:
+    """A table's partition field as the spec writes it (None for a void field, left by a v1 drop)."""
+    if isinstance(transform, VoidTransform):
+        return None
+    if isinstance(transform, BucketTransform):
+        return PartitionField("bucket", column, transform.num_buckets)
+    if isinstance(transform, TruncateTransform):
+        return PartitionField("truncate", column, transform.width)
+    return PartitionField(str(transform), column)
+
+
+def table_partitioning(metadata) -> dict[PartitionField, str]:
+    """The table's current (default) partition spec, field by field as the spec writes it, each with
+    the partition field's name in the table, in the table's order."""
+    schema = metadata.schema()
+    found = {}
+    for f in metadata.spec().fields:
+        column = schema.find_column_name(f.source_id) or f"<dropped column {f.source_id}>"
+        as_spec = _spec_field(f.transform, column)
+        if as_spec is not None:
+            found[as_spec] = f.name
+    return found
+
+
+def owned_properties(spec: PipelineSpec) -> dict[str, str]:
+    """The Iceberg properties of a data table that the spec owns: the platform's defaults (file format,
+    `target.target_file_size_mb` as write.target-file-size-bytes, metadata retention, an upsert's
+    merge-on-read modes) and `target.properties`. Never the platform's records (`lakehouse.*`) nor
+    write-audit-publish staging."""
+    return {k: v for k, v in table_properties(spec).items()
+            if not k.startswith("lakehouse.") and k not in (STAGING, "format-version")}
+
+
+@dataclass(frozen=True)
+class LayoutDrift:
+    """How one data table differs from its spec's layout (a value: computing it changes nothing).
+
+    `refused` explains what the table cannot follow (the job stops on it); the rest is what
+    `apply_layout` changes: partition fields to add and drop, properties to set (`set_properties`,
+    with the table's value now in `was`, None when unset) and to unset. `records` are the platform's
+    own bookkeeping properties to write (None: remove), not drift.
+    """
+
+    table: str
+    partitioning: tuple[str, ...] = ()  # the table's partition fields now, e.g. ("day(event_time)",)
+    wanted_partitioning: tuple[str, ...] = ()
+    add_partitions: tuple[PartitionField, ...] = ()
+    drop_partitions: tuple[PartitionField, ...] = ()
+    set_properties: dict[str, str] = field(default_factory=dict)
+    was: dict[str, str | None] = field(default_factory=dict)
+    unset_properties: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
+    records: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def in_sync(self) -> bool:
+        """Whether the table already follows the spec (platform records aside)."""
+        return not (self.add_partitions or self.drop_partitions or self.set_properties or self.unset_properties
+                    or self.refused)
+
+    def describe(self) -> list[str]:
+        """One line per difference, for people."""
+        lines = list(self.refused)
+        if self.add_partitions or self.drop_partitions:
+            lines.append(f"partitioning [{', '.join(self.partitioning)}] -> [{', '.join(self.wanted_partitioning)}]")
+        lines += [f"property {k}: {self.was.get(k)!r} -> {v!r}" for k, v in sorted(self.set_properties.items())]
+        lines += [f"property {k}: unset (no longer in target.properties)" for k in self.unset_properties]
+        return lines
+
+    def to_json(self) -> dict:
+        return {"table": self.table, "in_sync": self.in_sync, "refused": list(self.refused),
+                "partitioning": list(self.partitioning), "wanted_partitioning": list(self.wanted_partitioning),
+                "add_partitions": [str(p) for p in self.add_partitions],
+                "drop_partitions": [str(p) for p in self.drop_partitions],
+                "set_properties": {k: {"table": self.was.get(k), "spec": v} for k, v in self.set_properties.items()},
+                "unset_properties": list(self.unset_properties), "changes": self.describe()}
+
+
+def layout_drift(spec: PipelineSpec, name: str, metadata) -> LayoutDrift:
+    """What it takes for data table `name` (its pyiceberg TableMetadata) to follow `spec`'s layout.
+
+    Partition fields are compared as a set (their order only orders the files' paths); properties
+    the table has that the spec does not own are left alone.
+    """
+    props = metadata.properties
+    current = table_partitioning(metadata)
+    wanted = spec.target.partition_by
+    refused = []
+    recorded = props.get(WRITE_MODE)
+    if recorded is not None and recorded != write_mode(spec):
+        refused.append(
+            f"table {spec.qualified(name)} was written as {recorded} but the spec now says {write_mode(spec)}: "
+            f"Iceberg cannot change how the rows already in it were keyed. Put target.mode and target.key back, "
+            f"or build the new table beside it: a candidate pipeline (candidate_for: {spec.name}) with its own "
+            f"table ingests the topic from its start, and the cutover DAG moves readers to it once it has "
+            f"caught up")
+    columns = {f.name for f in metadata.schema().fields}
+    for p in wanted:
+        if p.column not in columns:
+            refused.append(f"partition field {p} of table {spec.qualified(name)} needs column {p.column!r}, which "
+                           f"the table does not have (a new required or incompatible field is quarantined); "
+                           f"partition by it once the column exists")
+    owned = owned_properties(spec)
+    set_properties = {k: v for k, v in owned.items() if props.get(k) != v}
+    previously = set(filter(None, props.get(SPEC_PROPERTIES, "").split(",")))
+    unset = tuple(sorted(k for k in previously - set(owned) if k in props))
+    records: dict[str, str | None] = {}
+    if recorded is None:  # a table created before the write mode was recorded: it was written as the spec says
+        records[WRITE_MODE] = write_mode(spec)
+    spec_keys = ",".join(sorted(spec.target.properties)) or None
+    if props.get(SPEC_PROPERTIES) != spec_keys:
+        records[SPEC_PROPERTIES] = spec_keys
+    return LayoutDrift(
+        table=spec.qualified(name),
+        partitioning=tuple(str(p) for p in current), wanted_partitioning=tuple(str(p) for p in wanted),
+        add_partitions=tuple(p for p in wanted if p not in current),
+        drop_partitions=tuple(p for p in current if p not in wanted),
+        set_properties=set_properties, was={k: props.get(k) for k in set_properties},
+        unset_properties=unset, refused=tuple(refused), records=records)
+
+
+def _apply_drift(table: Table, drift: LayoutDrift) -> None:
+    """One metadata commit: the partition spec evolved (fields dropped, then added) and the properties
+    set and unset. Raises CommitFailedException when another commit changed the spec meanwhile."""
+    names = table_partitioning(table.metadata)
+    with table.transaction() as tx:
+        if drift.add_partitions or drift.drop_partitions:
+            with tx.update_spec() as update:
+                for p in drift.drop_partitions:
+                    update.remove_field(names[p])
+                for p in drift.add_partitions:
+                    update.add_field(p.column, _TRANSFORMS[p.transform](p.arg))
+        updates = {**drift.set_properties, **{k: v for k, v in drift.records.items() if v is not None}}
+        if updates:
+            tx.set_properties(updates)
+        removals = [*drift.unset_properties, *(k for k, v in drift.records.items() if v is None)]
+        if removals:
+            tx.remove_properties(*removals)
+
+
+def apply_layout(catalog: Catalog, spec: PipelineSpec,
+                 on_change: Callable[[LayoutDrift], None] | None = None) -> list[LayoutDrift]:
+    """Make every existing data table of `spec` follow its layout (`layout_drift`): one metadata commit
+    per table that drifted, retried when another commit lands first. Returns the drifts applied (and
+    passes each to `on_change`); nothing when every table already follows the spec.
+
+    Raises LayoutChangeRefused, before changing any table, when one cannot follow the spec.
+    """
+    drifts = {}
+    for name in spec.target.tables:
+        try:
+            drifts[name] = layout_drift(spec, name, catalog.load_table(name).metadata)
+        except NoSuchTableError:
+            continue
+    refused = [why for d in drifts.values() for why in d.refused]
+    if refused:
+        raise LayoutChangeRefused(f"{spec.path}: " + "; ".join(refused))
+    applied = []
+    for name, drift in drifts.items():
+        for attempt in range(1, LAYOUT_ATTEMPTS + 1):
+            if drift.in_sync and not drift.records:
+                break
+            try:
+                _apply_drift(catalog.load_table(name), drift)
+            except CommitFailedException:  # another commit (the writer's claim, maintenance) came first
+                if attempt == LAYOUT_ATTEMPTS:
+                    raise
+                drift = layout_drift(spec, name, catalog.load_table(name).metadata)
+                continue
+            except ValueError as exc:  # pyiceberg refusing the partition spec (a transform the column cannot take)
+                raise LayoutChangeRefused(f"{spec.path}: table {spec.qualified(name)} cannot be partitioned by "
+                                          f"{', '.join(drift.wanted_partitioning)}: {exc}") from exc
+            if not drift.in_sync:
+                log.info("%s now follows %s: %s", drift.table, spec.path, "; ".join(drift.describe()))
+                applied.append(drift)
+                if on_change is not None:
+                    on_change(drift)
+            break
+    return applied
+
+
+def _renamed_table_refusal(spec: PipelineSpec, recorded: str) -> str:
+    """Why a spec naming another default table than `recorded` (which still exists) cannot run, and what to do."""
+    return (f"target.table is {spec.target.table} but pipeline {spec.name} has been writing {recorded}, which "
+            f"still exists (its dead-letter table {spec.dead_letter_table} records it). A new name would start "
+            f"an empty table from the oldest record Kafka still holds and leave the rows already ingested "
+            f"behind. To rename the table with its rows and positions: ALTER TABLE {spec.qualified(recorded)} RENAME "
+            f"TO {spec.target.table} (Spark SQL: the new name without the catalog), then start the job again. To "
+            f"build a new table beside it: a candidate pipeline (candidate_for: {spec.name}) writing "
+            f"{spec.target.table}, cut over once it has caught up. Or put target.table back to {recorded}")
+
+
+def recorded_default_table(catalog: Catalog, spec: PipelineSpec) -> tuple[Table | None, str | None, str | None]:
+    """(the pipeline's dead-letter table, the default table it records, why the job must not start: the spec
+    names another default table while the recorded one still exists, else None). (None, None, None) when
+    the dead-letter table does not exist or belongs to another pipeline (ensure_tables refuses that)."""
+    try:
+        dead_letters = catalog.load_table(spec.dead_letter_table)
+    except NoSuchTableError:
+        return None, None, None
+    if dead_letters.metadata.properties.get(OWNER) != spec.name:
+        return None, None, None
+    recorded = dead_letters.metadata.properties.get(DEFAULT_TABLE)
+    if recorded is None or recorded == spec.target.table or not catalog.table_exists(recorded):
+        return dead_letters, recorded, None
+    return dead_letters, recorded, _renamed_table_refusal(spec, recorded)
+
+
+def check_default_table(catalog: Catalog, spec: PipelineSpec) -> None:
+    """Before the ingest job creates any table: raise LayoutChangeRefused when `target.table` was renamed
+    in the spec while the table the pipeline has been writing still exists (`recorded_default_table`).
+    Records the default table on the dead-letter table when it holds none yet, or when the recorded one
+    is gone (renamed in the catalog, or dropped on purpose)."""
+    dead_letters, recorded, why = recorded_default_table(catalog, spec)
+    if why:
+        raise LayoutChangeRefused(f"{spec.path}: {why}")
+    if dead_letters is not None and recorded != spec.target.table:
+        with dead_letters.transaction() as tx:
+            tx.set_properties({DEFAULT_TABLE: spec.target.table})

@@ -19,9 +19,12 @@ from datetime import datetime, timezone
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import SHARED_DAG_IDS, PipelineSpec, dag_id
+from lakehouse.ops import cost
 from lakehouse.ops.status import pipeline_status
 
 HISTORY_POINTS = 60
+COST_DAYS = 7  # the page's cost panel: the last week, today included
+COST_SAMPLE_RECORDS = 200  # records read per day to size them (the CLI reads more)
 
 
 def _seconds(later: datetime, earlier: datetime) -> float:
@@ -63,10 +66,12 @@ def dag_ids(spec: PipelineSpec) -> list[str]:
 
 def overview(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
              now: datetime | None = None) -> dict:
-    """`pipeline_status` plus `snapshot_id`, `positions`, `committed`, `quality`, `history`, `dags`, `slo`.
+    """`pipeline_status` plus `snapshot_id`, `positions`, `committed`, `quality`, `history`, `dags`, `slo`
+    and `cost`.
 
     `committed` is False while no data table holds an ingest commit of the pipeline.
     `quality` is the newest `quality` event of the ops timeline, or None.
+    `cost` is `lakehouse.ops.cost.daily_cost` over COST_DAYS days (as JSON), or {"error": why}.
     """
     platform = platform or config.load()
     now = now or datetime.now(timezone.utc)
@@ -86,4 +91,14 @@ def overview(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
         "history": history(spec, timeline.get("batches"), platform),
         "dags": dag_ids(spec),
         "slo": {"freshness_s": spec.slo.freshness_s, "lag_records": spec.slo.lag_records, "lag_s": spec.slo.lag_s},
+        "cost": _cost(spec, platform, now),
     }
+
+
+def _cost(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime) -> dict:
+    """The cost panel's figures, or {"error": why} (a bad LAKEHOUSE_PRICE_* included): the rest of the
+    card does not depend on them."""
+    try:
+        return cost.daily_cost(spec, COST_DAYS, platform, now=now, sample_records=COST_SAMPLE_RECORDS).to_json()
+    except Exception as exc:  # noqa: BLE001 - one panel must not blank the card
+        return {"error": f"{type(exc).__name__}: {exc}"}

@@ -12,13 +12,15 @@ for a CLI, a sensor or a UI page.
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta, timezone
 
-from lakehouse.core import config, events, offsets
+from pyiceberg.exceptions import NoSuchTableError
+
+from lakehouse.core import config, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import SourceError
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest import tables as table_layout
 from lakehouse.ingest.job import STAGES
 from lakehouse.ingest.plan import topic_state_for
 
@@ -37,9 +39,10 @@ def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime)
 
     `last_batch` (its time, numbers and stage seconds), `recent` (batches, records, records/s,
     dead letters and commit retries over the last RATE_WINDOW_S), `latest` (per event kind
-    other than batch: time, status, message) and `batches` (up to TIMELINE_BATCHES points,
-    oldest first, with lag and freshness at commit). `error` instead when the timeline
-    cannot be read: the rest of the status does not depend on it.
+    other than batch: time, status, message, actor), `actions` (the newest operator actions,
+    newest first: time, kind, status, actor and where it acted from, parameters, message) and
+    `batches` (up to TIMELINE_BATCHES points, oldest first, with lag and freshness at commit).
+    `error` instead when the timeline cannot be read: the rest of the status does not depend on it.
     """
     try:
         found = events.digest(spec.name, now - TIMELINE_WINDOW, TIMELINE_BATCHES, platform, spec.catalog)
@@ -60,18 +63,41 @@ def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime)
             "commit_retries": int(sum(b["metrics"].get("commit_retries", 0.0) for b in window)),
         },
         "latest": {kind: {"at": e["ts"].isoformat(), "status": e["status"], "message": e["message"],
-                          "metrics": e["metrics"], "details": e["details"]}
+                          "metrics": e["metrics"], "details": e["details"], "actor": e["actor"]}
                    for kind, e in found["latest"].items() if kind != "batch"},
+        "actions": [{"at": e["ts"].isoformat(), "kind": e["kind"], "status": e["status"], "actor": e["actor"],
+                     "origin": e["details"].get("actor") or {}, "parameters": e["details"].get("parameters") or {},
+                     "message": e["message"]} for e in found["actions"]],
         "batches": [{"at": b["ts"].isoformat(), "lag_records": b["metrics"].get("lag_records"),
                      "freshness_s": b["metrics"].get("freshness_s")} for b in reversed(batches)],
     }
 
 
+def layout(spec: PipelineSpec, catalog) -> dict:
+    """Drift between the spec's layout and its existing data tables (lakehouse.ingest.tables.layout_drift):
+    `tables` (one drift each: what differs), `refused` (what the ingest job cannot apply and stops on,
+    a renamed default table included), `in_sync`, and `applies`: when the job applies the rest."""
+    drifts = []
+    for name in spec.target.tables:
+        try:
+            drifts.append(table_layout.layout_drift(spec, name, catalog.load_table(name).metadata))
+        except NoSuchTableError:
+            continue
+    refused = [why for d in drifts for why in d.refused]
+    renamed = table_layout.recorded_default_table(catalog, spec)[2]
+    if renamed:
+        refused.append(renamed)
+    return {"in_sync": not refused and all(d.in_sync for d in drifts), "refused": refused,
+            "tables": [d.to_json() for d in drifts],
+            "applies": "when the ingest job next starts or reloads the edited spec (between batches)"}
+
+
 def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
                     now: datetime | None = None, with_timeline: bool = True) -> dict:
     """Per pipeline: committed vs log-end offsets, lag, last commit, newest event time, counts,
-    snapshots, and `timeline` (see `timeline`; None with `with_timeline=False`, for callers that
-    poll only lag and freshness, such as the SLO trigger, and skip the timeline's scan)."""
+    snapshots, `timeline` (see `timeline`) and `layout` (drift between spec and tables, see `layout`);
+    both None with `with_timeline=False`, for callers that poll only lag and freshness, such as the
+    SLO trigger, and skip their reads)."""
     platform = platform or config.load()
     now = now or datetime.now(timezone.utc)
     catalog = open_catalog(platform, spec.catalog)
@@ -105,6 +131,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         "lag_records": None,
         "lag_s": None,
         "timeline": timeline(spec, platform, now) if with_timeline else None,
+        "layout": layout(spec, catalog) if with_timeline else None,
     }
     commits = [tp.committed_at for tp in data if tp.committed_at]
     events = [tp.max_event_time for tp in data if tp.max_event_time]
@@ -122,7 +149,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     for p, ps in sorted(state.partitions.items()):
         partitions.append({"partition": p, "earliest": ps.earliest, "end": ps.end, "committed": committed[p],
                            "lag": max(0, ps.end - committed[p])})
-    oldest = _record_timestamps(platform.kafka(), spec.source.topic,
+    oldest = topics.record_timestamps(platform.kafka(), spec.source.topic,
                                 {p["partition"]: max(p["committed"], p["earliest"]) for p in partitions if p["lag"]})
     for p in partitions:
         ts = oldest.get(p["partition"])
@@ -133,33 +160,6 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     ages = [p["lag_s"] for p in partitions]
     status["lag_s"] = None if None in ages else max(ages, default=0.0)
     return status
-
-
-def _record_timestamps(kafka_conf: dict, topic: str, starts: dict[int, int], timeout: float = 10.0) -> dict[int, int]:
-    """Kafka timestamp (ms) of the record at `starts[p]` per partition; partitions that return none
-    within `timeout` seconds are left out."""
-    if not starts:
-        return {}
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**kafka_conf, "group.id": "lakehouse-status", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "fetch.wait.max.ms": 10})
-    found: dict[int, int] = {}
-    try:
-        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
-        deadline = time.monotonic() + timeout
-        pending = set(starts)
-        while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=len(pending), timeout=0.5):
-                p = msg.partition()
-                if p not in pending:
-                    continue
-                if msg.error() is None:
-                    found[p] = msg.timestamp()[1]
-                pending.discard(p)  # a record or end-of-partition: either way done with p
-    finally:
-        consumer.close()
-    return found
 
 
 def format_age(seconds: float | None) -> str:
@@ -203,8 +203,23 @@ def render(statuses: list[dict]) -> str:
             else:
                 lines.append(f"  {t['table']}: {t['rows']} rows, {t['snapshots']} snapshots, recovery point "
                              f"snapshot {t['recovery_snapshot_id']} at {t['last_commit_at'] or '-'}")
+        lines.extend(_layout_lines(s.get("layout")))
         lines.extend(_timeline_lines(s.get("timeline") or {}))
     return "\n".join(lines)
+
+
+def _layout_lines(found: dict | None) -> list[str]:
+    """The layout part of `render`: in sync, or each difference and whether the job applies it."""
+    if found is None:
+        return []
+    if found["in_sync"]:
+        return ["  layout: the tables follow the spec"]
+    lines = [f"  LAYOUT REFUSED (the ingest job stops until this is resolved): {why}" for why in found["refused"]]
+    for drift in found["tables"]:
+        changes = [c for c in drift["changes"] if c not in found["refused"]]
+        if changes:
+            lines.append(f"  layout drift of {drift['table']}, applied {found['applies']}: " + "; ".join(changes))
+    return lines
 
 
 def batch_summary(batches: list[dict], seconds: float) -> str:
@@ -241,5 +256,6 @@ def _timeline_lines(tl: dict) -> list[str]:
                      f"records ({recent['records_per_s']:g}/s), {recent['dead_letters']} dead letters, "
                      f"{recent['commit_retries']} commit retries")
     for kind, event in sorted(tl.get("latest", {}).items()):
-        lines.append(f"  latest {kind}: {event['status']} at {event['at']}: {event['message']}")
+        by = f" by {event['actor']}" if event.get("actor") else ""
+        lines.append(f"  latest {kind}: {event['status']} at {event['at']}{by}: {event['message']}")
     return lines

@@ -396,13 +396,15 @@ class TimelineMaintenance(TableMaintenance):
 
 
 def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark=None, run_id: str | None = None,
-        now: datetime | None = None) -> MaintenanceReceipt:
-    """Maintain every table of `spec`; one `maintenance` event per table on the ops timeline.
+        now: datetime | None = None, actor: events.Actor | None = None) -> MaintenanceReceipt:
+    """Maintain every table of `spec`; one `maintenance` event per table on the ops timeline, naming
+    `actor` (default: this process's) and the run id (`details.parameters`).
 
     Returns the receipt; a table whose maintenance failed has status `failed` and the reason
     in its message (the other tables are still maintained). Never raises for one table's failure.
     """
     platform = platform or config.load()
+    actor = actor or events.Actor.of_process()
     spark = spark or sparkenv.session(platform, [spec.catalog], f"lakehouse-maintenance-{spec.name}")
     catalog = open_catalog(platform, spec.catalog)
     now = now or datetime.now(timezone.utc)
@@ -414,7 +416,8 @@ def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark
         receipt.tables.append(table_receipt)
         events.record(events.Event(
             spec.name, "maintenance", table_receipt.status, table_receipt.message, table_receipt.metrics(),
-            {"run_id": receipt.run_id, **table_receipt.to_json()}), platform=platform, catalog=spec.catalog)
+            {"run_id": receipt.run_id, **table_receipt.to_json(), "parameters": {"run_id": receipt.run_id}},
+            actor=actor), platform=platform, catalog=spec.catalog)
     return receipt
 
 
@@ -425,6 +428,7 @@ def receipt_from_events(pipeline: str, run_id: str, since: datetime | None = Non
     rows = events.recent(pipeline, "maintenance", since=since, limit=1000, platform=platform, catalog=catalog)
     tables = [row["details"] for row in reversed(rows) if row["details"].get("run_id") == run_id]
     for table in tables:
-        table.pop("run_id")
+        for audit_only in ("run_id", "parameters", "actor"):
+            table.pop(audit_only, None)
     return {"pipeline": pipeline, "run_id": run_id, "ok": all(t["status"] != "failed" for t in tables),
             "tables": tables}

@@ -18,25 +18,50 @@ Snapshot expiry uses the same replay window (`maintenance.run`), so time travel 
 back as Kafka replay. Where `retention.delete_after` is set, rows whose event time
 (`spec.event_time_field`) is older than now minus it are deleted from each data table's `main`.
 `align()` records one `retention` event per pipeline on the ops timeline.
+
+The retention guard (`guard()`) acts on the lag now rather than on the lag seen so far. When the
+oldest record not yet ingested (the record at the committed position of a partition) gets within
+`retention.guard_threshold` (default half the declared retention) of the topic's retention horizon,
+Kafka would delete it before the writer gets to it. The guard then raises the topic's
+`retention.ms` (IncrementalAlterConfigs) so that a full declared retention lies ahead of that
+record, never above `retention.max_retention`, and raises an alert (a `warn` event); once the
+writer has caught up (the oldest record not yet ingested is within the lag SLO) it restores the
+declared value: `source.retention_ms`, else the value the topic had before the guard first raised
+it. Every change is a `retention_guard` event whose details carry the guard's state (declared
+value, value set), so a guard that restarts knows what to restore. It alerts with a `failed` event
+and raises RetentionAtRiskError when it cannot protect the records: no `max_retention` (it only
+alerts), the cap reached, or the broker refusing the change (RetentionChangeRefusedError names the
+missing permission, ALTER_CONFIGS on the topic). A retention someone else changed while it was
+raised is left as it is.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from pyiceberg.exceptions import NoSuchTableError
 
-from lakehouse.core import config, events, offsets, sparkenv, topics
+from lakehouse.core import config, events, hooks, kafka_security, offsets, sparkenv, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import SourceError
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest.plan import topic_state_for
 from lakehouse.upkeep.maintenance import retrying, timestamp_literal
 
 KIND_RETENTION = "retention"  # lakehouse.kind of data-retention delete commits
 HOUR_MS = 3_600_000
+MINUTE_MS = 60_000  # a retention the guard sets is a whole number of minutes
+GUARD_KIND = "retention_guard"  # the guard's events on the ops timeline
+# Kafka's answers to a client without the ACL it needs: the guard needs ALTER_CONFIGS on the topic
+REFUSALS = {KafkaError.TOPIC_AUTHORIZATION_FAILED: "ALTER_CONFIGS on topic {topic}",
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED: "ALTER_CONFIGS on the cluster",
+            KafkaError.POLICY_VIOLATION: None}  # a broker-side policy (alter.config.policy) said no
 
 
 class RetentionMisalignedError(SourceError):
@@ -187,4 +212,243 @@ def align(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spa
                            f"{spec.event_time_field} before {report.delete_cutoff}")
     events.record(events.Event(spec.name, "retention", report.status, report.message, report.metrics(),
                                report.to_json()), platform=platform, catalog=spec.catalog)
+    return report
+
+
+# ---------------------------------------------------------------------------- the retention guard
+
+class RetentionAtRiskError(SourceError):
+    """Records not yet ingested will age out of Kafka and the guard could not extend the topic's
+    retention (no max_retention, the cap reached, or the broker refused); the message says which."""
+
+
+class RetentionChangeRefusedError(SourceError):
+    """The broker refused to change the topic's retention.ms; the message names the missing permission
+    (also in `missing_permission` when an ACL is missing)."""
+
+    def __init__(self, message: str, missing_permission: str | None = None):
+        super().__init__(message)
+        self.missing_permission = missing_permission
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """What the guard has done to a topic, as its newest `retention_guard` event recorded it."""
+
+    raised: bool = False  # the guard's raise is in effect: restore `declared_ms` once the writer caught up
+    declared_ms: int | None = None  # the retention to restore
+    set_ms: int | None = None  # the retention.ms the guard set (a different one was set by someone else)
+
+    @classmethod
+    def of(cls, event: dict | None) -> GuardState:
+        """The state an event's `details.guard_state` holds (the initial state without an event)."""
+        state = (event or {}).get("details", {}).get("guard_state") or {}
+        return cls(bool(state.get("raised")), state.get("declared_ms"), state.get("set_ms"))
+
+
+@dataclass
+class GuardReport:
+    """One run of the retention guard on a pipeline's topic: what it saw, what it did and why."""
+
+    pipeline: str
+    topic: str
+    retention_ms: int | None  # the topic's retention.ms when checked (-1 infinite, None not reported)
+    declared_ms: int | None  # what the guard restores: source.retention_ms, else the value before its first raise
+    threshold_ms: int | None  # how close to the horizon the oldest record not yet ingested may get
+    max_retention_ms: int | None  # the cap (retention.max_retention); None: the guard only alerts
+    oldest_age_ms: int | None  # age of the oldest record not yet ingested (0: caught up; None: unknown)
+    partitions: dict[str, dict] = field(default_factory=dict)  # committed, end, age_ms per partition
+    action: str = "none"  # none | raised | restored | released | refused | at-risk
+    new_retention_ms: int | None = None  # what the guard set (raised, restored)
+    status: str = "ok"  # ok | warn (raised, or cannot tell) | failed (records will age out)
+    message: str = ""
+    missing_permission: str | None = None
+    state: GuardState = field(default_factory=GuardState)  # the guard's state after this run
+
+    @property
+    def recorded(self) -> bool:
+        """Whether this run changes something or raises an alert, and so is a `retention_guard` event."""
+        return self.action != "none"
+
+    def metrics(self) -> dict[str, float | None]:
+        return {"retention_ms": self.retention_ms, "new_retention_ms": self.new_retention_ms,
+                "declared_ms": self.declared_ms, "oldest_age_ms": self.oldest_age_ms,
+                "threshold_ms": self.threshold_ms, "max_retention_ms": self.max_retention_ms}
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["guard_state"] = out.pop("state")
+        return out
+
+    def raise_for_status(self) -> None:
+        """Raise RetentionChangeRefusedError (the broker said no) or RetentionAtRiskError when records not
+        yet ingested will age out and the guard could not prevent it."""
+        if self.action == "refused":
+            raise RetentionChangeRefusedError(self.message)
+        if self.status == "failed":
+            raise RetentionAtRiskError(self.message)
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return "unknown"
+    return f"{ms} ms ({_hours(ms / 1000)})"
+
+
+def oldest_unconsumed(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime,
+                      ) -> tuple[int | None, dict[str, dict]]:
+    """(age in ms of the oldest record not yet ingested over the partitions, 0 when caught up and None
+    when a partition's record could not be read; per partition: committed position, log end and age).
+
+    The record not yet ingested on a partition is the one at the pipeline's committed position
+    (offsets.committed_positions), or at the earliest offset Kafka holds when that is later.
+    Raises SourceError when Kafka cannot be read.
+    """
+    catalog = open_catalog(platform, spec.catalog)
+    progress = [offsets.read_progress(catalog, t, spec.name) for t in spec.positioned_tables]
+    state = topic_state_for(platform.kafka(), spec.source.topic, progress, timeout=10.0)
+    committed = offsets.committed_positions(progress, state.earliest)
+    starts = {p: max(committed[p], ps.earliest) for p, ps in state.partitions.items()
+              if ps.end > max(committed[p], ps.earliest)}
+    stamps = topics.record_timestamps(platform.kafka(), spec.source.topic, starts)
+    partitions: dict[str, dict] = {}
+    for p, ps in sorted(state.partitions.items()):
+        age = 0 if p not in starts else None if p not in stamps else max(0, int(now.timestamp() * 1000) - stamps[p])
+        partitions[str(p)] = {"committed": committed[p], "end": ps.end, "age_ms": age}
+    ages = [part["age_ms"] for part in partitions.values()]
+    return (None if None in ages else max(ages, default=0)), partitions
+
+
+def decide(spec: PipelineSpec, report: GuardReport, state: GuardState) -> GuardReport:
+    """Fill in what the guard does (action, new_retention_ms, status, message, state) from what `report`
+    saw and the guard's `state`; no I/O. The horizon is the topic's retention.ms: the oldest record not
+    yet ingested is at risk when its age is within `threshold_ms` of it."""
+    topic, current, age = report.topic, report.retention_ms, report.oldest_age_ms
+    report.state = state
+    if current is None:
+        report.status = "warn"
+        report.message = f"topic {topic!r}: the broker reports no retention.ms, so the guard cannot tell its horizon"
+        return report
+    if state.raised and current != state.set_ms:  # changed by someone else since the guard raised it: theirs now
+        report.action, report.state = "released", GuardState()
+        report.message = (f"topic {topic!r} keeps records {_duration(current)}, not the {_duration(state.set_ms)} "
+                          f"the guard set: someone changed it since; the guard leaves it as it is and will not "
+                          f"restore {_duration(state.declared_ms)}")
+        return report
+    if current == -1:
+        report.message = f"topic {topic!r} keeps records forever (retention.ms -1): nothing to guard"
+        return report
+    if age is None:
+        report.status = "warn"
+        report.message = (f"topic {topic!r}: the timestamp of the oldest record not yet ingested could not be read "
+                          f"({report.partitions}); the guard cannot tell how close it is to the horizon")
+        return report
+    behind = (f"the oldest record not yet ingested is {_duration(age)} old and topic {topic!r} deletes records "
+              f"after {_duration(current)}")
+    if current - age <= report.threshold_ms:
+        cap = report.max_retention_ms
+        wanted = math.ceil((age + report.declared_ms) / MINUTE_MS) * MINUTE_MS  # a full declared retention ahead
+        target = wanted if cap is None else min(cap, wanted)
+        if cap is None or target <= current:
+            report.action, report.status = "at-risk", "failed"
+            why = ("retention.max_retention is not set, so the guard only alerts" if cap is None else
+                   f"the guard may not raise it above retention.max_retention {_duration(cap)}")
+            report.message = (f"{behind}: records will age out before they are ingested unless the writer catches "
+                              f"up within {_duration(max(0, current - age))}; {why}. Restart or scale the ingest job "
+                              f"of {spec.name!r}, or raise retention.ms by hand")
+            return report
+        report.action, report.status, report.new_retention_ms = "raised", "warn", target
+        report.state = GuardState(True, report.declared_ms, target)
+        report.message = (f"{behind}, within the guard threshold {_duration(report.threshold_ms)}: raised retention.ms "
+                          f"to {_duration(target)} (cap {_duration(cap)}); it goes back to {_duration(report.declared_ms)} "
+                          f"once the writer of {spec.name!r} has caught up")
+        return report
+    if state.raised:
+        caught_up = min(spec.slo.lag_s * 1000, report.declared_ms - report.threshold_ms)
+        if age <= caught_up:
+            report.action, report.new_retention_ms, report.state = "restored", report.declared_ms, GuardState()
+            report.message = (f"the writer of {spec.name!r} has caught up (oldest record not yet ingested "
+                              f"{_duration(age)} old): restored retention.ms of topic {topic!r} from "
+                              f"{_duration(current)} to {_duration(report.declared_ms)}")
+        else:
+            report.status = "warn"
+            report.message = (f"{behind}: retention stays raised until the writer has caught up (to within "
+                              f"{_duration(int(caught_up))}); then it goes back to {_duration(report.declared_ms)}")
+        return report
+    report.message = f"{behind}: more than the guard threshold {_duration(report.threshold_ms)} away"
+    return report
+
+
+def alter_retention(pipeline: str, topic: str, retention_ms: int, platform: config.PlatformConfig,
+                    timeout: float = 10.0) -> None:
+    """Set topic `topic`'s retention.ms to `retention_ms` with IncrementalAlterConfigs (other settings stay),
+    for pipeline `pipeline`.
+
+    Raises RetentionChangeRefusedError when the broker refuses (an authorization failure names the
+    missing permission), topics.TopicError when it fails otherwise or does not answer, and
+    kafka_security.KafkaAuthError when it refuses the credentials.
+    """
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", str(retention_ms), incremental_operation=AlterConfigOpType.SET)])
+    conf, watch = kafka_security.watched(platform.kafka(logger=logging.getLogger("lakehouse.kafka")))
+    admin = AdminClient(conf)  # kept referenced until the future is done: a collected client fails it
+    try:
+        hooks.faults().reached("retention_change", home=platform.home, pipeline=pipeline)
+        kafka_security.wait_future(admin.incremental_alter_configs([resource], request_timeout=timeout)[resource],
+                                   admin, watch, timeout)
+    except KafkaException as exc:
+        raise refusal(exc.args[0], topic, retention_ms, platform) from None
+
+
+def refusal(err: KafkaError, topic: str, retention_ms: int,
+            platform: config.PlatformConfig) -> RetentionChangeRefusedError | topics.TopicError:
+    """The error for the broker's answer `err` to setting `topic`'s retention.ms to `retention_ms`."""
+    change = f"set retention.ms={retention_ms} on topic {topic!r}"
+    if err.code() not in REFUSALS:
+        return topics.TopicError(f"could not {change} on {platform.bootstrap_servers}: {err.str()}")
+    permission = REFUSALS[err.code()]
+    if permission is None:
+        return RetentionChangeRefusedError(f"the broker's alter-config policy refused to {change}: {err.str()}")
+    permission = permission.format(topic=topic)
+    return RetentionChangeRefusedError(
+        f"the broker refused to {change} ({err.str()}): the client of {kafka_security.describe(platform.kafka())} "
+        f"lacks the permission {permission}. Grant it, e.g. `kafka-acls --bootstrap-server "
+        f"{platform.bootstrap_servers} --add --allow-principal User:<the pipeline's user> --operation "
+        f"AlterConfigs --topic {topic}`, or change retention.ms by hand", permission)
+
+
+def guard(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now: datetime | None = None,
+          actor: events.Actor | None = None) -> GuardReport:
+    """Check how close the oldest record not yet ingested is to the topic's retention horizon; raise or
+    restore the topic's retention.ms as `decide` says, and record a `retention_guard` event (naming
+    `actor`, default this process's) when something changed or an alert is due.
+
+    Returns the report; `raise_for_status()` turns a failed one into RetentionAtRiskError or
+    RetentionChangeRefusedError. Raises topics.TopicError when the topic is missing or Kafka does not
+    answer, SourceError when Kafka cannot be read.
+    """
+    platform = platform or config.load()
+    now = now or datetime.now(timezone.utc)
+    actor = actor or events.Actor.of_process()
+    topic = spec.source.topic
+    current = topics.describe_retention(topic, platform)
+    [newest] = events.recent(spec.name, GUARD_KIND, limit=1, platform=platform, catalog=spec.catalog) or [None]
+    state = GuardState.of(newest)
+    declared = spec.source.retention_ms if (spec.source.retention_ms or 0) > 0 \
+        else state.declared_ms if state.raised else current
+    age, partitions = oldest_unconsumed(spec, platform, now)
+    report = decide(spec, GuardReport(
+        pipeline=spec.name, topic=topic, retention_ms=current, declared_ms=declared,
+        threshold_ms=None if declared is None or declared < 0 else spec.retention.guard_threshold_ms(declared),
+        max_retention_ms=spec.retention.max_retention_ms, oldest_age_ms=age, partitions=partitions), state)
+    if report.new_retention_ms is not None:
+        try:
+            alter_retention(spec.name, topic, report.new_retention_ms, platform)
+        except RetentionChangeRefusedError as exc:  # the topic keeps what it had, the guard its state
+            report.message = f"{exc}. What the guard saw: {report.message}"
+            report.action, report.status, report.state, report.new_retention_ms = "refused", "failed", state, None
+            report.missing_permission = exc.missing_permission
+    if report.recorded:
+        events.record(events.Event(spec.name, GUARD_KIND, report.status, report.message, report.metrics(),
+                                   report.to_json(), actor=actor), platform=platform, catalog=spec.catalog)
     return report

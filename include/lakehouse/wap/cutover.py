@@ -20,10 +20,10 @@ sources (`previous_source`, `source`) in a `cutover` event, next to the query te
 for people to read. `rollback()` takes the newest cutover not yet rolled back, checks
 that its sources are known ones and that the view still reads what the cutover set, and
 rebuilds the query from the specs (`publish.view_query`): SQL text from the timeline is
-never executed, so whoever can append an event cannot choose what readers read. It
-records a `rollback` event (a `failed` one when the cutover event does not check out).
-Both act on the catalog atomically (one view replacement), and both record their events
-in the live pipeline's catalog.
+never executed, so whoever can append an event cannot choose what readers read. Both act on
+the catalog atomically (one view replacement). Each cutover and rollback, refused ones included,
+is one audited event (`cutover` or `rollback`, `failed` when refused) in the live pipeline's
+catalog, naming who asked (the actor), with which parameters, and the outcome.
 """
 
 from __future__ import annotations
@@ -197,41 +197,42 @@ def compare(spark, live: PipelineSpec, candidate: PipelineSpec, platform: config
 
 
 def cutover(spark, live: PipelineSpec, candidate: PipelineSpec, platform: config.PlatformConfig | None = None,
-            freshness_tolerance_s: float | None = None) -> dict:
+            freshness_tolerance_s: float | None = None, actor: events.Actor | None = None) -> dict:
     """Point `live`'s readers' view at `candidate`'s published branch if every check passes.
 
     Returns the recorded event details: the view, what it read before and reads now (typed
     sources and query texts) and the comparison. Raises CutoverError when `candidate` is not
     declared as a candidate for `live`, when the view does not read a known source (it is not
     managed by `live`), when the candidate has no published branch, or naming the failed
-    checks (then it records a failed `cutover` event).
+    checks. Either way one `cutover` event records `actor` (default: this process's), the
+    candidate and tolerance asked for, and the outcome (events.audited).
     """
     platform = platform or config.load()
-    view = view_name(live)
-    known = known_sources(live)
-    source = Source.of(candidate)
-    if source not in known:
-        raise CutoverError(f"{candidate.name!r} is not a candidate for {live.name!r} declared in "
-                           f"{Path(live.path).parent} (its spec says candidate_for: {candidate.candidate_for!r}); "
-                           f"put its spec there so a rollback can verify it")
-    previous, previous_query = _view_source(spark, view, live, known)
-    cmp = compare(spark, live, candidate, platform, freshness_tolerance_s)
-    details = {"view": view, "candidate": candidate.name, "previous_source": asdict(previous),
-               "previous_query": previous_query, "comparison": cmp.as_dict()}
-    if not cmp.ok:
-        events.record(events.Event(live.name, "cutover", "failed", "; ".join(cmp.reasons), details=details),
-                      platform=platform, catalog=live.catalog)
-        raise CutoverError(f"cutover of {view} to {candidate.name!r} refused: " + "; ".join(cmp.reasons))
-    target = open_catalog(platform, candidate.catalog).load_table(candidate.target.table)
-    if target.refs().get(candidate.publish.branch) is None:
-        raise CutoverError(f"candidate table {candidate.qualified(candidate.target.table)} has no "
-                           f"{candidate.publish.branch!r} branch yet: publish it (its quality gate) first")
-    details.update(source=asdict(source), query=view_query(candidate))
-    replace_view(spark, view, details["query"])
-    events.record(events.Event(live.name, "cutover", "ok", f"{view} now reads {candidate.name}",
-                               metrics={"overlap_offsets": cmp.overlap_offsets}, details=details),
-                  platform=platform, catalog=live.catalog)
-    return details
+    parameters = {"candidate": candidate.name, "freshness_tolerance_s": freshness_tolerance_s}
+    with events.audited(live.name, "cutover", actor or events.Actor.of_process(), parameters, platform,
+                        live.catalog) as audit:
+        view = view_name(live)
+        known = known_sources(live)
+        source = Source.of(candidate)
+        if source not in known:
+            raise CutoverError(f"{candidate.name!r} is not a candidate for {live.name!r} declared in "
+                               f"{Path(live.path).parent} (its spec says candidate_for: "
+                               f"{candidate.candidate_for!r}); put its spec there so a rollback can verify it")
+        previous, previous_query = _view_source(spark, view, live, known)
+        cmp = compare(spark, live, candidate, platform, freshness_tolerance_s)
+        audit.details.update(view=view, candidate=candidate.name, previous_source=asdict(previous),
+                             previous_query=previous_query, comparison=cmp.as_dict())
+        if not cmp.ok:
+            raise CutoverError(f"cutover of {view} to {candidate.name!r} refused: " + "; ".join(cmp.reasons))
+        target = open_catalog(platform, candidate.catalog).load_table(candidate.target.table)
+        if target.refs().get(candidate.publish.branch) is None:
+            raise CutoverError(f"candidate table {candidate.qualified(candidate.target.table)} has no "
+                               f"{candidate.publish.branch!r} branch yet: publish it (its quality gate) first")
+        audit.details.update(source=asdict(source), query=view_query(candidate))
+        replace_view(spark, view, audit.details["query"])
+        audit.message = f"{view} now reads {candidate.name}"
+        audit.metrics = {"overlap_offsets": cmp.overlap_offsets}
+    return audit.details
 
 
 def _open_cutover(live: PipelineSpec, view: str, platform: config.PlatformConfig) -> dict:
@@ -295,28 +296,28 @@ def _rollback_details(spark, live: PipelineSpec, view: str, event: dict) -> dict
             "source": asdict(restore), "query": view_query(known[restore], restore.table)}
 
 
-def rollback(spark, live: PipelineSpec, platform: config.PlatformConfig | None = None) -> dict:
+def rollback(spark, live: PipelineSpec, platform: config.PlatformConfig | None = None,
+             actor: events.Actor | None = None) -> dict:
     """Point the readers' view back at what it read before the newest cutover not yet rolled back.
 
     The query is built from the specs for the cutover event's typed `previous_source`, never taken
     from the event. Returns the recorded event details. Raises CutoverError when there is nothing
-    to roll back, or, recording a failed `rollback` event and changing nothing, when the cutover
-    event does not check out (`_rollback_details`: forged, malformed, or the view changed since).
+    to roll back, or, changing nothing, when the cutover event does not check out
+    (`_rollback_details`: forged, malformed, or the view changed since). Either way one `rollback`
+    event records `actor` (default: this process's) and the outcome (events.audited).
     """
     platform = platform or config.load()
-    view = view_name(live)
-    event = _open_cutover(live, view, platform)
-    try:
-        details = _rollback_details(spark, live, view, event)
-    except CutoverError as exc:
-        message = (f"rollback of {view} refused: {exc}. Nothing was changed; check the cutover and rollback "
-                   f"events of {live.name!r} in {live.catalog}.{events.EVENTS_TABLE}")
-        events.record(events.Event(live.name, "rollback", "failed", message,
-                                   details={"view": view, "cutover_event": event["event_id"]}),
-                      platform=platform, catalog=live.catalog)
-        raise CutoverError(message) from None
-    replace_view(spark, view, details["query"])
-    events.record(events.Event(live.name, "rollback", "ok", f"{view} reads {details['source']['pipeline']} again",
-                               details=details),
-                  platform=platform, catalog=live.catalog)
+    with events.audited(live.name, "rollback", actor or events.Actor.of_process(), {}, platform,
+                        live.catalog) as audit:
+        view = view_name(live)
+        event = _open_cutover(live, view, platform)
+        audit.details.update(view=view, cutover_event=event["event_id"])
+        try:
+            details = _rollback_details(spark, live, view, event)
+        except CutoverError as exc:
+            raise CutoverError(f"rollback of {view} refused: {exc}. Nothing was changed; check the cutover and "
+                               f"rollback events of {live.name!r} in {live.catalog}.{events.EVENTS_TABLE}") from None
+        replace_view(spark, view, details["query"])
+        audit.details = details
+        audit.message = f"{view} reads {details['source']['pipeline']} again"
     return details

@@ -18,6 +18,11 @@ fails the same way; its message says how to publish again). Ancestry is checked 
 pyiceberg's lineage helpers through `quality.lineage`, as the audit does. The first
 publication creates the branch and the view; a fan-out table `ns.t` gets the view
 `<view namespace>.t`.
+
+With `require_verified` (the publish DAG's PublishOperator sets it) publishing is also gated on
+exactly-once: every snapshot must have been verified by a passing verification of the chain
+(lakehouse.ops.verify; the DAG's `verify` task verifies the audited snapshots), else
+`verify.UnverifiedError` names the snapshots and what to run, and no branch moves.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from lakehouse.core import config, events
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import CommitError
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ops import verify
 from lakehouse.wap.quality import lineage
 
 log = logging.getLogger("lakehouse.publish")
@@ -142,18 +148,42 @@ def _check(spec: PipelineSpec, table: Table, name: str, snapshot_id: int) -> int
 
 
 def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.PlatformConfig | None = None,
-            spark_factory: Callable[[], object] | None = None, record_event: bool = True) -> list[PublishedTable]:
+            spark_factory: Callable[[], object] | None = None, record_event: bool = True,
+            actor: events.Actor | None = None, forced: bool = False,
+            require_verified: bool = False) -> list[PublishedTable]:
     """Fast-forward the readers' branch of each table in `snapshots` (table -> audited snapshot id).
 
     Every table is checked before any branch moves. Missing views are created with
-    Spark (`spark_factory()`, default an in-process session). Records a `publish`
-    event unless `record_event` is False. Returns one PublishedTable per table.
+    Spark (`spark_factory()`, default an in-process session). Unless `record_event` is False,
+    records one `publish` event, whatever the outcome, naming `actor` (default: this
+    process's) and whether the publication was `forced` past the freshness and lag gates (the
+    caller skipped them; the audit always decides). Returns one PublishedTable per table.
     Raises PublishError when `snapshots` is empty, names a table the pipeline does
     not write, or another publisher moved a branch meanwhile; NotADescendantError
     when a snapshot may not be published over the current head;
-    quality.LineageBrokenError when expired snapshots leave its ancestry unprovable.
+    quality.LineageBrokenError when expired snapshots leave its ancestry unprovable;
+    verify.UnverifiedError, with `require_verified`, when a snapshot was not verified exactly once.
     """
     platform = platform or config.load()
+    if not record_event:
+        return _publish(spec, snapshots, platform, spark_factory, require_verified)
+    parameters = {"snapshots": {table: int(sid) for table, sid in snapshots.items()}, "forced": forced}
+    with events.audited(spec.name, "publish", actor or events.Actor.of_process(), parameters, platform,
+                        spec.catalog) as audit:
+        done = _publish(spec, snapshots, platform, spark_factory, require_verified)
+        moved = [p for p in done if p.moved]
+        audit.status = "ok" if moved else "skipped"
+        audit.message = (f"{spec.name}: {'forced past the SLO gates, ' if forced else ''}published "
+                         + ", ".join(f"{p.table} {p.previous_snapshot_id} -> {p.snapshot_id}" for p in moved)
+                         if moved else f"{spec.name}: already published, nothing new")
+        audit.metrics = {"tables_moved": len(moved)}
+        audit.details = {"branch": spec.publish.branch, "tables": [asdict(p) for p in done]}
+    return done
+
+
+def _publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.PlatformConfig,
+             spark_factory: Callable[[], object] | None, require_verified: bool) -> list[PublishedTable]:
+    """`publish` without its event: check every table, move the branches, create or evolve the views."""
     if not snapshots:
         raise PublishError(f"{spec.name}: nothing was audited (no table holds data yet)")
     unknown = sorted(set(snapshots) - set(spec.target.tables))
@@ -162,6 +192,8 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
     catalog = open_catalog(platform, spec.catalog)
     loaded = {name: catalog.load_table(name) for name in snapshots}
     heads = {name: _check(spec, loaded[name], name, int(sid)) for name, sid in snapshots.items()}
+    if require_verified:  # after the lineage checks: a broken lineage is the first thing to fix
+        verify.require_verified(spec, {name: int(sid) for name, sid in snapshots.items()}, platform)
     done = []
     for name, sid in snapshots.items():
         sid = int(sid)
@@ -180,15 +212,6 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
         for p in evolved:
             if current_view_query(spark, spec.qualified(p.view)) == view_query(spec, p.table):
                 replace_view(spark, spec.qualified(p.view), view_query(spec, p.table))
-    if record_event:
-        moved = [p for p in done if p.moved]
-        message = (f"{spec.name}: published " + ", ".join(f"{p.table} {p.previous_snapshot_id} -> {p.snapshot_id}"
-                                                          for p in moved)
-                   if moved else f"{spec.name}: already published, nothing new")
-        events.record(events.Event(spec.name, "publish", "ok" if moved else "skipped", message,
-                                   metrics={"tables_moved": len(moved)},
-                                   details={"branch": spec.publish.branch, "tables": [asdict(p) for p in done]}),
-                      platform=platform, catalog=spec.catalog)
     return done
 
 

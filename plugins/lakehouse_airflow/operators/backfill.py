@@ -8,8 +8,10 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
+from lakehouse.core import events
 from lakehouse.core import spec as spec_module
 from lakehouse.recovery import backfill
+from lakehouse_airflow.audit import actor_of, require_operator
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, connection_environment
 from lakehouse_airflow.spark import connection_submit_environment
 
@@ -18,7 +20,10 @@ class BackfillPlanOperator(BaseOperator):
     """Validates the run's params (the backfill form) for pipeline `pipeline` and plans the backfill.
 
     Fails with a message naming the field (unknown partition, start after end, a range past
-    the committed position, a bad or live candidate table). Templated fields: none.
+    the committed position, a bad or live candidate table), and refuses a run triggered by a user
+    who is not a lakehouse operator (lakehouse_airflow.audit.require_operator). A refused request, a
+    dry run and an empty plan are each a `backfill` event naming the run's actor and the form's
+    values; a backfill that runs is recorded by the replay job. Templated fields: none.
     XCom (return value): the plan, `lakehouse.recovery.backfill.BackfillPlan.to_json()`: target_table,
     ranges, offsets, records, dry_run, notes, job_args.
     """
@@ -30,10 +35,29 @@ class BackfillPlanOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict:
         hook = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
-        request = backfill.parse_request(dict(context["params"]),
-                                         backfill.live_tables(spec_module.load_all()))
-        planned = backfill.plan(hook.spec, request, hook.platform).to_json()
+        actor, parameters = actor_of(context), dict(context["params"])
+        require_operator(actor, "backfill", parameters, hook)
+
+        def record(status: str, message: str, details: dict | None = None) -> None:
+            events.record(events.Event(self.pipeline, "backfill", status, message,
+                                       details={**(details or {}), "parameters": parameters}, actor=actor),
+                          platform=hook.platform, catalog=hook.spec.catalog)
+
+        try:
+            request = backfill.parse_request(parameters, backfill.live_tables(spec_module.load_all()))
+            planned = backfill.plan(hook.spec, request, hook.platform).to_json()
+        except Exception as exc:
+            try:
+                record("failed", f"backfill refused: {exc}")
+            except Exception as unrecorded:  # noqa: BLE001 - the refusal is the error to report
+                self.log.warning("could not record the refused backfill: %s", unrecorded)
+            raise
         self.log.info("backfill plan: %s", planned)
+        if planned["dry_run"]:
+            record("skipped", f"dry run: would write {planned['records']} records to {planned['target_table']} "
+                              f"({planned['offsets'] or 'no ranges'})", planned)
+        elif not planned["job_args"]:
+            record("skipped", "nothing to backfill: " + "; ".join(planned["notes"]), planned)
         return planned
 
 
@@ -41,7 +65,8 @@ class BackfillSparkSubmitOperator(SparkSubmitOperator):
     """Runs the replay job with the arguments of the plan that task `plan_task_id` pushed.
 
     Skipped for a dry run and for an empty plan. The job inserts only absent rows and records a
-    `backfill` event with what it inserted. Kafka settings: the environment's, overridden by
+    `backfill` event with what it inserted, naming the DAG run's actor (passed to the job in its
+    environment, `Actor.environment()`). Kafka settings: the environment's, overridden by
     the Kafka connection `kafka_conn_id` (default `lakehouse_kafka`, if it exists), given to
     the job through its process environment. Templated fields: those of SparkSubmitOperator.
     XCom: none.
@@ -60,5 +85,6 @@ class BackfillSparkSubmitOperator(SparkSubmitOperator):
         if not planned["job_args"]:
             raise AirflowSkipException("nothing to backfill: " + "; ".join(planned["notes"]))
         self.application_args = [*(self.application_args or []), *planned["job_args"]]
+        self.env_vars = {**(self.env_vars or {}), **actor_of(context).environment()}
         with connection_submit_environment(self, connection_environment(self.kafka_conn_id)):
             super().execute(context)

@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator
 from lakehouse.core import sparkenv
 from lakehouse.core import spec as spec_module
 from lakehouse.wap import cutover
+from lakehouse_airflow.audit import actor_of, require_operator
 from lakehouse_airflow.hooks import LakehouseHook
 
 ACTIONS = ("cutover", "rollback")
@@ -22,8 +23,10 @@ class CutoverOperator(BaseOperator):
     with its quality suite passing (`lakehouse.wap.cutover.compare`); otherwise the task
     fails naming each failed check. A rollback rebuilds the view from the typed sources
     of the cutover event and the specs, never from SQL text in the timeline, and fails
-    when that event does not check out. Both actions are recorded in the ops timeline
-    of the pipeline's catalog.
+    when that event does not check out. Each run is one `cutover` or `rollback` event in the
+    ops timeline of the pipeline's catalog naming the DAG run's actor (the user who triggered
+    it), the parameters and the outcome, refusals included; a user who is not a lakehouse
+    operator is refused before anything is checked (lakehouse_airflow.audit.require_operator).
 
     :param pipeline: the live pipeline (owner of `publish.view`). Templated.
     :param candidate: the candidate pipeline (`candidate_for: <pipeline>`); unused for rollback. Templated.
@@ -50,11 +53,13 @@ class CutoverOperator(BaseOperator):
         if self.action not in ACTIONS:
             raise ValueError(f"action {self.action!r} is not one of {', '.join(ACTIONS)}")
         hook = LakehouseHook(self.pipeline)
+        actor = actor_of(context)
+        require_operator(actor, self.action, {"candidate": self.candidate} if self.action == "cutover" else {}, hook)
+        if self.action == "cutover" and not self.candidate:
+            raise ValueError("a cutover needs a candidate pipeline")
         # the candidates' tables may live in other catalogs than the view
         spark = sparkenv.session(hook.platform, cutover.catalogs(hook.spec), f"lakehouse-{self.action}-{self.pipeline}")
         if self.action == "rollback":
-            return cutover.rollback(spark, hook.spec, hook.platform)
-        if not self.candidate:
-            raise ValueError("a cutover needs a candidate pipeline")
+            return cutover.rollback(spark, hook.spec, hook.platform, actor=actor)
         candidate = spec_module.load_pipeline(self.candidate)
-        return cutover.cutover(spark, hook.spec, candidate, hook.platform, self.freshness_tolerance_s)
+        return cutover.cutover(spark, hook.spec, candidate, hook.platform, self.freshness_tolerance_s, actor=actor)

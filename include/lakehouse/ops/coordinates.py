@@ -1,0 +1,466 @@
+"""Source coordinates: what the commits say the tables hold, what Kafka holds, what the rows hold.
+
+Every row carries `_kafka {topic, partition, offset, timestamp, key}` and every commit of a
+pipeline records, in its snapshot summary, the offsets it holds (`lakehouse.offsets`), the
+offsets that aged out before ingestion (`lakehouse.gaps`) and the positions after it
+(lakehouse.core.offsets). `lakehouse.ops.trace` (where is one record?) and
+`lakehouse.ops.verify` (is every offset of a range exactly once?) read the same three
+sources through this module:
+
+- `Intervals` and `Coverage`: offsets of one partition, and of a topic, as disjoint half-open
+  intervals; pure arithmetic (union, intersection, difference, membership of many offsets);
+- `lineage(table, pipeline)`: the snapshots of `main`'s history as `Commit`s, newest first, with
+  what each summary says, and `pinned(table, snapshot_id)`, the table as of one of them;
+- `read_kafka(consumer, range)`: the coordinates of the records Kafka delivers in an offset
+  range (offset, timestamp, key, tombstone), read with the ingest reader's consumer settings, so
+  that transaction markers and aborted records are skipped exactly as ingestion skips them;
+- `read_rows(...)`: rows' `_kafka` coordinates (and chosen columns) of a table as of a snapshot,
+  with a row filter on `_kafka.partition`/`_kafka.offset` that prunes data files by the bounds
+  the task writer records for them (lakehouse.ingest.taskwriter), so finding a few offsets in a
+  table of millions of rows reads a few files, not the table.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Iterable, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from pyiceberg.expressions import (
+    AlwaysFalse,
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThanOrEqual,
+    LessThan,
+    Or,
+)
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table.snapshots import ancestors_of
+
+from lakehouse.core import offsets
+from lakehouse.core.errors import BrokerStalledError, SourceError
+from lakehouse.core.offsets import OffsetRange
+
+# -------------------------------------------------------------------------- interval arithmetic
+
+
+class Intervals:
+    """Offsets of one partition as sorted, disjoint, non-adjacent half-open intervals `[start, end)`.
+
+    Immutable; every operation returns a new value. `Intervals.of([(5, 9), (0, 5)])` is `[0, 9)`.
+    """
+
+    __slots__ = ("spans", "_starts")
+
+    def __init__(self, spans: tuple[tuple[int, int], ...] = ()):
+        self.spans = spans
+        self._starts = [s for s, _ in spans]
+
+    @classmethod
+    def of(cls, spans: Iterable[tuple[int, int]]) -> Intervals:
+        """The union of `spans` ((start, end) pairs; empty and reversed pairs hold nothing)."""
+        merged: list[list[int]] = []
+        for start, end in sorted((int(s), int(e)) for s, e in spans if e > s):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return cls(tuple((s, e) for s, e in merged))
+
+    @classmethod
+    def from_offsets(cls, values: np.ndarray) -> Intervals:
+        """The intervals holding exactly the offsets of the int64 array `values` (any order, repeats allowed)."""
+        values = np.unique(np.asarray(values, dtype=np.int64))
+        if not len(values):
+            return cls()
+        breaks = np.nonzero(np.diff(values) != 1)[0]
+        starts = np.concatenate(([values[0]], values[breaks + 1]))
+        ends = np.concatenate((values[breaks], [values[-1]])) + 1
+        return cls(tuple(zip(starts.tolist(), ends.tolist())))
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self.spans)
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Intervals) and self.spans == other.spans
+
+    def __hash__(self) -> int:
+        return hash(self.spans)
+
+    def __repr__(self) -> str:
+        return "Intervals(" + ", ".join(f"[{s},{e})" for s, e in self.spans) + ")"
+
+    def __contains__(self, offset: int) -> bool:
+        at = bisect.bisect_right(self._starts, offset) - 1
+        return at >= 0 and offset < self.spans[at][1]
+
+    @property
+    def count(self) -> int:
+        """How many offsets the intervals hold."""
+        return sum(e - s for s, e in self.spans)
+
+    def union(self, other: Intervals) -> Intervals:
+        return Intervals.of([*self.spans, *other.spans])
+
+    def intersection(self, other: Intervals) -> Intervals:
+        out, i, j = [], 0, 0
+        while i < len(self.spans) and j < len(other.spans):
+            (a, b), (c, d) = self.spans[i], other.spans[j]
+            if max(a, c) < min(b, d):
+                out.append((max(a, c), min(b, d)))
+            if b <= d:
+                i += 1
+            else:
+                j += 1
+        return Intervals(tuple(out))
+
+    def difference(self, other: Intervals) -> Intervals:
+        out = []
+        for start, end in self.spans:
+            at = start
+            for s, e in other.intersection(Intervals(((start, end),))).spans:
+                if s > at:
+                    out.append((at, s))
+                at = e
+            if at < end:
+                out.append((at, end))
+        return Intervals(tuple(out))
+
+    def clip(self, start: int, end: int) -> Intervals:
+        """The offsets of these intervals in `[start, end)`."""
+        return self.intersection(Intervals.of([(start, end)]))
+
+    def contains_many(self, values: np.ndarray) -> np.ndarray:
+        """A boolean array: whether each offset of the int64 array `values` is in the intervals."""
+        if not self.spans:
+            return np.zeros(len(values), dtype=bool)
+        starts = np.fromiter((s for s, _ in self.spans), dtype=np.int64, count=len(self.spans))
+        ends = np.fromiter((e for _, e in self.spans), dtype=np.int64, count=len(self.spans))
+        at = np.searchsorted(starts, values, side="right") - 1
+        inside = at >= 0
+        inside[inside] = values[inside] < ends[at[inside]]
+        return inside
+
+
+class Coverage:
+    """Offsets of a topic: partition -> Intervals (partitions holding nothing are left out). Immutable."""
+
+    __slots__ = ("partitions",)
+
+    def __init__(self, partitions: Mapping[int, Intervals] | None = None):
+        self.partitions = {int(p): iv for p, iv in sorted((partitions or {}).items()) if iv}
+
+    @classmethod
+    def of(cls, ranges: Mapping[int, Iterable[tuple[int, int]]]) -> Coverage:
+        """From partition -> (start, end) pairs."""
+        return cls({p: Intervals.of(spans) for p, spans in ranges.items()})
+
+    @classmethod
+    def of_ranges(cls, ranges: Mapping[int, tuple[int, int]]) -> Coverage:
+        """From a summary's ranges: partition -> one (start, end) pair (lakehouse.core.offsets.decode_ranges)."""
+        return cls.of({p: [r] for p, r in ranges.items()})
+
+    def __bool__(self) -> bool:
+        return bool(self.partitions)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Coverage) and self.partitions == other.partitions
+
+    def __repr__(self) -> str:
+        return f"Coverage({self.partitions})"
+
+    def __contains__(self, coordinate: tuple[int, int]) -> bool:
+        partition, offset = coordinate
+        return offset in self.get(partition)
+
+    def get(self, partition: int) -> Intervals:
+        return self.partitions.get(partition, Intervals())
+
+    @property
+    def count(self) -> int:
+        return sum(iv.count for iv in self.partitions.values())
+
+    def union(self, other: Coverage) -> Coverage:
+        return Coverage({p: self.get(p).union(other.get(p)) for p in {*self.partitions, *other.partitions}})
+
+    def intersection(self, other: Coverage) -> Coverage:
+        return Coverage({p: iv.intersection(other.get(p)) for p, iv in self.partitions.items()})
+
+    def difference(self, other: Coverage) -> Coverage:
+        return Coverage({p: iv.difference(other.get(p)) for p, iv in self.partitions.items()})
+
+    def ranges(self, topic: str) -> list[OffsetRange]:
+        """One OffsetRange per interval, in partition and offset order."""
+        return [OffsetRange(topic, p, s, e) for p, iv in self.partitions.items() for s, e in iv]
+
+    def head(self, intervals: int) -> Coverage:
+        """The first `intervals` intervals (in partition and offset order), for listings that must stay short."""
+        kept: dict[int, list[tuple[int, int]]] = {}
+        for p, iv in self.partitions.items():
+            room = intervals - sum(len(v) for v in kept.values())
+            if room <= 0:
+                break
+            kept[p] = list(iv)[:room]
+        return Coverage.of(kept)
+
+    def to_json(self) -> dict[str, list[list[int]]]:
+        """{"partition": [[start, end], ...]}."""
+        return {str(p): [[s, e] for s, e in iv] for p, iv in self.partitions.items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Iterable[Iterable[int]]]) -> Coverage:
+        return cls.of({int(p): [(int(s), int(e)) for s, e in spans] for p, spans in data.items()})
+
+    def describe(self, limit: int = 8) -> str:
+        """`p0:[0,100) p2:[5,9),[12,20)` (the first `limit` intervals), for people."""
+        parts, shown = [], 0
+        for p, iv in self.partitions.items():
+            spans = list(iv)[:max(0, limit - shown)]
+            shown += len(spans)
+            if spans:
+                parts.append(f"p{p}:" + ",".join(f"[{s},{e})" for s, e in spans))
+        more = sum(len(iv.spans) for iv in self.partitions.values()) - shown
+        return " ".join(parts) + (f" (+{more} more)" if more > 0 else "") if parts else "nothing"
+
+
+# -------------------------------------------------------------------------- what the commits say
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One snapshot of a table's `main` history and what its summary says about the pipeline."""
+
+    table: str
+    snapshot_id: int
+    parent_id: int | None
+    at: datetime
+    operation: str                  # append | overwrite | delete | replace
+    kind: str | None                # ingest | replay | dead-letter-replay; None: not a commit of the pipeline
+    ranges: Coverage                # offsets the commit holds (lakehouse.offsets)
+    gaps: Coverage                  # offsets that aged out before ingestion (lakehouse.gaps)
+    positions: dict[int, int] | None  # the pipeline's positions after an ingest commit, else None
+    batch_id: str | None
+
+    @property
+    def timestamp_ms(self) -> int:
+        return int(self.at.timestamp() * 1000)
+
+    def to_json(self) -> dict:
+        return {"table": self.table, "snapshot_id": self.snapshot_id, "at": self.at.isoformat(),
+                "operation": self.operation, "kind": self.kind, "batch_id": self.batch_id}
+
+
+def commit_of(snapshot, table: str, pipeline: str) -> Commit:
+    """The Commit a pyiceberg `snapshot` of `table` is for `pipeline`."""
+    props = offsets.summary_properties(snapshot)
+    ours = props.get(offsets.K_PIPELINE) == pipeline
+    return Commit(
+        table=table, snapshot_id=snapshot.snapshot_id, parent_id=snapshot.parent_snapshot_id,
+        at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=timezone.utc),
+        operation=props.get("operation", ""),
+        kind=(props.get(offsets.K_KIND) or "ingest") if ours else None,
+        ranges=Coverage.of_ranges(offsets.decode_ranges(props.get(offsets.K_RANGES))) if ours else Coverage(),
+        gaps=Coverage.of_ranges(offsets.decode_ranges(props.get(offsets.K_GAPS))) if ours else Coverage(),
+        positions=offsets.decode_positions(props[offsets.K_POSITIONS]) if ours and offsets.K_POSITIONS in props
+        else None,
+        batch_id=props.get(offsets.K_BATCH) if ours else None,
+    )
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """A table's history from one snapshot back: `commits` newest first; `complete` when it reaches the
+    table's first snapshot (nothing expired in between), so the oldest commit is the table's first."""
+
+    table: str
+    commits: tuple[Commit, ...]
+    complete: bool
+
+    def containing(self, partition: int, offset: int) -> list[Commit]:
+        """The commits of the pipeline whose ranges hold the offset, newest first."""
+        return [c for c in self.commits if c.kind and (partition, offset) in c.ranges]
+
+    def gaps(self) -> Coverage:
+        """Every gap the pipeline's commits recorded."""
+        found = Coverage()
+        for commit in self.commits:
+            found = found.union(commit.gaps)
+        return found
+
+    def floor(self) -> dict[int, int]:
+        """Per partition, the first offset the table's ingest commits hold or skipped as a gap, when the
+        history is complete (else {}): no row below it can have come from the pipeline's ingestion."""
+        if not self.complete:
+            return {}
+        low: dict[int, int] = {}
+        for commit in self.commits:
+            if commit.kind != "ingest":
+                continue
+            for p, iv in commit.ranges.union(commit.gaps).partitions.items():
+                low[p] = min(low.get(p, iv.spans[0][0]), iv.spans[0][0])
+        return low
+
+
+def lineage(table: Table, name: str, pipeline: str, snapshot_id: int | None = None) -> Lineage:
+    """The Lineage of `table` (named `name`) from `snapshot_id` (default: main's head) back, walked with
+    pyiceberg's `ancestors_of` as lakehouse.core.offsets.main_ancestry walks it."""
+    start = table.metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
+    snapshots = list(ancestors_of(start, table.metadata)) if start is not None else []
+    complete = not snapshots or snapshots[-1].parent_snapshot_id is None
+    return Lineage(name, tuple(commit_of(s, name, pipeline) for s in snapshots), complete)
+
+
+def pinned(table: Table, snapshot_id: int) -> Table:
+    """`table` as of `snapshot_id`: its `main` head is that snapshot (for lakehouse.core.offsets.progress_of)."""
+    metadata = table.metadata.model_copy(update={"current_snapshot_id": snapshot_id})
+    return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog)
+
+
+def is_on_main(table: Table, snapshot_id: int) -> bool:
+    """Whether `snapshot_id` is main's head or one of its ancestors still in the table."""
+    return any(s.snapshot_id == snapshot_id for s in offsets.main_ancestry(table.metadata))
+
+
+# -------------------------------------------------------------------------- what Kafka holds
+
+KAFKA_RECORDS = pa.schema([
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("timestamp_ms", pa.int64()),   # null when the record has none
+    pa.field("key", pa.string()),           # the key as `_kafka.key` shows it: UTF-8 text, else null
+    pa.field("tombstone", pa.bool_(), nullable=False),
+])
+CONSUME_CHUNK = 5_000
+
+
+def _key_text(key) -> str | None:
+    try:
+        return key.decode("utf-8") if type(key) is bytes else None
+    except UnicodeDecodeError:
+        return None
+
+
+def read_kafka(consumer: Consumer, rng: OffsetRange, stall_timeout: float = 30.0,
+               with_keys: bool = False) -> pa.Table:
+    """The records Kafka delivers in `rng` (KAFKA_RECORDS rows, in offset order), values not decoded.
+
+    `consumer` reads with the ingest reader's settings (lakehouse.ingest.reader.reader_consumer):
+    committed records only, so transaction markers and aborted records hold no offset here, as they
+    hold no row in the tables. Keys and tombstone flags are kept with `with_keys` (else null key).
+    The read ends at the range's end or where the partition ends (end-of-partition), whichever
+    comes first. Raises BrokerStalledError when nothing comes for `stall_timeout` seconds before
+    either, SourceError for a Kafka error (an offset deleted meanwhile, an unknown partition).
+    """
+    offsets_found: list[int] = []
+    stamps: list[int | None] = []
+    keys: list[str | None] = []
+    tombstones: list[bool] = []
+    if rng.count > 0:
+        consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+        position, last_progress = rng.start, time.monotonic()
+        collecting = gc.isenabled()
+        gc.disable()  # thousands of short-lived Message objects per call; they hold no cycles
+        try:
+            while position < rng.end:
+                msgs = consumer.consume(num_messages=min(CONSUME_CHUNK, rng.end - position), timeout=0.5)
+                if not msgs and time.monotonic() - last_progress > stall_timeout:
+                    raise BrokerStalledError(f"{rng}: no records past offset {position} for {stall_timeout:.0f}s; "
+                                             f"is the broker healthy?")
+                for msg in msgs:
+                    if msg.partition() != rng.partition:
+                        continue
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            position = rng.end  # the log ends here: nothing more to find in the range
+                            break
+                        raise SourceError(f"{rng}: reading offset {position}: {err.str()}")
+                    offset = msg.offset()
+                    if offset < position:
+                        continue
+                    if offset >= rng.end:
+                        position = rng.end
+                        break
+                    ts_type, ts = msg.timestamp()
+                    offsets_found.append(offset)
+                    stamps.append(ts if ts_type != 0 else None)
+                    if with_keys:
+                        keys.append(_key_text(msg.key()))
+                        tombstones.append(msg.value() is None)
+                    position = offset + 1
+                if msgs:
+                    last_progress = time.monotonic()
+        finally:
+            if collecting:
+                gc.enable()
+    n = len(offsets_found)
+    return pa.Table.from_arrays([
+        pa.array(np.full(n, rng.partition, dtype=np.int32)),
+        pa.array(offsets_found, pa.int64()),
+        pa.array(stamps, pa.int64()),
+        pa.array(keys if with_keys else [None] * n, pa.string()),
+        pa.array(tombstones if with_keys else [False] * n, pa.bool_()),
+    ], schema=KAFKA_RECORDS)
+
+
+# -------------------------------------------------------------------------- what the rows hold
+
+COORDINATES = ("_kafka.topic", "_kafka.partition", "_kafka.offset")
+
+
+def window_filter(window: Coverage) -> BooleanExpression:
+    """Rows whose `_kafka.partition`/`_kafka.offset` lie in `window` (one conjunction per interval)."""
+    condition: BooleanExpression = AlwaysFalse()
+    for p, iv in window.partitions.items():
+        for start, end in iv:
+            in_range = And(GreaterThanOrEqual("_kafka.offset", start), LessThan("_kafka.offset", end))
+            condition = Or(condition, And(EqualTo("_kafka.partition", p), in_range))
+    return condition
+
+
+def coordinate_filter(partition: int, offset: int, topic: str | None = None) -> BooleanExpression:
+    """Rows of exactly this record (of `topic` when given)."""
+    found = And(EqualTo("_kafka.partition", partition), EqualTo("_kafka.offset", offset))
+    return And(EqualTo("_kafka.topic", topic), found) if topic is not None else found
+
+
+def plan_files(table: Table, snapshot_id: int, row_filter: BooleanExpression = AlwaysTrue()) -> list[FileScanTask]:
+    """The data files of `table` as of `snapshot_id` that may hold rows matching `row_filter` (pruned by
+    partition values and column bounds), with the delete files that apply to them."""
+    return list(table.scan(snapshot_id=snapshot_id, row_filter=row_filter).plan_files())
+
+
+def read_rows(table: Table, snapshot_id: int, row_filter: BooleanExpression = AlwaysTrue(),
+              columns: tuple[str, ...] = COORDINATES, tasks: list[FileScanTask] | None = None) -> pa.Table:
+    """The rows of `table` as of `snapshot_id` matching `row_filter` (deleted rows left out), with the
+    `columns` asked for (nested ones as `_kafka.offset`), flattened: `_kafka.offset` becomes a column
+    named `_kafka.offset`. `tasks` (from `plan_files` with a wider filter) spares planning again."""
+    scan = table.scan(snapshot_id=snapshot_id, row_filter=row_filter, selected_fields=columns)
+    if tasks is None:
+        tasks = list(scan.plan_files())
+    data = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter,
+                     scan.case_sensitive).to_table(tasks)
+    return flatten(data, columns)
+
+
+def flatten(data: pa.Table, columns: tuple[str, ...]) -> pa.Table:
+    """`data` (a scan's result) with each of `columns` (`a` or `a.b`) as a top-level column of that name."""
+    arrays = []
+    for name in columns:
+        parent, _, child = name.partition(".")
+        column = data.column(parent)
+        arrays.append(pc.struct_field(column, child) if child else column)
+    return pa.Table.from_arrays(arrays, names=list(columns))

@@ -1,0 +1,415 @@
+"""Trace one record: where is `topic[partition]@offset` of a pipeline, and why there.
+
+`trace_record(spec, partition, offset)` answers with one verdict:
+
+| verdict | meaning |
+|---|---|
+| `in-table` | a row of a data table holds it; the commits whose ranges hold the offset say when it arrived |
+| `dead-letter` | the dead-letter table holds it, with its `error_kind` and `error_detail` |
+| `tombstone` | an upsert pipeline's tombstone: the ledger holds it as the newest delete of its key |
+| `duplicated` | more than one row holds it (a breach of exactly-once: `lakehouse verify` lists all) |
+| `foreign` | a row holds it but no commit of the pipeline covers the offset (a breach: written by something else) |
+| `superseded` | upsert: no row holds it because a newer record of its key replaced it (or a newer tombstone) |
+| `deleted` | upsert: its key was deleted by a later tombstone |
+| `not-yet-ingested` | at or past the pipeline's committed position: the next batch reads it (the lag says how far) |
+| `gap` | it aged out of Kafka before it was ingested; the commit that recorded the gap is named |
+| `beyond-log-end` | past the end of the partition: Kafka has not received it |
+| `no-record` | Kafka delivers no record there (a transaction marker or an aborted record): nothing to ingest |
+| `aged-out` | no row holds it and Kafka no longer does (below the earliest offset): it cannot be checked |
+| `missing` | Kafka holds it, a commit covers it, but no table holds it (a breach: replay it) |
+| `not-held` | upsert keyed by the value: no row holds it; a newer record of its key may have replaced it |
+
+Rows are found with one pyiceberg scan per table filtered on `_kafka.topic`, `_kafka.partition`
+and `_kafka.offset`; the task writer records bounds for those fields in every data file's metrics,
+so the scan reads the few files whose bounds contain the offset, not the table. Kafka is asked only
+when no row holds the record (its earliest offset, log end, and the record itself).
+
+`trace_key(spec, key, since, until)` traces every record of one Kafka key over a time window: the
+rows whose `_kafka.key` and `_kafka.timestamp` match (pruned by the same metrics) and the records
+Kafka still holds in the window (read from `offsets_for_times`), each with its verdict.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+
+from lakehouse.core import config, offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import EXIT_SOURCE, ConfigurationError
+from lakehouse.core.offsets import OffsetRange
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest.plan import TopicState, offsets_for_time, topic_state_for
+from lakehouse.ingest.reader import reader_consumer
+from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
+from lakehouse.ops.verify import newer
+
+VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "foreign", "superseded", "deleted",
+            "not-yet-ingested", "gap", "beyond-log-end", "no-record", "aged-out", "missing", "not-held")
+BREACHES = ("duplicated", "missing", "foreign")  # verdicts that break exactly-once: `lakehouse trace` exits 3
+MAX_KEY_SCAN = 5_000_000  # records of a time window read from Kafka to find one key's records
+MAX_VALUE_CHARS = 2000    # raw values shown per row
+
+
+class TraceError(ConfigurationError):
+    """The trace cannot be answered as asked (a partition the topic lacks, a window too large)."""
+
+
+@dataclass
+class Sighting:
+    """A row that holds the record: its table, role, the row itself (JSON-safe) and the commits of the
+    pipeline whose ranges hold the offset there, newest first."""
+
+    table: str
+    role: str  # data | dead-letter | tombstones
+    row: dict
+    commits: list[dict] = field(default_factory=list)
+    history_complete: bool = True
+
+
+@dataclass
+class RecordTrace:
+    pipeline: str
+    topic: str
+    partition: int
+    offset: int
+    verdict: str
+    message: str
+    sightings: list[Sighting] = field(default_factory=list)
+    kafka: dict | None = None      # earliest, end, committed and lag of the partition, when Kafka was asked
+    record: dict | None = None     # the Kafka record (timestamp, key, tombstone), when it was read
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_SOURCE if self.verdict in BREACHES else 0
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"seconds": round(self.seconds, 3)}
+
+    def render(self) -> str:
+        lines = [f"{self.topic}[{self.partition}]@{self.offset} ({self.pipeline}): {self.verdict}", f"  {self.message}"]
+        for s in self.sightings:
+            lines.append(f"  {s.role} row in {s.table}: " + ", ".join(
+                f"{k}={v}" for k, v in s.row.items() if k not in ("_kafka", "headers", "value", "key")))
+            for c in s.commits:
+                lines.append(f"    committed by snapshot {c['snapshot_id']} ({c['kind']}, batch {c['batch_id']}) "
+                             f"at {c['at']}")
+            if not s.commits:
+                lines.append("    the commit that added it is no longer in the table's history (expired)"
+                             if not s.history_complete else "    no commit of the pipeline holds this offset")
+        if self.kafka:
+            k = self.kafka
+            lines.append(f"  partition {self.partition}: earliest {k['earliest']}, committed {k['committed']}, "
+                         f"log end {k['end']}, lag {k['lag']}")
+        return "\n".join(lines)
+
+
+@dataclass
+class KeyTrace:
+    pipeline: str
+    key: str
+    since: str
+    until: str
+    scanned: int                   # records read from Kafka to find the key's
+    records: list[RecordTrace]
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return max((r.exit_code for r in self.records), default=0)
+
+    def to_json(self) -> dict:
+        return {"pipeline": self.pipeline, "key": self.key, "since": self.since, "until": self.until,
+                "scanned": self.scanned, "records": [r.to_json() for r in self.records],
+                "seconds": round(self.seconds, 3)}
+
+    def render(self) -> str:
+        head = (f"key {self.key!r} of {self.pipeline} from {self.since} to {self.until}: {len(self.records)} "
+                f"record(s) ({self.scanned} Kafka records scanned, {self.seconds:.1f}s)")
+        return "\n".join([head, *(r.render() for r in self.records)]) if self.records else head + ": none found"
+
+
+# ---------------------------------------------------------------------------- what the tables hold
+
+
+def _plain(value):
+    """`value` as JSON takes it: bytes as UTF-8 text (else `base64:`), times in ISO-8601, long text cut."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes):
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "base64:" + base64.b64encode(value).decode("ascii")
+        return text[:MAX_VALUE_CHARS]
+    if isinstance(value, str):
+        return value[:MAX_VALUE_CHARS]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return str(value)
+
+
+class _Tables:
+    """The pipeline's tables (positioned ones and the tombstone ledger) loaded once, and their lineages."""
+
+    def __init__(self, spec: PipelineSpec, platform: config.PlatformConfig):
+        self.spec = spec
+        self.catalog = open_catalog(platform, spec.catalog)
+        self.loaded = {}
+        for name in (*spec.positioned_tables, *((spec.tombstone_table,) if spec.tombstone_table else ())):
+            try:
+                self.loaded[name] = self.catalog.load_table(name)
+            except NoSuchTableError:
+                continue
+        self._lineages: dict[str, Lineage] = {}
+
+    def role(self, name: str) -> str:
+        return ("dead-letter" if name == self.spec.dead_letter_table else
+                "tombstones" if name == self.spec.tombstone_table else "data")
+
+    def lineage(self, name: str) -> Lineage:
+        if name not in self._lineages:
+            self._lineages[name] = lineage(self.loaded[name], name, self.spec.name)
+        return self._lineages[name]
+
+    def rows(self, row_filter) -> list[tuple[str, dict]]:
+        """(table, row) of every row matching `row_filter` in every table, as of each table's head."""
+        found = []
+        for name, table in self.loaded.items():
+            if table.current_snapshot() is None:
+                continue
+            for row in table.scan(row_filter=row_filter).to_arrow().to_pylist():
+                found.append((name, row))
+        return found
+
+    def sighting(self, name: str, row: dict) -> Sighting:
+        kafka = row["_kafka"]
+        history = self.lineage(name)
+        commits = [c.to_json() for c in history.containing(kafka["partition"], kafka["offset"])]
+        return Sighting(name, self.role(name), _plain(row), commits, history.complete)
+
+    def gaps(self) -> list[tuple[Coverage, dict]]:
+        """Every recorded gap with the commit that recorded it."""
+        return [(c.gaps, c.to_json()) for name in self.spec.positioned_tables if name in self.loaded
+                for c in self.lineage(name).commits if c.gaps]
+
+    def key_coordinates(self, name: str, key: str) -> tuple[int, int, int | None] | None:
+        """(partition, offset, timestamp ms) of the row of Kafka key `key` in upsert table or ledger `name` (one
+        per key) at its head: its rows came from records of that key, so `_kafka.key` finds it, the files
+        pruned by their bounds."""
+        table = self.loaded.get(name)
+        if table is None or table.current_snapshot() is None:
+            return None
+        found = table.scan(row_filter=EqualTo("_kafka.key", key), selected_fields=("_kafka",)).to_arrow().to_pylist()
+        if not found:
+            return None
+        kafka = found[0]["_kafka"]
+        stamp = kafka.get("timestamp")
+        return kafka["partition"], kafka["offset"], int(stamp.timestamp() * 1000) if stamp is not None else None
+
+
+# ---------------------------------------------------------------------------- verdicts
+
+
+def held_verdict(spec: PipelineSpec, partition: int, offset: int, sightings: list[Sighting]) -> tuple[str, str]:
+    """The verdict and message for a record that rows hold (`sightings`, at least one). Pure."""
+    where = f"{spec.source.topic}[{partition}]@{offset}"
+    counted = [s for s in sightings if s.role != "tombstones"]
+    if len(counted) > 1:
+        return "duplicated", (f"{where} is held {len(counted)} times (" + ", ".join(s.table for s in counted)
+                              + f"): a breach of exactly-once; `lakehouse verify --pipeline {spec.name}` lists every "
+                                f"duplicate")
+    first = counted[0] if counted else sightings[0]
+    if not first.commits and first.history_complete and first.role != "tombstones":
+        return "foreign", (f"a row of {first.table} holds {where}, but no commit of the pipeline covers that offset "
+                           f"(past the committed position, or written by something else): a breach of exactly-once; "
+                           f"`lakehouse verify --pipeline {spec.name}` lists every foreign row")
+    when = (f", committed by snapshot {first.commits[-1]['snapshot_id']} at {first.commits[-1]['at']} "
+            f"({first.commits[-1]['kind']})" if first.commits else "")
+    if first.role == "dead-letter":
+        return "dead-letter", (f"{where} is a dead letter in {first.table}: {first.row.get('error_kind')}: "
+                               f"{first.row.get('error_detail')}{when}. Fix the contract or the producer, then "
+                               f"`lakehouse replay --pipeline {spec.name} --dead-letters`")
+    if first.role == "tombstones":
+        return "tombstone", (f"{where} is a tombstone: it deleted key {first.row['_kafka'].get('key')!r}; the ledger "
+                             f"{first.table} keeps it so that replays cannot bring the key back")
+    return "in-table", f"{where} is a row of {first.table}{when}"
+
+
+@dataclass(frozen=True)
+class Whereabouts:
+    """What decides the verdict of a record no row holds: its partition's earliest offset, log end and
+    committed position, the commit that recorded a gap holding it (if one did), the Kafka record at the
+    offset when it was read (`read`: it was asked for), and for an upsert pipeline keyed by the Kafka key
+    the coordinates (partition, offset, timestamp ms) of its key's row and newest tombstone."""
+
+    earliest: int
+    end: int
+    committed: int
+    gap: dict | None = None
+    read: bool = False
+    record: dict | None = None
+    key_row: tuple[int, int, int | None] | None = None
+    key_tombstone: tuple[int, int, int | None] | None = None
+
+
+def not_held_verdict(spec: PipelineSpec, partition: int, offset: int, w: Whereabouts) -> tuple[str, str]:
+    """The verdict and message for a record no row holds. Pure."""
+    where = f"{spec.source.topic}[{partition}]@{offset}"
+    if offset >= w.end:
+        return "beyond-log-end", (f"{where} is past the end of the partition (log end {w.end}): Kafka has not "
+                                  f"received it")
+    if w.gap is not None:
+        return "gap", (f"{where} aged out of Kafka before it was ingested: the gap was recorded by snapshot "
+                       f"{w.gap['snapshot_id']} of {w.gap['table']} at {w.gap['at']}")
+    if offset >= w.committed:
+        return "not-yet-ingested", (f"{where} is not ingested yet: the committed position of partition {partition} "
+                                    f"is {w.committed}, {w.end - w.committed} records behind the log end {w.end}")
+    if offset < w.earliest:
+        return "aged-out", (f"no table holds {where}, and Kafka no longer does (its earliest offset is "
+                            f"{w.earliest}), so whether it was lost or replaced cannot be told any more")
+    if not w.read or w.record is None:
+        return "no-record", (f"Kafka delivers no record at {where} (a transaction marker or an aborted record): "
+                             f"there is nothing to ingest")
+    missing = ("missing", f"Kafka holds {where} and the pipeline committed past it (position {w.committed}), but "
+                          f"no table holds it: a breach of exactly-once. Replay it with `lakehouse replay --pipeline "
+                          f"{spec.name} --offsets {partition}:{offset}-{offset + 1}` and run `lakehouse verify`")
+    if spec.target.mode != "upsert":
+        return missing
+    if not spec.tombstones_delete or spec.target.fanout is not None:
+        return "not-held", (f"no row holds {where}: in this upsert table a newer record of its key may have replaced "
+                            f"it; `lakehouse verify --pipeline {spec.name}` checks each key's newest record")
+    key, mine = w.record.get("key"), (partition, offset, w.record.get("timestamp_ms"))
+    if w.key_row is not None and newer(w.key_row, mine):
+        return "superseded", (f"{where} was replaced by a newer record of key {key!r} (partition {w.key_row[0]}, "
+                              f"offset {w.key_row[1]})")
+    if w.key_tombstone is not None and newer(w.key_tombstone, mine):
+        return "deleted", (f"key {key!r} of {where} was deleted by the tombstone at partition {w.key_tombstone[0]}, "
+                           f"offset {w.key_tombstone[1]}")
+    return missing
+
+
+def _partition_state(spec: PipelineSpec, tables: _Tables, platform: config.PlatformConfig,
+                     partition: int) -> tuple[TopicState, dict[int, int]]:
+    """The topic's state and the pipeline's committed positions; TraceError for a partition it lacks."""
+    progress = [offsets.read_progress(tables.catalog, t, spec.name) for t in spec.positioned_tables]
+    state = topic_state_for(platform.kafka(), spec.source.topic, progress)
+    if partition not in state.partitions:
+        raise TraceError(f"topic {spec.source.topic!r} has no partition {partition} (it has "
+                         f"{len(state.partitions)}: 0 to {len(state.partitions) - 1})")
+    return state, offsets.committed_positions(progress, state.earliest)
+
+
+def _whereabouts(spec: PipelineSpec, tables: _Tables, state: TopicState, committed: dict[int, int], partition: int,
+                 offset: int, record: dict | None, read: bool) -> Whereabouts:
+    """The Whereabouts of a record no row holds, looking up its gap and (upsert) its key's row and tombstone."""
+    ps = state.partitions[partition]
+    gap = next((commit for gaps, commit in tables.gaps() if (partition, offset) in gaps), None)
+    row = tomb = None
+    if record is not None and record.get("key") is not None and spec.tombstones_delete \
+            and ps.earliest <= offset < committed[partition]:
+        row, tomb = (tables.key_coordinates(name, record["key"]) for name in (spec.target.table, spec.tombstone_table))
+    return Whereabouts(ps.earliest, ps.end, committed[partition], gap, read, record, row, tomb)
+
+
+def trace_record(spec: PipelineSpec, partition: int, offset: int,
+                 platform: config.PlatformConfig | None = None) -> RecordTrace:
+    """Where record `partition`@`offset` of the pipeline's topic is (see the module doc for the verdicts).
+
+    Raises TraceError for a partition the topic lacks, the planner's SourceErrors when Kafka must be
+    asked and cannot answer.
+    """
+    if partition < 0 or offset < 0:
+        raise TraceError(f"partition {partition} and offset {offset} must both be 0 or more")
+    started = time.monotonic()
+    platform = platform or config.load()
+    tables = _Tables(spec, platform)
+    sightings = [tables.sighting(name, row) for name, row in
+                 tables.rows(coordinate_filter(partition, offset, spec.source.topic))]
+    result = RecordTrace(spec.name, spec.source.topic, partition, offset, "", "", sightings)
+    if sightings:
+        result.verdict, result.message = held_verdict(spec, partition, offset, sightings)
+    else:
+        state, committed = _partition_state(spec, tables, platform, partition)
+        ps = state.partitions[partition]
+        result.kafka = {"earliest": ps.earliest, "end": ps.end, "committed": committed[partition],
+                        "lag": max(0, ps.end - committed[partition])}
+        readable = ps.earliest <= offset < min(ps.end, committed[partition])
+        if readable:
+            found = _read_records(spec, platform, OffsetRange(spec.source.topic, partition, offset, offset + 1))
+            result.record = found[0] if found else None
+        result.verdict, result.message = not_held_verdict(spec, partition, offset, _whereabouts(
+            spec, tables, state, committed, partition, offset, result.record, readable))
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _read_records(spec: PipelineSpec, platform: config.PlatformConfig, rng: OffsetRange) -> list[dict]:
+    """The Kafka records of `rng` as dicts (partition, offset, timestamp_ms, key, tombstone)."""
+    with reader_consumer(platform.kafka(), spec.name) as (consumer, _watch):
+        return read_kafka(consumer, rng, stall_timeout=15.0, with_keys=True).to_pylist()
+
+
+def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | None = None,
+              platform: config.PlatformConfig | None = None, progress=None) -> KeyTrace:
+    """Every record of Kafka key `key` from `since` to `until` (default now), each with its verdict: the
+    rows whose `_kafka.key` and `_kafka.timestamp` match, and the records Kafka still holds in the window.
+
+    Raises TraceError when the window holds more than MAX_KEY_SCAN records in Kafka (narrow it), the
+    planner's SourceErrors when Kafka cannot answer.
+    """
+    started = time.monotonic()
+    platform = platform or config.load()
+    to_end = until is None  # up to the log end as the planner finds it (ListOffsets by time can lag behind it)
+    until = until or datetime.now(timezone.utc)
+    progress = progress or (lambda line: None)
+    tables = _Tables(spec, platform)
+    in_window = And(EqualTo("_kafka.key", key), And(GreaterThanOrEqual("_kafka.timestamp", since.isoformat()),
+                                                    LessThan("_kafka.timestamp", until.isoformat())))
+    held: dict[tuple[int, int], list[Sighting]] = {}
+    for name, row in tables.rows(in_window):
+        held.setdefault((row["_kafka"]["partition"], row["_kafka"]["offset"]), []).append(tables.sighting(name, row))
+    progress_list = [offsets.read_progress(tables.catalog, t, spec.name) for t in spec.positioned_tables]
+    state = topic_state_for(platform.kafka(), spec.source.topic, progress_list)
+    committed = offsets.committed_positions(progress_list, state.earliest)
+    ends = {p: ps.end for p, ps in state.partitions.items()}
+    conf = platform.kafka()
+    starts = offsets_for_time(conf, spec.source.topic, ends, int(since.timestamp() * 1000), ends)
+    stops = ends if to_end else offsets_for_time(conf, spec.source.topic, ends, int(until.timestamp() * 1000), ends)
+    ranges = [OffsetRange(spec.source.topic, p, max(starts[p], state.partitions[p].earliest), stops[p])
+              for p in sorted(ends) if stops[p] > max(starts[p], state.partitions[p].earliest)]
+    scanned = sum(r.count for r in ranges)
+    if scanned > MAX_KEY_SCAN:
+        raise TraceError(f"the window holds {scanned} records in Kafka, more than the {MAX_KEY_SCAN} a key trace "
+                         f"reads: narrow --since/--until")
+    records: dict[tuple[int, int], dict] = {}
+    for rng in ranges:
+        progress(f"reading {rng} for key {key!r}")
+        for record in _read_records(spec, platform, rng):
+            if record["key"] == key:
+                records[(record["partition"], record["offset"])] = record
+    traces = []
+    for p, o in sorted({*held, *records}):
+        trace = RecordTrace(spec.name, spec.source.topic, p, o, "", "", held.get((p, o), []),
+                            record=records.get((p, o)))
+        if trace.sightings:
+            trace.verdict, trace.message = held_verdict(spec, p, o, trace.sightings)
+        else:
+            ps = state.partitions[p]
+            trace.kafka = {"earliest": ps.earliest, "end": ps.end, "committed": committed[p],
+                           "lag": max(0, ps.end - committed[p])}
+            trace.verdict, trace.message = not_held_verdict(spec, p, o, _whereabouts(
+                spec, tables, state, committed, p, o, trace.record, True))
+        traces.append(trace)
+    return KeyTrace(spec.name, key, since.isoformat(), until.isoformat(), scanned, traces,
+                    time.monotonic() - started)

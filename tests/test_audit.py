@@ -1,0 +1,224 @@
+"""Operator actions are audited and restricted: every replay, backfill, cutover, rollback, publication
+(forced ones too) and maintenance run records who made it happen (the Airflow user who triggered the
+DAG run, `scheduler` for a run nobody triggered, or the OS user of a command), when, with which
+parameters and with what outcome, on the ops timeline and the pipelines page; the DAGs that change
+what readers see are granted to the operator role where the auth manager has DAG-level permissions,
+and LAKEHOUSE_OPERATORS refuses anyone else under any auth manager.
+
+(The audit of write-audit-publish, the quality gate, is tests/test_audit_lineage.py.)
+Airflow's `dag.test()` runs record the user Airflow gives them, `dag_test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import socket
+import time
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+from pyiceberg.schema import Schema
+
+from e2e import pipeline, run_cli, send, task_states, xcom  # noqa: F401 (fixture)
+from lakehouse.core import config, events
+from lakehouse.core.catalog import open_catalog
+
+OS_USER = pwd.getpwuid(os.geteuid()).pw_name
+
+
+# ---------------------------------------------------------------------------- who acts
+
+def test_a_command_acts_as_its_os_user_and_a_job_an_airflow_run_started_as_the_user_who_triggered_it(monkeypatch):
+    monkeypatch.setenv("USER", "somebody-else")  # $USER is anyone's to set; the process's uid is not
+    monkeypatch.delenv(events.AIRFLOW_RUN_ENV, raising=False)
+    command = events.Actor.of_process()
+    assert (command.user, command.via, command.origin["host"]) == (OS_USER, "cli", socket.gethostname())
+
+    triggered = events.Actor.airflow("orders_backfill", "manual__1", "manual", "alice")
+    monkeypatch.setenv(events.AIRFLOW_RUN_ENV, triggered.environment()[events.AIRFLOW_RUN_ENV])
+    job = events.Actor.of_process()
+    assert (job.user, job.via, job.origin["dag_id"], job.origin["run_id"]) == \
+        ("alice", "airflow", "orders_backfill", "manual__1")
+    assert job.origin["os_user"] == OS_USER  # and what the job itself ran as
+    assert events.Actor.airflow("orders_maintenance", "scheduled__1", "scheduled", None).user == events.SCHEDULER
+
+    monkeypatch.setenv(events.AIRFLOW_RUN_ENV, "{not json")
+    assert events.Actor.of_process().via == "cli"
+
+
+# ---------------------------------------------------------------------------- the timeline keeps it
+
+OLD_SCHEMA = Schema(*(f for f in events.SCHEMA.fields if f.name != "actor"))  # the timeline of the first release
+
+
+def test_a_timeline_from_before_actors_gains_the_column_and_its_old_events_name_nobody(own_home):
+    platform = config.load()
+    catalog = open_catalog(platform, "lake")
+    catalog.create_namespace("ops")
+    old = catalog.create_table(events.EVENTS_TABLE, schema=OLD_SCHEMA, partition_spec=events.PARTITIONING)
+    row = events.Event("orders", "maintenance", message="before").row()
+    del row["actor"]
+    old.append(pa.Table.from_pylist([row], schema=pa.schema([f for f in events._ARROW if f.name != "actor"])))
+
+    alice = events.Actor.airflow("orders_cutover", "manual__2", "manual", "alice")
+    events.record(events.Event("orders", "cutover", message="after", actor=alice), platform=platform)
+
+    assert "actor" in catalog.load_table(events.EVENTS_TABLE).schema().column_names
+    after, before = events.recent("orders", platform=platform)
+    assert (after["actor"], after["details"]["actor"]["dag_id"]) == ("alice", "orders_cutover")
+    assert (before["message"], before["actor"]) == ("before", None)
+
+
+def test_an_audited_action_is_one_event_whatever_its_outcome(own_home):
+    platform = config.load()
+    bob = events.Actor.of_process()
+    with events.audited("orders", "replay", bob, {"offsets": "0:0-10"}, platform) as audit:
+        audit.message, audit.metrics = "replayed 10 records", {"records": 10}
+    with pytest.raises(ValueError, match="bad range"):
+        with events.audited("orders", "replay", bob, {"offsets": "0:9-1"}, platform) as audit:
+            audit.details["planned"] = True
+            raise ValueError("bad range")
+
+    failed, done = events.recent("orders", "replay", platform=platform)
+    assert (done["status"], done["message"], done["actor"]) == ("ok", "replayed 10 records", bob.user)
+    assert done["details"]["parameters"] == {"offsets": "0:0-10"} and done["metrics"] == {"records": 10.0}
+    assert (failed["status"], failed["message"]) == ("failed", "ValueError: bad range")
+    assert failed["details"] == {"planned": True, "parameters": {"offsets": "0:9-1"}, "actor": bob.to_json()}
+
+
+def test_the_page_lists_what_people_did_not_what_the_scheduler_ran(own_home):
+    platform = config.load()
+    scheduler = events.Actor.airflow("orders_maintenance", "scheduled__3", "scheduled", None)
+    alice = events.Actor.airflow("orders_publish", "manual__3", "manual", "alice")
+    events.record(events.Event("orders", "maintenance", actor=scheduler), events.Event("orders", "batch"),
+                  events.Event("orders", "publish", details={"parameters": {"forced": True}}, actor=alice),
+                  platform=platform)
+    found = events.digest("orders", datetime.now(timezone.utc) - timedelta(hours=1), platform=platform)
+    assert [(a["kind"], a["actor"]) for a in found["actions"]] == [("publish", "alice")]
+    assert found["latest"]["maintenance"]["actor"] == events.SCHEDULER
+
+
+# ---------------------------------------------------------------------------- who may
+
+RESTRICTED = ("publish", "backfill", "cutover")
+
+
+# Airflow 3 deprecates DAG-level access_control (it warns whenever it is set); FAB still applies it
+@pytest.mark.filterwarnings("ignore:The airflow.security.permissions module is deprecated")
+@pytest.mark.parametrize(("auth_manager", "granted"), [
+    ("airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager", True),
+    ("airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager", False),
+])
+def test_the_dags_that_change_what_readers_see_are_granted_to_the_operator_role_where_the_auth_manager_can(
+        make_spec, monkeypatch, auth_manager, granted):
+    from airflow.dag_processing.dagbag import DagBag
+
+    spec = make_spec()
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", auth_manager)
+    monkeypatch.setenv("LAKEHOUSE_OPERATOR_ROLE", "data_ops")
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    bag = DagBag(str(config.REPO_ROOT / "dags"))
+    assert bag.import_errors == {}
+    for kind in ("ingest", "maintenance", *RESTRICTED):
+        dag = bag.dags[f"{spec.name}_{kind}"]
+        expected = {"data_ops": {"DAGs": {"can_read", "can_edit"}, "DAG Runs": {"can_read", "can_create", "can_edit"}}}
+        assert dag.access_control == (expected if granted and kind in RESTRICTED else None), kind
+        assert ("**Restricted** to lakehouse operators" in dag.doc_md) == (kind in RESTRICTED)
+    assert bag.dags["retention_guard"].access_control is None
+
+
+# ---------------------------------------------------------------------------- end to end
+
+def actions(platform, spec, kind: str) -> list[dict]:
+    return events.recent(spec.name, kind, platform=platform, catalog=spec.catalog)
+
+
+@pytest.mark.slow
+def test_command_line_replays_record_the_os_user_the_arguments_and_the_outcome(platform, pipeline, spark, monkeypatch):
+    spec = pipeline(partitions=1)
+    send(platform, spec.source.topic, [(b"k", json.dumps({"order_id": f"o-{i}"}).encode()) for i in range(8)])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+
+    done = run_cli(spec, "replay", "--pipeline", spec.name, "--offsets", "0:0-8")
+    refused = run_cli(spec, "replay", "--pipeline", spec.name, "--offsets", "0:0-80")
+    assert (done.returncode, refused.returncode) == (0, 2)
+    assert "goes past the pipeline's committed position 8" in refused.stderr
+
+    failed, ok = actions(platform, spec, "replay")
+    for event, asked in ((ok, "0:0-8"), (failed, "0:0-80")):
+        assert event["actor"] == OS_USER
+        assert event["details"]["actor"] | {"pid": None} == {"user": OS_USER, "via": "cli", "os_user": OS_USER,
+                                                             "host": socket.gethostname(), "pid": None}
+        assert event["details"]["parameters"] == {"offsets": asked}
+    assert ok["status"] == "ok" and ok["metrics"]["records"] == 8
+    assert failed["status"] == "failed" and "goes past the pipeline's committed position 8" in failed["message"]
+
+    # the replay job a backfill DAG run submits records the user who triggered that run
+    operator = events.Actor.airflow(f"{spec.name}_backfill", "manual__7", "manual", "alice")
+    monkeypatch.setenv(events.AIRFLOW_RUN_ENV, operator.environment()[events.AIRFLOW_RUN_ENV])
+    assert run_cli(spec, "replay", "--pipeline", spec.name, "--offsets", "0:2-4", "--backfill").returncode == 0
+    [backfilled] = actions(platform, spec, "backfill")
+    assert (backfilled["actor"], backfilled["details"]["actor"]["run_id"]) == ("alice", "manual__7")
+    assert backfilled["details"]["parameters"] == {"offsets": "0:2-4"}
+
+
+@pytest.mark.slow
+def test_rollback_runs_record_who_triggered_them_and_someone_not_an_operator_is_refused(
+        platform, pipeline, make_spec, run_dag, spark, monkeypatch):
+    live = pipeline()
+    nothing = run_dag(f"{live.name}_cutover", make_spec.directory, conf={"action": "rollback"})
+    assert task_states(nothing) == {"cutover_or_rollback": "failed"}
+    [attempt] = actions(platform, live, "rollback")
+    assert (attempt["status"], attempt["actor"]) == ("failed", "dag_test")
+    assert "nothing to roll back" in attempt["message"]
+    assert attempt["details"]["actor"]["dag_id"] == f"{live.name}_cutover"
+
+    monkeypatch.setenv("LAKEHOUSE_OPERATORS", "alice, bob")
+    refused = run_dag(f"{live.name}_cutover", make_spec.directory, conf={"action": "rollback"})
+    assert task_states(refused) == {"cutover_or_rollback": "failed"}
+    newest = actions(platform, live, "rollback")[0]
+    assert (newest["status"], newest["actor"]) == ("failed", "dag_test")
+    assert "'dag_test' triggered" in newest["message"] and "not a lakehouse operator: only alice, bob may" \
+        in newest["message"]
+
+
+@pytest.mark.slow
+def test_a_forced_publication_passes_the_slo_gates_and_shows_on_the_page_as_forced_by_who_triggered_it(
+        platform, pipeline, make_spec, run_dag, spark, monkeypatch):
+    spec = pipeline(partitions=1, slo={"lag_records": 1, "lag_seconds": "30s"})
+    now = datetime.now(timezone.utc).isoformat()
+    good = [(f"o-{i}".encode(), json.dumps({"order_id": f"o-{i}", "customer_id": "c-1", "amount": 1.0,
+                                             "currency": "EUR", "status": "created", "event_time": now}).encode())
+            for i in range(6)]
+    send(platform, spec.source.topic, good[:3])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    producer = Producer(platform.kafka())  # a backlog, two minutes old: the lag gate would hold publication back
+    for key, value in good[3:]:
+        producer.produce(spec.source.topic, key=key, value=value, timestamp=int(time.time() * 1000) - 120_000)
+    assert producer.flush(30) == 0
+
+    run = run_dag(f"{spec.name}_publish", make_spec.directory, conf={"force": True})
+
+    assert task_states(run) == {"quality": "success", "verify": "success", "freshness": "success", "lag": "success",
+                                "publish": "success"}
+    lag = xcom(run, "lag")
+    assert lag["forced"] is True and lag["ok"] is False  # measured and logged, not waited for
+    [published] = actions(platform, spec, "publish")
+    assert (published["status"], published["actor"]) == ("ok", "dag_test")
+    assert published["details"]["parameters"]["forced"] is True
+    assert "forced past the SLO gates" in published["message"]
+
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    import lakehouse_ui
+
+    [card] = [e for e in lakehouse_ui.pipelines_json() if e["pipeline"] == spec.name]
+    [shown] = [a for a in card["timeline"]["actions"] if a["kind"] == "publish"]
+    assert (shown["actor"], shown["status"], shown["parameters"]["forced"]) == ("dag_test", "ok", True)
+    assert shown["origin"]["dag_id"] == f"{spec.name}_publish"
+    page = lakehouse_ui.pipelines_page()
+    assert '<li data-kind="publish">' in page and 'data-field="action_actor" class="">dag_test<' in page
+    assert 'data-field="latest_publish_actor" class="">dag_test<' in page

@@ -1,0 +1,219 @@
+"""OpenLineage: every committed ingest batch is one COMPLETE event (the Kafka topic in, the data and
+dead-letter tables out, with schema and row-count facets) from the continuous job's openlineage-python
+client; publishing and maintenance tasks give Airflow's OpenLineage provider their datasets. Transport
+from OpenLineage's own configuration, nothing (and no client) when none is set, and a lineage backend
+that is down never fails a batch. The tests read what the file transport wrote.
+
+(tests/test_audit_lineage.py is about the lineage of snapshots that write-audit-publish audits.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from openlineage.client.serde import Serde
+from pyiceberg.schema import Schema
+from pyiceberg.types import NestedField, StringType
+
+from e2e import pipeline, rows, run_cli, send, table  # noqa: F401 (fixture)
+from lakehouse.core import config, lineage
+from lakehouse.core.catalog import open_catalog
+from lakehouse.ingest.job import BatchReceipt, IngestJob, TableCommit
+from lakehouse.wap import publish, quality
+
+
+@pytest.fixture
+def no_lineage_settings(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("OPENLINEAGE")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def lineage_file(tmp_path, monkeypatch, no_lineage_settings) -> Path:
+    """OpenLineage configured as users do, with the file transport: one JSON event per line."""
+    path = tmp_path / "openlineage.jsonl"
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", json.dumps(str(path)))  # JSON: kept as written
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__APPEND", "true")
+    monkeypatch.setenv("OPENLINEAGE_NAMESPACE", "lakehouse-tests")
+    return path
+
+
+def orders(first: int, count: int) -> list[tuple[bytes, bytes]]:
+    """Valid orders o-<first>.. as (key, value)."""
+    return [(f"o-{i}".encode(), json.dumps({"order_id": f"o-{i}", "customer_id": "c-1", "amount": 2.0, "currency": "EUR",
+                                             "status": "paid", "event_time": datetime.now(timezone.utc).isoformat()}
+                                            ).encode()) for i in range(first, first + count)]
+
+
+def emitted(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def receipt(spec) -> BatchReceipt:
+    """A batch of 12 records: 10 rows in the data table, 2 dead letters."""
+    done = BatchReceipt(pipeline=spec.name, batch_id=uuid.uuid4().hex, ranges={0: (0, 12)}, records=12,
+                        rows_by_table={spec.target.table: 10}, dead_letters=2)
+    done.commits = [TableCommit(spec.target.table, 10, 11, 1, files=1, bytes=2048),
+                    TableCommit(spec.dead_letter_table, 2, 22, 1, files=1, bytes=512)]
+    return done
+
+
+# ---------------------------------------------------------------------------- unit
+
+def test_lineage_is_off_unless_configured_and_then_no_client_is_made(make_spec, no_lineage_settings, monkeypatch,
+                                                                        tmp_path):
+    spec = make_spec()
+    assert not lineage.configured() and lineage.client() is None
+    lineage.ingest_batch(spec, config.load(), receipt(spec))  # nothing to do, nothing printed
+    monkeypatch.setenv("OPENLINEAGE_URL", "http://lineage.example:5000")
+    assert lineage.configured()
+    monkeypatch.setenv("OPENLINEAGE_DISABLED", "true")
+    assert not lineage.configured() and lineage.client() is None
+
+
+@pytest.mark.parametrize(("location", "named"), [
+    ("file:///var/lake/warehouse/raw/orders", ("file", "/var/lake/warehouse/raw/orders")),
+    ("s3://lake/warehouse/raw/orders", ("s3://lake", "warehouse/raw/orders")),
+    ("s3a://key:secret@lake/warehouse/raw/orders", ("s3://lake", "warehouse/raw/orders")),
+    ("hdfs://namenode:8020/warehouse/raw/orders", ("hdfs://namenode:8020", "/warehouse/raw/orders")),
+])
+def test_iceberg_tables_are_named_by_where_they_live_without_credentials(location, named):
+    assert lineage.location_name(location) == named
+
+
+@pytest.mark.parametrize(("servers", "namespace"), [
+    ("127.0.0.1:9092", "kafka://127.0.0.1:9092"),
+    ("SASL_SSL://broker-1:9093,broker-2:9093", "kafka://broker-1:9093"),
+    ("broker", "kafka://broker:9092"),
+])
+def test_kafka_topics_are_named_by_their_first_bootstrap_server(servers, namespace):
+    assert lineage.kafka_namespace(servers) == namespace
+
+
+def test_a_batch_is_one_complete_event_in_the_configured_file(make_spec, lineage_file):
+    spec, platform = make_spec(), config.load()
+    batch = receipt(spec)
+    lineage.ingest_batch(spec, platform, batch)
+
+    [event] = emitted(lineage_file)
+    assert (event["eventType"], event["run"]["runId"]) == ("COMPLETE", str(uuid.UUID(hex=batch.batch_id)))
+    assert event["job"] | {"facets": None} == {"namespace": "lakehouse-tests", "name": f"lakehouse-ingest-{spec.name}",
+                                               "facets": None}
+    assert event["job"]["facets"]["jobType"]["processingType"] == "STREAMING"
+    [topic] = event["inputs"]
+    assert (topic["namespace"], topic["name"]) == (lineage.kafka_namespace(platform.bootstrap_servers),
+                                                   spec.source.topic)
+    assert topic["inputFacets"]["inputStatistics"]["rowCount"] == 12
+    assert [f["name"] for f in topic["facets"]["schema"]["fields"]] == list(spec.contract.names)
+    warehouse = platform.warehouse.rstrip("/")
+    by_table = {o["facets"]["symlinks"]["identifiers"][0]["name"]: o for o in event["outputs"]}
+    assert set(by_table) == {spec.target.table, spec.dead_letter_table}
+    data = by_table[spec.target.table]
+    assert (data["namespace"], data["name"]) == lineage.location_name(f"{warehouse}/{spec.target.table.replace('.', '/')}")
+    assert data["outputFacets"]["outputStatistics"] | {"_producer": None, "_schemaURL": None} == \
+        {"rowCount": 10, "fileCount": 1, "size": 2048, "_producer": None, "_schemaURL": None}
+    assert data["facets"]["version"]["datasetVersion"] == "11"
+    assert data["facets"]["catalog"]["framework"] == "iceberg" and data["facets"]["catalog"]["name"] == spec.catalog
+    assert by_table[spec.dead_letter_table]["outputFacets"]["outputStatistics"]["rowCount"] == 2
+
+
+def test_a_lineage_backend_that_is_down_is_logged_and_never_fails_the_batch(make_spec, no_lineage_settings,
+                                                                              monkeypatch, free_tcp_port, caplog):
+    spec = make_spec()
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT", json.dumps(
+        {"type": "http", "url": f"http://127.0.0.1:{free_tcp_port}", "timeout": 1, "retry": {"total": 0}}))
+    with caplog.at_level(logging.WARNING, logger="lakehouse.lineage"):
+        lineage.ingest_batch(spec, config.load(), receipt(spec))
+    assert "could not emit the OpenLineage event of batch" in caplog.text
+
+
+def test_a_maintenance_task_names_each_table_it_maintained_in_and_out_with_its_state_after(make_spec, own_home):
+    from lakehouse_airflow.operators.maintenance import MaintenanceOperator
+
+    spec, platform = make_spec(), config.load()
+    catalog = open_catalog(platform, spec.catalog)
+    catalog.create_namespace("raw")
+    data = catalog.create_table(spec.target.table, schema=Schema(NestedField(1, "order_id", StringType())))
+    data.append(pa.table({"order_id": ["o-1", "o-2"]}))
+    receipts = [{"table": spec.qualified(spec.target.table), "status": "ok", "rows_after": 2, "data_files_after": 1,
+                 "bytes_after": 900},
+                {"table": spec.qualified(spec.dead_letter_table), "status": "skipped", "rows_after": 0,
+                 "data_files_after": 0, "bytes_after": 0}]  # no dead-letter table yet: nothing maintained
+
+    inputs, outputs = (list(map(Serde.to_dict, found)) for found in MaintenanceOperator.datasets(spec, platform,
+                                                                                                   receipts))
+
+    assert [(d["namespace"], d["name"]) for d in inputs] == [(d["namespace"], d["name"]) for d in outputs] == \
+        [lineage.location_name(data.location())]
+    [after] = outputs
+    assert after["outputFacets"]["outputStatistics"] | {"_producer": None, "_schemaURL": None} == \
+        {"rowCount": 2, "fileCount": 1, "size": 900, "_producer": None, "_schemaURL": None}
+    assert after["facets"]["version"]["datasetVersion"] == str(data.refresh().current_snapshot().snapshot_id)
+    assert [f["name"] for f in after["facets"]["schema"]["fields"]] == ["order_id"]
+
+
+# ---------------------------------------------------------------------------- end to end
+
+@pytest.mark.slow
+def test_the_ingest_job_emits_each_committed_batch_with_the_tables_schemas_and_snapshots(
+        platform, pipeline, spark, lineage_file):
+    spec = pipeline(partitions=2)
+    send(platform, spec.source.topic, orders(0, 9) + [(b"bad", b"{not json")] * 3)
+    [batch] = IngestJob(spec, platform, spark).run_once()
+
+    [event] = emitted(lineage_file)
+    assert event["run"]["runId"] == str(uuid.UUID(hex=batch.batch_id))
+    assert event["inputs"][0]["inputFacets"]["inputStatistics"]["rowCount"] == 12
+    by_table = {o["facets"]["symlinks"]["identifiers"][0]["name"]: o for o in event["outputs"]}
+    for name, count in ((spec.target.table, 9), (spec.dead_letter_table, 3)):
+        iceberg = table(platform, spec, name)
+        output = by_table[name]
+        assert (output["namespace"], output["name"]) == lineage.location_name(iceberg.location())
+        assert output["outputFacets"]["outputStatistics"]["rowCount"] == count == len(rows(platform, spec, name))
+        assert output["facets"]["version"]["datasetVersion"] == str(iceberg.current_snapshot().snapshot_id)
+        fields = {f["name"]: f for f in output["facets"]["schema"]["fields"]}
+        assert set(fields) == set(iceberg.schema().column_names) & set(fields)  # top-level columns
+        assert {f["name"] for f in fields["_kafka"]["fields"]} >= {"topic", "partition", "offset", "timestamp"}
+    assert {"order_id", "amount", "event_time"} <= {f["name"] for f in
+                                                    by_table[spec.target.table]["facets"]["schema"]["fields"]}
+
+
+@pytest.mark.slow
+def test_a_publish_task_gives_airflows_openlineage_provider_the_tables_in_and_the_view_out(
+        platform, pipeline, make_spec, spark, airflow_db, lineage_file):
+    spec = pipeline(partitions=1, slo={"freshness": "1d", "lag_seconds": "1d"})
+    send(platform, spec.source.topic, orders(0, 3))
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    publish.publish(spec, quality.audit(spec, platform, record_event=False).snapshots, platform,
+                    spark_factory=lambda: spark, record_event=False)  # the view exists: the task needs no Spark
+    send(platform, spec.source.topic, orders(3, 2))
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0  # new rows to publish
+
+    done = subprocess.run(  # `airflow dags test` as users run it: the provider's listener is loaded from the env
+        [str(Path(sys.executable).with_name("airflow")), "dags", "test", f"{spec.name}_publish"],
+        env={**os.environ, "LAKEHOUSE_PIPELINES_DIR": str(make_spec.directory)},
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    published = [e for e in emitted(lineage_file)
+                 if e["job"]["name"] == f"{spec.name}_publish.publish" and e["eventType"] == "COMPLETE"]
+    assert published, [(e["job"]["name"], e["eventType"]) for e in emitted(lineage_file)]
+    [inputs], [outputs] = published[-1]["inputs"], published[-1]["outputs"]
+    head = table(platform, spec, spec.target.table).refs()[spec.publish.branch].snapshot_id
+    assert inputs["facets"]["symlinks"]["identifiers"][0] == {"namespace": platform.warehouse.rstrip("/"),
+                                                             "name": spec.target.table, "type": "TABLE"}
+    assert inputs["facets"]["version"]["datasetVersion"] == str(head)
+    assert outputs["facets"]["symlinks"]["identifiers"][0]["name"] == spec.publish.view
+    assert outputs["facets"]["datasetType"]["datasetType"] == "VIEW"
+    assert outputs["outputFacets"]["outputStatistics"]["rowCount"] == len(rows(platform, spec, spec.target.table))
+    assert "order_id" in {f["name"] for f in outputs["facets"]["schema"]["fields"]}

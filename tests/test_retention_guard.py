@@ -1,0 +1,227 @@
+"""The retention guard: when the oldest record not yet ingested nears the topic's retention horizon it
+raises the topic's retention.ms (never past the pipeline's cap), alerts, and restores the declared value
+once the writer has caught up; a guard that cannot protect the records (no cap, cap reached, a broker
+refusing the change) alerts naming why.
+
+The end-to-end tests run on the embedded broker, which supports IncrementalAlterConfigs for
+retention.ms. It keeps records in memory and deletes none, so a stalled writer is simulated by records
+whose Kafka timestamps are already old, produced and not ingested. It has no ACLs: its refusal is the
+test suite's fault `retention_change` (tests/faults.py), which raises what confluent-kafka raises for a
+broker's TOPIC_AUTHORIZATION_FAILED answer at the moment the guard alters the topic.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from e2e import pipeline, run_cli, xcom  # noqa: F401 (fixture)
+from lakehouse.core import config, events, topics
+from lakehouse.core.spec import SpecError
+from lakehouse.ingest.job import IngestJob
+from lakehouse.upkeep import retention
+from lakehouse.upkeep.retention import GuardReport, GuardState, decide
+
+HOUR_MS, MINUTE_MS = 3_600_000, 60_000
+
+
+# ---------------------------------------------------------------------------- the decision, without I/O
+
+def report(retention_ms: int | None = HOUR_MS, age_ms: int | None = 10 * MINUTE_MS, declared_ms: int = HOUR_MS,
+           threshold_ms: int = 30 * MINUTE_MS, cap_ms: int | None = 3 * HOUR_MS) -> GuardReport:
+    return GuardReport(pipeline="orders", topic="orders", retention_ms=retention_ms, declared_ms=declared_ms,
+                       threshold_ms=threshold_ms, max_retention_ms=cap_ms, oldest_age_ms=age_ms)
+
+
+@pytest.fixture
+def spec(make_spec):
+    return make_spec(retention_ms=HOUR_MS, slo={"lag_seconds": "60s"})
+
+
+def test_a_writer_far_from_the_horizon_is_left_alone(spec):
+    done = decide(spec, report(age_ms=29 * MINUTE_MS), GuardState())
+    assert (done.action, done.status, done.new_retention_ms, done.recorded) == ("none", "ok", None, False)
+
+
+def test_within_the_threshold_retention_is_raised_a_full_declared_retention_past_the_oldest_record(spec):
+    done = decide(spec, report(age_ms=40 * MINUTE_MS + 1), GuardState())
+    assert (done.action, done.status) == ("raised", "warn")
+    assert done.new_retention_ms == 101 * MINUTE_MS  # 40 min + 1 ms + 1 h, in whole minutes
+    assert done.state == GuardState(raised=True, declared_ms=HOUR_MS, set_ms=101 * MINUTE_MS)
+    assert "once the writer" in done.message and done.recorded
+
+
+def test_the_raise_stops_at_the_cap_and_an_exhausted_cap_or_no_cap_is_a_failed_alert(spec):
+    assert decide(spec, report(age_ms=150 * MINUTE_MS, retention_ms=2 * HOUR_MS), GuardState()).new_retention_ms \
+        == 3 * HOUR_MS
+    capped = decide(spec, report(age_ms=160 * MINUTE_MS, retention_ms=3 * HOUR_MS),
+                    GuardState(True, HOUR_MS, 3 * HOUR_MS))
+    assert (capped.action, capped.status, capped.new_retention_ms) == ("at-risk", "failed", None)
+    assert "above retention.max_retention" in capped.message
+    uncapped = decide(spec, report(age_ms=45 * MINUTE_MS, cap_ms=None), GuardState())
+    assert (uncapped.action, uncapped.status) == ("at-risk", "failed")
+    assert "retention.max_retention is not set" in uncapped.message
+    with pytest.raises(retention.RetentionAtRiskError, match="only alerts"):
+        uncapped.raise_for_status()
+
+
+def test_the_declared_retention_comes_back_once_the_writer_has_caught_up(spec):
+    raised = GuardState(True, HOUR_MS, 101 * MINUTE_MS)
+    behind = decide(spec, report(retention_ms=101 * MINUTE_MS, age_ms=5 * MINUTE_MS), raised)
+    assert (behind.action, behind.status, behind.state) == ("none", "warn", raised)  # not caught up: stays raised
+    caught_up = decide(spec, report(retention_ms=101 * MINUTE_MS, age_ms=20_000), raised)
+    assert (caught_up.action, caught_up.status, caught_up.new_retention_ms) == ("restored", "ok", HOUR_MS)
+    assert caught_up.state == GuardState()
+
+
+def test_a_retention_someone_else_changed_meanwhile_is_left_to_them(spec):
+    done = decide(spec, report(retention_ms=5 * HOUR_MS, age_ms=0), GuardState(True, HOUR_MS, 101 * MINUTE_MS))
+    assert (done.action, done.new_retention_ms, done.state) == ("released", None, GuardState())
+    assert "someone changed it" in done.message
+
+
+@pytest.mark.parametrize(("retention_ms", "age_ms", "status", "says"), [
+    (-1, 10 ** 9, "ok", "forever"),
+    (None, 0, "warn", "reports no retention.ms"),
+    (HOUR_MS, None, "warn", "could not be read"),
+])
+def test_what_the_guard_cannot_measure_it_does_not_touch(spec, retention_ms, age_ms, status, says):
+    done = decide(spec, report(retention_ms=retention_ms, age_ms=age_ms), GuardState())
+    assert (done.action, done.status, done.new_retention_ms) == ("none", status, None)
+    assert says in done.message
+
+
+def test_the_guard_state_is_read_back_from_its_newest_event():
+    assert GuardState.of(None) == GuardState()
+    event = {"details": {"guard_state": {"raised": True, "declared_ms": HOUR_MS, "set_ms": 2 * HOUR_MS}}}
+    assert GuardState.of(event) == GuardState(True, HOUR_MS, 2 * HOUR_MS)
+
+
+def test_an_authorization_refusal_names_the_missing_permission():
+    platform = config.load()
+    refused = retention.refusal(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed"),
+                                "orders", 2 * HOUR_MS, platform)
+    assert isinstance(refused, retention.RetentionChangeRefusedError)
+    assert refused.missing_permission == "ALTER_CONFIGS on topic orders"
+    assert "--operation AlterConfigs --topic orders" in str(refused)
+    other = retention.refusal(KafkaError(KafkaError.REQUEST_TIMED_OUT, "timed out"), "orders", HOUR_MS, platform)
+    assert isinstance(other, topics.TopicError) and "timed out" in str(other)
+
+
+def test_the_spec_declares_the_threshold_as_a_share_or_a_duration_and_the_cap(make_spec):
+    shared = make_spec(retention={"guard_threshold": "25%", "max_retention": "14d"})
+    assert shared.retention.guard_threshold_ms(HOUR_MS) == 15 * MINUTE_MS
+    assert shared.retention.max_retention_ms == 14 * 86400 * 1000
+    assert make_spec(retention={"guard_threshold": "6h"}).retention.guard_threshold_ms(7 * 24 * HOUR_MS) == 6 * HOUR_MS
+    assert make_spec().retention.guard_threshold_ms(HOUR_MS) == HOUR_MS // 2  # default: half the declared
+
+
+@pytest.mark.parametrize(("retention", "why"), [
+    ({"guard_threshold": "100%"}, "below 100%"),
+    ({"guard_threshold": "8d"}, "not shorter than source.retention_ms"),  # orders.yaml declares 7 days
+    ({"guard_threshold": "soon"}, "is not a duration"),
+    ({"max_retention": "1d"}, "below source.retention_ms"),
+])
+def test_a_guard_setting_that_cannot_work_is_refused_naming_the_field(make_spec, retention, why):
+    with pytest.raises(SpecError, match=why) as refused:
+        make_spec(retention=retention)
+    assert refused.value.field.startswith("retention.")
+
+
+# ---------------------------------------------------------------------------- on the broker
+
+def stalled_records(platform, topic: str, age: timedelta, count: int = 5, partition: int = 0) -> None:
+    """`count` valid orders on `partition` whose Kafka timestamps are `age` old: produced, never ingested."""
+    producer = Producer(platform.kafka())
+    stamp = int((datetime.now(timezone.utc) - age).timestamp() * 1000)
+    for i in range(count):
+        value = {"order_id": f"old-{i}", "customer_id": "c-1", "amount": 1.0, "currency": "EUR", "status": "created",
+                 "event_time": datetime.now(timezone.utc).isoformat()}
+        producer.produce(topic, key=value["order_id"].encode(), value=json.dumps(value).encode(), partition=partition,
+                         timestamp=stamp)
+    assert producer.flush(30) == 0
+
+
+def guard_events(platform, spec) -> list[dict]:
+    return events.recent(spec.name, retention.GUARD_KIND, platform=platform, catalog=spec.catalog)
+
+
+@pytest.mark.slow
+def test_the_guard_raises_retention_for_a_stalled_writer_and_restores_the_value_found_once_it_caught_up(
+        platform, spark, make_spec, run_dag, monkeypatch):
+    """The spec declares no retention.ms: the guard restores the value the topic had before it raised it,
+    which only its raise event on the timeline remembers (each run reads its state from there)."""
+    spec = make_spec(partitions=2, retention_ms=None, retention={"max_retention": "3h"},
+                     slo={"lag_seconds": "5m"})
+    admin = AdminClient(platform.kafka())
+    admin.create_topics([NewTopic(spec.source.topic, 2, 1, config={"retention.ms": str(HOUR_MS)})])[
+        spec.source.topic].result(15)
+    stalled_records(platform, spec.source.topic, timedelta(minutes=40))  # past half of the hour: within threshold
+    stalled_records(platform, spec.source.topic, timedelta(seconds=1), partition=1)
+
+    run = run_dag("retention_guard", make_spec.directory)
+
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {f"guard_{spec.name}": "success"}
+    raised = xcom(run, f"guard_{spec.name}")
+    assert (raised["action"], raised["status"], raised["declared_ms"]) == ("raised", "warn", HOUR_MS)
+    assert raised["partitions"]["0"]["age_ms"] >= 40 * MINUTE_MS and raised["partitions"]["1"]["age_ms"] < MINUTE_MS
+    assert raised["new_retention_ms"] == 101 * MINUTE_MS  # 40 min (+ the run's seconds) + 1 h, whole minutes
+    assert topics.describe_retention(spec.source.topic, platform) == 101 * MINUTE_MS
+    [event] = guard_events(platform, spec)
+    assert (event["status"], event["actor"]) == ("warn", "dag_test")  # the DAG run's triggering user
+    assert event["details"]["guard_state"] == {"raised": True, "declared_ms": HOUR_MS, "set_ms": 101 * MINUTE_MS}
+    assert event["metrics"]["new_retention_ms"] == 101 * MINUTE_MS
+
+    # the pipelines page raises the alert with the others
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    import lakehouse_ui
+
+    [card] = [e for e in lakehouse_ui.pipelines_json() if e["pipeline"] == spec.name]
+    assert card["timeline"]["latest"]["retention_guard"]["status"] == "warn"
+    assert 'data-field="latest_retention_guard" class="status-warn"' in lakehouse_ui.pipelines_page()
+
+    # still behind but a full hour from the new horizon: nothing changes, nothing is recorded
+    held = run_cli(spec, "retention", "--pipeline", spec.name, "--guard", "--json")
+    assert held.returncode == 0, held.stderr
+    assert json.loads(held.stdout)["action"] == "none"
+    assert len(guard_events(platform, spec)) == 1
+
+    IngestJob(spec, platform, spark=spark).run_once()  # the writer catches up
+    restored = run_cli(spec, "retention", "--pipeline", spec.name, "--guard", "--json")
+    assert restored.returncode == 0, restored.stderr
+    assert (json.loads(restored.stdout)["action"], json.loads(restored.stdout)["new_retention_ms"]) == \
+        ("restored", HOUR_MS)
+    assert topics.describe_retention(spec.source.topic, platform) == HOUR_MS
+    newest = guard_events(platform, spec)[0]
+    assert (newest["status"], newest["actor"], newest["details"]["actor"]["via"]) == \
+        ("ok", events.Actor.of_process().user, "cli")
+    assert newest["details"]["guard_state"]["raised"] is False
+
+
+@pytest.mark.slow
+def test_a_guard_that_cannot_protect_the_records_alerts_and_leaves_the_topic_as_it_is(platform, pipeline):
+    uncapped = pipeline(retention_ms=HOUR_MS)
+    refused = pipeline(retention_ms=HOUR_MS, retention={"max_retention": "2h"})
+    for spec in (uncapped, refused):
+        stalled_records(platform, spec.source.topic, timedelta(minutes=45))
+
+    alert = run_cli(uncapped, "retention", "--pipeline", uncapped.name, "--guard")
+    assert alert.returncode == 3
+    assert "retention.max_retention is not set" in alert.stderr
+
+    denied = run_cli(refused, "retention", "--pipeline", refused.name, "--guard", "--json",
+                     fault="retention_change")
+    assert denied.returncode == 3
+    assert "lacks the permission ALTER_CONFIGS on topic " + refused.source.topic in denied.stderr
+    assert json.loads(denied.stdout)["missing_permission"] == f"ALTER_CONFIGS on topic {refused.source.topic}"
+
+    for spec in (uncapped, refused):
+        assert topics.describe_retention(spec.source.topic, platform) == HOUR_MS
+        [event] = guard_events(platform, spec)
+        assert event["status"] == "failed"
+        assert event["details"]["guard_state"]["raised"] is False  # nothing to restore later
+    assert guard_events(platform, refused)[0]["details"]["action"] == "refused"

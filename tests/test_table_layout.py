@@ -1,0 +1,397 @@
+"""The table follows its spec: partitioning evolves, the properties the spec owns are applied, and
+what a table cannot follow (write mode, upsert key, a renamed default table) stops with an
+explanation. The unit tests drive pyiceberg tables in a private SQLite catalog; the end-to-end tests
+change the partitioning of a pipeline under continuous ingestion and check exactly-once, the files'
+partition specs, pruning, status and the page."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import EqualTo
+from pyiceberg.transforms import BucketTransform, DayTransform
+from pyiceberg.types import StringType
+
+from e2e import assert_exactly_once, pipeline, rows, run_cli, send, table  # noqa: F401 - pipeline is a fixture
+from lakehouse.core import config, events
+from lakehouse.core.spec import PartitionField, PipelineSpec, SpecError, load_spec
+from lakehouse.ingest import committer, tables
+from lakehouse.ingest.reader import ARROW_TYPES, KAFKA_STRUCT
+
+BASE = datetime(2026, 11, 20, tzinfo=timezone.utc)
+
+
+def edit(spec: PipelineSpec, target: dict) -> PipelineSpec:
+    """Rewrite `spec`'s file with `target` merged into its target section (None removes a key)."""
+    raw = yaml.safe_load(Path(spec.path).read_text())
+    for key, value in target.items():
+        if value is None:
+            raw["target"].pop(key, None)
+        else:
+            raw["target"][key] = value
+    Path(spec.path).write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_spec(spec.path)
+
+
+# ---------------------------------------------------------------------------- unit: pyiceberg only
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> SqlCatalog:
+    home = tmp_path / "home"
+    home.mkdir()
+    found = SqlCatalog("lake", uri=f"sqlite:///{home}/catalog.db", warehouse=(home / "warehouse").as_uri())
+    found.create_namespace("raw")
+    return found
+
+
+def arrow_schema(spec: PipelineSpec) -> pa.Schema:
+    return pa.schema([(f.name, ARROW_TYPES[f.type]) for f in spec.contract.fields]
+                     + [("_kafka", KAFKA_STRUCT), ("_ingested_at", pa.timestamp("us", tz="UTC"))])
+
+
+def create_as_ingestion_does(catalog: SqlCatalog, spec: PipelineSpec):
+    """The data table as `ensure_tables` creates it (properties, partitioning) and the dead-letter table's
+    record of the default table, without Spark."""
+    created = catalog.create_table(spec.target.table, schema=arrow_schema(spec),
+                                   properties=tables.table_properties(spec))
+    with created.update_spec() as update:
+        for p in spec.target.partition_by:
+            update.add_field(p.column, tables._TRANSFORMS[p.transform](p.arg))
+    catalog.create_table(spec.dead_letter_table, schema=pa.schema([("reason", pa.string())]),
+                         properties={tables.OWNER: spec.name, tables.DEFAULT_TABLE: spec.target.table})
+    return catalog.load_table(spec.target.table)
+
+
+def test_a_table_created_from_its_spec_follows_it(catalog, make_spec):
+    spec = make_spec(partition_by=["day(event_time)"])
+    created = create_as_ingestion_does(catalog, spec)
+    drift = tables.layout_drift(spec, spec.target.table, created.metadata)
+    assert drift.in_sync and not drift.records and drift.describe() == []
+    assert drift.partitioning == ("day(event_time)",)
+    assert tables.apply_layout(catalog, spec) == []
+    assert catalog.load_table(spec.target.table).metadata.default_spec_id == created.metadata.default_spec_id
+
+
+def test_partitioning_and_properties_follow_an_edited_spec_in_one_commit(catalog, make_spec):
+    spec = make_spec(partition_by=["day(event_time)"])
+    create_as_ingestion_does(catalog, spec)
+    edited = edit(spec, {"partition_by": ["hour(event_time)", "bucket(8, order_id)"], "target_file_size_mb": 64,
+                         "properties": {"commit.retry.num-retries": 7, "read.split.target-size": "67108864"}})
+    before = catalog.load_table(spec.target.table).metadata
+    drift = tables.layout_drift(edited, spec.target.table, before)
+    assert set(drift.add_partitions) == {PartitionField("hour", "event_time"), PartitionField("bucket", "order_id", 8)}
+    assert drift.drop_partitions == (PartitionField("day", "event_time"),)
+    assert drift.set_properties == {"write.target-file-size-bytes": str(64 * 1024 * 1024),
+                                    "commit.retry.num-retries": "7", "read.split.target-size": "67108864"}
+    assert drift.was["write.target-file-size-bytes"] == str(128 * 1024 * 1024)
+    assert drift.was["commit.retry.num-retries"] is None
+    seen = []
+    applied = tables.apply_layout(catalog, edited, seen.append)
+    assert [d.table for d in applied] == [edited.qualified(spec.target.table)] and seen == applied
+
+    after = catalog.load_table(spec.target.table).metadata
+    assert len(after.metadata_log) == len(before.metadata_log) + 1  # one metadata commit for all of it
+    assert after.default_spec_id == 2 and set(after.specs()) == {0, 1, 2}  # 0 unpartitioned, 1 day, 2 now
+    assert {str(f.transform) for f in after.spec().fields} == {"hour", "bucket[8]"}
+    assert after.properties["write.target-file-size-bytes"] == str(64 * 1024 * 1024)
+    assert after.properties[tables.SPEC_PROPERTIES] == "commit.retry.num-retries,read.split.target-size"
+    assert tables.layout_drift(edited, spec.target.table, after).in_sync
+    assert tables.apply_layout(catalog, edited) == []  # nothing left to do
+
+    # a key the spec no longer sets is unset; a platform default changed by hand is set back
+    trimmed = edit(edited, {"properties": {"read.split.target-size": "67108864"}})
+    with catalog.load_table(spec.target.table).transaction() as tx:
+        tx.set_properties({"write.parquet.compression-codec": "snappy", "write.summary.partition-limit": "10"})
+    drift = tables.layout_drift(trimmed, spec.target.table, catalog.load_table(spec.target.table).metadata)
+    assert drift.unset_properties == ("commit.retry.num-retries",)
+    assert drift.set_properties == {"write.parquet.compression-codec": "zstd"}
+    assert "property commit.retry.num-retries: unset (no longer in target.properties)" in drift.describe()
+    tables.apply_layout(catalog, trimmed)
+    props = catalog.load_table(spec.target.table).metadata.properties
+    assert "commit.retry.num-retries" not in props and props["write.parquet.compression-codec"] == "zstd"
+    assert props["write.summary.partition-limit"] == "10"  # not the spec's: left alone
+    assert props[tables.SPEC_PROPERTIES] == "read.split.target-size"
+
+
+def test_a_changed_write_mode_or_key_is_refused_before_any_table_changes(catalog, make_spec):
+    spec = make_spec(partition_by=["day(event_time)"])
+    create_as_ingestion_does(catalog, spec)
+    rekeyed = edit(spec, {"mode": "upsert", "key": ["order_id"], "partition_by": ["hour(event_time)"]})
+    before = catalog.load_table(spec.target.table).metadata
+    with pytest.raises(tables.LayoutChangeRefused) as refused:
+        tables.apply_layout(catalog, rekeyed)
+    message = str(refused.value)
+    assert "was written as append but the spec now says upsert(order_id)" in message
+    assert f"candidate_for: {spec.name}" in message and "Put target.mode and target.key back" in message
+    after = catalog.load_table(spec.target.table).metadata
+    assert after.default_spec_id == before.default_spec_id and after.properties == before.properties
+    assert tables.layout_drift(rekeyed, spec.target.table, after).refused  # what status shows
+
+
+def test_partitioning_by_a_column_the_table_lacks_is_refused(catalog, make_spec):
+    spec = make_spec(partition_by=["day(event_time)"])
+    create_as_ingestion_does(catalog, spec)
+    fields = [*yaml.safe_load(Path(spec.path).read_text())["contract"]["fields"],
+              {"name": "region", "type": "string", "required": True}]
+    raw = yaml.safe_load(Path(spec.path).read_text())
+    raw["contract"]["fields"] = fields
+    raw["target"]["partition_by"] = ["day(event_time)", "region"]
+    Path(spec.path).write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(tables.LayoutChangeRefused, match="needs column 'region', which the table does not have"):
+        tables.apply_layout(catalog, load_spec(spec.path))
+
+
+def test_a_tables_created_before_the_records_adopt_the_spec_quietly(catalog, make_spec):
+    spec = make_spec(partition_by=["day(event_time)"])
+    create_as_ingestion_does(catalog, spec)
+    with catalog.load_table(spec.target.table).transaction() as tx:
+        tx.remove_properties(tables.WRITE_MODE)
+    assert tables.apply_layout(catalog, spec) == []  # no drift: only the record is written
+    assert catalog.load_table(spec.target.table).metadata.properties[tables.WRITE_MODE] == "append"
+
+
+def test_a_renamed_default_table_is_refused_while_the_old_one_exists(catalog, make_spec):
+    spec = make_spec()
+    create_as_ingestion_does(catalog, spec)
+    renamed = edit(spec, {"table": spec.target.table + "_v2"})
+    with pytest.raises(tables.LayoutChangeRefused) as refused:
+        tables.check_default_table(catalog, renamed)
+    message = str(refused.value)
+    assert message.endswith(tables.recorded_default_table(catalog, renamed)[2])  # what status shows
+    assert f"has been writing {spec.target.table}, which still exists" in message
+    assert f"ALTER TABLE lake.{spec.target.table} RENAME TO {spec.target.table}_v2" in message
+    assert f"candidate_for: {spec.name}" in message
+    catalog.rename_table(spec.target.table, renamed.target.table)  # what the message says to do
+    tables.check_default_table(catalog, renamed)
+    dlq = catalog.load_table(spec.dead_letter_table).metadata.properties
+    assert dlq[tables.DEFAULT_TABLE] == renamed.target.table
+
+
+def written_files(table, batch: pa.Table) -> list:
+    """`batch` written as the ingest tasks write it, under `table`'s metadata, with the spec id the job gives
+    the files (pyiceberg's writer leaves it unset)."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    files = list(_dataframe_to_data_files(table.metadata, batch, table.io))
+    for data_file in files:
+        data_file.spec_id = table.metadata.default_spec_id
+    return files
+
+
+def test_the_committer_appends_only_files_of_the_tables_current_partition_spec(catalog, make_spec):
+    spec = make_spec(partition_by=["day(event_time)"])
+    old = create_as_ingestion_does(catalog, spec)
+    now = datetime.now(timezone.utc)
+    batch = pa.Table.from_pylist([{"order_id": "o-1", "customer_id": "c", "amount": 1.0, "currency": "EUR",
+                                   "status": "created", "event_time": now,
+                                   "_kafka": {"topic": "t", "partition": 0, "offset": 0, "timestamp": now, "key": "o-1"},
+                                   "_ingested_at": now}], schema=arrow_schema(spec))
+    files = written_files(old, batch)
+    fence = committer.Writer(spec.name, "w", 1).fence(None)
+    tables.apply_layout(catalog, edit(spec, {"partition_by": ["hour(event_time)"]}))
+    with pytest.raises(ValueError, match="cannot be appended under the table's default spec 2"):
+        committer.append_files(catalog, catalog.load_table(spec.target.table), files, {}, fence)
+    # files of the current spec, committed on a table loaded before another evolution: the catalog refuses
+    current = catalog.load_table(spec.target.table)
+    with current.transaction() as tx:
+        tx.set_properties({committer.WRITER_ID: "w"})
+    current = catalog.load_table(spec.target.table)
+    files = written_files(current, batch)
+    with catalog.load_table(spec.target.table).update_spec() as update:
+        update.add_field("order_id", BucketTransform(4))
+    with pytest.raises(CommitFailedException, match="default spec id has changed"):
+        committer.append_files(catalog, current, files, {}, fence)
+
+
+def test_the_spec_declares_the_target_file_size_once(make_spec):
+    with pytest.raises(SpecError, match="is target.target_file_size_mb"):
+        make_spec(target={"properties": {"write.target-file-size-bytes": 1024}})
+
+
+# ---------------------------------------------------------------------------- end to end
+
+def order(i: int) -> tuple[bytes, bytes]:
+    """Order `i`, its event time in hour i % 47 of two days: each hour's ids spread over the whole run."""
+    at = BASE + timedelta(hours=i % 47, minutes=i % 60)
+    record = {"order_id": f"ord-{i}", "customer_id": "c-1", "amount": float(i), "currency": "EUR",
+              "status": "created", "event_time": at.isoformat()}
+    return record["order_id"].encode(), json.dumps(record).encode()
+
+
+class Producer(threading.Thread):
+    """Sends orders 20 at a time, every 0.2 s, until stopped; `sent` counts them."""
+
+    def __init__(self, platform, topic: str):
+        super().__init__(daemon=True)
+        self.platform, self.topic, self.sent = platform, topic, 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            send(self.platform, self.topic, [order(self.sent + k) for k in range(20)])
+            self.sent += 20
+            self.halt.wait(0.2)
+
+    def stop(self) -> int:
+        self.halt.set()
+        self.join(60)
+        return self.sent
+
+
+def page_card(spec: PipelineSpec) -> str:
+    """The pipeline's card on the pipelines page, rendered by the plugin's app in this process."""
+    import re
+
+    import lakehouse_ui
+
+    body = TestClient(lakehouse_ui.app).get("/").text
+    match = re.search(rf'<section class="card[^"]*" data-pipeline="{spec.name}">(.*?)</section>', body, re.S)
+    assert match, body[:2000]
+    return match.group(1)
+
+
+@pytest.mark.slow
+def test_partitioning_changes_mid_stream_under_continuous_ingestion_exactly_once(platform, spark, pipeline,
+                                                                                 monkeypatch):
+    """day(event_time) -> hour(event_time) (with a new file size and a property) -> hour plus bucket(4,
+    order_id) (the property removed), each edit picked up by the running job between batches."""
+    from pyspark.sql import functions as F
+
+    from lakehouse.ingest.job import IngestJob
+
+    spec = pipeline(partitions=2, partition_by=["day(event_time)"])
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(Path(spec.path).parent))
+    edits = [{"partition_by": ["hour(event_time)"], "target_file_size_mb": 64,
+              "properties": {"commit.retry.num-retries": 7}},
+             {"partition_by": ["hour(event_time)", "bucket(4, order_id)"], "properties": None}]
+    job = IngestJob(spec, platform, spark)
+    producer = Producer(platform, spec.source.topic)
+    layouts = []  # the partitioning the job held after each batch with rows
+
+    def on_batch(receipt) -> None:
+        if not receipt.rows_by_table[spec.target.table]:
+            return
+        layouts.append(tuple(str(p) for p in job.spec.target.partition_by))
+        if layouts[-2:] != [layouts[-1]] * 2:
+            return  # two batches under each layout before the next edit
+        if edits:
+            edit(job.spec, edits.pop(0))
+        else:
+            producer.stop()
+            job.request_stop()
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    producer.start()
+    try:
+        job.run_continuous(interval_s=0.3, on_batch=on_batch, max_batches=60)
+    finally:
+        produced = producer.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    # a new job (a restart) ingests what the producer sent after the last batch; the tables already follow
+    IngestJob(load_spec(spec.path), platform, spark).run_once()
+    assert not edits, f"the job stopped before applying every edit: {layouts}"
+    assert layouts[0] == ("day(event_time)",) and layouts[-1] == ("hour(event_time)", "bucket(4, order_id)")
+    assert assert_exactly_once(platform, spec) == produced
+
+    data = table(platform, spec, spec.target.table)
+    specs = data.metadata.specs()
+    assert [sorted(str(f.transform) for f in specs[i].fields) for i in (0, 1, 2)] == \
+        [["day"], ["hour"], ["bucket[4]", "hour"]] and data.metadata.default_spec_id == 2
+    props = data.metadata.properties
+    assert props["write.target-file-size-bytes"] == str(64 * 1024 * 1024)
+    assert "commit.retry.num-retries" not in props and tables.SPEC_PROPERTIES not in props  # set, then unset
+    # every commit added files of one spec, and the spec only ever moved forward: files written after an
+    # evolution carry the new spec (the spec of the manifest that lists them)
+    files = {f["file_path"]: f for f in data.inspect.files().to_pylist()}
+    by_commit = {}
+    for entry in data.inspect.entries().to_pylist():
+        by_commit.setdefault(entry["sequence_number"], set()).add(files[entry["data_file"]["file_path"]]["spec_id"])
+    assert all(len(ids) == 1 for ids in by_commit.values())
+    in_order = [next(iter(by_commit[seq])) for seq in sorted(by_commit)]
+    assert in_order == sorted(in_order) and set(in_order) == {0, 1, 2}
+    # readers see every row; a filtered scan prunes the newest files on their bucket: a file of another
+    # bucket whose order_id bounds hold the key (so its metrics cannot rule it out) is not planned
+    qualified = spec.qualified(spec.target.table)
+    assert spark.table(qualified).count() == len(rows(platform, spec, spec.target.table))
+    newest = [f for f in files.values() if f["spec_id"] == 2]
+    keys = sorted(f"ord-{i}" for i in range(produced))
+    bucket = BucketTransform(4).transform(StringType())
+    key, unprunable = next((k, f) for f in newest for k in keys
+                           if f["readable_metrics"]["order_id"]["lower_bound"] <= k
+                           <= f["readable_metrics"]["order_id"]["upper_bound"]
+                           and bucket(k) != f["partition"]["order_id_bucket_4"])
+    planned = {task.file.file_path for task in data.scan(row_filter=EqualTo("order_id", key)).plan_files()}
+    assert unprunable["file_path"] not in planned
+    assert all(files[p]["partition"]["order_id_bucket_4"] == bucket(key) for p in planned if files[p]["spec_id"] == 2)
+    assert spark.table(qualified).where(F.col("order_id") == key).count() == 1
+    # each change is on the timeline
+    changes = [e for e in events.recent(spec.name, "layout", platform=platform, catalog=spec.catalog)]
+    assert len(changes) == 2 and all(e["status"] == "ok" for e in changes)
+    assert "partitioning [hour(event_time)] -> [hour(event_time), bucket(4, order_id)]" in changes[0]["message"]
+
+    # status and the page: in sync, then the drift an ALTER by hand leaves until the job's next start
+    status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    assert status["layout"]["in_sync"] is True
+    spark.sql(f"ALTER TABLE {qualified} SET TBLPROPERTIES ('write.parquet.compression-codec'='snappy')")
+    status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    assert status["layout"]["in_sync"] is False and status["layout"]["refused"] == []
+    assert status["layout"]["tables"][0]["set_properties"] == {
+        "write.parquet.compression-codec": {"table": "snappy", "spec": "zstd"}}
+    human = run_cli(spec, "status", "--pipeline", spec.name).stdout
+    assert f"layout drift of {qualified}, applied when the ingest job next starts" in human
+    card = page_card(spec)
+    assert 'data-field="layout" class="">drift<' in card
+    assert "property write.parquet.compression-codec: &#x27;snappy&#x27; -&gt; &#x27;zstd&#x27;" in card
+
+
+@pytest.mark.slow
+def test_changes_a_table_cannot_follow_stop_the_job_with_what_to_do(platform, spark, pipeline):
+    from lakehouse.core.catalog import open_catalog
+    from lakehouse.ingest.job import IngestJob
+
+    spec = pipeline(partitions=1)
+    catalog = open_catalog(platform, spec.catalog)
+    send(platform, spec.source.topic, [order(i) for i in range(10)])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+
+    # a renamed target.table: refused before anything is created, then done the way the message says
+    renamed = edit(spec, {"table": spec.target.table + "_v2"})
+    refused = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
+    assert refused.returncode == 2, refused.stderr
+    assert f"ALTER TABLE lake.{spec.target.table} RENAME TO {renamed.target.table}" in refused.stderr
+    assert not catalog.table_exists(renamed.target.table)
+    spark.sql(f"ALTER TABLE lake.{spec.target.table} RENAME TO {renamed.target.table}")  # as the message says
+    send(platform, spec.source.topic, [order(i) for i in range(10, 15)])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    assert assert_exactly_once(platform, renamed) == 15
+    assert len(rows(platform, renamed, renamed.target.table)) == 15
+
+    # a new upsert key picked up mid-stream: the running job stops on it, the table as it was
+    job = IngestJob(renamed, platform, spark)
+    rekeyed = edit(renamed, {"mode": "upsert", "key": ["order_id"]})
+    send(platform, spec.source.topic, [order(i) for i in range(15, 20)])
+    with pytest.raises(tables.LayoutChangeRefused, match="was written as append but the spec now says upsert"):
+        job.run_batch()
+    data = table(platform, rekeyed, rekeyed.target.table)
+    assert data.metadata.properties[tables.WRITE_MODE] == "append"
+    assert "write.merge.mode" not in data.metadata.properties
+    assert len(rows(platform, rekeyed, rekeyed.target.table)) == 15
+    refused = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")  # and a restart stops too
+    assert refused.returncode == 2 and f"candidate_for: {spec.name}" in refused.stderr
+    status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    assert status["layout"]["in_sync"] is False
+    assert "was written as append" in status["layout"]["refused"][0]
+    assert "LAYOUT REFUSED" in run_cli(spec, "status", "--pipeline", spec.name).stdout

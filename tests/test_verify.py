@@ -1,0 +1,414 @@
+"""`lakehouse verify` proves a range exactly once.
+
+Unit layer: the interval arithmetic of source coordinates (property-based), the checks of one piece
+of a window (foreign, duplicated and missing offsets), each key's newest record and the upsert
+invariant, and the command's arguments.
+
+End-to-end (slow), on the real broker, Spark and catalog: the tables are damaged on purpose, as a
+careless hand or a broken writer would (a row deleted, a row duplicated, a dead letter removed, a file
+of rows from another range added), and each must be found with its coordinates, incrementally after a
+passing verification, with exit 3 and a failed `verify` event. Upsert tables keep the newest record
+per key: a stale row and a key that vanished without a tombstone are found. The publish DAG verifies
+the audited snapshots and refuses to publish what no passing verification covers.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyiceberg.expressions import And, EqualTo
+
+from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (pipeline: a fixture)
+from lakehouse import cli
+from lakehouse.core import events
+from lakehouse.ops import verify
+from lakehouse.ops.coordinates import KAFKA_RECORDS, Coverage, Intervals
+from lakehouse.ops.verify import PartitionFacts, check_keys, check_rows, newest_per_key
+from lakehouse.wap import publish
+
+# ---------------------------------------------------------------------------- unit layer: the arithmetic
+
+spans = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=8)
+
+
+def members(iv: Intervals) -> set[int]:
+    return {o for s, e in iv for o in range(s, e)}
+
+
+def model(pairs) -> set[int]:
+    return {o for s, e in pairs for o in range(s, e)}
+
+
+@given(spans, spans)
+def test_intervals_behave_as_the_sets_of_offsets_they_hold(a, b):
+    x, y = Intervals.of(a), Intervals.of(b)
+    assert members(x) == model(a) and x.count == len(model(a))
+    assert members(x.union(y)) == model(a) | model(b)
+    assert members(x.intersection(y)) == model(a) & model(b)
+    assert members(x.difference(y)) == model(a) - model(b)
+    assert members(x.clip(10, 40)) == {o for o in model(a) if 10 <= o < 40}
+    probe = np.arange(-2, 64, dtype=np.int64)
+    assert x.contains_many(probe).tolist() == [o in model(a) for o in probe.tolist()]
+    assert all((o in x) == (o in model(a)) for o in probe.tolist())
+    # normal form: sorted, disjoint, never touching, so equal sets are equal values
+    assert all(e1 < s2 for (_, e1), (s2, _) in zip(x.spans, x.spans[1:]))
+    assert Intervals.of([(o, o + 1) for o in model(a)]) == x
+
+
+@given(st.lists(st.one_of(st.integers(0, 40), st.integers(0, 2 ** 63 - 2)), max_size=50))
+def test_intervals_from_offsets_hold_exactly_those_offsets(offsets_):
+    iv = Intervals.from_offsets(np.array(offsets_, dtype=np.int64))
+    assert iv == Intervals.of([(o, o + 1) for o in offsets_]) and iv.count == len(set(offsets_))
+
+
+@given(st.dictionaries(st.integers(0, 5), spans, max_size=4), st.dictionaries(st.integers(0, 5), spans, max_size=4))
+def test_coverage_is_per_partition_arithmetic_and_survives_json(a, b):
+    x, y = Coverage.of(a), Coverage.of(b)
+    for p in range(6):
+        assert members(x.union(y).get(p)) == model(a.get(p, [])) | model(b.get(p, []))
+        assert members(x.difference(y).get(p)) == model(a.get(p, [])) - model(b.get(p, []))
+        assert members(x.intersection(y).get(p)) == model(a.get(p, [])) & model(b.get(p, []))
+    assert Coverage.from_json(json.loads(json.dumps(x.to_json()))) == x
+    assert x.count == sum(len(model(v)) for v in a.values())
+
+
+# ---------------------------------------------------------------------------- unit layer: one piece's checks
+
+TOPIC = "orders"
+
+
+def facts(**changes) -> PartitionFacts:
+    base = dict(topic=TOPIC, partition=0, in_topic=True, earliest=0, committed=100,
+                positions={"raw.t": 100, "raw.t_dlq": 100}, gaps=Intervals(), floors={})
+    return PartitionFacts(**{**base, **changes})
+
+
+def rows(*items: tuple[str, str | None, int]) -> pa.Table:
+    tables, topics, offsets_ = zip(*items) if items else ((), (), ())
+    return pa.table({"table": pa.array(tables, pa.string()), "topic": pa.array(topics, pa.string()),
+                     "offset": pa.array(offsets_, pa.int64())})
+
+
+def kafka(*offsets_: int) -> pa.Table:
+    n = len(offsets_)
+    return pa.table([pa.array([0] * n, pa.int32()), pa.array(offsets_, pa.int64()), pa.array([0] * n, pa.int64()),
+                     pa.array([None] * n, pa.string()), pa.array([False] * n)], schema=KAFKA_RECORDS)
+
+
+def test_a_piece_finds_missing_duplicated_and_foreign_offsets_with_their_reasons():
+    f = facts(gaps=Intervals.of([(40, 45)]), floors={"raw.t": 2}, positions={"raw.t": 100, "raw.t_dlq": 90})
+    held = rows(("raw.t", TOPIC, 2), ("raw.t", TOPIC, 3), ("raw.t_dlq", TOPIC, 3),  # 3 held twice
+                ("raw.t", TOPIC, 6),                                                  # 4, 5 missing
+                ("raw.t", "elsewhere", 7),                                            # another topic
+                ("raw.t", TOPIC, 1),                                                  # below the table's first
+                ("raw.t", TOPIC, 41),                                                 # in a recorded gap
+                ("raw.t", TOPIC, 8),                                                  # Kafka has no record at 8
+                ("raw.t_dlq", TOPIC, 95),                                             # past the DLQ's position
+                ("raw.t", TOPIC, 120))                                                # past everything
+    found = check_rows(f, held, kafka(2, 3, 4, 5, 6, 7), Intervals.of([(2, 9)]), count_missing=True)
+    assert found.counts == {"missing": 3, "duplicated": 1, "foreign": 6, "stale": 0}
+    assert found.missing == Coverage.of({0: [(4, 6), (7, 8)]})  # 7 is held only by another topic's row
+    why = {(p.offset, p.tables): p.detail for p in found.problems if p.kind == "foreign"}
+    assert "another topic" in why[(7, ("raw.t",))]
+    assert "below 2, the first offset raw.t ingested" in why[(1, ("raw.t",))]
+    assert "recorded gap" in why[(41, ("raw.t",))]
+    assert "Kafka holds no record" in why[(8, ("raw.t",))]
+    assert "raw.t_dlq's committed position 90" in why[(95, ("raw.t_dlq",))]
+    assert "committed position 100" in why[(120, ("raw.t",))]
+    (dup,) = [p for p in found.problems if p.kind == "duplicated"]
+    assert (dup.offset, sorted(dup.tables)) == (3, ["raw.t", "raw.t_dlq"])
+    assert found.offsets == 6 and found.rows == 10
+
+
+def test_rows_below_the_earliest_offset_are_checked_for_duplicates_only_and_upserts_miss_nothing_per_offset():
+    held = rows(("raw.t", TOPIC, 1), ("raw.t", TOPIC, 1))  # offset 0 aged out of Kafka: not missing, 1 twice
+    found = check_rows(facts(earliest=5), held, kafka(5), Intervals.of([(5, 6)]), count_missing=True)
+    assert (found.counts["duplicated"], found.counts["missing"]) == (1, 1)  # 5: Kafka holds it, nobody does
+    assert check_rows(facts(), rows(), kafka(5, 6), Intervals.of([(5, 7)]), count_missing=False).ok
+
+
+@settings(max_examples=200)
+@given(st.lists(st.integers(0, 30), max_size=40), st.sets(st.integers(0, 30)))
+def test_missing_and_duplicated_follow_from_counting(held, delivered):
+    found = check_rows(facts(), rows(*[("raw.t", TOPIC, o) for o in held]), kafka(*sorted(delivered)),
+                       Intervals.of([(0, 31)]), count_missing=True)
+    stray = {o for o in held if o not in delivered}  # inside the span but not a record Kafka has
+    counted = [o for o in held if o in delivered]
+    assert found.counts["foreign"] == sum(1 for o in held if o in stray)
+    assert found.counts["duplicated"] == sum(1 for o in set(counted) if counted.count(o) > 1)
+    assert members(found.missing.get(0)) == delivered - set(counted)
+
+
+# ---------------------------------------------------------------------------- unit layer: upsert keys
+
+
+def records(*items: tuple[str, int, int, int, bool]) -> pa.Table:
+    """(key, partition, offset, timestamp ms, tombstone) as KAFKA_RECORDS rows."""
+    key, part, off, ts, dead = zip(*items)
+    return pa.table([pa.array(part, pa.int32()), pa.array(off, pa.int64()), pa.array(ts, pa.int64()),
+                     pa.array(key, pa.string()), pa.array(dead)], schema=KAFKA_RECORDS)
+
+
+def key_rows(*items: tuple[str, int, int, int]) -> pa.Table:
+    key, part, off, ts = zip(*items) if items else ((), (), (), ())
+    return pa.table({"key": pa.array(key, pa.string()), "partition": pa.array(part, pa.int32()),
+                     "offset": pa.array(off, pa.int64()), "timestamp_ms": pa.array(ts, pa.int64())})
+
+
+def test_the_newest_record_of_a_key_is_the_highest_offset_in_a_partition_and_the_latest_time_across():
+    newest = newest_per_key(records(("a", 0, 1, 500, False), ("a", 0, 3, 100, False), ("a", 1, 9, 300, True),
+                                    ("b", 2, 4, 7, False), ("b", 1, 5, 7, False)))
+    assert newest.to_pylist() == [
+        {"key": "a", "partition": 1, "offset": 9, "timestamp_ms": 300, "tombstone": True},  # 300 > offset 3's 100
+        {"key": "b", "partition": 2, "offset": 4, "timestamp_ms": 7, "tombstone": False}]  # a tie: higher partition
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 2), st.integers(0, 50), st.integers(0, 9),
+                          st.booleans()), min_size=1, max_size=30, unique_by=lambda r: (r[1], r[2])))
+def test_the_newest_record_is_the_latest_of_each_partitions_last(items):
+    """As the ingest job's `latest_per_key` ranks a key's records: the last of each partition first, then the
+    latest Kafka timestamp across partitions, the higher partition on a tie."""
+    last: dict[tuple[str, int], tuple] = {}
+    for key, p, o, ts, dead in items:
+        if (key, p) not in last or o > last[(key, p)][2]:
+            last[(key, p)] = (key, p, o, ts, dead)
+    expected = {}
+    for key, p, o, ts, dead in last.values():
+        if key not in expected or (ts, p) > (expected[key][3], expected[key][1]):
+            expected[key] = (key, p, o, ts, dead)
+    found = newest_per_key(records(*items)).to_pylist()
+    assert [tuple(r.values()) for r in found] == [expected[k] for k in sorted(expected)]
+
+
+def test_each_keys_row_is_its_newest_record_and_a_tombstone_leaves_no_older_row():
+    newest = newest_per_key(records(("ok", 0, 5, 1, False), ("later", 0, 6, 1, False), ("stale", 0, 7, 1, False),
+                                    ("lost", 0, 8, 1, False), ("gone", 0, 9, 1, True), ("back", 0, 10, 1, True),
+                                    ("deleted_later", 0, 11, 1, False), ("no_ledger", 0, 12, 1, True)))
+    held = key_rows(("ok", 0, 5, 1), ("later", 0, 60, 1), ("stale", 0, 3, 1), ("back", 0, 2, 1))
+    ledger = key_rows(("gone", 0, 9, 1), ("back", 0, 10, 1), ("deleted_later", 0, 70, 1))
+    found, checked = check_keys(TOPIC, "raw.t", "raw.t__tombstones", newest, held, ledger)
+    assert checked == 8
+    assert {(p.kind, p.key, p.offset) for p in found.problems} == {
+        ("stale", "stale", 7), ("missing", "lost", 8), ("stale", "back", 10), ("missing", "no_ledger", 12)}
+    assert found.problems[0].tables == ("raw.t",)
+
+
+# ---------------------------------------------------------------------------- unit layer: the command
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["verify", "--pipeline", "orders", "--since", "0s"], "argument --since: '0s' must be longer than 0"),
+    (["verify", "--pipeline", "orders", "--since", "soon"], "argument --since: 'soon' is not a duration"),
+    (["verify", "--pipeline", "orders", "--snapshots", "12..x"], "argument --snapshots: '12..x' is not a snapshot"),
+    (["verify", "--pipeline", "orders", "--snapshots", "1..2", "--since", "1h"], "not allowed with argument"),
+    (["verify", "--pipeline", "orders", "--engine", "gpu"], "argument --engine: invalid choice"),
+    (["trace", "--pipeline", "orders", "--partition", "0"], "give --partition N --offset O, or --key K"),
+    (["trace", "--pipeline", "orders", "--partition", "-1", "--offset", "3"], "argument --partition: '-1'"),
+    (["trace", "--pipeline", "orders", "--partition", "0", "--offset", "1e9"], "argument --offset: '1e9' is not"),
+    (["trace", "--pipeline", "orders", "--key", "k"], "argument --key: needs --since"),
+    (["trace", "--pipeline", "orders", "--key", "k", "--since", "yesterday"], "argument --since: 'yesterday' is"),
+    (["trace", "--pipeline", "orders", "--key", "k", "--partition", "0", "--since", "1h"], "not with --partition"),
+    (["trace", "--pipeline", "orders", "--partition", "0", "--offset", "1", "--since", "1h"], "only with --key"),
+    (["trace", "--pipeline", "orders", "--key", "k", "--since", "2026-11-21T10:00:00Z",
+      "--until", "2026-11-21T09:00:00Z"], "argument --until: must be later than --since"),
+])
+def test_verify_and_trace_refuse_bad_arguments_before_doing_anything(argv, message, own_home, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not any(own_home.iterdir())  # no catalog, no state: nothing was created
+
+
+def test_the_verify_dag_runs_on_the_specs_schedule(make_spec):
+    from lakehouse.core.spec import SpecError
+
+    assert make_spec().verify.schedule == "@hourly" and "verify" in make_spec().dag_kinds
+    assert make_spec(verify={"schedule": "*/20 * * * *"}).verify.schedule == "*/20 * * * *"
+    with pytest.raises(SpecError, match=r"verify.schedule: 'nightly' is not a schedule"):
+        make_spec(verify={"schedule": "nightly"})
+    with pytest.raises(SpecError, match=r"verify.when: unknown field"):
+        make_spec(verify={"when": "@daily"})
+
+
+def test_a_snapshot_range_is_two_ids():
+    assert verify.parse_snapshot_range("12..-3") == (12, -3)
+    with pytest.raises(verify.VerifyError, match="FROM..TO"):
+        verify.parse_snapshot_range("12...13")
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+def order(partition: int, i: int, **changes) -> tuple[bytes, bytes]:
+    record = {"order_id": f"ord-{partition}-{i}", "customer_id": f"c-{i % 7}", "amount": 10.0 + i,
+              "currency": "EUR", "status": "created", "event_time": datetime.now(timezone.utc).isoformat()}
+    record.update(changes)
+    return record["order_id"].encode(), json.dumps(record).encode()
+
+
+def at(partition: int, offset: int):
+    return And(EqualTo("_kafka.partition", partition), EqualTo("_kafka.offset", offset))
+
+
+def delete(spark, spec, name: str, where: str) -> None:
+    """DELETE FROM a table of the pipeline with Spark SQL, as an operator's query would."""
+    spark.sql(f"DELETE FROM {spec.qualified(name)} WHERE {where}")
+
+
+def ingest(spec) -> None:
+    done = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def verify_cli(spec, *args: str) -> tuple[int, dict]:
+    done = run_cli(spec, "verify", "--pipeline", spec.name, "--json", *args)
+    assert done.returncode in (0, 3), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def problems(result: dict, kind: str) -> set[tuple]:
+    return {(p["partition"], p["offset"], tuple(p["tables"])) for p in result["problems"] if p["kind"] == kind}
+
+
+@pytest.fixture
+def orders(platform, pipeline):
+    """An append pipeline, ingested: partition 0 holds 30 records whose offsets 5, 15 and 25 are dead
+    letters (not JSON), partition 1 holds 20 good records."""
+    spec = pipeline(partitions=2)
+    send(platform, spec.source.topic, [(b"bad", b"{not json") if i % 10 == 5 else order(0, i) for i in range(30)],
+         partition=0)
+    send(platform, spec.source.topic, [order(1, i) for i in range(20)], partition=1)
+    ingest(spec)
+    return spec
+
+
+@pytest.mark.slow
+def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(platform, orders, spark):
+    spec = orders
+    code, first = verify_cli(spec)
+    assert code == 0 and first["ok"], first
+    assert first["mode"] == "full"  # nothing was verified before: every row, every offset Kafka holds
+    assert first["offsets"] == 50 and first["rows"] == 50
+    assert first["committed"] == {"0": 30, "1": 20}
+    data, dead = (table(platform, spec, name) for name in (spec.target.table, spec.dead_letter_table))
+    assert first["snapshots"] == {spec.target.table: data.current_snapshot().snapshot_id,
+                                  spec.dead_letter_table: dead.current_snapshot().snapshot_id}
+    event = events.recent(spec.name, kind="verify", platform=platform)[0]
+    assert event["status"] == "ok" and event["metrics"]["offsets"] == 50
+    assert event["details"]["snapshots"] == first["snapshots"]
+
+    # the same proof as a Spark job (what large windows run as)
+    on_spark = verify.verify(spec, platform, full=True, engine="spark", spark_factory=lambda: spark,
+                             record_event=False)
+    assert on_spark.ok and on_spark.engine == "spark" and on_spark.findings.offsets == 50
+
+    code, again = verify_cli(spec)  # incremental: nothing was committed since
+    assert code == 0 and again["status"] == "skipped" and again["offsets"] == 0
+
+    # the damage
+    delete(spark, spec, spec.target.table, "_kafka.partition = 0 AND _kafka.offset = 7")    # a row deleted
+    delete(spark, spec, spec.dead_letter_table, "_kafka.partition = 0 AND _kafka.offset = 15")  # a dead letter
+    data = data.refresh()
+    data.append(data.scan(row_filter=at(1, 3)).to_arrow())  # a row duplicated
+    rows = data.scan(row_filter=And(EqualTo("_kafka.partition", 1), EqualTo("_kafka.offset", 10))).to_arrow()
+    foreign = pa.concat_tables([rows, rows, rows])
+    kafka = foreign.column("_kafka").combine_chunks()
+    moved = pa.StructArray.from_arrays(
+        [pa.array([spec.source.topic, spec.source.topic, "another-topic"]), kafka.field("partition"),
+         pa.array([500, 501, 10], pa.int64()), kafka.field("timestamp"), kafka.field("key")],
+        fields=list(kafka.type))
+    data.append(foreign.set_column(foreign.schema.get_field_index("_kafka"), "_kafka", moved))  # another range
+
+    code, found = verify_cli(spec)
+    assert code == 3 and not found["ok"] and found["mode"] == "incremental"
+    assert found["counts"] == {"missing": 2, "duplicated": 1, "foreign": 3, "stale": 0}
+    assert problems(found, "missing") == {(0, 7, ()), (0, 15, ())}
+    assert found["missing"] == {"0": [[7, 8], [15, 16]]}
+    assert problems(found, "duplicated") == {(1, 3, (spec.target.table, spec.target.table))}
+    assert problems(found, "foreign") == {(1, 500, (spec.target.table,)), (1, 501, (spec.target.table,)),
+                                          (1, 10, (spec.target.table,))}
+    reasons = {p["offset"]: p["detail"] for p in found["problems"] if p["kind"] == "foreign"}
+    assert "committed position 20" in reasons[500] and "another topic" in reasons[10]
+    assert found["tables"][spec.target.table]["base"] == first["snapshots"][spec.target.table]
+    failed = events.recent(spec.name, kind="verify", platform=platform)[0]
+    assert failed["status"] == "failed" and failed["metrics"]["missing"] == 2
+    assert "0:7" not in failed["message"] and f"{spec.source.topic}[0]@7" in failed["message"]
+
+    # a failed run does not move the chain: the next one checks the same snapshots again
+    code, still = verify_cli(spec)
+    assert code == 3 and still["counts"] == found["counts"]
+    # on demand: the last hour's snapshots, and the data table's snapshots from the ingest commit on
+    code, recent = verify_cli(spec, "--since", "1h")
+    assert code == 3 and recent["mode"] == "since" and recent["counts"] == found["counts"]
+    head = data.refresh().current_snapshot().snapshot_id
+    code, ranged = verify_cli(spec, "--snapshots", f"{first['snapshots'][spec.target.table]}..{head}")
+    assert code == 3 and ranged["counts"] == found["counts"]
+    assert ranged["tables"][spec.target.table] | {"positions": None} == {
+        "to": head, "base": None, "snapshots": 4, "positions": None}  # the ingest commit and the 3 damages to it
+    assert verify.unverified(spec, {spec.target.table: data.refresh().current_snapshot().snapshot_id}, platform)
+
+
+@pytest.mark.slow
+def test_upsert_tables_hold_each_keys_newest_record(platform, pipeline, spark):
+    spec = pipeline(partitions=1, mode="upsert", table_key=["order_id"], partition_by=[])
+    updates = [order(0, i % 4, status=status) for i, status in enumerate(["created"] * 4 + ["paid"] * 4)]
+    send(platform, spec.source.topic, updates + [(b"ord-0-3", None)], partition=0)  # offset 8: delete ord-0-3
+    ingest(spec)
+    code, first = verify_cli(spec)
+    assert code == 0 and first["ok"] and first["keys_checked"] == 4, first
+    data = table(platform, spec, spec.target.table)
+    assert data.scan().to_arrow().num_rows == 3
+
+    # ord-0-1's row rolled back to its first version (offset 1, not 5); ord-0-2's row dropped without a tombstone
+    older = data.scan(row_filter=at(0, 5)).to_arrow()
+    kafka = older.column("_kafka").combine_chunks()
+    stale = older.set_column(older.schema.get_field_index("_kafka"), "_kafka", pa.StructArray.from_arrays(
+        [kafka.field("topic"), kafka.field("partition"), pa.array([1], pa.int64()), kafka.field("timestamp"),
+         kafka.field("key")], fields=list(kafka.type)))
+    delete(spark, spec, spec.target.table, "order_id = 'ord-0-1'")
+    data = data.refresh()
+    data.append(stale)
+    delete(spark, spec, spec.target.table, "order_id = 'ord-0-2'")  # merge-on-read: a position delete
+    code, found = verify_cli(spec)
+    assert code == 3, found
+    assert {(p["kind"], p["offset"], p["key"]) for p in found["problems"]} == {
+        ("stale", 5, "ord-0-1"), ("missing", 6, "ord-0-2")}
+    assert pc.sum(pc.equal(data.refresh().scan().to_arrow().column("order_id"), "ord-0-1")).as_py() == 1
+
+
+@pytest.mark.slow
+def test_the_publish_dag_publishes_only_verified_snapshots(platform, orders, make_spec, run_dag, spark):
+    spec = orders
+    run = run_dag(f"{spec.name}_verify", make_spec.directory)  # the scheduled verification
+    assert task_states(run) == {"verify": "success"}
+    verified = events.recent(spec.name, kind="verify", platform=platform)[0]
+    assert verified["status"] == "ok" and verified["details"]["mode"] == "full"
+
+    run = run_dag(f"{spec.name}_publish", make_spec.directory)
+    assert task_states(run)["publish"] == "success", task_states(run)
+    data = table(platform, spec, spec.target.table)
+    published = publish.published_head(data, spec.publish.branch)
+    assert published == data.current_snapshot().snapshot_id
+
+    # a row lost on main after more records arrived: the audit passes, verification does not
+    send(platform, spec.source.topic, [order(1, i) for i in range(20, 25)], partition=1)
+    ingest(spec)
+    delete(spark, spec, spec.target.table, "_kafka.partition = 1 AND _kafka.offset = 22")
+    run = run_dag(f"{spec.name}_publish", make_spec.directory)
+    states = task_states(run)
+    assert states["quality"] == "success" and states["verify"] == "failed" and states["publish"] == "upstream_failed"
+    data = table(platform, spec, spec.target.table)
+    assert publish.published_head(data, spec.publish.branch) == published  # readers see nothing new
+    head = data.current_snapshot().snapshot_id
+    with pytest.raises(verify.UnverifiedError, match=rf"{spec.target.table} snapshot {head}.*{spec.name}_publish"):
+        publish.publish(spec, {spec.target.table: head}, platform, spark_factory=lambda: spark,
+                        require_verified=True)
+    assert publish.published_head(data.refresh(), spec.publish.branch) == published
