@@ -415,6 +415,9 @@ class RecordFactory:
                 out[f.name] = self.generators[f.name](out)
             else:
                 out.pop(f.name, None)
+        for f in others:  # a row's modification time moves with every update
+            if f.type == "timestamp" and re.search("updat|modif", f.name):
+                out[f.name] = self.generators[f.name](out)
         return out
 
     def _copy(self, record: dict) -> dict:
