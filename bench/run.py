@@ -240,6 +240,17 @@ class Bench:
                 by_format[fmt] = {**_medians(runs), "sample": len(wire_sample)}
                 self.say(f"pipeline decoder on one core, {fmt}: {by_format[fmt]['median_records_per_s']:,.0f} "
                          f"records/s ({by_format[fmt]['median_mb_per_s']:.1f} MB/s)")
+            for fmt in ("json", "avro"):  # Debezium change events of the same rows
+                cdc_spec, cdc_sample = workloads.as_change_events(spec, sample, directory / f"debezium_{fmt}", fmt)
+                cdc_bytes = sum(len(r.value or b"") for r in cdc_sample)
+                runs = [workloads.Throughput(len(cdc_sample), cdc_bytes,
+                                             workloads.decode(cdc_spec, cdc_spec.source.topic, cdc_sample)[1])
+                        for _ in range(self.args.repeats)]
+                name = f"debezium_{fmt}"
+                by_format[name] = {**_medians(runs), "sample": len(cdc_sample)}
+                self.say(f"pipeline decoder on one core, Debezium {fmt} change events: "
+                         f"{by_format[name]['median_records_per_s']:,.0f} records/s "
+                         f"({by_format[name]['median_mb_per_s']:.1f} MB/s)")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         self.results["ceilings"]["decode_by_format"] = by_format

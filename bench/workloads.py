@@ -294,6 +294,41 @@ def as_format(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
     return wire_spec, out
 
 
+def as_change_events(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
+                     fmt: str) -> tuple[PipelineSpec, list[RawRecord]]:
+    """The same records as Debezium change events of a `mode: cdc` pipeline in `fmt` (json: Kafka Connect's
+    plain JSON envelope; avro: the AvroConverter's, writer schemas 1 and 2 of `folder`), keyed by a record
+    holding `order_id`: each JSON object value becomes the create of its row, everything else (the broken
+    values) stays as it was. For the decoder's records/s on change events."""
+    import random
+    from dataclasses import replace
+
+    from lakehouse_dev import change_streams
+
+    folder.mkdir(parents=True, exist_ok=True)
+    key = (spec.contract.field("order_id"),)
+    prefix = f"shop.public.{spec.name}"
+    if fmt == "avro":
+        (folder / "1.avsc").write_text(json.dumps(change_streams.connect_avro(
+            change_streams.envelope_connect(spec.contract.fields, prefix, "precise"))))
+        (folder / "2.avsc").write_text(json.dumps(change_streams.connect_avro(
+            change_streams.key_connect(key, prefix, "precise"))))
+    cdc = replace(spec, source=replace(spec.source, topic=prefix, value_format=fmt, key_format=fmt, key_field=None,
+                                       key_required=True, envelope="debezium",
+                                       schemas=read_schema_folder(folder) if fmt == "avro" else ()),
+                  target=replace(spec.target, mode="upsert", key=("order_id",)))
+    stream = change_streams.ChangeStream(cdc, random.Random(0), config.load())
+    out = []
+    for r in records:
+        try:
+            row = json.loads(r.value)
+            event_key, value = stream.encode("c", None, row) if isinstance(row, dict) else (r.key, r.value)
+        except Exception:  # noqa: BLE001 - a broken record stays broken (a dead letter either way)
+            event_key, value = r.key, r.value
+        out.append(RawRecord(r.partition, r.offset, r.timestamp_ms, event_key, value, r.headers))
+    return cdc, out
+
+
 def write_ceiling(rows: pa.Table, value_bytes: int, directory: Path) -> Throughput:
     """pyarrow writing the already decoded rows as one zstd Parquet file (the table's codec)."""
     path = directory / "write-ceiling.parquet"
