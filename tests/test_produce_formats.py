@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_produce import verdicts
 
 from lakehouse.core import config, schemas
-from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, SpecError, load_spec
+from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, SpecError
 from lakehouse.ingest.formats import registry_client
 from lakehouse.ingest.records import RecordValidator
 from lakehouse_dev import record_formats
@@ -265,8 +265,3 @@ def test_any_contract_in_any_format_gives_records_whose_verdicts_are_their_repor
     assert verdicts(spec, records) == [r.kind for r in records]
     assert any(r.kind is None for r in records)
 
-
-def test_a_spec_folder_of_the_contracts_schemas_loads_for_every_format(make_spec):
-    for fmt in EXTENSIONS:
-        spec = in_format(make_spec, fmt)
-        assert load_spec(spec.path).source.value_format == fmt

@@ -29,6 +29,7 @@ of them are ingested: the source's rows, as far as valid changes carried them.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -38,11 +39,10 @@ from typing import Any, Callable, Iterator
 
 from lakehouse.core import config, errors
 from lakehouse.core.spec import FieldSpec, PipelineSpec
-from lakehouse_dev.produce import (_ATTEMPTS, _FIELD_KINDS, _MAX_SENDABLE_BYTES, _SELF_TEST_RECORDS, BAD_KINDS,
-                                   FAULT_HEADER, FORMAT_KINDS, SOURCE_HEADER, FieldPath, RecordFactory,
-                                   SyntheticRecord, _attempts_failed, _deep_copy, reader_validator, verdict,
-                                   written)
-from lakehouse_dev.record_formats import (CONTENT_TYPES, WIRE_WRITERS, JsonWriter, ProduceError, _decimals_as_text,
+from lakehouse_dev.produce import (ATTEMPTS, BAD_KINDS, FAULT_HEADER, FIELD_KINDS, FORMAT_KINDS, MAX_SENDABLE_BYTES,
+                                   SELF_TEST_RECORDS, SOURCE_HEADER, FieldPath, RecordFactory, SyntheticRecord,
+                                   attempts_failed, deep_copy, reader_validator, verdict, written)
+from lakehouse_dev.record_formats import (CONTENT_TYPES, WIRE_WRITERS, JsonWriter, ProduceError, decimals_as_text,
                                           contract_schema, writer_schema)
 
 DEBEZIUM_VERSION = "2.7.0.Final"
@@ -271,8 +271,6 @@ class ChangeStream:
         if fmt == "json":
             return JsonWriter()
         if fmt == "avro":
-            import json
-
             text = json.dumps(connect_avro(connect))
         else:
             text = contract_schema(fmt, fields, f"{self.server}_{self.table}_{what}")
@@ -294,7 +292,7 @@ class ChangeStream:
             value = out.get(f.name)
             if f.type == "timestamp" and f.unit is None and isinstance(value, str) and value.endswith("+00:00"):
                 out[f.name] = value[:-6] + "Z"
-        return out if self.spec.source.value_format == "avro" else _decimals_as_text(out)
+        return out if self.spec.source.value_format == "avro" else decimals_as_text(out)
 
     def _event(self, op: str, before: dict | None, after: dict | None, source: dict) -> dict:
         ts_ms = source["ts_ms"] + self.rng.randint(1, 200)  # the connector saw it a moment after the commit
@@ -311,7 +309,7 @@ class ChangeStream:
     def _key(self, pk: tuple) -> bytes:
         record = dict(zip(self.pk, pk))
         if self.keys.fmt == "json":
-            record = _decimals_as_text(record)
+            record = decimals_as_text(record)
             if self.connect_schemas:
                 record = {"schema": self.key_schema, "payload": record}
         return self.keys.encode(record)
@@ -439,15 +437,15 @@ class ChangeStream:
     def broken(self, kind: str, op: str, before: dict | None, after: dict | None, source: dict,
                pk: tuple) -> tuple[bytes | None, bytes | None, int | None]:
         """Key, value and Kafka timestamp of change `op` broken as `kind`, checked against the reader (the
-        table does not see the change); ProduceError when none comes out in _ATTEMPTS tries."""
+        table does not see the change); ProduceError when none comes out in ATTEMPTS tries."""
         last = None
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             made = self._attempt(kind, self.rng.choice(self.paths[kind]), op, before, after, source, pk)
             if made is not None:
                 last = verdict(self.validator, *made)
                 if last == kind:
                     return made
-        raise _attempts_failed(self.spec, kind, last)
+        raise attempts_failed(self.spec, kind, last)
 
     def _attempt(self, kind: str, path: FieldPath | None, op: str, before: dict | None, after: dict | None,
                  source: dict, pk: tuple) -> tuple[bytes | None, bytes | None, int | None] | None:
@@ -475,7 +473,7 @@ class ChangeStream:
                 message = {**event, "op": "m", "before": None, "after": None,
                            "message": {"prefix": "audit", "content": "dGVzdA=="}}
                 return key, self._value(message), None
-            broken = _deep_copy(after)
+            broken = deep_copy(after)
             self.factory.corrupt(kind, broken, path)
             return key, self._value(self._event(op, before, broken, source)), None
         except Exception:  # noqa: BLE001 - the writer schema cannot hold this defect
@@ -488,7 +486,7 @@ class ChangeStream:
         saved = (dict(self.source), self.lsn, self.tx_id)
         source = self._source("false", self._now_ms(), self.tx_id)
         try:
-            for _ in range(_SELF_TEST_RECORDS):
+            for _ in range(SELF_TEST_RECORDS):
                 row = self.factory.row()
                 key, value = written(self.spec, lambda: (self._key(self._pk(row)),
                                                          self._value(self._event("c", None, row, source))))
@@ -503,9 +501,9 @@ class ChangeStream:
             for kind in (*FORMAT_KINDS[self.values.fmt], *CHANGE_KINDS):
                 if kind in kinds or kind == "null_value":
                     continue
-                if kind == "oversize" and self.spec.source.max_value_bytes + 1024 >= _MAX_SENDABLE_BYTES:
+                if kind == "oversize" and self.spec.source.max_value_bytes + 1024 >= MAX_SENDABLE_BYTES:
                     continue
-                candidates = self.factory.paths(kind) if kind in _FIELD_KINDS else [None]
+                candidates = self.factory.paths(kind) if kind in FIELD_KINDS else [None]
                 kept = []
                 for path in candidates:
                     for _ in range(3):

@@ -33,7 +33,7 @@ import string
 import struct
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from random import Random
@@ -45,8 +45,8 @@ from lakehouse.core import config, errors
 from lakehouse.core.spec import FieldSpec, PipelineSpec
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, MIN_KAFKA_TIMESTAMP_MS
 from lakehouse.ingest.records import FLOAT32_MAX, RecordValidator, Rejected
-from lakehouse_dev.record_formats import (CONTENT_TYPES, ProduceError, contract_avro_schema, dumps, epoch,
-                                          key_writer, value_writer)
+from lakehouse_dev.record_formats import (CONTENT_TYPES, EPOCH_DATE, ProduceError, contract_avro_schema, dumps,
+                                          epoch, key_writer, value_writer)
 
 try:  # the regular-expression parser behind `re`, used to generate strings matching a pattern
     from re import _constants as sre_c
@@ -104,7 +104,7 @@ FAULT_HEADER = "fault"
 SOURCE_HEADER = ("source", b"lakehouse-produce")
 # librdkafka refuses to send a message above its message.max.bytes (1,000,000 by default) and
 # Apache Kafka topics refuse ~1 MiB; an oversize record must still reach the topic to be tested.
-_MAX_SENDABLE_BYTES = 1_000_000
+MAX_SENDABLE_BYTES = 1_000_000
 # Event times that parse but fall outside 0001-01-01..9999-12-31 in UTC: .NET's DateTime.MinValue
 # and MaxValue written with a local offset, as services with unset clocks or "never" markers do.
 _UNREPRESENTABLE_TIMES = ("0001-01-01T00:00:00+02:00", "0001-01-01T00:30:00+01:00",
@@ -131,7 +131,7 @@ _ID_PREFIXES = {"order": "ord", "customer": "cus", "user": "usr", "product": "pr
                 "payment": "pay", "invoice": "inv", "session": "ses", "event": "evt"}
 _MONEY_NAMES = ("amount", "price", "total", "value", "cost", "revenue")
 _OPEN_ENTITIES_MAX = 5_000   # how many entities may receive updates; bounds memory on long runs
-_SELF_TEST_RECORDS = 50
+SELF_TEST_RECORDS = 50
 
 
 @dataclass
@@ -341,7 +341,7 @@ class FieldPath:
 
 
 # the defects made by changing one field of a valid record, and the fields each can change
-_FIELD_KINDS = {
+FIELD_KINDS = {
     "missing_required": lambda f: f.required,
     "wrong_type": lambda f: f.type in ("string", "int", "long", "float", "double", "decimal", "boolean", "binary",
                                        "struct", "list", "map"),  # timestamps, dates, uuids have their own kinds
@@ -421,7 +421,7 @@ class RecordFactory:
         return out
 
     def _copy(self, record: dict) -> dict:
-        return _deep_copy(record) if self.nested else dict(record)
+        return deep_copy(record) if self.nested else dict(record)
 
     def _update(self) -> dict | None:
         """The next event of an open entity: a status transition, fresh timestamps and enums."""
@@ -464,7 +464,7 @@ class RecordFactory:
 
     def state(self) -> tuple:
         """Everything `restore` needs to undo records made since (the RNG, ids, open entities)."""
-        return self.rng.getstate(), self.sequence, _deep_copy(self.open), list(self.open_keys)
+        return self.rng.getstate(), self.sequence, deep_copy(self.open), list(self.open_keys)
 
     def restore(self, state: tuple) -> None:
         rng_state, self.sequence, self.open, self.open_keys = state
@@ -506,7 +506,7 @@ class RecordFactory:
             return lambda rec: self._timestamp()
         if f.type == "date":
             if f.unit == "days":
-                return lambda rec: (self.now().date() - timedelta(days=rng.randint(0, 30)) - _EPOCH_DATE).days
+                return lambda rec: (self.now().date() - timedelta(days=rng.randint(0, 30)) - EPOCH_DATE).days
             return lambda rec: (self.now().date() - timedelta(days=rng.randint(0, 30))).isoformat()
         if f.type == "uuid":
             return lambda rec: str(uuid.UUID(int=rng.getrandbits(128), version=4))
@@ -685,9 +685,9 @@ class RecordFactory:
 
     def paths(self, kind: str) -> list[FieldPath]:
         """The fields (nested ones included) whose change can make defect `kind`, the ids last resort."""
-        if kind not in _FIELD_KINDS:
+        if kind not in FIELD_KINDS:
             return []
-        found = [p for p in self._all_paths() if _FIELD_KINDS[kind](p.field)]
+        found = [p for p in self._all_paths() if FIELD_KINDS[kind](p.field)]
         if kind == "pattern_mismatch":
             found = [p for p in found if self._pattern_breaker(p.field, Random(0)) is not None]
         return _prefer_non_key(found, self.id_fields) if found else []
@@ -720,7 +720,7 @@ class RecordFactory:
             text = (" ".join(WORDS) + " ") * (padding // 100 + 1)
             record["comment"] = text[:max(padding, 0)]
             return
-        if kind not in _FIELD_KINDS or path is None:
+        if kind not in FIELD_KINDS or path is None:
             raise ValueError(f"unknown defect kind {kind!r} (known: {', '.join(BAD_KINDS)})")
         parent: Any = record
         for step, spec in zip(path.steps[:-1], path.specs[:-1]):  # reach the field, making parents as needed
@@ -840,17 +840,16 @@ class RecordFactory:
         return rng.choice(fitting) if fitting else None
 
 
-_EPOCH_DATE = datetime(1970, 1, 1).date()
 _ASCII_FOLD = str.maketrans({"ä": "a", "ö": "o", "ü": "u", "é": "e", "è": "e", "ê": "e", "ø": "o", "å": "a",
                              "á": "a", "í": "i", "ó": "o", "ú": "u", "ñ": "n", "ç": "c", "ë": "e", "ł": "l",
                              "ß": "ss"})
 
 
-def _deep_copy(value: Any) -> Any:
+def deep_copy(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _deep_copy(v) for k, v in value.items()}
+        return {k: deep_copy(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_deep_copy(v) for v in value]
+        return [deep_copy(v) for v in value]
     return value
 
 
@@ -890,9 +889,9 @@ def written(spec: PipelineSpec, write: Callable[[], Any]) -> Any:
                            f"{str(exc)[:300]}; the folder's schema and the contract disagree") from None
 
 
-def _attempts_failed(spec: PipelineSpec, kind: str, last: str | None) -> ProduceError:
+def attempts_failed(spec: PipelineSpec, kind: str, last: str | None) -> ProduceError:
     return ProduceError(f"{spec.path}: could not make a {kind} record that the reader rejects as {kind} "
-                        f"(in {_ATTEMPTS} attempts; the last was {'accepted' if last is None else last!r}); "
+                        f"(in {ATTEMPTS} attempts; the last was {'accepted' if last is None else last!r}); "
                         f"the generator needs a rule for this contract")
 
 
@@ -942,15 +941,15 @@ class RecordStream:
 
     def broken(self, kind: str) -> tuple[bytes | None, bytes | None, int | None]:
         """Key, value and Kafka timestamp of a record the reader rejects as `kind`; ProduceError when none
-        comes out in _ATTEMPTS tries."""
+        comes out in ATTEMPTS tries."""
         last = None
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             made = self._attempt(kind, self.rng.choice(self.paths[kind]))
             if made is not None:
                 last = verdict(self.validator, *made)
                 if last == kind:
                     return made
-        raise _attempts_failed(self.spec, kind, last)
+        raise attempts_failed(self.spec, kind, last)
 
     def _attempt(self, kind: str, path: FieldPath | None) -> tuple[bytes | None, bytes | None, int | None] | None:
         """One try at a record broken as `kind` (at `path`), unchecked; None when its formats cannot write it."""
@@ -986,7 +985,7 @@ class RecordStream:
         returns the kinds this spec can carry (keeping, per kind, the fields that carry it)."""
         state = self.factory.state()
         try:
-            for _ in range(_SELF_TEST_RECORDS):
+            for _ in range(SELF_TEST_RECORDS):
                 record = self.factory.valid()
                 key, value = written(self.spec, lambda: (self.key_of(record), self.values.encode(record)))
                 if len(value) > self.spec.source.max_value_bytes:
@@ -1001,9 +1000,9 @@ class RecordStream:
                                        f"({record!r:.300}); the generator needs a rule for this contract")
             kinds = []
             for kind in FORMAT_KINDS[self.values.fmt]:
-                if kind == "oversize" and self.spec.source.max_value_bytes + 1024 >= _MAX_SENDABLE_BYTES:
+                if kind == "oversize" and self.spec.source.max_value_bytes + 1024 >= MAX_SENDABLE_BYTES:
                     continue  # Kafka itself would refuse it
-                candidates = self.factory.paths(kind) if kind in _FIELD_KINDS else [None]
+                candidates = self.factory.paths(kind) if kind in FIELD_KINDS else [None]
                 kept = [p for p in candidates if any(self._carries(kind, p) for _ in range(3))]
                 if kept:
                     self.paths[kind] = kept
@@ -1017,7 +1016,7 @@ class RecordStream:
         return made is not None and verdict(self.validator, *made) == kind
 
 
-_ATTEMPTS = 20
+ATTEMPTS = 20
 
 
 def _check_arguments(count: int, bad_ratio: float) -> None:
@@ -1066,7 +1065,7 @@ def producer_config(spec: PipelineSpec, platform: config.PlatformConfig) -> dict
         "acks": "all",
         "linger.ms": 5,
         "message.timeout.ms": 30_000,      # fail within 30 s instead of librdkafka's 5 minutes
-        "message.max.bytes": max(_MAX_SENDABLE_BYTES, spec.source.max_value_bytes + 64 * 1024),
+        "message.max.bytes": max(MAX_SENDABLE_BYTES, spec.source.max_value_bytes + 64 * 1024),
     }
     return {**defaults, **platform.kafka()}
 

@@ -44,7 +44,7 @@ from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, FieldSpec, PipelineSpec
 from lakehouse.ingest import formats
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_EPOCH_DATE = date(1970, 1, 1)
+EPOCH_DATE = date(1970, 1, 1)
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # a schema id no registry hands out in practice (ids count up from 1), for `unknown_schema`
@@ -316,7 +316,7 @@ def day(value: Any) -> date:
     if isinstance(value, date):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
-        return _EPOCH_DATE + timedelta(days=value)
+        return EPOCH_DATE + timedelta(days=value)
     return date.fromisoformat(value)
 
 
@@ -342,7 +342,7 @@ def _avro_primitive(kind: str, node: dict, value: Any, f: FieldSpec | None) -> A
             return value if isinstance(value, str) else moment.isoformat()
         if f.type == "date":
             d = day(value)
-            return d if logical == "date" else (d - _EPOCH_DATE).days if kind in ("int", "long") else d.isoformat()
+            return d if logical == "date" else (d - EPOCH_DATE).days if kind in ("int", "long") else d.isoformat()
         if f.type == "decimal":
             number = Decimal(str(value))
             return str(number) if kind == "string" else float(number) if kind in ("float", "double") else number
@@ -358,7 +358,7 @@ def _avro_primitive(kind: str, node: dict, value: Any, f: FieldSpec | None) -> A
 def render_avro(node: Any, value: Any, f: FieldSpec | None, names: dict[str, Any], namespace: str = "") -> Any:
     """`value` (of contract field `f`, or None when the contract does not describe it) in the form fastavro
     writes for Avro schema `node` (parsed JSON): datetimes, dates, Decimals, bytes where the writer's types
-    ask for them. `names` collects the named types seen (a dict to fill)."""
+    ask for them. `names` holds the schema's named types (avro_names); those met are added to it."""
     if value is None:
         return None
     if isinstance(node, list):  # a union: the first branch that is not null
@@ -398,6 +398,30 @@ def render_avro(node: Any, value: Any, f: FieldSpec | None, names: dict[str, Any
 _PROTO_INTEGERS = frozenset({3, 4, 5, 6, 7, 13, 15, 16, 17, 18})
 
 
+def avro_names(node: Any, names: dict[str, Any] | None = None, namespace: str = "") -> dict[str, Any]:
+    """Every named type (record, enum, fixed) of Avro schema `node`, by full and short name, so that
+    `render_avro` resolves a reference met before the definition was rendered (a null `before`)."""
+    names = {} if names is None else names
+    if isinstance(node, list):
+        for member in node:
+            avro_names(member, names, namespace)
+    elif isinstance(node, dict):
+        kind = node.get("type")
+        if kind in ("record", "enum", "fixed"):
+            space = node.get("namespace", namespace)
+            full = node["name"] if "." in node["name"] else f"{space}.{node['name']}" if space else node["name"]
+            names[full] = names[node["name"]] = node
+            namespace = space
+        if isinstance(kind, (list, dict)):
+            avro_names(kind, names, namespace)
+        for fld in node.get("fields") or ():
+            avro_names(fld["type"], names, namespace)
+        for key in ("items", "values"):
+            if key in node:
+                avro_names(node[key], names, namespace)
+    return names
+
+
 def _proto_scalar(fd, value: Any, f: FieldSpec | None) -> Any:
     """`value` of contract field `f` as protobuf field `fd` (not a message) takes it; passed on as it is
     when it does not convert (protobuf then refuses it)."""
@@ -414,7 +438,7 @@ def _proto_scalar(fd, value: Any, f: FieldSpec | None) -> Any:
         if f.type == "timestamp" and fd.type in _PROTO_INTEGERS:
             return epoch(instant(value, f.unit), f.unit or "us") if not isinstance(value, int) else value
         if f.type == "date" and fd.type in _PROTO_INTEGERS and not isinstance(value, int):
-            return (day(value) - _EPOCH_DATE).days
+            return (day(value) - EPOCH_DATE).days
         if f.type == "decimal":
             return str(value) if fd.type == 9 else float(value) if fd.type in (1, 2) else value
         if f.type == "binary" and fd.type == 12 and isinstance(value, str):
@@ -545,9 +569,10 @@ class AvroWriter(WireWriter):
         super().__init__(schema_id, text, fields)
         self.node = json.loads(text)
         self.parsed = formats.parse_schema(text)
+        self.names = avro_names(self.node)
 
     def encode(self, record: dict) -> bytes:
-        return formats.wire_value(self.schema_id, self.parsed, render_avro(self.node, record, self.struct, {}))
+        return formats.wire_value(self.schema_id, self.parsed, render_avro(self.node, record, self.struct, self.names))
 
     def corrupt(self, good: bytes, rng: Random) -> bytes:
         # cut short (the record's last bytes lost), or trailing bytes after a complete record
@@ -590,27 +615,27 @@ class JsonSchemaWriter(WireWriter, JsonWriter):
         self.OWN_KINDS = ("bad_wire_format", "unknown_schema", *JsonWriter.OWN_KINDS)
 
     def payload(self, record: Any) -> bytes:
-        return dumps(_decimals_as_text(record)).encode("utf-8")
+        return dumps(decimals_as_text(record)).encode("utf-8")
 
     def encode(self, record: dict) -> bytes:
         return self.header() + self.payload(record)
 
     def broken(self, kind: str, record: dict, rng: Random) -> bytes:
         if kind in JsonWriter.OWN_KINDS:
-            return JsonWriter.broken(self, kind, _decimals_as_text(record), rng)
+            return JsonWriter.broken(self, kind, decimals_as_text(record), rng)
         return WireWriter.broken(self, kind, record, rng)
 
     def _framed(self, payload: bytes) -> bytes:
         return self.header() + payload
 
 
-def _decimals_as_text(value: Any) -> Any:
+def decimals_as_text(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, dict):
-        return {k: _decimals_as_text(v) for k, v in value.items()}
+        return {k: decimals_as_text(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_decimals_as_text(v) for v in value]
+        return [decimals_as_text(v) for v in value]
     return value
 
 
