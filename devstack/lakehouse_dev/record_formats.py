@@ -505,7 +505,6 @@ class JsonWriter:
     """Plain JSON (value_format or key format json). Its own defects are JSON text's."""
 
     fmt = "json"
-    schema_id = None
     OWN_KINDS = ("malformed_json", "not_utf8", "not_an_object")
 
     def payload(self, record: Any) -> bytes:
@@ -643,7 +642,6 @@ class TextKeyWriter:
     """A key as UTF-8 text: the key field's value (key format string)."""
 
     fmt = "string"
-    schema_id = None
     OWN_KINDS = ()
 
     def __init__(self, field: str):
