@@ -385,10 +385,15 @@ def _throughput_table(results: Mapping[str, Any]) -> str:
         rows.append(("pipeline decoder, one core", f"RecordValidator + BatchBuilder on {num(decode.get('sample'))} "
                      f"records", num(decode.get("median_records_per_s")), num(decode.get("median_mb_per_s"), 1)))
     for fmt, run in (ceilings.get("decode_by_format") or {}).items():
-        if fmt != "json":  # the row above is JSON's
-            rows.append((f"pipeline decoder, one core, {fmt}", f"the same {num(run.get('sample'))} records as "
-                         f"{fmt} values (Confluent wire format)", num(run.get("median_records_per_s")),
-                         num(run.get("median_mb_per_s"), 1)))
+        if fmt == "json":  # the row above is JSON's
+            continue
+        if fmt.startswith("debezium_"):  # change events of the same rows, keyed by a record
+            name, how = f"Debezium {fmt[9:]}", f"the same {num(run.get('sample'))} records as creates in " \
+                                                f"Debezium {fmt[9:]} change events (mode cdc)"
+        else:
+            name, how = fmt, f"the same {num(run.get('sample'))} records as {fmt} values (Confluent wire format)"
+        rows.append((f"pipeline decoder, one core, {name}", how, num(run.get("median_records_per_s")),
+                     num(run.get("median_mb_per_s"), 1)))
     for key, entry in (results.get("pipeline") or {}).items():
         rows.append((f"pipeline {key}, steady", "`lakehouse ingest --once`, batches 2..n",
                      num(entry.get("median_steady_records_per_s")), num(entry.get("median_steady_mb_per_s"), 1)))

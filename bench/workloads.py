@@ -31,7 +31,7 @@ from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec, read_schema_folder
 from lakehouse.ingest.reader import BatchBuilder
 from lakehouse.ingest.records import RecordValidator
-from lakehouse_dev import produce
+from lakehouse_dev import produce, record_formats
 
 MB = 1_000_000
 YOUNG_PROCESS_S = 1.0  # memory samples skip processes younger than this (see MemorySampler)
@@ -269,24 +269,64 @@ def decode(spec: PipelineSpec, topic: str, records: Sequence[RawRecord]) -> tupl
     return valid.select([*spec.contract.names, "_kafka", "_ingested_at"]), seconds
 
 
-def as_avro(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path) -> tuple[PipelineSpec, list[RawRecord]]:
-    """The same records as an Avro pipeline would get them: each JSON object value in the Confluent wire
-    format with the contract's schema (schema 1 of `folder`), everything else (the broken values) as it
-    was. For the decoder's records/s per format on the same traffic."""
+SCHEMA_FILES = {"avro": "avsc", "protobuf": "proto", "json_schema": "json"}
+
+
+def as_format(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
+              fmt: str) -> tuple[PipelineSpec, list[RawRecord]]:
+    """The same records as a pipeline in wire format `fmt` (avro, protobuf, json_schema) would get them:
+    each JSON object value written by `lakehouse produce`'s writer with the contract's schema (schema 1 of
+    `folder`), everything else (the broken values) as it was. For the decoder's records/s per format on
+    the same traffic."""
     from dataclasses import replace
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "1.avsc").write_text(json.dumps(produce.contract_avro_schema(spec)))
-    avro_spec = replace(spec, source=replace(spec.source, value_format="avro", schemas=read_schema_folder(folder)))
-    values = produce.AvroValues(avro_spec, config.load())
+    (folder / f"1.{SCHEMA_FILES[fmt]}").write_text(record_formats.contract_schema(fmt, spec.contract.fields, spec.name))
+    wire_spec = replace(spec, source=replace(spec.source, value_format=fmt, schemas=read_schema_folder(folder)))
+    writer = record_formats.value_writer(wire_spec, config.load())
     out = []
     for r in records:
         try:
-            value = values.encode(json.loads(r.value))
+            value = writer.encode(json.loads(r.value))
         except Exception:  # noqa: BLE001 - a broken record stays broken (it becomes a dead letter either way)
             value = r.value
         out.append(RawRecord(r.partition, r.offset, r.timestamp_ms, r.key, value, r.headers))
-    return avro_spec, out
+    return wire_spec, out
+
+
+def as_change_events(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
+                     fmt: str) -> tuple[PipelineSpec, list[RawRecord]]:
+    """The same records as Debezium change events of a `mode: cdc` pipeline in `fmt` (json: Kafka Connect's
+    plain JSON envelope; avro: the AvroConverter's, writer schemas 1 and 2 of `folder`), keyed by a record
+    holding `order_id`: each JSON object value becomes the create of its row, everything else (the broken
+    values) stays as it was. For the decoder's records/s on change events."""
+    import random
+    from dataclasses import replace
+
+    from lakehouse_dev import change_streams
+
+    folder.mkdir(parents=True, exist_ok=True)
+    key = (spec.contract.field("order_id"),)
+    prefix = f"shop.public.{spec.name}"
+    if fmt == "avro":
+        (folder / "1.avsc").write_text(json.dumps(change_streams.connect_avro(
+            change_streams.envelope_connect(spec.contract.fields, prefix, "precise"))))
+        (folder / "2.avsc").write_text(json.dumps(change_streams.connect_avro(
+            change_streams.key_connect(key, prefix, "precise"))))
+    cdc = replace(spec, source=replace(spec.source, topic=prefix, value_format=fmt, key_format=fmt, key_field=None,
+                                       key_required=True, envelope="debezium",
+                                       schemas=read_schema_folder(folder) if fmt == "avro" else ()),
+                  target=replace(spec.target, mode="upsert", key=("order_id",)))
+    stream = change_streams.ChangeStream(cdc, random.Random(0), config.load())
+    out = []
+    for r in records:
+        try:
+            row = json.loads(r.value)
+            event_key, value = stream.encode("c", None, row) if isinstance(row, dict) else (r.key, r.value)
+        except Exception:  # noqa: BLE001 - a broken record stays broken (a dead letter either way)
+            event_key, value = r.key, r.value
+        out.append(RawRecord(r.partition, r.offset, r.timestamp_ms, event_key, value, r.headers))
+    return cdc, out
 
 
 def write_ceiling(rows: pa.Table, value_bytes: int, directory: Path) -> Throughput:

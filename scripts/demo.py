@@ -1,13 +1,17 @@
 """`make demo`: events flow from Kafka topics into Iceberg tables, exactly once, operated by Airflow.
 
 Starts the embedded stack and Airflow (both left running, with the pipelines page),
-creates the topics and hands the pipelines to Airflow: the `<pipeline>_ingest` DAGs run
-the supervised continuous ingest jobs, `_publish`, `_maintenance` and
-`retention_alignment` are unpaused on their schedules. Live producers (with some bad
-records) run meanwhile; the demo shows progress, publishes once the lag is 0, then
-prints the status, a sample of raw.orders, the dead letters by reason and the readers'
-view. Without Airflow (it did not start) the demo runs the ingest jobs itself.
-DEMO_SECONDS sets how long the producers run (default 60).
+creates the topics and hands the continuous pipelines (orders, customers) to Airflow: the
+`<pipeline>_ingest` DAGs run the supervised continuous ingest jobs, `_publish`,
+`_maintenance` and `retention_alignment` are unpaused on their schedules. Live producers
+(with some bad records) run meanwhile for every pipeline, the Avro `payments` and the
+Debezium change stream `inventory` included. Those two are `trigger.mode: scheduled`:
+once the live phase ends a `--once` job each catches up (one Spark JVM per continuous job
+is what two cores hold), and their DAGs are unpaused to run every 5 minutes. The demo
+publishes once the lag is 0, then prints the status, samples of raw.orders, raw.payments
+and raw.inventory (against what the change stream says the table must hold), the dead
+letters by reason and the readers' view. Without Airflow (it did not start) the demo runs
+the ingest jobs itself. DEMO_SECONDS sets how long the producers run (default 60).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from lakehouse_dev.cli import print_airflow_login
 
 LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))
 SECONDS = int(os.environ.get("DEMO_SECONDS", "60"))
-RATES = {"orders": 500, "customers": 20}
+RATES = {"orders": 500, "customers": 20, "payments": 100, "inventory": 40}
 TRICKLE_RATE = 5  # records/s per pipeline while the publish DAGs run
 
 
@@ -86,11 +90,32 @@ def airflow(*args: str, timeout: float = 120.0) -> str:
 
 
 def hand_to_airflow(specs) -> None:
-    """Unpause every DAG of the demo pipelines: the `@continuous` ingest DAGs start their jobs at once."""
+    """Unpause every DAG of the given pipelines: the `@continuous` ingest DAGs start their jobs at once."""
     dag_ids = [f"{s.name}_{kind}" for s in specs for kind in ("ingest", "publish", "maintenance")]
     for dag_id in [*dag_ids, "retention_alignment"]:
         airflow("dags", "unpause", dag_id)
     print("unpaused: " + ", ".join([*dag_ids, "retention_alignment"]))
+
+
+def catch_up(specs, logs: Path) -> bool:
+    """A `--once` job per scheduled pipeline, one after the other (two cores: side by side, or beside the
+    publish DAGs, they only slow each other down), as their `_ingest` DAGs run on schedule; False when one
+    fails (its log says why)."""
+    for s in specs:
+        started = time.monotonic()
+        job = start("ingest", "--pipeline", s.name, "--once", log=logs / f"ingest-{s.name}.log")
+        if job.wait() != 0:
+            print(f"the --once job of {s.name} failed (exit {job.returncode}); see {logs}/ingest-{s.name}.log")
+            return False
+        print(f"{s.name}: caught up in {time.monotonic() - started:.0f}s")
+    return True
+
+
+def change_stream_summary(log: Path) -> str:
+    """The producer's last word on a change stream: what the table holds once every record is ingested."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("change stream:")] \
+        if log.exists() else []
+    return lines[-1] if lines else "change stream: (no summary in the producer's log)"
 
 
 def publish_now(specs, timeout: float = 300.0) -> None:
@@ -116,6 +141,8 @@ def publish_now(specs, timeout: float = 300.0) -> None:
 
 def main() -> int:
     specs = list(load_all().values())
+    continuous = [s for s in specs if s.trigger.mode == "continuous"]
+    scheduled = [s for s in specs if s.trigger.mode == "scheduled"]
     say("starting the embedded stack (Kafka-compatible broker, SQLite JDBC catalog, local warehouse)")
     was_running = stack.status()["broker"]["running"]
     run("stack", "up")
@@ -134,12 +161,12 @@ def main() -> int:
     jobs = []
     if airflow_started:
         say("handing the pipelines to Airflow: the ingest DAGs submit the continuous jobs with spark-submit")
-        hand_to_airflow(specs)
+        hand_to_airflow(continuous)
     else:
         say(f"continuous ingestion (5 s trigger); logs in {logs}")
         jobs = [start("ingest", "--pipeline", s.name, "--trigger-interval", "5s", log=logs / f"ingest-{s.name}.log")
-                for s in specs]
-    if not wait_until_ready(specs, jobs):
+                for s in continuous]
+    if not wait_until_ready(continuous, jobs):
         print("the ingest jobs did not create their tables in 5 minutes; see the <pipeline>_ingest task logs "
               f"in Airflow or {logs}")
         return 1
@@ -158,14 +185,14 @@ def main() -> int:
                 line.append(f"{s.name}: {st['rows']} rows, {st['dead_letters']} dead letters, "
                             f"lag {st['lag_records'] if st['lag_records'] is not None else '?'}")
             print(f"[{time.monotonic() - started:5.0f}s] " + " | ".join(line), flush=True)
-            for job, s in zip(jobs, specs):
+            for job, s in zip(jobs, continuous):
                 if job.poll() is not None:
                     print(f"ingest job of {s.name} stopped (exit {job.returncode}); see {logs}/ingest-{s.name}.log")
                     return 1
         say("producers done; waiting for the last batches to land")
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            lags = [pipeline_status(s, with_timeline=False)["lag_records"] for s in specs]
+            lags = [pipeline_status(s, with_timeline=False)["lag_records"] for s in continuous]
             if all(lag == 0 for lag in lags):
                 break
             time.sleep(2)
@@ -179,17 +206,27 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
 
+    if scheduled:
+        say(f"scheduled pipelines ({', '.join(s.name for s in scheduled)}): a `--once` job each catches up, "
+            f"as their ingest DAGs do every 5 minutes")
+        if not catch_up(scheduled, logs):
+            return 1
+
     if airflow_started:
         say("write-audit-publish: triggering the publish DAGs (quality suite, freshness and lag gates)")
         # traffic keeps flowing, as it does in production: the freshness gate (newest event at most
         # the SLO old) would otherwise wait for events that stopped coming with the producers
         trickle = [start("produce", "--pipeline", s.name, "--count", str(TRICKLE_RATE * 600), "--rate",
-                         str(TRICKLE_RATE), "--quiet", log=logs / f"trickle-{s.name}.log") for s in specs]
+                         str(TRICKLE_RATE), "--quiet", log=logs / f"trickle-{s.name}.log") for s in continuous]
         try:
-            publish_now(specs)
+            publish_now(continuous)
         finally:
             for p in trickle:
                 p.send_signal(signal.SIGTERM)
+    if scheduled and airflow_started:  # from now on Airflow runs them on their schedules
+        pattern = f"^({'|'.join(s.name for s in scheduled)})_(ingest|publish|maintenance)$"
+        airflow("dags", "unpause", "--treat-dag-id-as-regex", "-y", pattern)
+        print(f"unpaused the DAGs of {', '.join(s.name for s in scheduled)} (matching {pattern})")
 
     say("status")
     print(render([pipeline_status(s) for s in specs]))
@@ -212,6 +249,9 @@ def main() -> int:
         print(f"  {kind:<22} {len(rows_):>5}  e.g. offset {example['_kafka']['partition']}:"
               f"{example['_kafka']['offset']}: {example['error_detail'][:70]}")
 
+    for s in scheduled:
+        show_scheduled(catalog, s, logs)
+
     table = catalog.load_table(orders.target.table)
     published = table.metadata.refs.get(orders.publish.branch)
     if published is not None:
@@ -222,7 +262,8 @@ def main() -> int:
     say("what next")
     print("  .venv/bin/lakehouse status                     lag, recovery points and counts")
     if airflow_started:
-        print("  the ingest jobs keep running under Airflow (DAGs orders_ingest, customers_ingest)")
+        print(f"  the ingest jobs keep running under Airflow (DAGs {', '.join(s.name + '_ingest' for s in continuous)}; "
+              f"{', '.join(s.name + '_ingest' for s in scheduled)} every 5 minutes)")
         print_airflow_login(airflow_stack.status(), indent="  ")
     else:
         print("  .venv/bin/lakehouse ingest --pipeline orders --trigger-interval 5s   keep ingesting")
@@ -230,6 +271,29 @@ def main() -> int:
     print("  make stack-down     stop Airflow and the broker (topics are in memory and go with it)")
     print("  make clean          stop it and delete tables, catalog and warehouse (.lakehouse/)")
     return 0
+
+
+def show_scheduled(catalog, spec, logs: Path) -> None:
+    """A sample of a scheduled pipeline's table and its dead letters by reason; for a change stream, the
+    table's rows beside what the producer says it must hold."""
+    table = catalog.load_table(spec.target.table)
+    rows = table.scan().to_arrow()
+    say(f"{spec.qualified(spec.target.table)}: {rows.num_rows} rows, {spec.source.value_format} values"
+        + (" (Debezium change events)" if spec.is_cdc else ""))
+    if spec.is_cdc:
+        print(f"  {change_stream_summary(logs / f'produce-{spec.name}.log')}")
+        ops = {}
+        for cdc in rows.column("_cdc").to_pylist():
+            ops[cdc["op"]] = ops.get(cdc["op"], 0) + 1
+        print(f"  rows by the change that wrote them: {', '.join(f'{op}={n}' for op, n in sorted(ops.items()))}")
+    for row in rows.slice(0, 3).to_pylist():
+        shown = {k: v for k, v in row.items() if k not in ("_kafka", "_ingested_at", "_cdc") and v is not None}
+        print("  " + ", ".join(f"{k}={v}" for k, v in list(shown.items())[:7])[:150])
+    dead = catalog.load_table(spec.dead_letter_table).scan(selected_fields=("error_kind",)).to_arrow()
+    counts: dict[str, int] = {}
+    for kind in dead.column("error_kind").to_pylist():
+        counts[kind] = counts.get(kind, 0) + 1
+    print(f"  dead letters: {', '.join(f'{k}={n}' for k, n in sorted(counts.items())) or 'none'}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,13 @@ def test_each_shipped_pipeline_gets_its_dags(shipped):
     assert "retention_alignment" in shipped.dag_ids
 
 
+def test_a_scheduled_pipeline_runs_once_jobs_on_its_schedule_and_a_continuous_one_a_supervised_job(shipped):
+    payments, orders = shipped.dags["payments_ingest"], shipped.dags["orders_ingest"]
+    assert [t.task_id for t in payments.tasks] == ["ingest_once"] and "--once" in payments.tasks[0].application_args
+    assert payments.schedule == "*/5 * * * *" and orders.schedule == "@continuous"
+    assert [t.task_id for t in orders.tasks] == ["ingest_continuous"]
+
+
 def test_the_pipelines_page_links_exactly_the_dags_generated(tmp_path, monkeypatch):
     """ops.history.dag_ids (the page's DAG links) names every DAG the specs generate and no other: a
     candidate pipeline, and a pipeline without a readers' view, get no cutover DAG and no link to one."""

@@ -20,7 +20,7 @@ from e2e import pipeline  # noqa: F401 (fixture)
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, BatchBuilder
 from lakehouse.ingest.records import ERROR_KINDS, RecordValidator
 from lakehouse_dev import produce as producer_module
-from lakehouse_dev.produce import AVRO_ONLY_KINDS, BAD_KINDS, ProduceError, RateLimiter, produce, synthesize
+from lakehouse_dev.produce import BAD_KINDS, FORMAT_KINDS, ProduceError, RateLimiter, produce, synthesize
 
 FIXED_NOW = datetime(2026, 11, 21, 10, 0, 0, 123000, tzinfo=timezone.utc)
 
@@ -84,8 +84,8 @@ def test_every_record_lands_on_the_topic(sent):
 @pytest.mark.slow
 def test_each_defect_kind_is_sent_and_counted(sent):
     spec, report, messages = sent
-    # every kind but the Avro wire format's applies to the (JSON) orders contract
-    assert set(report.bad_by_kind) == set(BAD_KINDS) - set(AVRO_ONLY_KINDS)
+    # every kind of a JSON value applies to the orders contract, but those of dates and uuids it has none of
+    assert set(report.bad_by_kind) == set(FORMAT_KINDS["json"]) - {"bad_date", "bad_uuid"}
     assert 80 <= report.bad <= 160  # about 20% of 600
     labelled = Counter(headers_of(m)["fault"].decode() for m in messages if "fault" in headers_of(m))
     assert labelled == report.bad_by_kind
@@ -242,8 +242,8 @@ def test_any_contract_is_generated_within_its_rules(make_spec):
     )
     records = list(synthesize(spec, 2_000, bad_ratio=0.25, seed=3))
     kinds = Counter(r.kind for r in records if r.kind)
-    # pattern, range, enum, timestamp and key rules all exist here; the Avro wire-format defects need Avro
-    assert set(kinds) == set(BAD_KINDS) - set(AVRO_ONLY_KINDS)
+    # pattern, range, enum, timestamp, date and key rules all exist here; only uuids are missing
+    assert set(kinds) == set(FORMAT_KINDS["json"]) - {"bad_uuid"}
     for record in records:
         if record.kind is None:
             value = json.loads(record.value)
@@ -264,7 +264,7 @@ def test_kinds_a_spec_cannot_express_are_not_sent(make_spec):
     # no key requirement: no null_key; an upsert keyed on the record key reads a tombstone as a delete;
     # no enum, range, pattern or timestamp; 1 MiB values are the broker's own limit
     assert set(kinds) == {"malformed_json", "not_utf8", "not_an_object", "missing_required", "wrong_type",
-                          "bad_string", "bad_kafka_timestamp"}
+                          "bad_string", "bad_kafka_timestamp", "bad_key", "key_mismatch"}
 
 
 def test_a_seed_reproduces_the_same_records(make_spec):

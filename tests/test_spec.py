@@ -44,6 +44,17 @@ def test_demo_pipelines_load_as_declared():
     assert orders.contract.field("status").enum == ("created", "paid", "shipped", "cancelled", "refunded")
     assert orders.contract.field("amount").min == 0
     assert customers.target.mode == "upsert" and customers.target.key == ("customer_id",)
+    payments, inventory = specs["payments"], specs["inventory"]
+    # Avro values with their writer schema in the folder beside the spec, caught up by scheduled `--once` jobs
+    assert payments.source.value_format == "avro" and [s[:2] for s in payments.source.schemas] == [(1, "AVRO")]
+    assert [f.type_text for f in payments.contract.fields] == [
+        "uuid", "string", "decimal(12,2)", "string", "string", "string", "timestamp",
+        "struct<brand:string,last4:string>", "map<string,string>"]
+    assert payments.trigger.mode == inventory.trigger.mode == "scheduled"
+    # a Debezium change stream in JSON: an upsert table keyed by the primary key from the key records
+    assert inventory.is_cdc and inventory.source.envelope == "debezium" and inventory.source.key_format == "json"
+    assert inventory.target.mode == "upsert" and inventory.target.key == ("product_id",)
+    assert inventory.source.topic == "warehouse.public.inventory" and inventory.tombstones_delete
 
 
 @pytest.mark.parametrize("mutate, field, why", [
@@ -167,7 +178,7 @@ def test_unreadable_and_non_yaml_files_are_explained(tmp_path):
 
 
 def test_unknown_pipeline_lists_the_known_ones(tmp_path):
-    with pytest.raises(UnknownPipelineError, match="known: customers, orders"):
+    with pytest.raises(UnknownPipelineError, match="known: customers, inventory, orders, payments"):
         load_pipeline("invoices")
 
 

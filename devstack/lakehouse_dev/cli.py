@@ -3,7 +3,8 @@
     lakehouse stack up|down|status [--json]      the embedded Kafka broker and local catalog
     lakehouse stack up --spark-cluster           ... plus a Spark standalone master and worker
     lakehouse stack up --auth scram-sha-512 --tls   ... with a broker that requires a SASL login over TLS
-    lakehouse produce --pipeline NAME --count N  synthetic events, some of them bad
+    lakehouse produce --pipeline NAME --count N  synthetic records in the spec's formats (Debezium change
+                                                 events for target.mode cdc), some of them bad
     lakehouse airflow up|down|status [--json]    Airflow 3 (API server, scheduler, ...) for the embedded stack
 """
 
@@ -74,13 +75,19 @@ def cmd_produce(args) -> int:
         print(f"\rproduced {sent}/{args.count}", end="", file=sys.stderr, flush=True)
 
     report = produce.produce(spec, args.count, rate=args.rate, bad_ratio=args.bad_ratio, seed=args.seed,
-                             on_progress=None if args.quiet else progress)
+                             on_progress=None if args.quiet else progress, connect_schemas=args.connect_schemas)
     if not args.quiet:
         print(file=sys.stderr)
     bad = sum(report.bad_by_kind.values())
     print(f"produced {report.sent} records to {spec.source.topic} ({bad} bad: "
           f"{', '.join(f'{k}={v}' for k, v in sorted(report.bad_by_kind.items())) or 'none'}) "
           f"in {report.seconds:.1f}s")
+    if report.changes is not None:
+        changes = report.changes
+        print(f"change stream: {changes.snapshot} snapshot rows, then "
+              f"{', '.join(f'{op}={n}' for op, n in sorted(changes.by_op.items()) if op != 'r') or 'no changes'}; "
+              f"once ingested the table holds {len(changes.final_rows)} rows, "
+              f"{len(changes.deleted_keys)} keys deleted")
     return 0
 
 
@@ -140,6 +147,9 @@ def add_produce_command(sub) -> None:
     p.add_argument("--rate", type=_rate, help="records per second (default: as fast as possible)")
     p.add_argument("--bad-ratio", type=_ratio, default=0.0, help="share of malformed or invalid records, 0 to 1")
     p.add_argument("--seed", type=_seed)
+    p.add_argument("--connect-schemas", action="store_true",
+                   help="change streams (target.mode cdc) in JSON: each key and value with its Kafka Connect schema, "
+                        "as JsonConverter writes them with schemas.enable=true (default: the plain envelope)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_produce)
 

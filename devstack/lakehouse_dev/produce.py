@@ -1,43 +1,52 @@
 """A realistic synthetic producer for any pipeline, driven by the spec's contract.
 
-`produce(spec, count, ...)` sends `count` JSON records to the spec's source topic
-and returns a `ProduceReport`. Valid records honour every rule of the contract
-(types, enums, ranges, patterns, max lengths, timestamps with a UTC offset) and
-look like production traffic: ids reused as entities change (an order goes
-created -> paid -> shipped), customers drawn from a pool, amounts log-normal.
+`produce(spec, count, ...)` sends `count` records to the spec's source topic in the spec's formats
+(value_format json, avro, protobuf or json_schema; keys as text or records in `source.key.format`,
+lakehouse_dev.record_formats) and returns a `ProduceReport`. Valid records honour every rule of the
+contract, nested fields included (types, enums, ranges, patterns, max lengths, decimals within their
+precision and scale, timestamps with a UTC offset or in their unit) and look like production traffic:
+ids reused as entities change (an order goes created -> paid -> shipped), customers drawn from a pool,
+amounts log-normal. A pipeline in `target.mode: cdc` gets a Debezium change stream instead
+(lakehouse_dev.change_streams).
 
-With `bad_ratio` > 0, about that share of the records is broken on purpose, one
-defect per record, the kinds taken in turn from `BAD_KINDS` (those the spec can
-express: no `bad_enum` without an enum field, no `null_key` when keys are
-optional, ...). The kind names are the decoder's `error_kind` values, so a test
-can compare what was sent with what was dead-lettered. Each broken record also
-carries a `fault` header naming its kind, to make a dead letter self-explaining.
-Some defects are hostile to the reader rather than the contract: a string that is
-not Unicode, an event time no datetime holds, a Kafka timestamp past year 9999.
-(A header key that is not UTF-8 cannot be among them: confluent-kafka's producer
-sends `str(key)` for a bytes key, and crashes on a str key with a lone surrogate.)
+With `bad_ratio` > 0, about that share of the records is broken on purpose, one defect per record,
+the kinds taken in turn from `BAD_KINDS`: those the spec and its formats can carry (no `bad_enum`
+without an enum field, no `null_key` when keys are optional, no `wrong_type` in a typed Avro record,
+a malformed payload of the value's own format). The kind names are the decoder's `error_kind` values,
+and each broken record is checked against the reader's own verdict (lakehouse.ingest.records'
+RecordValidator, in the reader's order) before it is sent, so a report's `bad_by_kind` is what an
+ingest dead-letters. Each broken record also carries a `fault` header naming its kind. Some defects
+are hostile to the reader rather than the contract: a string that is not Unicode, an event time no
+datetime holds, a Kafka timestamp past year 9999. (A header key that is not UTF-8 cannot be among
+them: confluent-kafka's producer sends `str(key)` for a bytes key, and crashes on a str key with a
+lone surrogate.)
 
 `synthesize(...)` yields the same records without Kafka, for unit tests.
 """
 
 from __future__ import annotations
 
-import json
+import base64
 import math
 import re
 import string
+import struct
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from random import Random
 from typing import Any, Callable, Iterator
 
 from confluent_kafka import KafkaException, Producer
 
-from lakehouse.core import config
-from lakehouse.core.errors import LakehouseError
+from lakehouse.core import config, errors
 from lakehouse.core.spec import FieldSpec, PipelineSpec
+from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, MIN_KAFKA_TIMESTAMP_MS
+from lakehouse.ingest.records import FLOAT32_MAX, RecordValidator, Rejected
+from lakehouse_dev.record_formats import (CONTENT_TYPES, EPOCH_DATE, ProduceError, contract_avro_schema, dumps,
+                                          epoch, key_writer, value_writer)
 
 try:  # the regular-expression parser behind `re`, used to generate strings matching a pattern
     from re import _constants as sre_c
@@ -46,41 +55,56 @@ except ImportError:  # pragma: no cover - Python < 3.11
     import sre_constants as sre_c  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
 
+__all__ = ["BAD_KINDS", "FORMAT_KINDS", "ProduceError", "ProduceReport", "RateLimiter", "RecordFactory",
+           "SyntheticRecord", "contract_avro_schema", "produce", "producer_config", "synthesize"]
+
 # The defects `produce` can inject, in the order they are taken in turn. These strings
 # are the decoder's error kinds (lakehouse.ingest.records.ERROR_KINDS): keep them identical.
 BAD_KINDS = (
     "malformed_json",    # truncated JSON text
     "not_utf8",          # bytes that are not UTF-8 (a Latin-1 string inside the JSON)
     "not_an_object",     # a JSON array or number instead of an object
-    "missing_required",  # a required field dropped
-    "wrong_type",        # e.g. amount as "abc", a string field as a number
-    "bad_enum",          # a value outside the field's enum
-    "out_of_range",      # e.g. a negative amount where min is 0
+    "missing_required",  # a required field dropped (or null: a list's element, a map's value)
+    "wrong_type",        # e.g. amount as "abc", a string field as a number, a struct as text
+    "bad_enum",          # a value outside the field's enum (an enum number the .proto does not know)
+    "out_of_range",      # e.g. a negative amount where min is 0, a decimal with too many digits
     "pattern_mismatch",  # e.g. currency "eur" where the pattern is ^[A-Z]{3}$
-    "bad_timestamp",     # "yesterday", a timestamp without UTC offset, epoch millis
+    "bad_timestamp",     # "yesterday", a timestamp without UTC offset, epoch millis without a unit
     "oversize",          # a value larger than source.max_value_bytes
     "null_value",        # a tombstone (value None)
     "null_key",          # no key although the spec requires one
     "bad_string",        # a string cut inside a surrogate pair, sent as the JSON escape "Zo\ud83d"
     "timestamp_out_of_range",  # ISO-8601, but year 0 or 10000 in UTC: "0001-01-01T00:00:00+02:00"
     "bad_kafka_timestamp",     # a valid value sent with a Kafka timestamp in microseconds, not millis
-    "bad_wire_format",   # Avro pipelines: a JSON value instead of the Confluent wire format
-    "unknown_schema",    # Avro pipelines: a schema id nobody registered
-    "malformed_avro",    # Avro pipelines: a record cut short
+    "bad_wire_format",   # wire formats: a plain JSON value (or magic byte 1) instead of the Confluent header
+    "unknown_schema",    # wire formats: a schema id nobody registered
+    "malformed_avro",    # Avro: a record cut short, or bytes after it
+    "malformed_protobuf",  # Protobuf: a field cut short, or message indexes the .proto lacks
+    "bad_date",          # "31/12/2026", "2026-02-30", days outside years 1 to 9999
+    "bad_uuid",          # "not-a-uuid", 32 hex digits without dashes
+    "bad_key",           # a key that does not decode: Latin-1 text, a record key without its header
+    "key_mismatch",      # the key of another entity (a change event's key naming another row)
+    "bad_envelope",      # change streams: no Debezium envelope (an application's row), an op Debezium has not
+    "unsupported_change",  # change streams: a logical decoding message (op m), no row to apply
 )
-AVRO_ONLY_KINDS = ("bad_wire_format", "unknown_schema", "malformed_avro")
-# what an Avro record can carry of the other defects (a typed writer schema cannot hold wrong types,
-# unparsable timestamps, strings that are not Unicode or JSON that is not an object)
-AVRO_KINDS = (*AVRO_ONLY_KINDS, "bad_enum", "out_of_range", "pattern_mismatch", "null_value", "null_key",
-              "bad_kafka_timestamp")
-AVRO_TYPES = {"string": "string", "int": "int", "long": "long", "double": "double", "boolean": "boolean",
-              "timestamp": {"type": "long", "logicalType": "timestamp-micros"},
-              "date": {"type": "int", "logicalType": "date"}}
+# What each value format can carry of them (kinds its writer schema cannot hold are left out per spec,
+# checked against the reader when the producer starts). JSON Schema's payload is JSON text.
+_JSON_TEXT = ("malformed_json", "not_utf8", "not_an_object", "oversize", "bad_string")
+_WIRE = ("bad_wire_format", "unknown_schema")
+_EVERY_FORMAT = ("missing_required", "bad_enum", "out_of_range", "pattern_mismatch", "timestamp_out_of_range",
+                 "bad_date", "bad_uuid", "null_value", "null_key", "bad_key", "key_mismatch", "bad_kafka_timestamp")
+FORMAT_KINDS = {
+    "json": (*_JSON_TEXT, *_EVERY_FORMAT, "wrong_type", "bad_timestamp"),
+    "json_schema": (*_JSON_TEXT, *_EVERY_FORMAT, "wrong_type", "bad_timestamp", *_WIRE),
+    "avro": (*_EVERY_FORMAT, *_WIRE, "malformed_avro"),
+    "protobuf": (*_EVERY_FORMAT, *_WIRE, "malformed_protobuf"),
+}
+FORMAT_KINDS = {fmt: tuple(k for k in BAD_KINDS if k in kinds) for fmt, kinds in FORMAT_KINDS.items()}
 FAULT_HEADER = "fault"
 SOURCE_HEADER = ("source", b"lakehouse-produce")
 # librdkafka refuses to send a message above its message.max.bytes (1,000,000 by default) and
 # Apache Kafka topics refuse ~1 MiB; an oversize record must still reach the topic to be tested.
-_MAX_SENDABLE_BYTES = 1_000_000
+MAX_SENDABLE_BYTES = 1_000_000
 # Event times that parse but fall outside 0001-01-01..9999-12-31 in UTC: .NET's DateTime.MinValue
 # and MaxValue written with a local offset, as services with unset clocks or "never" markers do.
 _UNREPRESENTABLE_TIMES = ("0001-01-01T00:00:00+02:00", "0001-01-01T00:30:00+01:00",
@@ -107,22 +131,20 @@ _ID_PREFIXES = {"order": "ord", "customer": "cus", "user": "usr", "product": "pr
                 "payment": "pay", "invoice": "inv", "session": "ses", "event": "evt"}
 _MONEY_NAMES = ("amount", "price", "total", "value", "cost", "revenue")
 _OPEN_ENTITIES_MAX = 5_000   # how many entities may receive updates; bounds memory on long runs
-_SELF_TEST_RECORDS = 50
-
-
-class ProduceError(LakehouseError, RuntimeError):
-    """Records could not be generated or delivered; the message says which and why."""
+SELF_TEST_RECORDS = 50
 
 
 @dataclass
 class ProduceReport:
-    """What a produce run sent: counts per defect kind (only kinds sent) and per partition."""
+    """What a produce run sent: counts per defect kind (only kinds sent) and per partition; for a change
+    stream also what the table must hold once every record is ingested (`changes`, a ChangeSummary)."""
 
     sent: int
     bad_by_kind: dict[str, int]
     per_partition: dict[int, int]
     seconds: float
     topic: str = ""
+    changes: Any = None
 
     @property
     def bad(self) -> int:
@@ -283,65 +305,64 @@ def _weighted(rng: Random, pairs: tuple[tuple[str, int], ...]) -> str:
     return rng.choices([v for v, _ in pairs], weights=[w for _, w in pairs])[0]
 
 
-def _conforms(f: FieldSpec, value: Any) -> bool:
-    """Whether `value` satisfies field `f` of the contract as JSON would carry it."""
-    if value is None:
-        return not f.required
-    if f.type == "string":
-        if not isinstance(value, str):
-            return False
-        if f.enum is not None and value not in f.enum:
-            return False
-        if f.max_length is not None and len(value) > f.max_length:
-            return False
-        return f.pattern is None or re.fullmatch(f.pattern, value) is not None
-    if f.type in ("int", "long", "double"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        if f.type != "double" and not isinstance(value, int):
-            return False
-        if f.type == "int" and not -(2**31) <= value < 2**31:
-            return False
-        if f.type == "long" and not -(2**63) <= value < 2**63:
-            return False
-        if f.type == "double" and not math.isfinite(value):
-            return False
-        if f.enum is not None and value not in f.enum:
-            return False
-        return (f.min is None or value >= f.min) and (f.max is None or value <= f.max)
-    if f.type == "boolean":
-        return isinstance(value, bool)
-    if f.type == "timestamp":
-        try:
-            return isinstance(value, str) and datetime.fromisoformat(value).tzinfo is not None
-        except ValueError:
-            return False
-    if f.type == "date":
-        try:
-            return isinstance(value, str) and bool(date.fromisoformat(value))
-        except ValueError:
-            return False
-    return False
-
-
 # ---------------------------------------------------------------------------- records
 
-def _dumps(obj: Any) -> str:
-    # compact and UTF-8, as most service producers emit; names like "Søren" stay multi-byte
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
-def _prefer_non_key(fields: list[FieldSpec], key_field: str | None) -> list[FieldSpec]:
+def _prefer_non_key(paths: list[FieldPath], id_fields: tuple[str, ...]) -> list[FieldPath]:
     """Defects go into a field other than the key when possible, so the key stays consistent."""
-    others = [f for f in fields if f.name != key_field]
-    return others or fields
+    others = [p for p in paths if len(p.steps) > 1 or p.steps[0] not in id_fields]
+    return others or paths
+
+
+def _float32(value: float) -> float:
+    """`value` as a 32-bit float holds it (what an Avro or Protobuf float field sends)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+_ANY_KEY = "<any key>"  # a path step into a map: its first entry
+
+
+@dataclass(frozen=True)
+class FieldPath:
+    """Where a field sits in a record: the steps from the top (field names, 0 for a list's first element,
+    _ANY_KEY for a map's first value) and the spec at each step."""
+
+    steps: tuple
+    specs: tuple[FieldSpec, ...]
+
+    @property
+    def field(self) -> FieldSpec:
+        return self.specs[-1]
+
+    def __str__(self) -> str:
+        return ".".join("[0]" if s == 0 else "{}" if s == _ANY_KEY else str(s) for s in self.steps)
+
+
+# the defects made by changing one field of a valid record, and the fields each can change
+FIELD_KINDS = {
+    "missing_required": lambda f: f.required,
+    "wrong_type": lambda f: f.type in ("string", "int", "long", "float", "double", "decimal", "boolean", "binary",
+                                       "struct", "list", "map"),  # timestamps, dates, uuids have their own kinds
+    "bad_enum": lambda f: f.enum is not None,
+    "out_of_range": lambda f: not f.enum and (f.type in ("int", "long", "float", "decimal")
+                                              or (f.type == "double" and (f.min is not None or f.max is not None))),
+    "pattern_mismatch": lambda f: f.type == "string" and f.pattern is not None and not f.enum,
+    "bad_timestamp": lambda f: f.type == "timestamp",
+    "timestamp_out_of_range": lambda f: f.type == "timestamp",
+    "bad_date": lambda f: f.type == "date",
+    "bad_uuid": lambda f: f.type == "uuid",
+    "bad_string": lambda f: f.type == "string",
+}
 
 
 class RecordFactory:
-    """Valid and deliberately broken records for one spec, reproducible from `rng`.
+    """Valid and deliberately broken records (JSON-like values, see lakehouse_dev.record_formats) for one
+    spec, reproducible from `rng`.
 
-    Raises ProduceError at construction when the contract cannot be satisfied
-    (a pattern it cannot generate, an int range with no integer in it).
+    Raises ProduceError at construction when the contract cannot be satisfied (a pattern it cannot
+    generate, an int range with no integer in it, a decimal range no value of its scale fits).
     """
 
     def __init__(self, spec: PipelineSpec, rng: Random, now: Callable[[], datetime] | None = None):
@@ -350,16 +371,17 @@ class RecordFactory:
         self.now = now or (lambda: datetime.now(timezone.utc))
         self.fields = spec.contract.fields
         self.key_field = spec.source.key_field
+        # the fields that name an entity: values from a sequence (unique), left alone by defects
+        self.id_fields = tuple(spec.target.key) if spec.source.envelope else \
+            ((self.key_field,) if self.key_field else ())
         self.sequence = rng.randrange(1, 1_000_000)  # ids continue from a random point, like a live system
         self.open: dict[str, dict] = {}               # entity key -> its latest record
         self.open_keys: list[str] = []
         self.lifecycle_field = next(
             (f for f in self.fields if f.type == "string" and f.enum and "created" in f.enum), None)
+        self.nested = any(f.nested for f in self.fields)
+        self._generators: dict[int, Callable[[dict], Any]] = {}
         self.generators = {f.name: self._generator(f) for f in self.fields}
-        avro = spec.source.value_format == "avro"
-        self.kinds = tuple(k for k in BAD_KINDS if (k in AVRO_KINDS if avro else k not in AVRO_ONLY_KINDS)
-                           and (k in AVRO_ONLY_KINDS or self._applicable(k)))
-        self._self_test()
 
     # -- valid records ------------------------------------------------------------------
 
@@ -369,21 +391,43 @@ class RecordFactory:
         if self.key_field and self.open_keys and self.rng.random() < (0.45 if self.lifecycle_field else 0.3):
             record = self._update()
             if record is not None:
-                return dict(record)
-        record = {}
-        for f in self.fields:
-            if f.required or self.rng.random() < 0.85:
-                record[f.name] = self.generators[f.name](record)
+                return self._copy(record)
+        record = self.row()
         if self.lifecycle_field is not None and self.key_field:
             record[self.lifecycle_field.name] = "created"  # later events of this entity move it on
         self._remember(record)
-        return dict(record)
+        return self._copy(record)
+
+    def row(self) -> dict:
+        """A new record: every required field and most optional ones, ids from the sequence."""
+        record: dict = {}
+        for f in self.fields:
+            if f.required or self.rng.random() < 0.85:
+                record[f.name] = self.generators[f.name](record)
+        return record
+
+    def changed(self, record: dict) -> dict:
+        """A copy of `record` with some fields other than the ids given new values (a row's update)."""
+        out = self._copy(record)
+        others = [f for f in self.fields if f.name not in self.id_fields]
+        for f in self.rng.sample(others, k=min(len(others), self.rng.randint(1, 3))):
+            if f.required or self.rng.random() < 0.85:
+                out[f.name] = self.generators[f.name](out)
+            else:
+                out.pop(f.name, None)
+        for f in others:  # a row's modification time moves with every update
+            if f.type == "timestamp" and re.search("updat|modif", f.name):
+                out[f.name] = self.generators[f.name](out)
+        return out
+
+    def _copy(self, record: dict) -> dict:
+        return deep_copy(record) if self.nested else dict(record)
 
     def _update(self) -> dict | None:
         """The next event of an open entity: a status transition, fresh timestamps and enums."""
         index = self.rng.randrange(len(self.open_keys))
         key = self.open_keys[index]
-        record = dict(self.open[key])
+        record = self._copy(self.open[key])
         if self.lifecycle_field is not None:
             name = self.lifecycle_field.name
             choices = [(s, w) for s, w in LIFECYCLE.get(record.get(name), ())
@@ -410,7 +454,7 @@ class RecordFactory:
             if len(self.open_keys) >= _OPEN_ENTITIES_MAX:
                 self._forget(self.rng.randrange(len(self.open_keys)))
             self.open_keys.append(key)
-        self.open[key] = dict(record)
+        self.open[key] = self._copy(record)
 
     def _forget(self, index: int) -> None:
         key = self.open_keys[index]
@@ -418,68 +462,156 @@ class RecordFactory:
         self.open_keys.pop()
         self.open.pop(key, None)
 
-    def key_of(self, record: dict) -> bytes | None:
-        if not self.key_field or record.get(self.key_field) is None:
-            return None
-        return str(record[self.key_field]).encode("utf-8")
+    def state(self) -> tuple:
+        """Everything `restore` needs to undo records made since (the RNG, ids, open entities)."""
+        return self.rng.getstate(), self.sequence, deep_copy(self.open), list(self.open_keys)
 
-    def _generator(self, f: FieldSpec) -> Callable[[dict], Any]:
-        """A function of the record built so far that returns a valid value for `f`."""
+    def restore(self, state: tuple) -> None:
+        rng_state, self.sequence, self.open, self.open_keys = state
+        self.rng.setstate(rng_state)
+
+    def value(self, f: FieldSpec, record: dict | None = None, at_least_one: bool = False) -> Any:
+        """A valid value of `f` (any field of the contract, nested ones included); a list or map with at
+        least one entry when `at_least_one`."""
+        made = self._generator(f)(record if record is not None else {})
+        while at_least_one and isinstance(made, (list, dict)) and not made and f.type in ("list", "map"):
+            made = self._generator(f)(record if record is not None else {})
+        return made
+
+    def _generator(self, f: FieldSpec, top: bool = True) -> Callable[[dict], Any]:
+        """A function of the record built so far that returns a valid value for `f` (cached per field)."""
+        if id(f) not in self._generators:
+            self._generators[id(f)] = self._make_generator(f, top and f in self.fields)
+        return self._generators[id(f)]
+
+    def _make_generator(self, f: FieldSpec, top: bool) -> Callable[[dict], Any]:
         rng = self.rng
         name = f.name
         if f.enum is not None:
             values = list(f.enum)
             return lambda rec: rng.choice(values)
         if f.type == "string":
-            return self._string_generator(f)
+            return self._string_generator(f, top)
         if f.type in ("int", "long"):
-            lo = math.ceil(f.min) if f.min is not None else None
-            hi = math.floor(f.max) if f.max is not None else None
-            if lo is not None and hi is not None and lo > hi:
-                raise ProduceError(f"{self.spec.path}: field {name}: no integer lies in [{f.min}, {f.max}]")
-            if name in ("quantity", "qty", "count", "items"):
-                lo2, hi2 = max(lo if lo is not None else 1, 1), min(hi if hi is not None else 5, 5)
-                if lo2 <= hi2:
-                    return lambda rec: rng.randint(lo2, hi2)
-            if lo is None and hi is None:
-                lo, hi = 0, 10_000
-            elif lo is None:
-                lo = hi - 10_000
-            elif hi is None:
-                hi = lo + 10_000
-            bound = 2**31 - 1 if f.type == "int" else 2**63 - 1
-            lo, hi = max(lo, -bound - 1), min(hi, bound)
-            return lambda rec: rng.randint(lo, hi)
-        if f.type == "double":
-            lo, hi = f.min, f.max
-            money = name in _MONEY_NAMES or name.endswith(("_amount", "_price", "_total"))
-
-            def double(rec: dict) -> float:
-                if lo is not None and hi is not None and not money:
-                    value = rng.uniform(lo, hi)
-                elif money or lo is not None or hi is not None:
-                    # log-normal: most orders are small, a few are large (median ~40)
-                    spread = rng.lognormvariate(3.7, 1.0)
-                    value = (lo + spread) if lo is not None else (hi - spread) if hi is not None else spread
-                    if lo is not None and hi is not None and value > hi:
-                        value = rng.uniform(lo, hi)  # a narrow range: don't pile values up on the bound
-                else:
-                    value = rng.gauss(0.0, 100.0)
-                value = round(value, 2)
-                # clamp rather than redraw: a bound is a legal value and the loop stays bounded
-                if lo is not None and value < lo:
-                    value = lo
-                if hi is not None and value > hi:
-                    value = hi
-                return value
-            return double
+            return self._integer_generator(f, top)
+        if f.type in ("double", "float"):
+            return self._float_generator(f)
+        if f.type == "decimal":
+            return self._decimal_generator(f)
         if f.type == "boolean":
             return lambda rec: rng.random() < 0.5
         if f.type == "timestamp":
+            if f.unit is not None:
+                return lambda rec: epoch(datetime.fromisoformat(self._timestamp()), f.unit)
             return lambda rec: self._timestamp()
         if f.type == "date":
+            if f.unit == "days":
+                return lambda rec: (self.now().date() - timedelta(days=rng.randint(0, 30)) - EPOCH_DATE).days
             return lambda rec: (self.now().date() - timedelta(days=rng.randint(0, 30))).isoformat()
+        if f.type == "uuid":
+            return lambda rec: str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        if f.type == "binary":
+            return lambda rec: base64.b64encode(rng.randbytes(rng.randint(4, 24))).decode("ascii")
+        if f.type == "struct":
+            children = [(c, self._generator(c, top=False)) for c in f.fields]
+
+            def struct_value(rec: dict) -> dict:
+                out: dict = {}
+                for child, make in children:
+                    if child.required or rng.random() < 0.85:
+                        out[child.name] = make(out)
+                return out
+            return struct_value
+        if f.type == "list":
+            item = self._generator(f.items, top=False)
+            return lambda rec: [item({}) for _ in range(rng.randint(0, 3))]
+        if f.type == "map":
+            entry = self._generator(f.values, top=False)
+            return lambda rec: {key: entry({}) for key in rng.sample(WORDS, rng.randint(0, 3))}
         raise ProduceError(f"{self.spec.path}: field {name}: unsupported type {f.type}")  # pragma: no cover
+
+    def _integer_generator(self, f: FieldSpec, top: bool) -> Callable[[dict], int]:
+        rng = self.rng
+        name = f.name
+        lo = math.ceil(f.min) if f.min is not None else None
+        hi = math.floor(f.max) if f.max is not None else None
+        if lo is not None and hi is not None and lo > hi:
+            raise ProduceError(f"{self.spec.path}: field {name}: no integer lies in [{f.min}, {f.max}]")
+        bound = 2**31 - 1 if f.type == "int" else 2**63 - 1
+        if top and name in self.id_fields:  # a primary key: the next id of the sequence, within the bounds
+            first, last = max(lo if lo is not None else 1, -bound - 1), min(hi if hi is not None else bound, bound)
+
+            def next_id(rec: dict) -> int:
+                self.sequence += 1
+                return first + (self.sequence - 1) % (last - first + 1)
+            return next_id
+        if name in ("quantity", "qty", "count", "items"):
+            lo2, hi2 = max(lo if lo is not None else 1, 1), min(hi if hi is not None else 5, 5)
+            if lo2 <= hi2:
+                return lambda rec: rng.randint(lo2, hi2)
+        if lo is None and hi is None:
+            lo, hi = 0, 10_000
+        elif lo is None:
+            lo = hi - 10_000
+        elif hi is None:
+            hi = lo + 10_000
+        lo, hi = max(lo, -bound - 1), min(hi, bound)
+        return lambda rec: rng.randint(lo, hi)
+
+    def _float_generator(self, f: FieldSpec) -> Callable[[dict], float]:
+        rng = self.rng
+        name = f.name
+        lo, hi = f.min, f.max
+        money = name in _MONEY_NAMES or name.endswith(("_amount", "_price", "_total"))
+        single = f.type == "float"  # what a 32-bit float field keeps of it must stay within the bounds too
+
+        def number(rec: dict) -> float:
+            if lo is not None and hi is not None and not money:
+                value = rng.uniform(lo, hi)
+            elif money or lo is not None or hi is not None:
+                # log-normal: most orders are small, a few are large (median ~40)
+                spread = rng.lognormvariate(3.7, 1.0)
+                value = (lo + spread) if lo is not None else (hi - spread) if hi is not None else spread
+                if lo is not None and hi is not None and value > hi:
+                    value = rng.uniform(lo, hi)  # a narrow range: don't pile values up on the bound
+            else:
+                value = rng.gauss(0.0, 100.0)
+            value = round(value, 2)
+            # clamp rather than redraw: a bound is a legal value and the loop stays bounded
+            if lo is not None and value < lo:
+                value = lo
+            if hi is not None and value > hi:
+                value = hi
+            if single and not ((lo is None or _float32(value) >= lo) and (hi is None or _float32(value) <= hi)):
+                value = _float32((lo + hi) / 2) if lo is not None and hi is not None else \
+                    (math.ceil(lo) if lo is not None else math.floor(hi))
+            return float(value)
+        return number
+
+    def _decimal_generator(self, f: FieldSpec) -> Callable[[dict], Decimal]:
+        """Decimals of exactly `scale` places within `precision` and min/max; money log-normal."""
+        rng = self.rng
+        name = f.name
+        quantum = Decimal(1).scaleb(-f.scale)
+        largest = 10 ** f.precision - 1  # in units of the last place
+        lo = -largest if f.min is None else max(-largest, math.ceil(Decimal(repr(f.min)) / quantum))
+        hi = largest if f.max is None else min(largest, math.floor(Decimal(repr(f.max)) / quantum))
+        if lo > hi:
+            raise ProduceError(f"{self.spec.path}: field {name}: no decimal({f.precision},{f.scale}) lies in "
+                               f"[{f.min}, {f.max}]")
+        money = name in _MONEY_NAMES or name.endswith(("_amount", "_price", "_total"))
+        typical = int(Decimal(100) / quantum)  # about 100 in the field's unit
+
+        def decimal_value(rec: dict) -> Decimal:
+            if money:
+                units = int(Decimal(repr(round(rng.lognormvariate(3.7, 1.0), 2))) / quantum)
+            elif rng.random() < 0.8:
+                units = rng.randint(-typical, typical) if lo < 0 else rng.randint(0, typical)
+            else:
+                units = rng.randint(lo, hi)
+            units = min(max(units + (lo if money and lo > 0 else 0), lo), hi)
+            return Decimal(units).scaleb(-f.scale)
+        return decimal_value
 
     def _timestamp(self) -> str:
         """Mostly now (a few seconds of transport delay), some late arrivals over the last 3 days."""
@@ -489,7 +621,7 @@ class RecordFactory:
             lag = timedelta(seconds=self.rng.uniform(0, 3 * 86_400))
         return (self.now() - lag).astimezone(timezone.utc).isoformat(timespec="milliseconds")
 
-    def _string_generator(self, f: FieldSpec) -> Callable[[dict], str]:
+    def _string_generator(self, f: FieldSpec, top: bool) -> Callable[[dict], str]:
         rng = self.rng
         limit = f.max_length
         fit = (lambda s: s[:limit]) if limit else (lambda s: s)
@@ -520,7 +652,7 @@ class RecordFactory:
             return from_pattern
         stem = name[:-3] if name.endswith("_id") else name
         prefix = _ID_PREFIXES.get(stem, stem[:3] or "id")
-        if name == self.key_field:
+        if top and name in self.id_fields:
             def next_id(rec: dict) -> str:
                 self.sequence += 1
                 value = f"{prefix}-{self.sequence:06d}"
@@ -549,145 +681,135 @@ class RecordFactory:
         local = re.sub(r"[^a-z0-9.]", "", person.lower().replace(" ", ".").translate(_ASCII_FOLD)) or "user"
         return f"{local}{self.rng.randint(1, 99)}@{self.rng.choice(EMAIL_DOMAINS)}"
 
-    def _self_test(self) -> None:
-        """Generate a few records on a copy of the state and check them, to fail before sending anything."""
-        state = self.rng.getstate()
-        sequence, open_, keys = self.sequence, dict(self.open), list(self.open_keys)
-        try:
-            for _ in range(_SELF_TEST_RECORDS):
-                record = self.valid()
-                size = len(_dumps(record).encode("utf-8"))
-                if size > self.spec.source.max_value_bytes:
-                    raise ProduceError(f"{self.spec.path}: source.max_value_bytes is "
-                                       f"{self.spec.source.max_value_bytes} but a valid record takes {size} bytes")
-                for f in self.fields:
-                    if f.name in record and not _conforms(f, record[f.name]):
-                        raise ProduceError(f"{self.spec.path}: field {f.name}: generated {record[f.name]!r}, "
-                                           f"which breaks its own contract; the generator needs a rule for it")
-        finally:
-            self.rng.setstate(state)
-            self.sequence, self.open, self.open_keys = sequence, open_, keys
-
     # -- broken records -----------------------------------------------------------------
 
-    def _candidates(self, kind: str) -> list[FieldSpec]:
-        fields = list(self.fields)
-        if kind == "missing_required":
-            found = [f for f in fields if f.required]
-        elif kind == "wrong_type":
-            # timestamp/date fields reject a non-string as bad_timestamp/bad_date, not wrong_type
-            found = [f for f in fields if f.type in ("string", "int", "long", "double", "boolean")]
-        elif kind == "bad_enum":
-            found = [f for f in fields if f.enum]
-        elif kind == "out_of_range":
-            found = [f for f in fields if f.type in ("int", "long", "double") and not f.enum
-                     and (f.min is not None or f.max is not None or f.type != "double")]
-        elif kind == "pattern_mismatch":
-            found = [f for f in fields if f.type == "string" and f.pattern and not f.enum
-                     and self._pattern_breaker(f, Random(0)) is not None]
-        elif kind == "bad_timestamp" or kind == "timestamp_out_of_range":
-            found = [f for f in fields if f.type == "timestamp"]
-        elif kind == "bad_string":
-            found = [f for f in fields if f.type == "string"]
-        else:
+    def paths(self, kind: str) -> list[FieldPath]:
+        """The fields (nested ones included) whose change can make defect `kind`, the ids last resort."""
+        if kind not in FIELD_KINDS:
             return []
-        return _prefer_non_key(found, self.key_field) if found else []
+        found = [p for p in self._all_paths() if FIELD_KINDS[kind](p.field)]
+        if kind == "pattern_mismatch":
+            found = [p for p in found if self._pattern_breaker(p.field, Random(0)) is not None]
+        return _prefer_non_key(found, self.id_fields) if found else []
 
-    def _applicable(self, kind: str) -> bool:
-        src = self.spec.source
-        if kind in ("malformed_json", "not_utf8", "not_an_object", "bad_kafka_timestamp"):
-            return True
+    def _all_paths(self) -> list[FieldPath]:
+        out: list[FieldPath] = []
+
+        def walk(f: FieldSpec, steps: tuple, specs: tuple) -> None:
+            out.append(FieldPath(steps, specs))
+            if f.type == "struct":
+                for child in f.fields:
+                    walk(child, steps + (child.name,), specs + (child,))
+            elif f.type == "list":
+                walk(f.items, steps + (0,), specs + (f.items,))
+            elif f.type == "map":
+                walk(f.values, steps + (_ANY_KEY,), specs + (f.values,))
+
+        for f in self.fields:
+            walk(f, (f.name,), (f,))
+        return out
+
+    def corrupt(self, kind: str, record: dict, path: FieldPath | None = None) -> None:
+        """Break `record` (a valid one) in the one way `kind`: at `path` for a field's defect (one of
+        `paths(kind)`), or padded past source.max_value_bytes for `oversize`."""
+        rng = self.rng
         if kind == "oversize":
-            return src.max_value_bytes + 1024 < _MAX_SENDABLE_BYTES
-        if kind == "null_value":
-            # an upsert pipeline keyed by the record key reads a tombstone as a delete, not a defect
-            tgt = self.spec.target
-            return not (tgt.mode == "upsert" and self.key_field is not None and tgt.key == (self.key_field,))
-        if kind == "null_key":
-            return src.key_required
-        return bool(self._candidates(kind))
+            limit = self.spec.source.max_value_bytes
+            base = len(dumps({**record, "comment": ""}).encode("utf-8"))
+            padding = limit - base + 1 + rng.randint(0, 512)
+            text = (" ".join(WORDS) + " ") * (padding // 100 + 1)
+            record["comment"] = text[:max(padding, 0)]
+            return
+        if kind not in FIELD_KINDS or path is None:
+            raise ValueError(f"unknown defect kind {kind!r} (known: {', '.join(BAD_KINDS)})")
+        parent: Any = record
+        for step, spec in zip(path.steps[:-1], path.specs[:-1]):  # reach the field, making parents as needed
+            at = next(iter(parent)) if step == _ANY_KEY else step
+            child = parent.get(at) if isinstance(parent, dict) else parent[at]
+            if not child or not isinstance(child, (dict, list)):
+                child = self.value(spec, at_least_one=True)
+                parent[at] = child
+            parent = child
+        step, f = path.steps[-1], path.field
+        at = next(iter(parent)) if step == _ANY_KEY else step
+        current = parent.get(at) if isinstance(parent, dict) else parent[at]
+        if kind == "missing_required":
+            if isinstance(step, str) and step != _ANY_KEY:
+                parent.pop(at, None)
+            else:  # a list's element or a map's value
+                parent[at] = None
+            return
+        parent[at] = self._broken_value(kind, f, current)
 
-    def bad(self, kind: str) -> tuple[bytes | None, bytes | None, int | None]:
-        """Key, value and Kafka timestamp (None: the producer's clock) of a record that is valid
-        except for the one defect `kind`."""
-        if kind == "bad_kafka_timestamp":
-            record = self.valid()
-            return self.key_of(record), _dumps(record).encode("utf-8"), self._kafka_timestamp()
-        return (*self._bad_value(kind), None)
+    def _broken_value(self, kind: str, f: FieldSpec, current: Any) -> Any:
+        rng = self.rng
+        if kind == "wrong_type":
+            if f.type == "string":
+                return rng.choice([rng.randint(1, 99_999), round(rng.uniform(1, 999), 2)])
+            if f.type == "boolean":
+                return rng.choice(["yes", "true", 1])
+            if f.type == "decimal":  # European decimal comma, or garbage
+                return str(current).replace(".", ",") if "." in str(current) else "abc"
+            if f.type == "binary":
+                return rng.choice(["not base64!", rng.randint(1, 99_999)])
+            if f.type in ("struct", "map"):
+                return rng.choice(["n/a", ["a", "b"]]) if f.type == "struct" else ["a", "b"]
+            if f.type == "list":
+                return ",".join(WORDS[:3])
+            # a number sent as text, e.g. amount "12.50", or plain garbage
+            return str(current) if current is not None and rng.random() < 0.5 else "abc"
+        if kind == "bad_enum":
+            if f.type == "string":
+                current = current if isinstance(current, str) else f.enum[0]
+                options = [v for v in (current.upper(), "pending", "unknown", "n/a") if v not in f.enum]
+                return rng.choice(options) if options else f"not-{current}"
+            return max(f.enum) + rng.randint(1, 10)
+        if kind == "out_of_range":
+            return self._out_of_range(f)
+        if kind == "pattern_mismatch":
+            return self._pattern_breaker(f, rng)
+        if kind == "bad_string":
+            # a UTF-16 client cut the text inside an emoji; JSON escapes the surrogate left behind
+            text = current if isinstance(current, str) and current else "Zoë"
+            return text[:max(1, len(text) // 2)] + "\ud83d"
+        if kind == "timestamp_out_of_range":
+            if f.unit is not None:  # a number of the unit past year 9999 (or before year 1)
+                beyond = {"s": 10**12, "ms": 10**15, "us": 10**18}[f.unit]
+                return beyond * rng.choice([1, -1]) + rng.randint(0, 1000)
+            return rng.choice(_UNREPRESENTABLE_TIMES)
+        if kind == "bad_timestamp":
+            moment = self.now() - timedelta(seconds=rng.uniform(0, 3600))
+            options = ["yesterday", moment.replace(tzinfo=None).isoformat(timespec="seconds"),  # no UTC offset
+                       moment.strftime("%d/%m/%Y %H:%M:%S")]
+            if f.unit is None:
+                options.append(int(moment.timestamp() * 1000))  # epoch millis where text is expected
+            return rng.choice(options)
+        if kind == "bad_date":
+            options = ["31/12/2026", "2026-02-30", "yesterday"]
+            if f.unit == "days":
+                options.append(rng.choice([1, -1]) * (10**7 + rng.randint(0, 1000)))  # past year 9999
+            return rng.choice(options)
+        if kind == "bad_uuid":
+            value = uuid.UUID(int=rng.getrandbits(128), version=4)
+            return rng.choice(["not-a-uuid", value.hex, "{" + str(value) + "}", str(value)[:-1] + "g"])
+        raise ValueError(f"unknown defect kind {kind!r} (known: {', '.join(BAD_KINDS)})")
 
-    def _kafka_timestamp(self) -> int:
+    def kafka_timestamp(self) -> int:
         """A timestamp past what a batch can carry (year 9999), as clients with the unit wrong send."""
         seconds = self.now().timestamp()
         return self.rng.choice([int(seconds * 1_000_000), int(seconds * 1_000_000_000), 2**63 - 1])
 
-    def _bad_value(self, kind: str) -> tuple[bytes | None, bytes | None]:
-        """Key and value of a record whose value breaks the contract in the one way `kind`."""
+    def _out_of_range(self, f: FieldSpec) -> int | float | Decimal:
         rng = self.rng
-        record = self.valid()
-        key = self.key_of(record)
-        if kind == "malformed_json":
-            text = _dumps(record)
-            return key, text[: rng.randint(1, len(text) - 1)].encode("utf-8")
-        if kind == "not_utf8":
-            # a legacy client that wrote one string in Latin-1: "café" as b"caf\xe9"
-            return key, _dumps(record).encode("utf-8")[:-1] + b',"note":"caf\xe9"}'
-        if kind == "not_an_object":
-            return key, (_dumps([record]) if rng.random() < 0.5 else str(rng.randint(0, 999))).encode("utf-8")
-        if kind == "null_value":
-            return key, None
-        if kind == "null_key":
-            return None, _dumps(record).encode("utf-8")
-        if kind == "oversize":
-            limit = self.spec.source.max_value_bytes
-            base = len(_dumps({**record, "comment": ""}).encode("utf-8"))
-            padding = limit - base + 1 + rng.randint(0, 512)
-            text = (" ".join(WORDS) + " ") * (padding // 100 + 1)
-            return key, _dumps({**record, "comment": text[:max(padding, 0)]}).encode("utf-8")
-
-        f = rng.choice(self._candidates(kind))
-        if kind == "missing_required":
-            record.pop(f.name, None)
-        elif kind == "wrong_type":
-            current = record.get(f.name)
-            if f.type == "string":
-                record[f.name] = rng.choice([rng.randint(1, 99_999), round(rng.uniform(1, 999), 2)])
-            elif f.type == "boolean":
-                record[f.name] = rng.choice(["yes", "true", 1])
-            else:  # a number sent as text, e.g. amount "12.50", or plain garbage
-                record[f.name] = str(current) if current is not None and rng.random() < 0.5 else "abc"
-        elif kind == "bad_enum":
-            if f.type == "string":
-                current = record.get(f.name) or f.enum[0]
-                options = [v for v in (current.upper(), "pending", "unknown", "n/a") if v not in f.enum]
-                record[f.name] = rng.choice(options) if options else f"not-{current}"
-            else:
-                record[f.name] = max(f.enum) + rng.randint(1, 10)
-        elif kind == "out_of_range":
-            record[f.name] = self._out_of_range(f)
-        elif kind == "pattern_mismatch":
-            record[f.name] = self._pattern_breaker(f, rng)
-        elif kind == "bad_string":
-            # a UTF-16 client cut the text inside an emoji; json escapes the surrogate left behind
-            current = record.get(f.name)
-            text = current if isinstance(current, str) and current else "Zoë"
-            record[f.name] = text[:max(1, len(text) // 2)] + "\ud83d"
-            return key, json.dumps(record, separators=(",", ":")).encode("ascii")
-        elif kind == "timestamp_out_of_range":
-            record[f.name] = rng.choice(_UNREPRESENTABLE_TIMES)
-        elif kind == "bad_timestamp":
-            moment = self.now() - timedelta(seconds=rng.uniform(0, 3600))
-            record[f.name] = rng.choice([
-                "yesterday",
-                moment.replace(tzinfo=None).isoformat(timespec="seconds"),   # no UTC offset
-                moment.strftime("%d/%m/%Y %H:%M:%S"),
-                int(moment.timestamp() * 1000),                            # epoch millis
-            ])
-        else:
-            raise ValueError(f"unknown defect kind {kind!r} (known: {', '.join(BAD_KINDS)})")
-        return key, _dumps(record).encode("utf-8")
-
-    def _out_of_range(self, f: FieldSpec) -> int | float:
-        rng = self.rng
+        if f.type == "decimal":
+            quantum = Decimal(1).scaleb(-f.scale)
+            if f.min is not None and rng.random() < 0.4:
+                return (Decimal(repr(f.min)) - quantum * rng.randint(1, 100)).quantize(quantum)
+            if f.max is not None and rng.random() < 0.4:
+                return (Decimal(repr(f.max)) + quantum * rng.randint(1, 100)).quantize(quantum)
+            if rng.random() < 0.5:  # more integer digits than the precision leaves
+                return Decimal(10 ** (f.precision - f.scale) + rng.randint(0, 999)).quantize(quantum)
+            return Decimal(rng.randint(1, 999)).scaleb(-(f.scale + 1))  # one place more than the scale
         integral = f.type in ("int", "long")
         if f.min is not None and (f.max is None or rng.random() < 0.5):
             if integral:
@@ -697,6 +819,8 @@ class RecordFactory:
             if integral:
                 return math.floor(f.max) + rng.randint(1, 100)
             return round(f.max + rng.choice([0.01, 1.0, round(rng.uniform(1, 500), 2)]), 2)
+        if f.type == "float":  # past what 32 bits hold
+            return rng.choice([1, -1]) * FLOAT32_MAX * rng.uniform(2, 100)
         return 2**31 + rng.randint(0, 1000) if f.type == "int" else 2**63 + rng.randint(0, 1000)
 
     def _pattern_breaker(self, f: FieldSpec, rng: Random) -> str | None:
@@ -721,101 +845,216 @@ _ASCII_FOLD = str.maketrans({"ä": "a", "ö": "o", "ü": "u", "é": "e", "è": "
                              "ß": "ss"})
 
 
-def contract_avro_schema(spec: PipelineSpec) -> dict:
-    """An Avro record schema for the spec's contract: optional fields nullable with a null default,
-    timestamps as timestamp-micros, dates as date."""
-    fields = [{"name": f.name, "type": AVRO_TYPES[f.type] if f.required else ["null", AVRO_TYPES[f.type]],
-               **({} if f.required else {"default": None})} for f in spec.contract.fields]
-    return {"type": "record", "name": spec.name, "namespace": "lakehouse.produce", "fields": fields}
+def deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [deep_copy(v) for v in value]
+    return value
 
 
-class AvroValues:
-    """Values of an Avro pipeline in the Confluent wire format: the newest schema of the spec's schema
-    folder, or the contract's schema registered under `<topic>-value` in the schema registry."""
+# ---------------------------------------------------------------------------- checked against the reader
 
-    def __init__(self, spec: PipelineSpec, platform: config.PlatformConfig):
-        from lakehouse.ingest.formats import parse_schema, register_avro_schema
-
-        avro = [(schema_id, text) for schema_id, schema_type, text in spec.source.schemas if schema_type == "AVRO"]
-        if avro:
-            self.schema_id, text = max(avro)
-        elif platform.schema_registry():
-            text = json.dumps(contract_avro_schema(spec))
-            self.schema_id = register_avro_schema(platform.schema_registry(), f"{spec.source.topic}-value", text)
+def verdict(validator: RecordValidator, key: bytes | None, value: bytes | None, timestamp: int | None) -> str | None:
+    """The dead-letter kind the reader gives a record (lakehouse.ingest.reader.BatchBuilder.add's checks in
+    its order: the Kafka timestamp, the key, the value), None when it takes it. Raises what the
+    validator raises for a writer schema the contract does not take (a LakehouseError)."""
+    if timestamp is not None and not MIN_KAFKA_TIMESTAMP_MS <= timestamp <= MAX_KAFKA_TIMESTAMP_MS:
+        return "bad_kafka_timestamp"
+    try:
+        if validator.spec.is_cdc:
+            validator.check_change(key, value)
         else:
-            raise ProduceError(f"pipeline {spec.name!r} is Avro without source.schemas: set "
-                               f"LAKEHOUSE_SCHEMA_REGISTRY_URL to register its schema")
-        self.parsed = parse_schema(text)
-        self.types = {f.name: f.type for f in spec.contract.fields}
-
-    def encode(self, record: dict) -> bytes:
-        """`record` (as RecordFactory makes it: ISO-8601 times and dates) as an Avro value."""
-        from lakehouse.ingest.formats import wire_value
-
-        typed = dict(record)
-        for name, kind in self.types.items():
-            value = typed.get(name)
-            if isinstance(value, str) and kind == "timestamp":
-                typed[name] = datetime.fromisoformat(value)
-            elif isinstance(value, str) and kind == "date":
-                typed[name] = date.fromisoformat(value)
-        return wire_value(self.schema_id, self.parsed, typed)
-
-    def broken(self, kind: str, record: dict) -> bytes:
-        """A value with the Avro-level defect `kind` (AVRO_ONLY_KINDS), made from a valid `record`."""
-        good = self.encode(record)
-        if kind == "bad_wire_format":
-            return _dumps(record).encode("utf-8")
-        if kind == "unknown_schema":
-            return b"\x00" + (2 ** 31 - 1).to_bytes(4, "big") + good[5:]
-        return good[:-2]  # malformed_avro: cut short
+            validator.check_row(validator.check_key(key), value)
+    except Rejected as rejected:
+        return rejected.kind
+    return None
 
 
-def synthesize(spec: PipelineSpec, count: int, bad_ratio: float = 0.0, seed: int | None = None,
-               now: Callable[[], datetime] | None = None,
-               platform: config.PlatformConfig | None = None) -> Iterator[SyntheticRecord]:
-    """The records `produce` would send, without Kafka: `count` of them, about `bad_ratio` broken.
+def reader_validator(spec: PipelineSpec, platform: config.PlatformConfig | None) -> RecordValidator:
+    """The reference validator `verdict` asks, with the schema registry the ingest job's driver would use."""
+    registry = platform.schema_registry() if platform is not None and spec.wire_formats else None
+    return RecordValidator(spec, registry=registry)
 
-    Each record is broken with probability `bad_ratio` (drawn from the seeded
-    RNG); broken records take the applicable kinds of BAD_KINDS in turn.
-    Raises, before yielding anything, ValueError for a count below 0 or a ratio
-    outside [0, 1], and ProduceError when the contract cannot be generated.
+
+def written(spec: PipelineSpec, write: Callable[[], Any]) -> Any:
+    """`write()` of a valid record; ProduceError when the writer schema cannot hold it (a folder schema of
+    other types than the contract's)."""
+    try:
+        return write()
+    except ProduceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - fastavro's and protobuf's errors for a value the schema refuses
+        raise ProduceError(f"{spec.path}: a valid record does not fit the writer schema: {type(exc).__name__}: "
+                           f"{str(exc)[:300]}; the folder's schema and the contract disagree") from None
+
+
+def attempts_failed(spec: PipelineSpec, kind: str, last: str | None) -> ProduceError:
+    return ProduceError(f"{spec.path}: could not make a {kind} record that the reader rejects as {kind} "
+                        f"(in {ATTEMPTS} attempts; the last was {'accepted' if last is None else last!r}); "
+                        f"the generator needs a rule for this contract")
+
+
+class RecordStream:
+    """The records of one (append or upsert) spec in its formats: valid ones, and broken ones of the kinds
+    the spec can carry, each checked against the reader before it is handed out.
+
+    The kinds (`kinds`, an order of BAD_KINDS) and the fields each may break are found when the stream is
+    made: a few records of each are checked against the reader, and what the value's writer schema
+    cannot carry (a wrong type in a typed Avro record) is left out. Raises ProduceError when the
+    contract cannot be generated, a valid record is refused or is larger than source.max_value_bytes,
+    or the writer schemas cannot be found or registered.
     """
+
+    def __init__(self, spec: PipelineSpec, rng: Random, platform: config.PlatformConfig | None = None,
+                 now: Callable[[], datetime] | None = None):
+        self.spec = spec
+        self.rng = rng
+        self.factory = RecordFactory(spec, rng, now=now)
+        key_fields = (spec.contract.field(spec.source.key_field),) if spec.source.key_field else ()
+        self.key_names = tuple(f.name for f in key_fields)
+        self.values = value_writer(spec, platform, key_names=self.key_names)
+        self.keys = key_writer(spec, platform, key_fields)
+        self.validator = reader_validator(spec, platform)
+        self.content_type = CONTENT_TYPES[self.values.fmt]
+        self.paths: dict[str, list[FieldPath | None]] = {}
+        self.kinds = self._self_test()
+
+    def key_of(self, record: dict) -> bytes | None:
+        if self.keys is None or any(record.get(name) is None for name in self.key_names):
+            return None
+        return self.keys.encode({name: record[name] for name in self.key_names})
+
+    def records(self, count: int, bad_ratio: float) -> Iterator[SyntheticRecord]:
+        turn = 0
+        for _ in range(count):
+            headers = [SOURCE_HEADER, ("trace_id", uuid.UUID(int=self.rng.getrandbits(128), version=4).hex.encode()),
+                       ("content-type", self.content_type)]
+            if bad_ratio and self.kinds and self.rng.random() < bad_ratio:
+                kind = self.kinds[turn % len(self.kinds)]
+                turn += 1
+                key, value, timestamp = self.broken(kind)
+                yield SyntheticRecord(key, value, headers + [(FAULT_HEADER, kind.encode())], kind, timestamp)
+            else:
+                record = self.factory.valid()
+                yield SyntheticRecord(self.key_of(record), self.values.encode(record), headers, None)
+
+    def broken(self, kind: str) -> tuple[bytes | None, bytes | None, int | None]:
+        """Key, value and Kafka timestamp of a record the reader rejects as `kind`; ProduceError when none
+        comes out in ATTEMPTS tries."""
+        last = None
+        for _ in range(ATTEMPTS):
+            made = self._attempt(kind, self.rng.choice(self.paths[kind]))
+            if made is not None:
+                last = verdict(self.validator, *made)
+                if last == kind:
+                    return made
+        raise attempts_failed(self.spec, kind, last)
+
+    def _attempt(self, kind: str, path: FieldPath | None) -> tuple[bytes | None, bytes | None, int | None] | None:
+        """One try at a record broken as `kind` (at `path`), unchecked; None when its formats cannot write it."""
+        record = self.factory.valid()
+        key = self.key_of(record)
+        try:
+            if kind in self.values.OWN_KINDS:
+                return key, self.values.broken(kind, record, self.rng), None
+            if kind == "null_value":
+                return key, None, None
+            if kind == "null_key":
+                return None, self.values.encode(record), None
+            if kind == "bad_key":
+                if key is None:
+                    return None
+                own = self.keys.OWN_KINDS[0] if self.keys.OWN_KINDS else kind
+                return self.keys.broken(own, record if self.keys.fmt == "string" else
+                                        {n: record[n] for n in self.key_names}, self.rng), self.values.encode(record), None
+            if kind == "bad_kafka_timestamp":
+                return key, self.values.encode(record), self.factory.kafka_timestamp()
+            if kind == "key_mismatch":  # the key of another entity
+                if key is None:
+                    return None
+                other = {name: self.factory.value(self.factory.spec.contract.field(name)) for name in self.key_names}
+                return self.key_of(other), self.values.encode(record), None
+            self.factory.corrupt(kind, record, path)
+            return key, self.values.encode(record), None
+        except Exception:  # noqa: BLE001 - the writer schema cannot hold this defect (fastavro, protobuf errors)
+            return None
+
+    def _self_test(self) -> tuple[str, ...]:
+        """Check a few valid records and each defect kind against the reader, on a copy of the state;
+        returns the kinds this spec can carry (keeping, per kind, the fields that carry it)."""
+        state = self.factory.state()
+        try:
+            for _ in range(SELF_TEST_RECORDS):
+                record = self.factory.valid()
+                key, value = written(self.spec, lambda: (self.key_of(record), self.values.encode(record)))
+                if len(value) > self.spec.source.max_value_bytes:
+                    raise ProduceError(f"{self.spec.path}: source.max_value_bytes is {self.spec.source.max_value_bytes} "
+                                       f"but a valid record takes {len(value)} bytes")
+                try:
+                    refused = verdict(self.validator, key, value, None)
+                except errors.LakehouseError as exc:
+                    raise ProduceError(f"{self.spec.path}: the reader refuses the writer schema: {exc}") from None
+                if refused is not None:
+                    raise ProduceError(f"{self.spec.path}: generated a record the reader rejects as {refused} "
+                                       f"({record!r:.300}); the generator needs a rule for this contract")
+            kinds = []
+            for kind in FORMAT_KINDS[self.values.fmt]:
+                if kind == "oversize" and self.spec.source.max_value_bytes + 1024 >= MAX_SENDABLE_BYTES:
+                    continue  # Kafka itself would refuse it
+                candidates = self.factory.paths(kind) if kind in FIELD_KINDS else [None]
+                kept = [p for p in candidates if any(self._carries(kind, p) for _ in range(3))]
+                if kept:
+                    self.paths[kind] = kept
+                    kinds.append(kind)
+            return tuple(kinds)
+        finally:
+            self.factory.restore(state)
+
+    def _carries(self, kind: str, path: FieldPath | None) -> bool:
+        made = self._attempt(kind, path)
+        return made is not None and verdict(self.validator, *made) == kind
+
+
+ATTEMPTS = 20
+
+
+def _check_arguments(count: int, bad_ratio: float) -> None:
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     if not 0.0 <= bad_ratio <= 1.0:
         raise ValueError(f"bad_ratio must be between 0 and 1, got {bad_ratio}")
+
+
+def _stream(spec: PipelineSpec, seed: int | None, now: Callable[[], datetime] | None,
+            platform: config.PlatformConfig | None, connect_schemas: bool):
+    """The record source of `spec`: a RecordStream, or for a change stream (target.mode cdc) a ChangeStream."""
+    if platform is None and spec.wire_formats:
+        platform = config.load()
     rng = Random(seed)
-    factory = RecordFactory(spec, rng, now=now)
-    avro = AvroValues(spec, platform or config.load()) if spec.source.value_format == "avro" else None
-    return _records(factory, rng, count, bad_ratio, avro)
+    if spec.source.envelope is not None:
+        from lakehouse_dev.change_streams import ChangeStream
+
+        return ChangeStream(spec, rng, platform, now=now, connect_schemas=connect_schemas)
+    if connect_schemas:
+        raise errors.ConfigurationError(f"Connect schemas (schemas.enable=true) belong to change streams; pipeline "
+                                        f"{spec.name!r} is in target.mode {spec.target.mode}, not cdc")
+    return RecordStream(spec, rng, platform, now=now)
 
 
-def _records(factory: RecordFactory, rng: Random, count: int, bad_ratio: float,
-             avro: AvroValues | None = None) -> Iterator[SyntheticRecord]:
-    turn = 0
-    content_type = b"application/vnd.confluent.avro" if avro else b"application/json"
-    for _ in range(count):
-        headers = [SOURCE_HEADER, ("trace_id", uuid.UUID(int=rng.getrandbits(128), version=4).hex.encode()),
-                   ("content-type", content_type)]
-        if bad_ratio and rng.random() < bad_ratio:
-            kind = factory.kinds[turn % len(factory.kinds)]
-            turn += 1
-            if kind in AVRO_ONLY_KINDS:
-                record = factory.valid()
-                key, value, timestamp = factory.key_of(record), avro.broken(kind, record), None
-            else:
-                key, value, timestamp = factory.bad(kind)
-                if avro is not None and value is not None:  # the same defect inside an Avro record
-                    try:
-                        value = avro.encode(json.loads(value))
-                    except (ValueError, TypeError, OverflowError):  # e.g. past the Avro type's range
-                        kind, value = "malformed_avro", avro.broken("malformed_avro", factory.valid())
-            yield SyntheticRecord(key, value, headers + [(FAULT_HEADER, kind.encode())], kind, timestamp)
-        else:
-            record = factory.valid()
-            value = avro.encode(record) if avro else _dumps(record).encode("utf-8")
-            yield SyntheticRecord(factory.key_of(record), value, headers, None)
+def synthesize(spec: PipelineSpec, count: int, bad_ratio: float = 0.0, seed: int | None = None,
+               now: Callable[[], datetime] | None = None, platform: config.PlatformConfig | None = None,
+               connect_schemas: bool = False) -> Iterator[SyntheticRecord]:
+    """The records `produce` would send, without Kafka: `count` of them, about `bad_ratio` broken.
+
+    Each record is broken with probability `bad_ratio` (drawn from the seeded RNG); broken records
+    take the kinds the spec can carry in turn. `connect_schemas` writes a change stream's JSON keys and
+    values with their Kafka Connect schema (schemas.enable=true). Raises, before yielding anything,
+    ValueError for a count below 0 or a ratio outside [0, 1], and ProduceError when the contract cannot
+    be generated or the writer schemas cannot be found.
+    """
+    _check_arguments(count, bad_ratio)
+    return _stream(spec, seed, now, platform, connect_schemas).records(count, bad_ratio)
 
 
 def producer_config(spec: PipelineSpec, platform: config.PlatformConfig) -> dict:
@@ -826,28 +1065,30 @@ def producer_config(spec: PipelineSpec, platform: config.PlatformConfig) -> dict
         "acks": "all",
         "linger.ms": 5,
         "message.timeout.ms": 30_000,      # fail within 30 s instead of librdkafka's 5 minutes
-        "message.max.bytes": max(_MAX_SENDABLE_BYTES, spec.source.max_value_bytes + 64 * 1024),
+        "message.max.bytes": max(MAX_SENDABLE_BYTES, spec.source.max_value_bytes + 64 * 1024),
     }
     return {**defaults, **platform.kafka()}
 
 
 def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio: float = 0.0,
             seed: int | None = None, platform: config.PlatformConfig | None = None,
-            on_progress: Callable[[int], Any] | None = None) -> ProduceReport:
+            on_progress: Callable[[int], Any] | None = None, connect_schemas: bool = False) -> ProduceReport:
     """Send `count` synthetic records to the spec's source topic and wait until all are acknowledged.
 
     `rate` paces sends to about that many records per second (unlimited when
     None); `on_progress(sent)` is called about every second with the number of
-    records acknowledged so far, and once at the end. Returns a ProduceReport.
+    records acknowledged so far, and once at the end. A change stream's report
+    says what its table must hold (`changes`). Returns a ProduceReport.
     Raises ProduceError when the topic does not exist, Kafka does not answer, or
     any record is not delivered (the first delivery error is quoted), and
     ValueError for a bad count, rate or ratio.
     """
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be positive, got {rate!r}")
+    _check_arguments(count, bad_ratio)
     platform = platform or config.load()
     topic = spec.source.topic
-    records = synthesize(spec, count, bad_ratio=bad_ratio, seed=seed, platform=platform)  # argument errors first
+    stream = _stream(spec, seed, None, platform, connect_schemas)  # argument and contract errors first
     producer = Producer(producer_config(spec, platform))
     try:
         existing = producer.list_topics(timeout=10).topics  # all topics: never triggers auto-creation
@@ -859,12 +1100,12 @@ def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio
 
     delivered = 0
     per_partition: dict[int, int] = {}
-    errors: list[str] = []
+    failures: list[str] = []
 
     def on_delivery(err, msg) -> None:
         nonlocal delivered
         if err is not None:
-            errors.append(f"{err.str()} (partition {msg.partition()}, key {msg.key()!r})")
+            failures.append(f"{err.str()} (partition {msg.partition()}, key {msg.key()!r})")
             return
         delivered += 1
         per_partition[msg.partition()] = per_partition.get(msg.partition(), 0) + 1
@@ -873,14 +1114,14 @@ def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio
         producer.purge()
         producer.flush(5)
         return ProduceError(f"delivery to topic {topic!r} on {platform.bootstrap_servers} failed for "
-                            f"{len(errors)} record(s) after {delivered} of {queued} were delivered; "
-                            f"first error: {errors[0]}")
+                            f"{len(failures)} record(s) after {delivered} of {queued} were delivered; "
+                            f"first error: {failures[0]}")
 
     limiter = RateLimiter(rate, sleep=lambda s: producer.poll(s)) if rate else None
     bad_by_kind: dict[str, int] = {}
     started = last_progress = time.monotonic()
     queued = 0
-    for record in records:
+    for record in stream.records(count, bad_ratio):
         if limiter is not None:
             limiter.acquire()
         stamped = {} if record.timestamp is None else {"timestamp": record.timestamp}
@@ -897,14 +1138,14 @@ def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio
         if record.kind is not None:
             bad_by_kind[record.kind] = bad_by_kind.get(record.kind, 0) + 1
         producer.poll(0)
-        if errors:
+        if failures:
             raise fail(queued)
         if on_progress is not None and time.monotonic() - last_progress >= 1.0:
             last_progress = time.monotonic()
             on_progress(delivered)
 
     remaining = producer.flush(60)
-    if errors:
+    if failures:
         raise fail(queued)
     if remaining:
         raise ProduceError(f"{remaining} record(s) to topic {topic!r} were not acknowledged by "
@@ -912,4 +1153,5 @@ def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio
     if on_progress is not None:
         on_progress(delivered)
     return ProduceReport(sent=delivered, bad_by_kind=bad_by_kind, per_partition=dict(sorted(per_partition.items())),
-                         seconds=time.monotonic() - started, topic=topic)
+                         seconds=time.monotonic() - started, topic=topic,
+                         changes=getattr(stream, "summary", lambda: None)())
