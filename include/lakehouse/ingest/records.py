@@ -883,7 +883,15 @@ class RecordValidator:
             return key_text, (*key_row, {"op": "d", "source_ts": None, "position": None}), "delete"
         if len(value) > self.max_value_bytes:
             raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
-        event = _unwrap(self.decoder.decode(value))
+        plan = None
+        if self._plans is not None:  # Avro, Protobuf: the writer schema's row plan checks the `after` row
+            writer, event = self.decoder.decode_with_writer(value)
+            plan = self._plans.get(writer.schema_id, False)
+            if plan is False:
+                plan = self._plans[writer.schema_id] = self._plan(writer)
+        else:
+            event = self.decoder.decode(value)
+        event = _unwrap(event)
         if not isinstance(event, dict):
             raise Rejected("bad_envelope", f"not a Debezium change event: the payload is {_show(event)}")
         op = event.get("op")
@@ -894,12 +902,16 @@ class RecordValidator:
             after = _unwrap(event.get("after"))
             if not isinstance(after, dict):
                 raise Rejected("bad_envelope", f"a change event with op {op!r} has no `after` row")
-            row = self.check_fields(after)
-            for name, value_in_key in keys.items():
-                if row[name] != value_in_key:
-                    raise Rejected("key_mismatch", f"the key's {name} {_show(value_in_key)} differs from the row's "
-                                                   f"{_show(row[name])}")
-            return key_text, (*(row[name] for name in self.names), meta), "upsert"
+            if plan is not None:
+                values = plan(after)
+            else:
+                row = self.check_fields(after)
+                values = tuple(row[name] for name in self.names)
+            for index, value_in_key in self._key_positions(keys):
+                if values[index] != value_in_key:
+                    raise Rejected("key_mismatch", f"the key's {self.names[index]} {_show(value_in_key)} differs "
+                                                   f"from the row's {_show(values[index])}")
+            return key_text, (*values, meta), "upsert"
         if op == "d":
             return key_text, (*key_row, meta), "delete"
         if op in ("t", "m"):
@@ -967,6 +979,10 @@ class RecordValidator:
             return tuple(out)
 
         return plan
+
+    def _key_positions(self, keys: dict) -> list[tuple[int, Any]]:
+        """(contract position, value) of each primary-key column in `keys`."""
+        return [(self.names.index(name), value) for name, value in keys.items()]
 
     def _key_values(self, record: dict) -> dict:
         """The primary-key columns (target.key) of a change event's key record, checked."""
