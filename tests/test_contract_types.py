@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lakehouse.core import schemas
 from lakehouse.core.errors import SchemaTranslationError
-from lakehouse.core.spec import FieldSpec, SpecError, load_spec
+from lakehouse.core.spec import FieldSpec, SpecError
 from lakehouse.ingest.records import RecordValidator, Rejected, _field_checker
 
 NESTED = [
@@ -310,3 +310,17 @@ def test_compatible_and_incompatible_changes_are_told_apart():
     assert diff.added == ["e"] and diff.widened == ["a", "b", "c"] and diff.relaxed == ["a"]
     assert diff.incompatible_paths == ["d"] and "is string in the contract but long" in diff.incompatible[0]
     assert schemas.compare(have, (FieldSpec("b", "decimal", precision=12, scale=3),)).incompatible_paths == ["b"]
+
+
+def test_a_writer_narrower_than_the_contract_changes_nothing_and_a_widened_table_holds_the_contract():
+    """An older producer's int into a contract (or a table) already widened to long: its values fit as
+    they are, in both directions of the comparison the job makes (contract to writer, table to contract)."""
+    wide = (FieldSpec("a", "long", required=True), FieldSpec("b", "double"),
+            FieldSpec("c", "decimal", precision=12, scale=2))
+    narrow = (FieldSpec("a", "int", required=True), FieldSpec("b", "float"),
+              FieldSpec("c", "decimal", precision=10, scale=2))
+    diff = schemas.compare(wide, narrow)
+    assert not diff.evolves and not diff.incompatible
+    assert schemas.merge(wide, narrow) == wide
+    assert schemas.compare(narrow, wide).widened == ["a", "b", "c"]
+    assert schemas.compare((FieldSpec("a", "long"),), (FieldSpec("a", "double"),)).incompatible_paths == ["a"]

@@ -6,11 +6,9 @@ partition specs, pruning, status and the page."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import signal
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -21,11 +19,11 @@ from fastapi.testclient import TestClient
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import EqualTo
-from pyiceberg.transforms import BucketTransform, DayTransform
+from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import StringType
 
 from e2e import assert_exactly_once, pipeline, rows, run_cli, send, table  # noqa: F401 - pipeline is a fixture
-from lakehouse.core import config, events
+from lakehouse.core import events
 from lakehouse.core.spec import PartitionField, PipelineSpec, SpecError, load_spec
 from lakehouse.ingest import committer, tables
 from lakehouse.ingest.reader import ARROW_TYPES, KAFKA_STRUCT
@@ -123,6 +121,22 @@ def test_partitioning_and_properties_follow_an_edited_spec_in_one_commit(catalog
     assert "commit.retry.num-retries" not in props and props["write.parquet.compression-codec"] == "zstd"
     assert props["write.summary.partition-limit"] == "10"  # not the spec's: left alone
     assert props[tables.SPEC_PROPERTIES] == "read.split.target-size"
+
+
+def test_a_table_widened_past_its_contract_still_holds_it(catalog, make_spec):
+    """A column a newer writer schema widened (int to long) holds the contract's narrower type as it is:
+    a restart whose contract comes from the older schemas only (the registry is down) neither stops nor
+    quarantines; a column of another type still does."""
+    base = [{"name": "order_id", "type": "string", "required": True},
+            {"name": "event_time", "type": "timestamp", "required": True}]
+    wide = make_spec(fields=[*base, {"name": "qty", "type": "long"}, {"name": "price", "type": "double"}])
+    create_as_ingestion_does(catalog, wide)
+    narrow = make_spec(fields=[*base, {"name": "qty", "type": "int"}, {"name": "price", "type": "float"}])
+    changes = tables.diff_schema(narrow, wide.target.table, catalog.load_table(wide.target.table).schema())
+    assert not changes.incompatible and not changes.added and not changes.widened and not changes.quarantined
+    other = make_spec(fields=[*base, {"name": "qty", "type": "string"}, {"name": "price", "type": "double"}])
+    changes = tables.diff_schema(other, wide.target.table, catalog.load_table(wide.target.table).schema())
+    assert changes.quarantined == {"qty"} and "is long in the table but string in the contract" in changes.incompatible[0]
 
 
 def test_a_changed_write_mode_or_key_is_refused_before_any_table_changes(catalog, make_spec):

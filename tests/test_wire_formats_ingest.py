@@ -1,11 +1,13 @@
 """Protobuf and JSON Schema topics on the real embedded broker, Spark and catalog: typed rows, broken values
-dead-lettered by kind, exactly once through kill -9; writer schemas from the registry (confluent-kafka's
-MockSchemaRegistryClient, `mock://`, reached by the ingest job's driver in this process) shipped to the
-tasks, and a new writer schema evolving the table while the job runs."""
+dead-lettered by kind, exactly once through kill -9 at every point of a batch; writer schemas from the registry
+(confluent-kafka's MockSchemaRegistryClient, `mock://`, reached by the ingest job's driver in this process)
+shipped to the tasks, a new writer schema adding fields or widening types (Avro and Protobuf) while the job
+runs, and a restart during a registry outage after a widening."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import pytest
@@ -13,7 +15,7 @@ from test_wire_formats import EVENT_TIME, ORDER_PROTO, proto_order
 
 from e2e import (  # noqa: F401 (fixture)
     assert_exactly_once,
-    killed_after_files_then_resumed,
+    killed_at_every_point_then_resumed,
     pipeline,
     rows,
     run_cli,
@@ -26,11 +28,11 @@ from lakehouse.ingest import formats
 pytestmark = pytest.mark.slow
 
 
-def protobuf_pipeline(pipeline, make_spec):
+def protobuf_pipeline(pipeline, make_spec, **overrides):
     folder = make_spec.directory / "schemas"
     folder.mkdir(exist_ok=True)
     (folder / "3.proto").write_text(ORDER_PROTO)
-    return pipeline(source={"value_format": "protobuf", "schemas": "schemas", "partitions": 2})
+    return pipeline(source={"value_format": "protobuf", "schemas": "schemas", "partitions": 2}, **overrides)
 
 
 def protobuf_orders(count: int) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
@@ -61,11 +63,13 @@ def test_a_protobuf_topic_lands_typed_with_broken_values_dead_lettered_by_kind(p
     assert {k: sum(1 for r in letters if r["error_kind"] == k) for k in broken} == broken
 
 
-def test_kill_9_after_the_files_neither_loses_nor_duplicates_a_protobuf_record(platform, pipeline, make_spec, spark):
-    spec = protobuf_pipeline(pipeline, make_spec)
+def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_duplicates_a_protobuf_record(platform, pipeline,
+                                                                                         make_spec, spark):
+    spec = protobuf_pipeline(pipeline, make_spec, trigger={"max_records_per_batch": 80})
     records, _ = protobuf_orders(500)
     send(platform, spec.source.topic, records)
-    assert killed_after_files_then_resumed(platform, spec) == 500
+    killed_at_every_point_then_resumed(platform, spec)
+    assert assert_exactly_once(platform, spec) == 500
 
 
 V1 = {"type": "object", "required": ["order_id", "amount"], "properties": {
@@ -129,3 +133,95 @@ def test_a_new_writer_schema_file_in_the_folder_evolves_the_table_at_the_next_ru
     run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert run.returncode == 0, run.stderr[-3000:]
     assert {r["order_id"]: r["coupon"] for r in rows(platform, spec, spec.target.table)} == {"a": None, "b": "X"}
+
+
+
+def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_duplicates_a_json_schema_record(platform, pipeline,
+                                                                                            make_spec, spark):
+    folder = make_spec.directory / "schemas"
+    folder.mkdir()
+    (folder / "1.json").write_text(json.dumps(V1))
+    (folder / "2.json").write_text(json.dumps(V2))
+    spec = pipeline(source={"value_format": "json_schema", "schemas": "schemas", "partitions": 2},
+                    contract={"fields": None, "from": "writer_schema"}, partition_by=None, publish={"view": None},
+                    trigger={"max_records_per_batch": 80})
+    records = []
+    for i in range(500):
+        document = {"order_id": f"ord-{i}", "amount": i % 90}
+        value = formats.wire_json(2, {**document, "coupon": "X"}) if i % 2 else formats.wire_json(1, document)
+        records.append((f"ord-{i}".encode(), value[:-2] if i % 25 == 24 else value))  # truncated: a dead letter
+    send(platform, spec.source.topic, records)
+    killed_at_every_point_then_resumed(platform, spec)
+    assert assert_exactly_once(platform, spec) == 500
+    assert len(rows(platform, spec, spec.dead_letter_table)) == 20
+
+WIDENING = {
+    "avro": ("AVRO", "avsc",
+             json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
+                 {"name": "order_id", "type": "string"}, {"name": "qty", "type": "int"},
+                 {"name": "price", "type": "float"}]}),
+             json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
+                 {"name": "order_id", "type": "string"}, {"name": "qty", "type": "long"},
+                 {"name": "price", "type": "double"}, {"name": "coupon", "type": ["null", "string"], "default": None}]})),
+    "protobuf": ("PROTOBUF", "proto",
+                 'syntax = "proto3";\npackage shop;\n'
+                 "message Order { string order_id = 1; int32 qty = 2; float price = 3; }\n",
+                 'syntax = "proto3";\npackage shop;\n'
+                 "message Order { string order_id = 1; int64 qty = 2; double price = 3; optional string coupon = 4; }\n"),
+}
+
+
+def widening_encoder(fmt: str, text: str):
+    """(schema id, record dict) -> wire bytes for writer schema `text` of format `fmt`."""
+    if fmt == "avro":
+        parsed = formats.parse_schema(text)
+        return lambda schema_id, record: formats.wire_value(schema_id, parsed, record)
+    from google.protobuf import message_factory
+
+    from lakehouse.core.schemas import compile_proto, proto_message, proto_pool
+
+    pool, name = proto_pool(compile_proto(text))
+    cls = message_factory.GetMessageClass(proto_message(pool, name, (0,)))
+    return lambda schema_id, record: formats.wire_protobuf(schema_id, cls(**record))
+
+
+@pytest.mark.parametrize("fmt", sorted(WIDENING))
+def test_a_widening_writer_schema_evolves_the_table_and_a_restart_during_a_registry_outage_resumes(
+        fmt, platform, pipeline, make_spec, spark, monkeypatch, free_tcp_port):
+    """Version 1 (int qty, float price) is in the folder; version 2 (long qty, double price, a coupon) only
+    in the registry, under a record-name subject. The job meets version 2 in a record and widens the table in
+    place (values past 2^31 land). Restarted while the registry is down, with only version 1 records to read,
+    the job resumes: the widened table still holds the folder's narrower contract."""
+    schema_type, suffix, v1_text, v2_text = WIDENING[fmt]
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", f"mock://widening-{fmt}-{make_spec.directory.parent.name}")
+    registry = {"url": os.environ["LAKEHOUSE_SCHEMA_REGISTRY_URL"]}
+    v1 = formats.register_schema(registry, "placeholder-value", v1_text, schema_type)
+    v2 = formats.register_schema(registry, "shop.Order", v2_text, schema_type)
+    folder = make_spec.directory / "schemas"
+    folder.mkdir()
+    (folder / f"{v1}.{suffix}").write_text(v1_text)
+    spec = pipeline(source={"value_format": fmt, "schemas": "schemas", "partitions": 1, "key": None},
+                    contract={"fields": None, "from": "writer_schema"}, partition_by=None, publish={"view": None})
+    old, new = widening_encoder(fmt, v1_text), widening_encoder(fmt, v2_text)
+    send(platform, spec.source.topic, [
+        (None, old(v1, {"order_id": "a", "qty": 2, "price": 1.5})),
+        (None, new(v2, {"order_id": "b", "qty": 2 ** 40, "price": 0.1, "coupon": "WINTER"})),
+        (None, old(v1, {"order_id": "c", "qty": -(2 ** 31), "price": 2.25})),
+    ])
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    schema = table(platform, spec, spec.target.table).schema()
+    assert (str(schema.find_type("qty")), str(schema.find_type("price"))) == ("long", "double")
+    evolved = events.recent(spec.name, kind="schema", platform=platform, catalog=spec.catalog)
+    assert [e["details"]["schema_id"] for e in evolved] == [v2]
+    assert sorted(evolved[0]["details"]["widened"]) == ["price", "qty"] and evolved[0]["details"]["added"] == ["coupon"]
+
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", f"http://127.0.0.1:{free_tcp_port}")  # nobody listens
+    send(platform, spec.source.topic, [(None, old(v1, {"order_id": "d", "qty": 7, "price": 3.5}))])
+    resumed = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert assert_exactly_once(platform, spec) == 4
+    landed = {r["order_id"]: (r["qty"], r["price"], r["coupon"]) for r in rows(platform, spec, spec.target.table)}
+    assert landed == {"a": (2, 1.5, None), "b": (2 ** 40, 0.1, "WINTER"), "c": (-(2 ** 31), 2.25, None),
+                      "d": (7, 3.5, None)}
+    assert rows(platform, spec, spec.dead_letter_table) == []

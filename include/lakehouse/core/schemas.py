@@ -23,7 +23,8 @@ are those of the change event's `after` record, the row.
 
 `compare(contract, writer)` says what a writer schema means for a table that follows a contract:
 fields the writer adds, types Iceberg can widen in place (int -> long, float -> double, a decimal's
-precision), enum symbols added, fields the writer may now leave null, and incompatible changes.
+precision), enum symbols added, fields the writer may now leave null, and incompatible changes. A
+narrower writer type (an int where the contract has a long) changes nothing: its values fit.
 `merge` applies the compatible ones. A contract derived from several schema versions is the merge of
 all of them, oldest first, so that records of every version fit it; fields a version adds are
 optional, since records of the older versions lack them.
@@ -489,6 +490,8 @@ def _compare(path: str, have: FieldSpec, new: FieldSpec, diff: SchemaDiff, label
     if have.type != new.type:
         if (have.type, new.type) in _PROMOTIONS:
             diff.widened.append(path)
+        elif (new.type, have.type) in _PROMOTIONS:
+            pass  # already wider: an older writer's int fits a long, a contract's int a widened column
         else:
             diff.incompatible.append(f"field {path[1:]!r} is {have.type_text} in {labels[0]} but {new.type_text} in "
                                      f"{labels[1]}; Iceberg cannot change it in place")
