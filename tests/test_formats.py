@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from lakehouse.core import config, errors
 from lakehouse.core.spec import SpecError, load_spec, read_schema_folder
+from lakehouse.ingest import formats
 from lakehouse.ingest.formats import parse_schema, register_avro_schema, wire_value
 from lakehouse.ingest.records import ERROR_KINDS, RecordValidator, Rejected
 
@@ -122,6 +123,40 @@ def test_a_registry_that_does_not_answer_is_a_retryable_outage_not_a_dead_letter
         validator.check("ord-1", b"\x00" + struct.pack(">I", 1) + b"\x02")
     assert errors.transient_cause(raised.value)  # the ingest job retries the batch, then stops
     assert errors.marker_in(str(raised.value))[0] == "retryable"  # as a Spark task reports it
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_registry_that_refuses_the_credentials_stops_at_once_naming_them(status):
+    """Not an outage: waiting does not fix a wrong password, so no retry budget is spent on it."""
+    import http.server
+    import threading
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            body = json.dumps({"error_code": status * 100 + 1, "message": "Unauthorized"}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = load_spec(SHIPPED)
+        spec = replace(spec, source=replace(spec.source, value_format="avro"))
+        registry = {"url": f"http://127.0.0.1:{server.server_address[1]}", "basic.auth.user.info": "me:wrong"}
+        validator = RecordValidator(spec, registry=registry)
+        with pytest.raises(errors.SchemaRegistryAccessError, match=f"HTTP {status}.*LAKEHOUSE_SCHEMA_REGISTRY_URL"):
+            validator.check("ord-1", b"\x00" + struct.pack(">I", 1) + b"\x02")
+        with pytest.raises(errors.SchemaRegistryAccessError, match="the subjects' versions"):
+            formats.schema_store(spec, registry).subject_versions("orders-value")
+    finally:
+        server.shutdown()
+    assert not errors.transient_cause(errors.SchemaRegistryAccessError("x"))
 
 
 def test_an_avro_pipeline_needs_a_schema_folder_or_a_registry(tmp_path):

@@ -53,6 +53,11 @@ class WriterSchemaIncompatibleError(ConfigurationError):
     """A writer schema does not fit the contract and `schema_policy.on_incompatible` is `fail`."""
 
 
+class SchemaRegistryAccessError(ConfigurationError):
+    """The schema registry refused the platform's credentials (HTTP 401 or 403): waiting does not fix
+    that, so the job stops at once instead of spending its retry budget; nothing is dead-lettered."""
+
+
 class SourceError(LakehouseError, RuntimeError):
     """Kafka cannot serve what the pipeline needs; the message says what and why."""
 

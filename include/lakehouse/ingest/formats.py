@@ -342,7 +342,8 @@ class SchemaStore:
     def get(self, schema_id: int, schema_type: str) -> WriterSchema:
         """Writer schema `schema_id`, which must be of `schema_type`. Raises Rejected("unknown_schema")
         when it is nowhere to be found, of another type, or does not parse; SchemaUnknownError when the
-        driver may resolve it; SchemaRegistryUnavailableError when the registry does not answer."""
+        driver may resolve it; SchemaRegistryUnavailableError when the registry does not answer,
+        SchemaRegistryAccessError when it refuses the credentials."""
         with self._lock:
             found = self._found.get(schema_id)
             if found is None:
@@ -353,6 +354,8 @@ class SchemaStore:
                 except Rejected as rejected:
                     self._unknown[schema_id] = rejected.detail
                     raise
+                except errors.SchemaRegistryAccessError:
+                    raise  # a ValueError too, but no fault of the schema's
                 except (ValueError, SchemaTranslationError) as exc:
                     self._unknown[schema_id] = f"writer schema {schema_id} does not parse: {str(exc)[:300]}"
                     raise Rejected("unknown_schema", self._unknown[schema_id]) from None
@@ -416,7 +419,7 @@ class SchemaStore:
             if exc.http_status_code == 404:
                 raise Rejected("unknown_schema", f"writer schema {schema_id} is neither among the pipeline's "
                                                  f"source.schemas nor in the schema registry") from None
-            raise self._unavailable(schema_id, f"HTTP {exc.http_status_code} {exc.error_message}") from None
+            raise self._refused(schema_id, exc) from None
         except Exception as exc:  # noqa: BLE001 - connection refused, timeouts, TLS: the registry is not there
             raise self._unavailable(schema_id, f"{type(exc).__name__}: {exc}") from None
 
@@ -452,7 +455,7 @@ class SchemaStore:
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 return []
-            raise self._unavailable(0, f"HTTP {exc.http_status_code} {exc.error_message}") from None
+            raise self._refused(0, exc) from None
         except Exception as exc:  # noqa: BLE001
             raise self._unavailable(0, f"{type(exc).__name__}: {exc}") from None
         found = []
@@ -462,9 +465,23 @@ class SchemaStore:
                     if schema_id not in self._found:
                         self._found[schema_id] = self._load(schema_id)
                 found.append(schema_id)
+            except errors.SchemaRegistryAccessError:
+                raise
             except (Rejected, ValueError, SchemaTranslationError) as exc:
                 log.warning("writer schema %d of subject %s is left out: %s", schema_id, subject, exc)
         return sorted(found)
+
+    def _refused(self, schema_id: int, exc) -> errors.LakehouseError:
+        """A registry's error answer: credentials it refuses stop the job (SchemaRegistryAccessError),
+        anything else is an outage the job retries."""
+        why = f"HTTP {exc.http_status_code} {exc.error_message}"
+        if exc.http_status_code in (401, 403):
+            what = f"writer schema {schema_id}" if schema_id else "the subjects' versions"
+            return errors.SchemaRegistryAccessError(
+                f"the schema registry refused to give {what}: {why[:300]}. Check the credentials in "
+                f"LAKEHOUSE_SCHEMA_REGISTRY_URL (https://USER:PASSWORD@host) or the Airflow connection "
+                f"lakehouse_schema_registry, and that they may read the topic's subjects; nothing was read")
+        return self._unavailable(schema_id, why)
 
     def _unavailable(self, schema_id: int, why: str) -> SchemaRegistryUnavailableError:
         what = f"writer schema {schema_id}" if schema_id else "the subjects' versions"
