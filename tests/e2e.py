@@ -117,17 +117,23 @@ def assert_exactly_once(platform: PlatformConfig, spec: PipelineSpec) -> int:
     return len(expected)
 
 
-def killed_after_files_then_resumed(platform: PlatformConfig, spec: PipelineSpec) -> int:
-    """`lakehouse ingest --once` killed (kill -9) after the batch's files were written, which must leave the
-    table empty, then run again to the end: the exactly-once count (assert_exactly_once)."""
+# Where a kill -9 of `lakehouse ingest` can land in a batch (tests/faults.py): reading, files written but not
+# committed, one table committed but not the other or the group offsets, all committed but the group's.
+KILL_POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit")
+
+
+def killed_at_every_point_then_resumed(platform: PlatformConfig, spec: PipelineSpec) -> None:
+    """`lakehouse ingest --once` killed (kill -9) at each of KILL_POINTS in turn, each run starting from what
+    the one before left, then run to the end. Each point fires in the first batch that reaches it: a spec
+    whose `trigger.max_records_per_batch` is below the backlog leaves records for every run. The caller
+    checks the outcome (assert_exactly_once, a change stream's final state)."""
     import signal
 
-    crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", fault="after_files")
-    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-2000:])
-    assert rows(platform, spec, spec.target.table) == [], "nothing is visible before the commit"
+    for point in KILL_POINTS:
+        crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", fault=point)
+        assert crashed.returncode == -signal.SIGKILL, (point, crashed.returncode, crashed.stderr[-2000:])
     resumed = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    return assert_exactly_once(platform, spec)
 
 
 def committed_group_offsets(platform: PlatformConfig, spec: PipelineSpec) -> dict[int, int]:

@@ -1,7 +1,7 @@
 """An Avro topic (Confluent wire format, writer schemas from the folder beside the spec) ingested on the
 real embedded broker, Spark and catalog: rows typed by the contract, every broken value a dead letter
-of its own kind, two writer schema versions in one topic, and exactly once through kill -9 after the
-files were written."""
+of its own kind, two writer schema versions in one topic, and exactly once through kill -9 at every point of
+a batch."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from test_formats import ORDER_SCHEMA, ORDER_SCHEMA_V2
 
 from e2e import (  # noqa: F401 (fixture)
     assert_exactly_once,
-    killed_after_files_then_resumed,
+    killed_at_every_point_then_resumed,
     pipeline,
     rows,
     run_cli,
@@ -32,12 +32,12 @@ BROKEN = {
 }
 
 
-def avro_pipeline(pipeline, make_spec):
+def avro_pipeline(pipeline, make_spec, **overrides):
     folder = make_spec.directory / "schemas"
     folder.mkdir(exist_ok=True)
     (folder / "1.avsc").write_text(json.dumps(ORDER_SCHEMA))
     (folder / "2.avsc").write_text(json.dumps(ORDER_SCHEMA_V2))
-    return pipeline(source={"value_format": "avro", "schemas": "schemas", "partitions": 2})
+    return pipeline(source={"value_format": "avro", "schemas": "schemas", "partitions": 2}, **overrides)
 
 
 def orders(count: int) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
@@ -73,11 +73,13 @@ def test_an_avro_topic_lands_typed_with_its_broken_values_dead_lettered_by_kind(
     assert all(r["value"] for r in letters), "a dead letter keeps the raw value"
 
 
-def test_kill_9_after_the_files_neither_loses_nor_duplicates_an_avro_record(platform, pipeline, make_spec, spark):
-    spec = avro_pipeline(pipeline, make_spec)
+def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_duplicates_an_avro_record(platform, pipeline, make_spec,
+                                                                                        spark):
+    spec = avro_pipeline(pipeline, make_spec, trigger={"max_records_per_batch": 150})
     records, _ = orders(1000)
     send(platform, spec.source.topic, records)
-    assert killed_after_files_then_resumed(platform, spec) == 1000
+    killed_at_every_point_then_resumed(platform, spec)
+    assert assert_exactly_once(platform, spec) == 1000
 
 
 def test_an_avro_pipeline_without_writer_schemas_is_refused_at_start_naming_both_sources(platform, pipeline,

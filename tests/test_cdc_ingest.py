@@ -1,7 +1,7 @@
 """A Debezium change stream applied to an upsert table on the real broker, Spark and catalog: the snapshot
 phase, creates, updates, deletes with their tombstones and re-created keys end in exactly the source's
 final state, the events that are not row changes are dead letters, and a kill -9 at any point of a batch
-neither loses nor re-applies a change."""
+neither loses nor re-applies a change (JSON and Avro change events)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,20 @@ from random import Random
 import pytest
 from test_cdc import FIELDS, avro_cdc_spec, avro_change, event, key
 
-from e2e import lakehouse, log_ends, pipeline, rows, run_cli, send, summaries  # noqa: F401 (fixture)
+from e2e import (  # noqa: F401 (fixture)
+    KILL_POINTS,
+    killed_at_every_point_then_resumed,
+    lakehouse,
+    log_ends,
+    pipeline,
+    rows,
+    run_cli,
+    send,
+    summaries,
+)
 from lakehouse.core import offsets
 
 pytestmark = pytest.mark.slow
-KILLING = ("during_read", "after_files", "after_table_commit", "before_group_commit")
 
 
 def change_stream(keys: int, changes: int, seed: int = 3) -> tuple[list[tuple[bytes, bytes | None]], dict, int]:
@@ -114,7 +123,7 @@ def test_a_change_stream_ends_in_the_source_tables_final_state(platform, pipelin
         assert (written[i]["partition"], written[i]["offset"]) > (deleted[i]["partition"], deleted[i]["offset"])
 
 
-@pytest.mark.parametrize("point", KILLING)
+@pytest.mark.parametrize("point", KILL_POINTS)
 def test_kill_9_anywhere_in_a_batch_neither_loses_nor_reapplies_a_change(platform, pipeline, point):
     spec = cdc_pipeline(pipeline)
     records, final, broken = change_stream(keys=30, changes=200, seed=11)
@@ -139,3 +148,44 @@ def test_an_avro_change_stream_with_a_derived_contract_lands_in_the_final_state(
     assert run.returncode == 0, run.stderr[-3000:]
     assert {r["id"]: r["email"] for r in rows(platform, spec, spec.target.table)} == {1: "a2@x", 3: "c2@x"}
     assert rows(platform, spec, spec.dead_letter_table) == []
+
+
+def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_reapplies_an_avro_change(platform, make_spec, spark):
+    """An Avro change stream (snapshot, then creates, updates and deletes with their tombstones, each key on
+    its partition) through a kill -9 at each point of a batch in turn, then the rest: the source's final state."""
+    from lakehouse.core.topics import ensure_topics
+
+    spec = avro_cdc_spec(make_spec, source={"partitions": 2}, trigger={"max_records_per_batch": 40})
+    ensure_topics([spec], platform)
+    rng, state, lsn = Random(5), {}, 100
+    by_partition: dict[int, list] = {0: [], 1: []}
+
+    def change(i: int, op: str, email: str | None) -> None:
+        nonlocal lsn
+        lsn += 1
+        encoded_key, value = avro_change(i, op, email, lsn)
+        by_partition[i % 2].append((encoded_key, value))
+        if op == "d":
+            by_partition[i % 2].append((encoded_key, None))  # the tombstone
+            state.pop(i)
+        else:
+            state[i] = email
+
+    for i in range(20):
+        change(i, "r", f"user{i}@x")
+    for n in range(180):
+        i = rng.randrange(30)
+        if i not in state:
+            change(i, "c", f"new{i}-{n}@x")
+        elif rng.random() < 0.3:
+            change(i, "d", None)
+        else:
+            change(i, "u", f"user{i}-{n}@x")
+    for p, records in by_partition.items():
+        send(platform, spec.source.topic, records, partition=p)
+    killed_at_every_point_then_resumed(platform, spec)
+    assert {r["id"]: r["email"] for r in rows(platform, spec, spec.target.table)} == state
+    assert rows(platform, spec, spec.dead_letter_table) == []
+    ends = log_ends(platform, spec.source.topic)
+    for name in (spec.target.table, spec.dead_letter_table):
+        assert offsets.decode_positions(summaries(platform, spec, name)[-1][offsets.K_POSITIONS]) == ends

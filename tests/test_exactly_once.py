@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 import pytest
 
 from e2e import (  # noqa: F401 (fixture)
+    KILL_POINTS,
     assert_exactly_once,
     committed_group_offsets,
     lakehouse,
@@ -34,13 +35,10 @@ from lakehouse_dev import produce
 pytestmark = pytest.mark.slow
 
 
-KILLING = ("during_read", "after_files", "after_table_commit", "before_group_commit")
-
-
 def ingest_once(spec, fault=None):
     """`lakehouse ingest --once --json`: its own process when `fault` kills it, else in this process."""
     args = ("ingest", "--pipeline", spec.name, "--once", "--json")
-    if fault in KILLING:
+    if fault in KILL_POINTS:
         return lakehouse(spec, *args, fault=fault)
     return run_cli(spec, *args, fault=fault)
 
@@ -92,7 +90,7 @@ def orphan_files(platform, spec, name) -> set[str]:
     return {str(p) for p in data_dir.rglob("*.parquet")} - referenced
 
 
-@pytest.mark.parametrize("point", KILLING)
+@pytest.mark.parametrize("point", KILL_POINTS)
 def test_kill_9_at_any_point_neither_loses_nor_duplicates(platform, pipeline, point):
     spec = pipeline()
     produce_orders(spec)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lakehouse.core import errors
 from lakehouse.core.schemas import compile_proto, proto_message, proto_pool
-from lakehouse.core.spec import Contract, FieldSpec, SpecError, load_spec
+from lakehouse.core.spec import Contract, FieldSpec, SpecError
 from lakehouse.ingest import formats
 from lakehouse.ingest.records import ERROR_KINDS, RecordValidator, Rejected, WriterSchemas
 
