@@ -11,7 +11,7 @@ from decimal import Decimal
 from random import Random
 
 import pytest
-from test_cdc import FIELDS, avro_cdc_spec, avro_change, event, key
+from test_cdc import FIELDS, avro_cdc_spec, avro_change, event, key, row
 
 from e2e import (  # noqa: F401 (fixture)
     KILL_POINTS,
@@ -121,6 +121,35 @@ def test_a_change_stream_ends_in_the_source_tables_final_state(platform, pipelin
     assert deleted and set(deleted) - set(final), "the stream deletes keys for good"
     for i in set(deleted) & set(written):
         assert (written[i]["partition"], written[i]["offset"]) > (deleted[i]["partition"], deleted[i]["offset"])
+
+
+def test_an_older_change_from_another_partition_does_not_bring_back_a_key_deleted_in_an_earlier_batch(
+        platform, pipeline, spark):
+    """A repartitioned topic: key 1 is created and deleted (with its tombstone) on partition 0; a later batch
+    reads an update of key 1 that happened before the delete, from partition 1. The tombstone ledger keeps
+    the key deleted; a create written after the delete, also on partition 1, brings key 2 back."""
+    from confluent_kafka import Producer
+
+    spec = cdc_pipeline(pipeline)
+    now = 1_764_000_000_000
+
+    def produce(partition: int, records: list[tuple[bytes, bytes | None, int]]) -> None:
+        producer = Producer(platform.kafka())
+        for k, v, ts in records:
+            producer.produce(spec.source.topic, key=k, value=v, partition=partition, timestamp=ts)
+        assert producer.flush(30) == 0
+
+    produce(0, [(key(1), event("c", None, row(1, "first@x"), lsn=10), now),
+                (key(2), event("c", None, row(2, "two@x"), lsn=11), now + 1),
+                (key(1), event("d", row(1, "first@x"), None, lsn=30), now + 3000), (key(1), None, now + 3000),
+                (key(2), event("d", row(2, "two@x"), None, lsn=31), now + 3000), (key(2), None, now + 3000)])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    assert table_state(platform, spec) == {}
+    produce(1, [(key(1), event("u", row(1, "first@x"), row(1, "stale@x"), lsn=20), now + 2000),
+                (key(2), event("c", None, row(2, "again@x"), lsn=40), now + 4000)])
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert table_state(platform, spec) == {2: ("again@x", Decimal("1.50"))}
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from polling import wait_until
 from test_poison_records import KEYS_AND_VALUES, MAX_KAFKA_TIMESTAMP_MS
 
-from e2e import assert_exactly_once, rows, run_cli, send, summaries, table
+from e2e import assert_exactly_once, pipeline, rows, run_cli, send, summaries, table  # noqa: F401 (fixture)
 from lakehouse.core import offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import OffsetGapError, TopicRecreatedError

@@ -13,7 +13,7 @@ import yaml
 from airflow.sdk.exceptions import AirflowSensorTimeout
 from confluent_kafka import Producer
 
-from e2e import lakehouse, rows, send, table, task_states, xcom
+from e2e import lakehouse, pipeline, rows, send, table, task_states, xcom  # noqa: F401 (fixture)
 from lakehouse.core import events
 from lakehouse.core.spec import load_spec
 from lakehouse.ingest.job import IngestJob

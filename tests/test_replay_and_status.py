@@ -10,7 +10,17 @@ import yaml
 from polling import wait_until, while_running
 from pyiceberg.expressions import EqualTo
 
-from e2e import assert_exactly_once, log_ends, rows, run_cli, send, spawn, summaries, table
+from e2e import (  # noqa: F401 (fixture)
+    assert_exactly_once,
+    log_ends,
+    pipeline,
+    rows,
+    run_cli,
+    send,
+    spawn,
+    summaries,
+    table,
+)
 from lakehouse.core import events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse_dev import produce

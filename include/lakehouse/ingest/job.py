@@ -805,7 +805,8 @@ class IngestJob:
         with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
             self._fault_point("concurrent_commit", upsert=True, spark=self.spark, table=lambda: loaded,
                               key=self.spec.target.key[0] if self.spec.target.key else None)
-            self.merge_upsert(table, rows, summary)
+            # a change stream's key deleted in an earlier batch stays deleted against older changes
+            self.merge_upsert(table, rows, summary, respect_tombstones=self.spec.is_cdc)
         staged = committer.staged_snapshot(self.catalog.load_table(table), wap_id)
         if staged is None:
             raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "
@@ -906,8 +907,9 @@ class IngestJob:
     def merge_upsert(self, table: str, rows, summary: dict[str, str], respect_tombstones: bool = False) -> None:
         """Upsert: the latest record per key wins, within the batch and against the table.
 
-        With `respect_tombstones` (replays), records older than their key's newest tombstone in the
-        pipeline's ledger are left out, so replaying old records cannot bring back a deleted key.
+        With `respect_tombstones` (replays; every batch of a change stream), records older than their key's
+        newest tombstone in the pipeline's ledger are left out, so that replaying old records, or an older
+        change from another partition, cannot bring back a deleted key.
         """
         latest = self.latest_per_key(rows)
         if respect_tombstones and self.spec.tombstone_table:
@@ -946,7 +948,9 @@ class IngestJob:
                        f"WHEN NOT MATCHED THEN INSERT *", {})
 
     def _after_tombstones(self, latest):
-        """`latest` without the records older than their key's newest tombstone in the ledger."""
+        """`latest` without the upserts older than their key's newest tombstone in the ledger (the batch's own
+        tombstones are in it already: its deletes are kept, and only delete what is older, see NEWER_CDC).
+        Across partitions, older means by Kafka timestamp: a tombstone carries no source position."""
         from pyspark.sql import functions as F
 
         keys = list(self.spec.target.key)
@@ -956,7 +960,8 @@ class IngestJob:
         s, t = F.col("_kafka"), F.col("_tomb")
         newer = (((s.partition == t.partition) & (s.offset > t.offset))
                  | ((s.partition != t.partition) & (s.timestamp >= t.timestamp)))
-        return joined.where(t.isNull() | newer).drop("_tomb", *[f"_tomb_{k}" for k in keys])
+        kept = t.isNull() | newer | (F.col("_op") == "delete")
+        return joined.where(kept).drop("_tomb", *[f"_tomb_{k}" for k in keys])
 
     def sync_group_offsets(self) -> None:
         """Bring the consumer group up to the tables (after a crash between table and group commit)."""
