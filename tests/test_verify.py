@@ -15,7 +15,11 @@ the audited snapshots and refuses to publish what no passing verification covers
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +31,7 @@ from pyiceberg.expressions import And, EqualTo
 
 from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (pipeline: a fixture)
 from lakehouse import cli
-from lakehouse.core import events
+from lakehouse.core import config, events
 from lakehouse.ops import verify
 from lakehouse.ops.coordinates import KAFKA_RECORDS, Coverage, Intervals
 from lakehouse.ops.verify import PartitionFacts, check_keys, check_rows, newest_per_key
@@ -291,7 +295,7 @@ def orders(platform, pipeline):
 
 
 @pytest.mark.slow
-def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(platform, orders, spark):
+def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(platform, orders, spark, monkeypatch):
     spec = orders
     code, first = verify_cli(spec)
     assert code == 0 and first["ok"], first
@@ -345,6 +349,21 @@ def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(pl
     # a failed run does not move the chain: the next one checks the same snapshots again
     code, still = verify_cli(spec)
     assert code == 3 and still["counts"] == found["counts"]
+    # the Spark job finds the same damage: chosen by `auto` past its threshold, and by spark-submit of the entry point
+    monkeypatch.setattr(verify, "SPARK_ABOVE_OFFSETS", 10)
+    auto = verify.verify(spec, platform, spark_factory=lambda: spark, record_event=False).to_json()
+    assert auto["engine"] == "spark" and auto["counts"] == found["counts"]
+    assert all(problems(auto, kind) == problems(found, kind) for kind in verify.PROBLEMS)
+    submitted = subprocess.run(
+        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[1]", "--jars", ",".join(platform.jars),
+         str(config.REPO_ROOT / "spark_jobs" / "verify.py"), "--pipeline", spec.name, "--engine", "spark", "--json"],
+        env=dict(os.environ, LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent), PYSPARK_PYTHON=sys.executable),
+        capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert submitted.returncode == 3, submitted.stderr[-3000:]
+    # spark-submit passes the Python driver's stderr (the progress lines) on in its stdout, before the document
+    on_cluster = json.loads(submitted.stdout[submitted.stdout.rindex("\n{\n") + 1:])
+    assert on_cluster["engine"] == "spark" and on_cluster["counts"] == found["counts"]
+    assert problems(on_cluster, "foreign") == problems(found, "foreign")
     # on demand: the last hour's snapshots, and the data table's snapshots from the ingest commit on
     code, recent = verify_cli(spec, "--since", "1h")
     assert code == 3 and recent["mode"] == "since" and recent["counts"] == found["counts"]
