@@ -5,6 +5,7 @@ reached by the ingest job's driver in this process) lands in exactly the final s
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from datetime import date, datetime, timedelta, timezone
@@ -25,22 +26,28 @@ CDC_FIELDS = [{"name": "id", "type": "long", "required": True},
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-@pytest.mark.parametrize("fmt", ["protobuf", "json_schema"])
+@pytest.mark.parametrize("fmt, key_format", [("protobuf", "json_schema"), ("json_schema", "protobuf")])
 def test_produced_records_in_a_wire_format_are_dead_lettered_exactly_as_the_report_says(
-        platform, pipeline, make_spec, spark, fmt):
+        platform, pipeline, make_spec, spark, fmt, key_format):
+    """Values in one wire format, record keys (holding order_id) in the other."""
     twin = make_spec()
     folder = make_spec.directory / "schemas"
     folder.mkdir()
     (folder / f"4.{EXTENSIONS[fmt]}").write_text(record_formats.contract_schema(fmt, twin.contract.fields, "orders"))
-    spec = pipeline(source={"value_format": fmt, "schemas": "schemas", "partitions": 2})
+    (folder / f"5.{EXTENSIONS[key_format]}").write_text(
+        record_formats.contract_schema(key_format, (twin.contract.field("order_id"),), "orders_key"))
+    spec = pipeline(source={"value_format": fmt, "schemas": "schemas", "partitions": 2,
+                            "key": {"field": "order_id", "required": True, "format": key_format}})
     report = produce.produce(spec, 800, bad_ratio=0.15, seed=5)
     run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert run.returncode == 0, run.stderr[-2000:]
     assert assert_exactly_once(platform, spec) == 800
     letters = Counter(r["error_kind"] for r in rows(platform, spec, spec.dead_letter_table))
     assert letters == Counter(report.bad_by_kind)
-    assert {"bad_wire_format", "unknown_schema"} <= set(letters)
-    assert len(rows(platform, spec, spec.target.table)) == report.valid
+    assert {"bad_wire_format", "unknown_schema", "bad_key", "key_mismatch"} <= set(letters)
+    landed = rows(platform, spec, spec.target.table)
+    assert len(landed) == report.valid
+    assert all(json.loads(r["_kafka"]["key"]) == {"order_id": r["order_id"]} for r in landed)
 
 
 def as_checked(spec, row: dict) -> dict:
