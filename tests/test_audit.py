@@ -5,18 +5,26 @@ parameters and with what outcome, on the ops timeline and the pipelines page; th
 what readers see are granted to the operator role where the auth manager has DAG-level permissions,
 and LAKEHOUSE_OPERATORS refuses anyone else under any auth manager.
 
+With the FAB auth manager installed (apache-airflow-providers-fab), the restriction is also checked
+against real users and roles in a throwaway Airflow: FAB's own authorization lets an operator trigger
+these DAGs and refuses a viewer; without it that test is skipped.
+
 (The audit of write-audit-publish, the quality gate, is tests/test_audit_lineage.py.)
 Airflow's `dag.test()` runs record the user Airflow gives them, `dag_test`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pwd
 import socket
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -125,10 +133,104 @@ def test_the_dags_that_change_what_readers_see_are_granted_to_the_operator_role_
     assert bag.import_errors == {}
     for kind in ("ingest", "maintenance", *RESTRICTED):
         dag = bag.dags[f"{spec.name}_{kind}"]
-        expected = {"data_ops": {"DAGs": {"can_read", "can_edit"}, "DAG Runs": {"can_read", "can_create", "can_edit"}}}
+        expected = {"data_ops": {"DAGs": {"can_read", "can_edit"}, "DAG Runs": {"can_read", "can_create"}}}
         assert dag.access_control == (expected if granted and kind in RESTRICTED else None), kind
         assert ("**Restricted** to lakehouse operators" in dag.doc_md) == (kind in RESTRICTED)
     assert bag.dags["retention_guard"].access_control is None
+
+
+FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+
+# In a throwaway Airflow with the FAB auth manager, as an administrator would set it up (`airflow sync-perm`,
+# `airflow roles create`, `airflow users create`) and as the DAG processor stores DAGs (parse, store, sync each
+# DAG's access_control into FAB's permissions), what each user may do to each DAG, per FAB's own
+# `is_authorized_dag`, the check behind the REST API (triggering is POST .../dagRuns: DagAccessEntity.RUN).
+FAB_SETUP = """
+import json, sys
+from sqlalchemy import select
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+from airflow.configuration import conf
+from airflow.dag_processing.bundles.manager import DagBundlesManager
+from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+from airflow.models.errors import ParseImportError
+from airflow.models.serialized_dag import SerializedDagModel
+from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder
+from airflow.providers.fab.auth_manager.fab_auth_manager import FabAuthManager
+from airflow.utils.session import create_session
+
+found, role = sys.argv[1], sys.argv[2]
+with get_application_builder() as appbuilder:
+    sm = appbuilder.sm
+    appbuilder.add_permissions(update_perms=True)
+    sm.sync_roles()
+    operators = sm.add_role(role)
+    for resource in ("Task Instances", "DAG Runs"):  # clearing tasks has no per-DAG grant in FAB
+        for action in ("can_create", "can_edit"):
+            sm.add_permission_to_role(operators, sm.create_permission(action, resource))
+    for name, roles in (("alice", ["Viewer", role]), ("bob", ["Viewer"]), ("carol", ["User"])):
+        sm.add_user(name, name, "test", f"{name}@example.com", [sm.find_role(r) for r in roles], password="-")
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(conf.get("core", "dags_folder"))
+    with create_session() as session:
+        sync_bag_to_db(bag, "dags-folder", None, session=session)
+    with create_session() as session:
+        errors = {e.filename: e.stacktrace for e in session.scalars(select(ParseImportError))}
+        stored = sorted(session.scalars(select(SerializedDagModel.dag_id)))
+    auth, may = FabAuthManager(), {}
+    for name in ("alice", "bob", "carol"):
+        user = sm.find_user(username=name)
+        for dag_id in bag.dag_ids:
+            dag = DagDetails(id=dag_id)
+            may.setdefault(name, {})[dag_id] = {
+                "see": auth.is_authorized_dag(method="GET", user=user, details=dag),
+                "trigger": auth.is_authorized_dag(method="POST", user=user, access_entity=DagAccessEntity.RUN,
+                                                  details=dag),
+                "pause": auth.is_authorized_dag(method="PUT", user=user, details=dag),
+                "clear": auth.is_authorized_dag(method="POST", user=user,
+                                                access_entity=DagAccessEntity.TASK_INSTANCE, details=dag)}
+with open(found, "w") as out:
+    json.dump({"errors": errors, "stored": stored, "may": may}, out)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("airflow.providers.fab") is None,
+                    reason="the FAB auth manager (apache-airflow-providers-fab) is not installed")
+def test_with_the_fab_auth_manager_only_the_operator_role_may_trigger_the_dags_that_change_what_readers_see(
+        make_spec, tmp_path):
+    spec = make_spec()
+    home = tmp_path / "airflow"
+    home.mkdir()
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__AUTH_MANAGER": FAB,
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+           "LAKEHOUSE_OPERATOR_ROLE": "data_ops", "LAKEHOUSE_PIPELINES_DIR": str(make_spec.directory),
+           "PYTHONPATH": os.pathsep.join([str(config.REPO_ROOT / "plugins"), str(config.REPO_ROOT),
+                                          os.environ.get("PYTHONPATH", "")])}
+    airflow = Path(sys.executable).with_name("airflow")
+    migrated = subprocess.run([str(airflow), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+    assert migrated.returncode == 0, migrated.stderr[-3000:]
+    found = tmp_path / "found.json"
+    done = subprocess.run([sys.executable, "-c", FAB_SETUP, str(found), "data_ops"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(found.read_text())
+
+    # FAB accepts the access_control: every DAG of the pipeline is stored, none is an import error
+    ours = {f"{spec.name}_{kind}" for kind in ("ingest", "maintenance", "verify", *RESTRICTED)}
+    assert result["errors"] == {}
+    assert ours <= set(result["stored"])
+    may = {name: {dag_id: can for dag_id, can in dags.items() if dag_id in ours}
+           for name, dags in result["may"].items()}
+    restricted = {f"{spec.name}_{kind}" for kind in RESTRICTED}
+    # alice, a viewer with the operator role, triggers, pauses and clears the tasks of the restricted DAGs only:
+    # FAB bounds the role's global task instance and run actions by the DAG-level edit access_control grants
+    assert {d for d, can in may["alice"].items() if can["trigger"]} == restricted
+    assert {d for d, can in may["alice"].items() if can["pause"]} == restricted
+    assert {d for d, can in may["alice"].items() if can["clear"]} == restricted
+    # bob, a viewer without it, sees every DAG and can trigger, pause or clear none of them
+    assert all(can == {"see": True, "trigger": False, "pause": False, "clear": False} for can in may["bob"].values())
+    # access_control only adds: carol's User role triggers every DAG (hence: Viewer for everybody else)
+    assert all(can["trigger"] for can in may["carol"].values())
 
 
 # ---------------------------------------------------------------------------- end to end

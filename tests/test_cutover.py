@@ -7,6 +7,8 @@ the timeline: only typed sources that name a known pipeline's published table, n
 
 import dataclasses
 import json
+import os
+import pwd
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -38,6 +40,16 @@ def candidate_of(make_spec, live, **overrides):
 
 def view_count(spark, spec) -> int:
     return spark.sql(f"SELECT count(*) FROM {cutover.view_name(spec)}").collect()[0][0]
+
+
+def by_run(event: dict, run) -> dict:
+    """The actor `event` records, once its origin is checked to be DAG run `run`: user, via, triggered_by."""
+    actor = dict(event["details"]["actor"])
+    origin = {key: actor.pop(key, None) for key in ("dag_id", "run_id", "run_type", "os_user")}
+    assert origin == {"dag_id": run.dag_id, "run_id": run.run_id, "run_type": str(getattr(run.run_type, "value",
+                                                                                           run.run_type)),
+                      "os_user": pwd.getpwuid(os.geteuid()).pw_name}, origin
+    return actor
 
 
 def typed(spec, table=None) -> dict:
@@ -81,12 +93,23 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
     assert done["status"] == "ok" and done["details"]["comparison"]["overlap_offsets"] == 250
     assert done["details"]["previous_query"] == publish.view_query(live)
     assert (done["details"]["previous_source"], done["details"]["source"]) == (typed(live), typed(candidate))
+    # audited: who triggered the run (dag.test() runs are Airflow's `dag_test`), with what, and the outcome
+    assert (done["actor"], done["message"]) == ("dag_test", f"{cutover.view_name(live)} now reads {candidate.name}")
+    assert by_run(done, run) == {"user": "dag_test", "via": "airflow", "triggered_by": "dag_test"}
+    assert done["details"]["parameters"] == {"candidate": candidate.name, "freshness_tolerance_s": None}
+    assert done["metrics"] == {"overlap_offsets": 250.0}
 
     run = run_dag(f"{live.name}_cutover", make_spec.directory, conf={"candidate": candidate.name, "action": "rollback"})
     assert run.state == "success"
     assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(live)
     rolled_back = events.recent(live.name, kind="rollback", platform=platform)[0]
     assert rolled_back["status"] == "ok" and rolled_back["details"]["source"] == typed(live)
+    assert (rolled_back["actor"], rolled_back["message"]) == ("dag_test",
+                                                              f"{cutover.view_name(live)} reads {live.name} again")
+    assert by_run(rolled_back, run) == {"user": "dag_test", "via": "airflow", "triggered_by": "dag_test"}
+    assert rolled_back["details"]["parameters"] == {}  # a rollback takes none: it undoes the newest cutover
+    assert (rolled_back["details"]["cutover_event"], rolled_back["details"]["rolled_back_candidate"],
+            rolled_back["details"]["previous_source"]) == (done["event_id"], candidate.name, typed(candidate))
     with pytest.raises(cutover.CutoverError, match="nothing to roll back"):
         cutover.rollback(spark, live, platform)
 

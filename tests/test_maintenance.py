@@ -1,8 +1,11 @@
 """Table maintenance compacts small files without changing a row, while ingestion keeps committing,
-and snapshot expiry never takes the snapshot ingestion resumes from nor the readers' branch."""
+and snapshot expiry never takes the snapshot ingestion resumes from nor the readers' branch; the DAG's
+run gives Airflow's OpenLineage provider the tables it maintained."""
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,7 +14,7 @@ from urllib.parse import urlparse
 import pytest
 
 from e2e import assert_exactly_once, pipeline, rows, send, table, task_states, xcom  # noqa: F401 (fixture)
-from lakehouse.core import events, offsets
+from lakehouse.core import events, lineage, offsets
 from lakehouse.ingest.job import IngestJob
 from lakehouse.upkeep import maintenance
 from lakehouse_dev import produce
@@ -32,7 +35,24 @@ def small_batches(spec, job: IngestJob, batches: int, records: int) -> None:
         assert job.run_once()
 
 
-def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, pipeline, run_dag, make_spec):
+def dags_test(dag_id: str, pipelines_dir: Path, lineage_file: Path):
+    """`airflow dags test DAG_ID` as users run it, with OpenLineage's file transport writing to `lineage_file`
+    (Airflow's OpenLineage provider loads its listener from that environment); the finished DagRun."""
+    from airflow.models import DagRun
+
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "dags", "test", dag_id],
+        env={**os.environ, "LAKEHOUSE_PIPELINES_DIR": str(pipelines_dir), "OPENLINEAGE__TRANSPORT__TYPE": "file",
+             "OPENLINEAGE__TRANSPORT__LOG_FILE_PATH": json.dumps(str(lineage_file)),  # JSON: kept as written
+             "OPENLINEAGE__TRANSPORT__APPEND": "true", "OPENLINEAGE_NAMESPACE": "lakehouse-tests"},
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = DagRun.find(dag_id=dag_id)
+    return run
+
+
+def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, pipeline, airflow_db, make_spec,
+                                                                      tmp_path):
     spec = pipeline(partition_by=[])
     job = IngestJob(spec)
     small_batches(spec, job, spec.maintenance.min_input_files + 1, 50)  # one file per table per small batch
@@ -57,7 +77,8 @@ def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, 
     ingester = threading.Thread(target=ingest_meanwhile, daemon=True)
     ingester.start()
     started = time.time()
-    run = run_dag(f"{spec.name}_maintenance", make_spec.directory)
+    lineage_file = tmp_path / "openlineage.jsonl"
+    run = dags_test(f"{spec.name}_maintenance", make_spec.directory, lineage_file)
     finished = time.time()
     stop.set()
     ingester.join(timeout=300)
@@ -88,6 +109,28 @@ def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, 
     # audited: the job spark-submit ran names the user who triggered the DAG run
     assert {(e["actor"], e["details"]["actor"]["dag_id"]) for e in recorded} == {("dag_test", run.dag_id)}
     assert {e["metrics"]["data_files_after"] for e in recorded} == {t["data_files_after"] for t in receipt["tables"]}
+
+    # OpenLineage, through Airflow's provider: each table maintained, in and out, with its state after
+    completed = [e for e in map(json.loads, lineage_file.read_text().splitlines())
+                 if e["job"]["name"] == f"{run.dag_id}.maintain_tables" and e["eventType"] == "COMPLETE"]
+    assert len(completed) == 1, lineage_file.read_text()[-3000:]
+    [event] = completed
+    maintained = {spec.target.table: data, spec.dead_letter_table: by_table[spec.qualified(spec.dead_letter_table)],
+                  events.EVENTS_TABLE: ops}
+    located = {name: lineage.location_name(table(platform, spec, name).location()) for name in maintained}
+    assert sorted((d["namespace"], d["name"]) for d in event["inputs"]) == \
+        sorted((d["namespace"], d["name"]) for d in event["outputs"]) == sorted(located.values())
+    for output in event["outputs"]:
+        [identifier] = output["facets"]["symlinks"]["identifiers"]
+        after = maintained[identifier["name"]]
+        assert (output["namespace"], output["name"]) == located[identifier["name"]]
+        assert output["outputFacets"]["outputStatistics"] | {"_producer": None, "_schemaURL": None} == \
+            {"rowCount": after["rows_after"], "fileCount": after["data_files_after"], "size": after["bytes_after"],
+             "_producer": None, "_schemaURL": None}
+        snapshot = int(output["facets"]["version"]["datasetVersion"])  # the table's head when the run ended
+        assert table(platform, spec, identifier["name"]).snapshot_by_id(snapshot) is not None
+    data_out = next(o for o in event["outputs"] if o["name"] == located[spec.target.table][1])
+    assert {"order_id", "_kafka"} <= {f["name"] for f in data_out["facets"]["schema"]["fields"]}
 
     # ingestion did commit while the maintenance job ran, and nothing was lost or duplicated
     assert any(started < t < finished for t in commit_times), (started, finished, commit_times)

@@ -162,6 +162,41 @@ def test_a_maintenance_task_names_each_table_it_maintained_in_and_out_with_its_s
     assert [f["name"] for f in after["facets"]["schema"]["fields"]] == ["order_id"]
 
 
+def test_a_publication_without_a_view_gives_the_table_at_the_published_branch_as_its_output(make_spec, own_home):
+    from lakehouse_airflow.operators.publish import PublishOperator
+
+    spec, platform = make_spec(publish={"view": None, "branch": "readers"}), config.load()  # e.g. a candidate
+    catalog = open_catalog(platform, spec.catalog)
+    catalog.create_namespace("raw")
+    data = catalog.create_table(spec.target.table, schema=Schema(NestedField(1, "order_id", StringType())))
+    data.append(pa.table({"order_id": ["o-1", "o-2", "o-3"]}))
+    head = data.refresh().current_snapshot().snapshot_id
+    done = [publish.PublishedTable(spec.target.table, head, None, None)]
+
+    inputs, outputs = (list(map(Serde.to_dict, found)) for found in PublishOperator.datasets(spec, platform, done))
+
+    [read], [written] = inputs, outputs
+    assert (written["namespace"], written["name"]) == (read["namespace"], read["name"]) == \
+        lineage.location_name(data.location())
+    warehouse = platform.warehouse.rstrip("/")
+    assert written["facets"]["symlinks"]["identifiers"] == [
+        {"namespace": warehouse, "name": spec.target.table, "type": "TABLE"},
+        {"namespace": warehouse, "name": f"{spec.target.table}.branch_readers", "type": "BRANCH"}]
+    assert written["facets"]["datasetType"]["datasetType"] == "TABLE"
+    assert written["facets"]["version"]["datasetVersion"] == read["facets"]["version"]["datasetVersion"] == str(head)
+    assert written["outputFacets"]["outputStatistics"]["rowCount"] == 3
+    assert [f["name"] for f in written["facets"]["schema"]["fields"]] == ["order_id"]
+
+    # with a readers' view, the view is the output and the table keeps its one name
+    view = "serve.orders_view"
+    [read], [written] = (list(map(Serde.to_dict, found)) for found in PublishOperator.datasets(
+        spec, platform, [publish.PublishedTable(spec.target.table, head, None, view)]))
+    assert written["facets"]["symlinks"]["identifiers"] == [{"namespace": warehouse, "name": view, "type": "VIEW"}]
+    assert (written["namespace"], written["name"]) == lineage.location_name(f"{warehouse}/serve/orders_view")
+    assert written["outputFacets"]["outputStatistics"]["rowCount"] == 3
+    assert [i["type"] for i in read["facets"]["symlinks"]["identifiers"]] == ["TABLE"]
+
+
 # ---------------------------------------------------------------------------- end to end
 
 @pytest.mark.slow

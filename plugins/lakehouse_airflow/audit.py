@@ -11,10 +11,15 @@ Restriction, in two layers:
 1. Airflow's access control, where the configured auth manager has DAG-level permissions. With the
    FAB auth manager (apache-airflow-providers-fab) the restricted DAGs carry `access_control`
    (`operator_access_control()`): the role named by LAKEHOUSE_OPERATOR_ROLE (default
-   `lakehouse_operator`, which must exist) may see, edit (pause, clear) and trigger them; the DAG
-   processor syncs it into FAB's permissions when it stores a DAG. Airflow 3 deprecates DAG-level
-   `access_control` (it warns on every parse) and only FAB reads it, so it is set only when FAB is
-   the configured auth manager. Airflow's simple auth manager (the default, and the compose stack's)
+   `lakehouse_operator`, which must exist) may see, edit (pause) and trigger them; the DAG
+   processor syncs it into FAB's permissions when it stores a DAG. It only adds permissions: users
+   whose roles grant DAG edit or run creation globally (FAB's `User`, `Op`, `Admin`) still trigger
+   every DAG, so everybody else needs roles without them (FAB's `Viewer`). FAB has no per-DAG grant
+   for task instances: operators who clear or mark tasks also need `can_create` and `can_edit` on
+   `Task Instances` and `DAG Runs` globally, which FAB applies only to the DAGs they may edit.
+   Airflow 3 deprecates DAG-level `access_control` (it warns on every parse) and only FAB reads it, so
+   it is set only when FAB is the configured auth manager. Airflow's simple auth manager (the
+   default, and the compose stack's)
    has no per-DAG permissions: its roles VIEWER < USER < OP < ADMIN apply to every DAG, and USER and
    above may trigger any DAG.
 2. The platform's own check, for any auth manager: LAKEHOUSE_OPERATORS, a comma-separated list of
@@ -58,14 +63,15 @@ def operator_role() -> str:
 
 def operator_access_control() -> dict[str, dict[str, set[str]]] | None:
     """The `access_control` of a DAG that changes what readers see: the operator role may read and edit
-    the DAG and create (trigger), read and edit its runs. None unless the configured auth manager is
-    FAB's, the one that applies DAG-level permissions (the test Airflow's DAG processor makes before it
-    syncs them)."""
+    (pause) the DAG and create (trigger) and read its runs. (FAB grants `DAG Runs` per DAG only
+    can_read, can_create, can_delete and menu_access; any other action there makes the DAG processor
+    refuse to store the DAG.) None unless the configured auth manager is FAB's, the one that applies
+    DAG-level permissions."""
     from airflow.sdk.configuration import conf
 
     if "FabAuthManager" not in conf.get("core", "auth_manager", fallback=""):
         return None
-    return {operator_role(): {"DAGs": {"can_read", "can_edit"}, "DAG Runs": {"can_read", "can_create", "can_edit"}}}
+    return {operator_role(): {"DAGs": {"can_read", "can_edit"}, "DAG Runs": {"can_read", "can_create"}}}
 
 
 def operators() -> frozenset[str]:

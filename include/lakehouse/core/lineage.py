@@ -17,7 +17,9 @@ Datasets are named by the OpenLineage naming conventions:
   facet naming it in its catalog (namespace the warehouse, name `namespace.table`), `catalog` (framework
   iceberg, type jdbc, name, warehouse; never credentials), `datasetType` (TABLE or VIEW), `storage`
   (iceberg, parquet), `schema` (the Iceberg schema, nested fields included) and, when known,
-  `version` (the snapshot id).
+  `version` (the snapshot id). A table written at a branch (publication moves the readers' branch)
+  is the same dataset, its `symlinks` naming the branch too: `namespace.table.branch_<branch>`
+  (the identifier Spark reads it by), type BRANCH.
 
 `ingest_batch` is the continuous ingest job's event, one COMPLETE run per committed batch (job
 `lakehouse-ingest-<pipeline>`, the Spark application's name; run id the batch id): input the topic
@@ -154,13 +156,14 @@ def kafka_dataset(spec: PipelineSpec, platform: config.PlatformConfig, records: 
 
 def table_dataset(spec: PipelineSpec, platform: config.PlatformConfig, name: str, table=None, *, output: bool = False,
                   view: bool = False, schema=None, version: int | None = None, rows: int | None = None,
-                  files: int | None = None, size: int | None = None):
+                  files: int | None = None, size: int | None = None, branch: str | None = None):
     """Iceberg table (or, with `view`, view) `name` (namespace.name) of `spec`'s catalog as an OpenLineage
     input dataset, or with `output` an output dataset whose `outputStatistics` are `rows`, `files`, `size`.
 
     `table` is the pyiceberg Table (its location, and its schema unless `schema` is given); without it
     the default location in the warehouse is used (where the JDBC catalog puts a view's metadata).
-    `version` is the snapshot id, when known.
+    `version` is the snapshot id, when known; `branch` the table's branch it is read or written at
+    (a second `symlinks` identifier, `name.branch_<branch>`, type BRANCH).
     """
     from openlineage.client.event_v2 import InputDataset, OutputDataset
     from openlineage.client.generated.catalog_dataset import CatalogDatasetFacet
@@ -175,8 +178,11 @@ def table_dataset(spec: PipelineSpec, platform: config.PlatformConfig, name: str
     location = table.location() if table is not None else f"{warehouse}/{name.replace('.', '/')}"
     dataset_namespace, dataset_name = location_name(location)
     kind = "VIEW" if view else "TABLE"
+    identifiers = [Identifier(namespace=warehouse, name=name, type=kind)]
+    if branch is not None:
+        identifiers.append(Identifier(namespace=warehouse, name=f"{name}.branch_{branch}", type="BRANCH"))
     facets: dict[str, Any] = {
-        "symlinks": SymlinksDatasetFacet(identifiers=[Identifier(namespace=warehouse, name=name, type=kind)]),
+        "symlinks": SymlinksDatasetFacet(identifiers=identifiers),
         "catalog": CatalogDatasetFacet(framework="iceberg", type="jdbc", name=spec.catalog, warehouseUri=warehouse),
         "datasetType": DatasetTypeDatasetFacet(datasetType=kind),
         "storage": StorageDatasetFacet(storageLayer="iceberg", fileFormat="parquet"),

@@ -39,7 +39,7 @@ class PublishOperator(BaseOperator):
     event naming the DAG run's actor and whether the run forced publication past the SLO
     gates (its param `force_param`, when given). Pass `outlets=table_assets(spec)` so downstream
     DAGs schedule on the tables. OpenLineage (when configured): the data tables in, the readers'
-    views out.
+    views out (a table without a view: the table itself, at the published branch).
 
     :param pipeline: the pipeline name. Templated.
     :param quality_task_id: the QualityOperator task whose ``result`` XCom names the snapshots.
@@ -88,8 +88,11 @@ class PublishOperator(BaseOperator):
     @staticmethod
     def datasets(spec: PipelineSpec, platform: config.PlatformConfig,
                  done: list[publish.PublishedTable]) -> tuple[list, list]:
-        """(Each published data table at the published snapshot, its readers' view with the table's schema
-        and row count there) as OpenLineage datasets."""
+        """(Each published data table at the published snapshot, what readers read of it there) as
+        OpenLineage datasets: the output is the table's readers' view, or, for a table without one (a
+        candidate pipeline, `publish.view: null`), the table itself at the published branch
+        (`lineage.table_dataset(branch=...)`); either with the table's schema and row count at the
+        published snapshot."""
         catalog = open_catalog(platform, spec.catalog)
         inputs, outputs = [], []
         for published in done:
@@ -97,17 +100,22 @@ class PublishOperator(BaseOperator):
             snapshot = table.snapshot_by_id(published.snapshot_id)
             inputs.append(lineage.table_dataset(spec, platform, published.table, table,
                                                 version=published.snapshot_id))
-            if published.view and snapshot is not None:
-                rows = offsets.summary_properties(snapshot).get("total-records")
-                outputs.append(lineage.table_dataset(
-                    spec, platform, published.view, output=True, view=True,
-                    schema=table.schemas().get(snapshot.schema_id, table.schema()), version=published.snapshot_id,
-                    rows=None if rows is None else int(rows)))
+            if snapshot is None:  # expired since: nothing to say about what readers read
+                continue
+            rows = offsets.summary_properties(snapshot).get("total-records")
+            at_snapshot = {"output": True, "schema": table.schemas().get(snapshot.schema_id, table.schema()),
+                           "version": published.snapshot_id, "rows": None if rows is None else int(rows)}
+            if published.view:
+                outputs.append(lineage.table_dataset(spec, platform, published.view, view=True, **at_snapshot))
+            else:
+                outputs.append(lineage.table_dataset(spec, platform, published.table, table,
+                                                     branch=spec.publish.branch, **at_snapshot))
         return inputs, outputs
 
     def get_openlineage_facets_on_complete(self, task_instance):
         """The publication's datasets for Airflow's OpenLineage provider (gathered by `execute`): each
-        published data table in, and its readers' view out."""
+        published data table in, and its readers' view (or, without one, the table at the published
+        branch) out."""
         from airflow.providers.openlineage.extractors import OperatorLineage
 
         inputs, outputs = self._lineage
