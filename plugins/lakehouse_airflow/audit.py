@@ -19,9 +19,8 @@ Restriction, in two layers:
    `Task Instances` and `DAG Runs` globally, which FAB applies only to the DAGs they may edit.
    Airflow 3 deprecates DAG-level `access_control` (it warns on every parse) and only FAB reads it, so
    it is set only when FAB is the configured auth manager. Airflow's simple auth manager (the
-   default, and the compose stack's)
-   has no per-DAG permissions: its roles VIEWER < USER < OP < ADMIN apply to every DAG, and USER and
-   above may trigger any DAG.
+   default, and the compose stack's) has no per-DAG permissions: its roles VIEWER < USER < OP < ADMIN
+   apply to every DAG, and USER and above may trigger any DAG.
 2. The platform's own check, for any auth manager: LAKEHOUSE_OPERATORS, a comma-separated list of
    Airflow user names. When it is set, a run of a restricted DAG triggered by anyone else is refused by
    its first acting task (`require_operator`), and the refusal is an audited `failed` event; runs
