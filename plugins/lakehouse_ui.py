@@ -8,21 +8,35 @@ in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
                                     who acted), the recent operator actions (who, when, with which
                                     parameters, the outcome), layout drift between spec and tables,
                                     a lag/freshness chart, the cost panel (per day), links to each
-                                    pipeline's DAGs and a form to trace one record
+                                    pipeline's DAGs and the trace forms: one record by partition and
+                                    offset, or every record of a Kafka key in a time window
     GET /lakehouse/api/pipelines    the same numbers as JSON
     GET /lakehouse/trace?pipeline=P&partition=N&offset=O    HTML: where that record is (lakehouse.ops.trace)
-    GET /lakehouse/api/trace?...    the same as JSON
+    GET /lakehouse/trace?pipeline=P&key=K&since=T[&until=T]  HTML: every record of Kafka key K in that window
+    GET /lakehouse/api/trace?...    the same as JSON (the rows of the tables holding the records included)
 
 Every number comes from `lakehouse.ops.history.overview` (the tables' snapshot summaries,
 Kafka and the ops timeline) at request time. A spec file that does not load (or claims a
 table, view or name another spec claims) is shown with its SpecError text next to the
-working pipelines; a pipeline with no commits says so. The trace form's values are checked (a
-pipeline of the specs, a partition and an offset that are whole numbers from 0) before anything is
-read; a refused value answers 400 with the reason, a record the pipeline cannot trace 422.
+working pipelines; a pipeline with no commits says so. The trace forms' values are checked before
+anything is read: a pipeline name; a partition and an offset that are whole numbers from 0; or a key
+(1 to 65,536 characters) with `since` and optionally `until`, each an ISO-8601 time or a duration ago
+(`2h`), `until` later than `since` (empty: now). A refused value answers 400 with the reason, a trace
+the pipeline cannot answer 422 (an unknown pipeline or partition, Kafka unreachable, a window holding
+more than PAGE_MAX_KEY_SCAN = 1,000,000 records in Kafka).
 
-Access: Airflow 3 does not put plugin FastAPI apps behind its login; the page is
-read-only and served on the API server's address (127.0.0.1 in the embedded stack).
-Put the API server behind your SSO proxy, or add a FastAPI dependency, to restrict it.
+Access: Airflow 3 does not authenticate plugin FastAPI apps (a mounted app inherits none of the
+API server's route dependencies), so this app does it itself for the trace endpoints, whose answers
+hold table rows (possibly personal data): /trace and /api/trace depend on Airflow's own
+`get_user` (airflow.api_fastapi.core_api.security), which takes the JWT from an
+`Authorization: Bearer` header (API clients: a token from POST /auth/token) or from the `_token`
+cookie the Airflow UI sets at login (the page embedded in the UI, and its forms). No token answers
+401 (the HTML page says where to sign in), a token the auth manager rejects 403; then the user must
+be allowed to read every DAG of the pipeline (<pipeline>_ingest, _maintenance, ...; the auth
+manager's `batch_is_authorized_dag`, GET), else 403 naming them. The overview (/ and
+/api/pipelines: counts, positions, events, who acted) stays readable without a login, on the API
+server's address (127.0.0.1 in the embedded stack); put the API server behind your SSO proxy to
+restrict it too.
 """
 
 from __future__ import annotations
@@ -30,13 +44,17 @@ from __future__ import annotations
 import html
 from datetime import datetime, timezone
 
+from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.exceptions import HTTPException
 
 from lakehouse.core import config
 from lakehouse.core.errors import LakehouseError
-from lakehouse.core.spec import IDENTIFIER, load_pipeline, load_specs
+from lakehouse.core.spec import IDENTIFIER, PipelineSpec, dag_id, load_pipeline, load_specs
 from lakehouse.ingest.job import STAGES
 from lakehouse.ops import history
 from lakehouse.ops.cost import human_bytes
@@ -74,27 +92,85 @@ def pipelines_page() -> str:
 
 
 MAX_PARTITION, MAX_OFFSET = 2 ** 31 - 1, 2 ** 63 - 1
+PAGE_MAX_KEY_SCAN = 1_000_000  # Kafka records a key trace from the page reads at most (the CLI: MAX_KEY_SCAN)
 
 
-def _trace(pipeline: str, partition: str, offset: str) -> tuple[int, dict]:
-    """(HTTP status, body) of one record's trace: 200 and the trace, 400 for a refused value, 422 when the
-    pipeline cannot answer (an unknown pipeline or partition, Kafka unreachable), 500 for anything else,
-    with the error's text."""
-    def number(text: str, name: str, maximum: int) -> int:
-        if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > maximum:
-            raise ValueError(f"{name} must be a whole number from 0 to {maximum}, got {text[:40]!r}")
-        return int(text)
+def _number(text: str | None, name: str, maximum: int) -> int:
+    text = text or ""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > maximum:
+        raise ValueError(f"{name} must be a whole number from 0 to {maximum}, got {text[:40]!r}")
+    return int(text)
+
+
+def _window(key: str, since: str | None, until: str | None) -> tuple[str, datetime, datetime | None]:
+    """(key, since, until or None for now) of a key trace; ValueError saying what is refused."""
+    from lakehouse.ops.trace import MAX_KEY_CHARS, parse_moment
+
+    if not 0 < len(key) <= MAX_KEY_CHARS:
+        raise ValueError(f"key must be a Kafka key of 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
+    if not since:
+        raise ValueError("since is required with a key: an ISO-8601 time or a duration ago (30m, 2h, 7d)")
+    now = datetime.now(timezone.utc)
+    start = parse_moment(since, now)
+    stop = parse_moment(until, now) if until else None
+    if start >= (stop or now):
+        raise ValueError(f"until ({(stop or now).isoformat()}) must be later than since ({start.isoformat()})")
+    return key, start, stop
+
+
+def _refusal(spec: PipelineSpec, user: BaseUser) -> str | None:
+    """Why `user` may not read the traces of `spec` (None when they may): the auth manager must allow
+    them to read (GET) every DAG generated for the pipeline."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow.configuration import conf
+
+    dags = [dag_id(spec.name, kind) for kind in spec.dag_kinds]
+    teams = {}
+    if conf.getboolean("core", "multi_team", fallback=False):
+        from airflow.models.dag import DagModel
+
+        teams = DagModel.get_dag_id_to_team_name_mapping(dags)
+    requests = [{"method": "GET", "details": DagDetails(id=d, team_name=teams.get(d))} for d in dags]
+    if get_auth_manager().batch_is_authorized_dag(requests, user=user):
+        return None
+    return (f"user {user.get_name()!r} may not read the DAGs of pipeline {spec.name!r} ({', '.join(dags)}), "
+            f"so not its tables' rows either")
+
+
+def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | None, key: str | None = None,
+           since: str | None = None, until: str | None = None) -> tuple[int, dict]:
+    """(HTTP status, body) of one record's trace (partition and offset) or one key's (key, since, until):
+    200 and the trace, 400 for a refused value, 403 when `user` may not read the pipeline's DAGs, 422 when
+    the pipeline cannot answer (an unknown pipeline or partition, Kafka unreachable, a window too large),
+    500 for anything else, with the error's text."""
+    from lakehouse.ops.trace import trace_key, trace_record
 
     try:
         if not IDENTIFIER.fullmatch(pipeline):
             raise ValueError(f"{pipeline[:60]!r} is not a pipeline name")
-        where = (number(partition, "partition", MAX_PARTITION), number(offset, "offset", MAX_OFFSET))
+        if key is None:
+            if since or until:
+                raise ValueError("since and until go with a key, not with a partition and offset")
+            where = (_number(partition, "partition", MAX_PARTITION), _number(offset, "offset", MAX_OFFSET))
+
+            def answer(spec: PipelineSpec) -> dict:
+                return trace_record(spec, *where).to_json()
+        else:
+            if partition is not None or offset is not None:
+                raise ValueError("a key is traced over a time window (since, until), not at a partition and offset")
+            window = _window(key, since, until)
+
+            def answer(spec: PipelineSpec) -> dict:
+                return trace_key(spec, *window, max_scan=PAGE_MAX_KEY_SCAN).to_json()
     except ValueError as exc:
         return 400, {"pipeline": pipeline[:128], "error": str(exc)}
-    from lakehouse.ops.trace import trace_record
-
     try:
-        return 200, trace_record(load_pipeline(pipeline), *where).to_json()
+        spec = load_pipeline(pipeline)
+        refused = _refusal(spec, user)
+        if refused:
+            return 403, {"pipeline": pipeline, "error": refused}
+        return 200, answer(spec)
     except LakehouseError as exc:
         return 422, {"pipeline": pipeline, "error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - a page answers with what failed, not a bare 500
@@ -102,17 +178,40 @@ def _trace(pipeline: str, partition: str, offset: str) -> tuple[int, dict]:
 
 
 @app.get("/api/trace")
-def trace_json(pipeline: str = "", partition: str = "", offset: str = "") -> JSONResponse:
-    """Where one record is (lakehouse.ops.trace.trace_record), or {"error"} with 400/422."""
-    status, body = _trace(pipeline, partition, offset)
+def trace_json(user: GetUserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
+               key: str | None = None, since: str | None = None, until: str | None = None) -> JSONResponse:
+    """Where one record is (lakehouse.ops.trace.trace_record), or every record of a key in a window
+    (trace_key), or {"error"} with 400/401/403/422."""
+    status, body = _trace(user, pipeline, partition, offset, key, since, until)
     return JSONResponse(body, status_code=status)
 
 
 @app.get("/trace", response_class=HTMLResponse)
-def trace_page(pipeline: str = "", partition: str = "", offset: str = "") -> HTMLResponse:
-    """The trace form's answer as a page."""
-    status, body = _trace(pipeline, partition, offset)
+def trace_page(user: GetUserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
+               key: str | None = None, since: str | None = None, until: str | None = None) -> HTMLResponse:
+    """The trace forms' answer as a page."""
+    status, body = _trace(user, pipeline, partition, offset, key, since, until)
     return HTMLResponse(_trace_page(body), status_code=status)
+
+
+@app.exception_handler(HTTPException)
+async def _refused(request: Request, exc: HTTPException):
+    """A login refused (Airflow's get_user: 401 without a token, 403 for one the auth manager rejects):
+    the trace page says so and where to sign in, /api/trace answers {"error"}; any other path as FastAPI does."""
+    path = request.url.path
+    if path.endswith("/api/trace"):
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+    if not path.endswith("/trace"):
+        return await http_exception_handler(request, exc)
+    try:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        login = get_auth_manager().get_url_login(next_url=str(request.url))
+    except Exception:  # noqa: BLE001 - no auth manager to ask (outside the API server): the UI's root signs in
+        login = "../"
+    body = {"error": f"{exc.detail}: sign in to Airflow to trace records (their rows may hold personal data)",
+            "login": login}
+    return HTMLResponse(_trace_page(body), status_code=exc.status_code, headers=exc.headers)
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -171,29 +270,60 @@ def _verification(event: dict | None) -> str:
 
 
 def _trace_form(name: str) -> str:
-    return (f'<form class="trace" action="trace" method="get" data-field="trace_form">'
-            f'<input type="hidden" name="pipeline" value="{_e(name)}">'
+    """Two forms side by side: one record by partition and offset, every record of a key in a time window."""
+    from lakehouse.ops.trace import MAX_KEY_CHARS
+
+    pipeline = f'<input type="hidden" name="pipeline" value="{_e(name)}">'
+    return (f'<form class="trace" action="trace" method="get" data-field="trace_form">{pipeline}'
             f'partition <input name="partition" type="number" min="0" max="{MAX_PARTITION}" required> '
-            f'offset <input name="offset" type="number" min="0" required> <button type="submit">Trace</button></form>')
+            f'offset <input name="offset" type="number" min="0" required> <button type="submit">Trace</button></form>'
+            f'<form class="trace" action="trace" method="get" data-field="trace_key_form">{pipeline}'
+            f'key <input name="key" required maxlength="{MAX_KEY_CHARS}"> '
+            f'since <input name="since" value="24h" required title="an ISO-8601 time or a duration ago (30m, 2h, 7d)"> '
+            f'until <input name="until" placeholder="now" title="an ISO-8601 time or a duration ago; empty: now"> '
+            f'<button type="submit">Trace key</button></form>')
+
+
+def _record(body: dict) -> str:
+    """One record's trace: the verdict and why, the rows holding it (a dead letter's reason) and the commits
+    that added them, and Kafka's offsets when it was asked."""
+    rows = []
+    for s in body["sightings"]:
+        commits = ", ".join(f'snapshot {_field("commit_snapshot", c["snapshot_id"])} ({_e(c["kind"])}) at {_e(c["at"])}'
+                            for c in s["commits"]) or '<span class="muted">no commit of the pipeline holds it</span>'
+        if s["role"] == "dead-letter":
+            why = f'{s["row"].get("error_kind")}: {s["row"].get("error_detail")}'
+            commits += f'<br>{_field("dead_letter_reason", why)}'
+        rows.append(f'<tr><td>{_e(s["role"])}</td><td>{_e(s["table"])}</td><td>{commits}</td></tr>')
+    kafka = body.get("kafka")
+    return (f'<p><span data-field="verdict" class="verdict">{_e(body["verdict"])}</span>: '
+            f'<span data-field="message">{_e(body["message"])}</span></p>'
+            + (f'<table><tr><th>role</th><th>table</th><th>added by</th></tr>{"".join(rows)}</table>' if rows else "")
+            + (f'<p class="muted" data-field="kafka">partition {_e(body["partition"])}: earliest '
+               f'{_e(kafka["earliest"])}, committed {_e(kafka["committed"])}, log end {_e(kafka["end"])}, '
+               f'lag {_e(kafka["lag"])}</p>' if kafka else ""))
 
 
 def _trace_page(body: dict) -> str:
-    """A trace's answer: the verdict and why, the rows holding the record and the commits that added them."""
+    """A trace's answer: one record's (see _record), a key's (each record found, with its coordinates), or
+    the error (with where to sign in when the login was refused)."""
     if "error" in body:
+        title = "Trace"
         content = f'<p class="error" data-field="error">{_e(body["error"])}</p>'
+        if body.get("login"):
+            content += f'<p><a data-field="login" href="{_e(body["login"])}" target="_top">Sign in to Airflow</a></p>'
+    elif "records" in body:
+        title = f'Trace key {body["key"][:80]!r}'
+        found = "".join(f'<div class="record" data-record="{_e(r["partition"])}@{_e(r["offset"])}">'
+                        f'<h2>{_e(r["topic"])}[{_e(r["partition"])}]@{_e(r["offset"])}</h2>{_record(r)}</div>'
+                        for r in body["records"])
+        content = (f'<p>{_field("records_found", len(body["records"]))} record(s) of key '
+                   f'{_field("key", body["key"])} from {_e(body["since"])} to {_e(body["until"])} '
+                   f'<span class="muted">({_field("scanned", body["scanned"])} Kafka records read, '
+                   f'{body["seconds"]:.1f} s)</span></p>' + found)
     else:
-        rows = "".join(
-            f'<tr><td>{_e(s["role"])}</td><td>{_e(s["table"])}</td><td>'
-            + ", ".join(f'snapshot {_e(c["snapshot_id"])} ({_e(c["kind"])}) at {_e(c["at"])}' for c in s["commits"])
-            + "</td></tr>" for s in body["sightings"])
-        kafka = body.get("kafka")
-        content = (f'<p><span data-field="verdict" class="verdict">{_e(body["verdict"])}</span>: '
-                   f'<span data-field="message">{_e(body["message"])}</span></p>'
-                   + (f'<table><tr><th>role</th><th>table</th><th>added by</th></tr>{rows}</table>' if rows else "")
-                   + (f'<p class="muted" data-field="kafka">partition {_e(body["partition"])}: earliest '
-                      f'{_e(kafka["earliest"])}, committed {_e(kafka["committed"])}, log end {_e(kafka["end"])}, '
-                      f'lag {_e(kafka["lag"])}</p>' if kafka else ""))
-    title = "Trace" + (f' {body["topic"]}[{body["partition"]}]@{body["offset"]}' if "error" not in body else "")
+        title = f'Trace {body["topic"]}[{body["partition"]}]@{body["offset"]}'
+        content = _record(body)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style></head>
 <body><h1>{_e(title)} <small>{_e(body.get("pipeline", ""))}</small></h1>
@@ -328,7 +458,7 @@ def _card(entry: dict) -> str:
 <tr><th>Dead letters</th><td>{_field("dead_letters", entry["dead_letters"])} rows</td></tr>
 <tr><th>Last quality check</th><td>{_quality(entry["quality"])}</td></tr>
 <tr><th>Exactly once</th><td>{_verification(entry["timeline"].get("latest", {}).get("verify"))}</td></tr>
-<tr><th>Trace a record</th><td>{_trace_form(name)}</td></tr>
+<tr><th>Trace records</th><td>{_trace_form(name)}</td></tr>
 <tr><th>Timeline</th><td class="timeline">{_timeline(entry["timeline"])}</td></tr>
 <tr><th>Operator actions</th><td class="operator-actions">{_actions(entry["timeline"])}</td></tr>
 <tr><th>Layout</th><td class="layout">{_layout(entry.get("layout"))}</td></tr>
@@ -348,7 +478,7 @@ table{border-collapse:collapse;font-size:14px} th{text-align:left;color:#52606d;
 td{padding:3px 0} .ok{color:#0b7a3b} .bad{color:#c0392b;font-weight:600} .muted{color:#7b8794}
 .error{color:#c0392b;font-family:monospace;white-space:pre-wrap} .broken{border-color:#e5a19a}
 .status-ok{color:#0b7a3b;font-weight:600} .status-failed{color:#c0392b;font-weight:600} .status-warn{color:#b7791f;font-weight:600}
-.dags a{margin-right:10px} .actions{margin:0;padding-left:18px} .trace input{width:8em} .verdict{font-weight:600} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
+.dags a{margin-right:10px} .actions{margin:0;padding-left:18px} .trace{display:inline-block;margin:0 18px 4px 0} .trace input{width:8em} .record h2{font-size:15px;margin:10px 0 2px} .verdict{font-weight:600} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
 .chart{margin:0} .chart figcaption{font-size:12px;color:#52606d} .bg{fill:#f0f4f8}
 .series{fill:none;stroke:#2563eb;stroke-width:2} .slo{stroke:#c0392b;stroke-dasharray:4 3}
 .cost-panel{margin-top:8px} .cost-panel summary{font-size:14px;color:#52606d;font-weight:600;cursor:pointer}

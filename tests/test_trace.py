@@ -4,19 +4,30 @@ Unit layer: the verdict for a record rows hold (in a table, a dead letter, a tom
 foreign) and for one no row holds (beyond the log end, a recorded gap, not yet ingested, aged out,
 no record at the offset, missing, and for upsert tables superseded or deleted), from what decides it.
 
+The pipelines page's trace endpoints (unit layer, the plugin's app in this process with Airflow's
+simple auth manager): no login is 401, a token the auth manager rejects 403, a user who may not read
+the pipeline's DAGs 403, refused form values 400 with the reason; the answer from a table alone.
+
 End-to-end (slow), on the real broker, Spark and catalog: each answer of `lakehouse trace` for
-records of an ingested pipeline, by coordinates and by key over a time window. The embedded broker
-cannot delete records (no DeleteRecords, no retention on its in-memory log), so the gap and aged-out
-answers are checked in the unit layer only.
+records of an ingested pipeline, by coordinates and by key over a time window, and the page's. A
+recorded gap: the embedded broker cannot delete records (no DeleteRecords, no retention on its
+in-memory log), so the ingest job is shown the log as retention would leave it (its earliest
+offset past records the table never got); planning, `--accept-gap` and the commit recording the
+gap are the product's own, and the trace answers `gap` from that commit. The aged-out answer (Kafka
+no longer holds an offset nobody recorded as a gap) is checked in the unit layer only.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
+import jwt
 import pytest
-
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
+from pyiceberg.expressions import EqualTo
 
 import lakehouse_ui
 from e2e import pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixture)
@@ -24,7 +35,8 @@ from bench import proof
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.ops.coordinates import Coverage, coordinate_filter
-from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
+from lakehouse.ops.trace import (VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, parse_moment,
+                                 trace_record)
 from test_ui import card, field
 from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
@@ -117,11 +129,130 @@ def test_a_trace_reads_only_the_file_whose_coordinate_bounds_hold_the_record(mak
     assert [c["snapshot_id"] for c in sighting.commits] == [s.snapshot_id for s in holding] and len(holding) == 1
 
 
+def test_a_moment_is_an_iso_time_or_a_duration_ago():
+    now = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+    assert parse_moment("2h", now) == now - timedelta(hours=2)
+    assert parse_moment("2026-11-21T10:00:00Z", now) == datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+    assert parse_moment("2026-11-21T10:00:00", now) == datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)  # UTC
+    assert parse_moment("2026-11-21T11:00:00+01:00", now) == datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+    for refused in ("", "yesterday", "-2h", "99999999999d", "2026-13-01"):
+        with pytest.raises(ValueError, match="is neither an ISO-8601 time"):
+            parse_moment(refused, now)
+
+
+# ---------------------------------------------------------------------------- unit layer: the page's trace
+
+
+@pytest.fixture
+def auth_manager(monkeypatch):
+    """Airflow's auth manager as configured (the simple one), created in this process as the API server
+    creates it; forgotten after the test."""
+    from airflow.api_fastapi import app as api_app
+
+    monkeypatch.setattr(api_app._AuthManagerState, "instance", None)
+    return api_app.create_auth_manager()
+
+
+@pytest.fixture
+def signed_in(auth_manager, monkeypatch):
+    """signed_in(role) -> a client of the plugin's app whose caller Airflow's `get_user` resolves to a user of
+    the simple auth manager with that role (None: a user without one). Whether the user may read the
+    pipeline's DAGs is the auth manager's decision, as in the API server. (Tokens are checked against the
+    running API server in test_ui.)"""
+    def client(role: str | None = "viewer") -> TestClient:
+        user = SimpleAuthManagerUser(username=f"{role or 'nobody'}-user", role=role)
+        monkeypatch.setitem(lakehouse_ui.app.dependency_overrides, get_user, lambda: user)
+        return TestClient(lakehouse_ui.app)
+
+    return client
+
+
+RECORD = {"partition": "0", "offset": "7"}
+KEY = {"key": "ord-0-7", "since": "2h"}
+
+
+@pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")  # the test process's own JWT secret
+def test_the_page_traces_nothing_without_a_valid_airflow_login(make_spec, auth_manager):
+    spec = make_spec()
+    client = TestClient(lakehouse_ui.app)
+    for params in (RECORD, KEY):
+        params = {"pipeline": spec.name, **params}
+        anonymous = client.get("/api/trace", params=params)
+        assert anonymous.status_code == 401 and anonymous.json() == {"error": "Not authenticated"}
+        page = client.get("/trace", params=params)
+        assert page.status_code == 401 and "Not authenticated: sign in to Airflow" in field(page.text, "error")
+        assert "/auth/login?next=" in page.text  # the auth manager's login page, back to this trace after
+        # a token this Airflow did not sign (another secret), by header and as the UI's cookie
+        forged = jwt.encode({"sub": "admin", "role": "admin", "exp": 4102444800}, "not-the-secret-" * 5,
+                            algorithm="HS512")
+        refused = client.get("/api/trace", params=params, headers={"Authorization": f"Bearer {forged}"})
+        assert refused.status_code == 403 and refused.json() == {"error": "Invalid JWT token"}
+        client.cookies.set("_token", forged)
+        assert client.get("/trace", params=params).status_code == 403
+        client.cookies.clear()
+
+
+def test_the_page_traces_for_users_who_may_read_the_pipelines_dags(make_spec, own_home, signed_in, monkeypatch):
+    """The answer comes from the table alone (built as ingestion leaves it; no broker)."""
+    spec = make_spec(partitions=proof.PARTITIONS)
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    proof.build_table(open_catalog(config.load(), spec.catalog), spec, rows=600, rows_per_commit=300)
+    params = {"pipeline": spec.name, "partition": "1", "offset": "7"}
+
+    found = signed_in("viewer").get("/api/trace", params=params)
+    assert found.status_code == 200 and found.json()["verdict"] == "in-table"
+    assert found.json()["sightings"][0]["row"]["order_id"] == "ord-1-7"
+    page = signed_in("viewer").get("/trace", params=params)
+    assert page.status_code == 200 and field(page.text, "verdict") == "in-table"
+    assert field(page.text, "commit_snapshot") == str(found.json()["sightings"][0]["commits"][0]["snapshot_id"])
+
+    for endpoint in ("/api/trace", "/trace"):
+        refused = signed_in(None).get(endpoint, params=params)
+        assert refused.status_code == 403
+        assert f"user 'nobody-user' may not read the DAGs of pipeline '{spec.name}' ({spec.name}_ingest, " \
+               f"{spec.name}_maintenance" in (refused.json()["error"] if endpoint == "/api/trace" else
+                                                 refused.text.replace("&#x27;", "'"))
+        assert "ord-1-7" not in refused.text
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"pipeline": "no such!", **RECORD}, "is not a pipeline name"),
+    ({"partition": "-1", "offset": "4"}, "partition must be a whole number from 0 to 2147483647, got '-1'"),
+    ({"partition": "0"}, "offset must be a whole number from 0 to 9223372036854775807, got ''"),
+    ({"partition": "0", "offset": "1e3"}, "offset must be a whole number"),
+    ({**RECORD, "since": "2h"}, "since and until go with a key, not with a partition and offset"),
+    ({**KEY, "offset": "7"}, "a key is traced over a time window (since, until), not at a partition and offset"),
+    ({"key": "", "since": "2h"}, "key must be a Kafka key of 1 to 65536 characters, got 0"),
+    ({"key": "ord-0-7"}, "since is required with a key"),
+    ({"key": "ord-0-7", "since": ""}, "since is required with a key"),
+    ({"key": "ord-0-7", "since": "yesterday"}, "'yesterday' is neither an ISO-8601 time"),
+    ({"key": "ord-0-7", "since": "2h", "until": "noon"}, "'noon' is neither an ISO-8601 time"),
+    ({"key": "ord-0-7", "since": "1h", "until": "2h"}, "must be later than since"),
+    ({"key": "ord-0-7", "since": "2999-01-01T00:00:00Z"}, "must be later than since"),
+])
+def test_the_trace_forms_refuse_values_with_the_reason(make_spec, signed_in, monkeypatch, params, words):
+    spec = make_spec()
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    params = {"pipeline": spec.name, **params}
+    refused = signed_in().get("/api/trace", params=params)
+    assert refused.status_code == 400 and words in refused.json()["error"], refused.text
+    page = signed_in().get("/trace", params=params)
+    assert page.status_code == 400 and words.replace("'", "&#x27;") in page.text
+
+
+def test_a_pipeline_the_specs_do_not_declare_cannot_be_traced(make_spec, signed_in, monkeypatch):
+    make_spec()
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    for params in (RECORD, {**KEY, "until": "1h"}):
+        unknown = signed_in().get("/api/trace", params={"pipeline": "no_such_pipeline", **params})
+        assert unknown.status_code == 422 and "no pipeline named 'no_such_pipeline'" in unknown.json()["error"]
+
+
 # ---------------------------------------------------------------------------- end to end
 
 
 @pytest.mark.slow
-def test_trace_says_where_each_record_is(platform, orders, spark, make_spec, monkeypatch):
+def test_trace_says_where_each_record_is(platform, orders, spark, make_spec, signed_in, monkeypatch):
     spec = orders
     data = table(platform, spec, spec.target.table)
 
@@ -176,7 +307,7 @@ def test_trace_says_where_each_record_is(platform, orders, spark, make_spec, mon
     # the pipelines page: the last verification, and the trace form's answers
     assert run_cli(spec, "verify", "--pipeline", spec.name).returncode == 3
     monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
-    client = TestClient(lakehouse_ui.app)
+    client = signed_in("viewer")
     html = card(client.get("/").text, spec.name)
     assert field(html, "verification") == "failed" and 'name="partition"' in html
     assert f"{spec.source.topic}[0]@7" in field(html, "verification_message")
@@ -189,3 +320,71 @@ def test_trace_says_where_each_record_is(platform, orders, spark, make_spec, mon
     assert refused.status_code == 400 and "partition must be a whole number" in refused.json()["error"]
     unknown = client.get("/trace", params={"pipeline": "no_such_pipeline", "partition": "0", "offset": "0"})
     assert unknown.status_code == 422 and "no pipeline named &#x27;no_such_pipeline&#x27;" in unknown.text
+
+
+@pytest.mark.slow
+def test_a_recorded_gap_is_traced_as_aged_out_before_ingestion(platform, pipeline, spark, make_spec, signed_in,
+                                                               monkeypatch):
+    from dataclasses import replace
+
+    from lakehouse.core import events
+    from lakehouse.ingest import job
+
+    spec = pipeline(partitions=2)
+    topic = spec.source.topic
+    send(platform, topic, [order(0, i) for i in range(10)], partition=0)
+    send(platform, topic, [order(1, i) for i in range(5)], partition=1)
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    send(platform, topic, [order(0, i) for i in range(10, 30)], partition=0)  # 10-19 age out before ingestion
+
+    real = job.topic_state_for
+
+    def after_retention(*args, **kwargs):
+        """Kafka's answer once retention deleted partition 0 below offset 20 (only the ingest job asks this)."""
+        state = real(*args, **kwargs)
+        return replace(state, partitions={**state.partitions, 0: replace(state.partitions[0], earliest=20)})
+
+    with monkeypatch.context() as retention:
+        retention.setattr(job, "topic_state_for", after_retention)
+        stopped = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
+        assert stopped.returncode == 3, stopped.stderr[-2000:]
+        assert "offsets [10, 20) aged out of Kafka before they were ingested (10 records lost" in stopped.stderr
+        accepted = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--accept-gap")
+        assert accepted.returncode == 0, accepted.stderr[-2000:]
+
+    data = table(platform, spec, spec.target.table)
+    held = sorted(r["_kafka"]["offset"] for r in data.scan(row_filter=EqualTo("_kafka.partition", 0)).to_arrow()
+                  .to_pylist())
+    assert held == [*range(10), *range(20, 30)]
+    recorded = data.current_snapshot()
+    assert offsets.decode_ranges(offsets.summary_properties(recorded)[offsets.K_GAPS]) == {0: (10, 20)}
+    assert events.recent(spec.name, kind="gap", platform=platform)[0]["message"] == \
+        "10 records aged out of Kafka before they were ingested"
+
+    def trace(*args: str) -> dict:
+        done = run_cli(spec, "trace", "--pipeline", spec.name, "--json", *args)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout)
+
+    gap = trace("--partition", "0", "--offset", "15")
+    assert gap["verdict"] == "gap" and gap["sightings"] == []
+    assert gap["message"] == (f"{topic}[0]@15 aged out of Kafka before it was ingested: the gap was recorded by "
+                              f"snapshot {recorded.snapshot_id} of {spec.target.table} at "
+                              f"{datetime.fromtimestamp(recorded.timestamp_ms / 1000, timezone.utc).isoformat()}")
+    assert [trace("--partition", "0", "--offset", o)["verdict"] for o in ("9", "10", "19", "20")] == \
+        ["in-table", "gap", "gap", "in-table"]
+    by_key = trace("--key", "ord-0-15", "--since", "1h")
+    assert [(r["partition"], r["offset"], r["verdict"]) for r in by_key["records"]] == [(0, 15, "gap")]
+
+    # the page answers the same, for one record and for the key
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    client = signed_in("viewer")
+    answer = client.get("/api/trace", params={"pipeline": spec.name, "partition": "0", "offset": "15"})
+    assert answer.status_code == 200 and answer.json()["verdict"] == "gap"
+    assert answer.json()["message"] == gap["message"]
+    page = client.get("/trace", params={"pipeline": spec.name, "partition": "0", "offset": "15"})
+    assert page.status_code == 200 and field(page.text, "verdict") == "gap"
+    assert "aged out of Kafka before it was ingested" in field(page.text, "message")
+    keyed = client.get("/trace", params={"pipeline": spec.name, "key": "ord-0-15", "since": "1h", "until": ""})
+    assert keyed.status_code == 200 and field(keyed.text, "records_found") == "1"
+    assert 'data-record="0@15"' in keyed.text and field(keyed.text, "verdict") == "gap"

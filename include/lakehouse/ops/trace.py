@@ -27,6 +27,8 @@ when no row holds the record (its earliest offset, log end, and the record itsel
 `trace_key(spec, key, since, until)` traces every record of one Kafka key over a time window: the
 rows whose `_kafka.key` and `_kafka.timestamp` match (pruned by the same metrics) and the records
 Kafka still holds in the window (read from `offsets_for_times`), each with its verdict.
+`parse_moment(text)` reads a window's end as `lakehouse trace --since/--until` and the pipelines
+page take it: an ISO-8601 time or a duration ago (`2h`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
@@ -43,7 +45,7 @@ from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import EXIT_SOURCE, ConfigurationError
 from lakehouse.core.offsets import OffsetRange
-from lakehouse.core.spec import PipelineSpec
+from lakehouse.core.spec import PipelineSpec, parse_duration
 from lakehouse.ingest.plan import TopicState, offsets_for_time, topic_state_for
 from lakehouse.ingest.reader import reader_consumer
 from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
@@ -54,10 +56,28 @@ VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "foreign", "su
 BREACHES = ("duplicated", "missing", "foreign")  # verdicts that break exactly-once: `lakehouse trace` exits 3
 MAX_KEY_SCAN = 5_000_000  # records of a time window read from Kafka to find one key's records
 MAX_VALUE_CHARS = 2000    # raw values shown per row
+MAX_KEY_CHARS = 65536     # a traced Kafka key
 
 
 class TraceError(ConfigurationError):
     """The trace cannot be answered as asked (a partition the topic lacks, a window too large)."""
+
+
+def parse_moment(text: str, now: datetime | None = None) -> datetime:
+    """A point in time (UTC): ISO-8601 (UTC when it has no offset) or a duration meaning that long before
+    `now` (`30m`, `2h`, `7d`). Raises ValueError saying both forms for anything else."""
+    now = now or datetime.now(timezone.utc)
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except (ValueError, OverflowError):
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+        parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+        return datetime.fromtimestamp(parsed.timestamp(), tz=timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        raise ValueError(f"{str(text)[:60]!r} is neither an ISO-8601 time (2026-11-21T10:00:00Z) nor a duration "
+                         f"ago (30m, 2h, 7d)") from None
 
 
 @dataclass
@@ -361,11 +381,12 @@ def _read_records(spec: PipelineSpec, platform: config.PlatformConfig, rng: Offs
 
 
 def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | None = None,
-              platform: config.PlatformConfig | None = None, progress=None) -> KeyTrace:
+              platform: config.PlatformConfig | None = None, progress=None,
+              max_scan: int = MAX_KEY_SCAN) -> KeyTrace:
     """Every record of Kafka key `key` from `since` to `until` (default now), each with its verdict: the
     rows whose `_kafka.key` and `_kafka.timestamp` match, and the records Kafka still holds in the window.
 
-    Raises TraceError when the window holds more than MAX_KEY_SCAN records in Kafka (narrow it), the
+    Raises TraceError when the window holds more than `max_scan` records in Kafka (narrow it), the
     planner's SourceErrors when Kafka cannot answer.
     """
     started = time.monotonic()
@@ -389,9 +410,9 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
     ranges = [OffsetRange(spec.source.topic, p, max(starts[p], state.partitions[p].earliest), stops[p])
               for p in sorted(ends) if stops[p] > max(starts[p], state.partitions[p].earliest)]
     scanned = sum(r.count for r in ranges)
-    if scanned > MAX_KEY_SCAN:
-        raise TraceError(f"the window holds {scanned} records in Kafka, more than the {MAX_KEY_SCAN} a key trace "
-                         f"reads: narrow --since/--until")
+    if scanned > max_scan:
+        raise TraceError(f"the window holds {scanned} records in Kafka, more than the {max_scan} a key trace "
+                         f"reads here: narrow the window (since/until)")
     records: dict[tuple[int, int], dict] = {}
     for rng in ranges:
         progress(f"reading {rng} for key {key!r}")
