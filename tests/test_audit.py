@@ -5,9 +5,9 @@ parameters and with what outcome, on the ops timeline and the pipelines page; th
 what readers see are granted to the operator role where the auth manager has DAG-level permissions,
 and LAKEHOUSE_OPERATORS refuses anyone else under any auth manager.
 
-With the FAB auth manager installed (apache-airflow-providers-fab), the restriction is also checked
-against real users and roles in a throwaway Airflow: FAB's own authorization lets an operator trigger
-these DAGs and refuses a viewer; without it that test is skipped.
+With the FAB auth manager (apache-airflow-providers-fab, in requirements.txt), the restriction is also
+checked against real users and roles in a throwaway Airflow: FAB's own authorization lets an operator
+trigger these DAGs and refuses a viewer.
 
 (The audit of write-audit-publish, the quality gate, is tests/test_audit_lineage.py.)
 Airflow's `dag.test()` runs record the user Airflow gives them, `dag_test`.
@@ -15,7 +15,6 @@ Airflow's `dag.test()` runs record the user Airflow gives them, `dag_test`.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pwd
@@ -194,8 +193,6 @@ with open(found, "w") as out:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("airflow.providers.fab") is None,
-                    reason="the FAB auth manager (apache-airflow-providers-fab) is not installed")
 def test_with_the_fab_auth_manager_only_the_operator_role_may_trigger_the_dags_that_change_what_readers_see(
         make_spec, tmp_path):
     spec = make_spec()
