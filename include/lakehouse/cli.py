@@ -41,7 +41,7 @@ import logging
 import math
 import os
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from importlib.metadata import entry_points
 from typing import Callable
 
@@ -433,22 +433,21 @@ def _offset(text: str) -> int:
 
 
 def _key(text: str) -> str:
-    if not text or len(text) > 65536:
-        raise argparse.ArgumentTypeError("must be a Kafka key of 1 to 65536 characters")
+    from lakehouse.ops.trace import MAX_KEY_CHARS
+
+    if not text or len(text) > MAX_KEY_CHARS:
+        raise argparse.ArgumentTypeError(f"must be a Kafka key of 1 to {MAX_KEY_CHARS} characters")
     return text
 
 
 def _moment(text: str) -> datetime:
     """A point in time: ISO-8601 (UTC without an offset) or a duration meaning that long ago (`2h`)."""
+    from lakehouse.ops.trace import parse_moment
+
     try:
-        return datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text))
-    except ValueError:
-        pass
-    try:
-        return datetime.fromtimestamp(_time_ms(text) / 1000, tz=timezone.utc)
-    except (argparse.ArgumentTypeError, ValueError, OverflowError, OSError):
-        raise argparse.ArgumentTypeError(f"{text!r} is neither an ISO-8601 time (2026-11-21T10:00:00Z) nor a "
-                                         f"duration ago (30m, 2h, 7d)") from None
+        return parse_moment(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _since(text: str) -> float:
