@@ -296,6 +296,21 @@ def _parse_declared(schema_type: str, text: str) -> Any:
     return ProtoSchema(pool, name)
 
 
+def _parsed(schema_id: int, parse: Callable[[], Any]) -> Any:
+    """`parse()` of writer schema `schema_id`'s text: a text that does not parse (ValueError,
+    SchemaTranslationError) is Rejected("unknown_schema"). Only the parsing goes through here, never a
+    registry call, whose refusals (a ConfigurationError, so a ValueError too) must stop the job."""
+    try:
+        return parse()
+    except (ValueError, SchemaTranslationError) as exc:
+        raise Rejected("unknown_schema", f"writer schema {schema_id} does not parse: {str(exc)[:300]}") from None
+
+
+def _asked(schema_id: int) -> str:
+    """What a registry call asked for: a writer schema, or (id 0) the versions of the topic's subjects."""
+    return f"writer schema {schema_id}" if schema_id else "the subjects' versions"
+
+
 def _descriptor_set_text(pool, file_name: str) -> str:
     """The file `file_name` of `pool` and every file it imports, as DESCRIPTOR_SET text."""
     from google.protobuf import descriptor_pb2
@@ -354,11 +369,6 @@ class SchemaStore:
                 except Rejected as rejected:
                     self._unknown[schema_id] = rejected.detail
                     raise
-                except errors.SchemaRegistryAccessError:
-                    raise  # a ValueError too, but no fault of the schema's
-                except (ValueError, SchemaTranslationError) as exc:
-                    self._unknown[schema_id] = f"writer schema {schema_id} does not parse: {str(exc)[:300]}"
-                    raise Rejected("unknown_schema", self._unknown[schema_id]) from None
                 self._found[schema_id] = found
         if found.schema_type != schema_type:
             raise Rejected("unknown_schema", f"writer schema {schema_id} is {found.schema_type}, not {schema_type}")
@@ -386,7 +396,8 @@ class SchemaStore:
     def _load(self, schema_id: int) -> WriterSchema:
         if schema_id in self.declared:
             schema_type, text = self.declared[schema_id]
-            return WriterSchema(schema_id, schema_type, _parse_declared(schema_type, text),
+            parsed = _parsed(schema_id, lambda: _parse_declared(schema_type, text))
+            return WriterSchema(schema_id, schema_type, parsed,
                                 None if schema_type == "PROTOBUF" and not text.startswith(DESCRIPTOR_SET) else text)
         if self.registry is not None:
             return self._from_registry(schema_id)
@@ -406,7 +417,8 @@ class SchemaStore:
             return WriterSchema(schema_id, schema_type, self._registry_proto(client, schema_id, serialized))
         if schema_type not in ("AVRO", "JSON"):
             raise Rejected("unknown_schema", f"writer schema {schema_id} is {schema_type}")
-        return WriterSchema(schema_id, schema_type, _parse_declared(schema_type, schema.schema_str), schema.schema_str)
+        parsed = _parsed(schema_id, lambda: _parse_declared(schema_type, schema.schema_str))
+        return WriterSchema(schema_id, schema_type, parsed, schema.schema_str)
 
     def _ask(self, schema_id: int, call: Callable[[], Any]) -> Any:
         """`call()` of the registry client: Rejected("unknown_schema") for a 404,
@@ -436,12 +448,12 @@ class SchemaStore:
         try:
             descriptor = _str_to_proto(f"writer_schema_{schema_id}.proto", schema.schema_str)
         except (binascii.Error, ValueError, Exception):  # noqa: BLE001 - not base64 descriptors: .proto text
-            pool, name = schemas.proto_pool(schemas.compile_proto(schema.schema_str))
-            return ProtoSchema(pool, name)
+            compiled = _parsed(schema_id, lambda: schemas.proto_pool(schemas.compile_proto(schema.schema_str)))
+            return ProtoSchema(*compiled)
         pool = DescriptorPool()
         _init_pool(pool)
         self._ask(schema_id, lambda: _resolve_named_schema(schema, client, pool))
-        pool.Add(descriptor)
+        _parsed(schema_id, lambda: pool.Add(descriptor))
         return ProtoSchema(pool, descriptor.name)
 
     def subject_versions(self, subject: str) -> list[int]:
@@ -465,9 +477,7 @@ class SchemaStore:
                     if schema_id not in self._found:
                         self._found[schema_id] = self._load(schema_id)
                 found.append(schema_id)
-            except errors.SchemaRegistryAccessError:
-                raise
-            except (Rejected, ValueError, SchemaTranslationError) as exc:
+            except Rejected as exc:
                 log.warning("writer schema %d of subject %s is left out: %s", schema_id, subject, exc)
         return sorted(found)
 
@@ -476,17 +486,15 @@ class SchemaStore:
         anything else is an outage the job retries."""
         why = f"HTTP {exc.http_status_code} {exc.error_message}"
         if exc.http_status_code in (401, 403):
-            what = f"writer schema {schema_id}" if schema_id else "the subjects' versions"
             return errors.SchemaRegistryAccessError(
-                f"the schema registry refused to give {what}: {why[:300]}. Check the credentials in "
+                f"the schema registry refused to give {_asked(schema_id)}: {why[:300]}. Check the credentials in "
                 f"LAKEHOUSE_SCHEMA_REGISTRY_URL (https://USER:PASSWORD@host) or the Airflow connection "
                 f"lakehouse_schema_registry, and that they may read the topic's subjects; nothing was read")
         return self._unavailable(schema_id, why)
 
     def _unavailable(self, schema_id: int, why: str) -> SchemaRegistryUnavailableError:
-        what = f"writer schema {schema_id}" if schema_id else "the subjects' versions"
         return SchemaRegistryUnavailableError(
-            f"the schema registry did not give {what}: {why[:300]} "
+            f"the schema registry did not give {_asked(schema_id)}: {why[:300]} "
             f"{errors.task_marker('retryable', why='schema-registry-unavailable')}")
 
 
