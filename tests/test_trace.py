@@ -25,7 +25,6 @@ from datetime import datetime, timedelta, timezone
 import jwt
 import pytest
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 from pyiceberg.expressions import EqualTo
 
@@ -34,9 +33,9 @@ from e2e import pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixtur
 from bench import proof
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.spec import parse_moment
 from lakehouse.ops.coordinates import Coverage, coordinate_filter
-from lakehouse.ops.trace import (VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, parse_moment,
-                                 trace_record)
+from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
 from test_ui import card, field
 from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
@@ -155,13 +154,13 @@ def auth_manager(monkeypatch):
 
 @pytest.fixture
 def signed_in(auth_manager, monkeypatch):
-    """signed_in(role) -> a client of the plugin's app whose caller Airflow's `get_user` resolves to a user of
-    the simple auth manager with that role (None: a user without one). Whether the user may read the
+    """signed_in(role) -> a client of the plugin's app whose caller `signed_in_user` (Airflow's `get_user`)
+    resolves to a user of the simple auth manager with that role (None: a user without one). Whether the user may read the
     pipeline's DAGs is the auth manager's decision, as in the API server. (Tokens are checked against the
     running API server in test_ui.)"""
     def client(role: str | None = "viewer") -> TestClient:
         user = SimpleAuthManagerUser(username=f"{role or 'nobody'}-user", role=role)
-        monkeypatch.setitem(lakehouse_ui.app.dependency_overrides, get_user, lambda: user)
+        monkeypatch.setitem(lakehouse_ui.app.dependency_overrides, lakehouse_ui.signed_in_user, lambda: user)
         return TestClient(lakehouse_ui.app)
 
     return client

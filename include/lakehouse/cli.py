@@ -55,6 +55,8 @@ from lakehouse.core.spec import (
     load_pipeline,
     load_specs,
     parse_duration,
+    parse_instant,
+    parse_moment,
 )
 
 EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE = errors.EXIT_FAILURE, errors.EXIT_CONFIG, errors.EXIT_SOURCE
@@ -416,12 +418,9 @@ def _error_kind(text: str) -> str:
 def _time_ms(text: str) -> int:
     """Milliseconds since the epoch of an ISO-8601 time (UTC when it has no offset)."""
     try:
-        parsed = datetime.fromisoformat(text)
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=timezone.utc)
-        return int(parsed.timestamp() * 1000)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time, e.g. 2026-11-21T10:00:00Z") from None
+        return int(parse_instant(text).timestamp() * 1000)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _partition(text: str) -> int:
@@ -442,8 +441,6 @@ def _key(text: str) -> str:
 
 def _moment(text: str) -> datetime:
     """A point in time: ISO-8601 (UTC without an offset) or a duration meaning that long ago (`2h`)."""
-    from lakehouse.ops.trace import parse_moment
-
     try:
         return parse_moment(text)
     except ValueError as exc:

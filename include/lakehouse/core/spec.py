@@ -21,6 +21,7 @@ import math
 import re
 import stat
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -258,6 +259,31 @@ def parse_duration(value: Any, *, positive: bool = False, maximum: float = MAX_D
     if positive and seconds == 0:
         raise ValueError(f"{_shown(value)} must be longer than 0")
     return seconds
+
+
+def parse_instant(text: str) -> datetime:
+    """A point in time from ISO-8601 text (UTC when it has no offset), in UTC. Raises ValueError."""
+    try:
+        parsed = datetime.fromisoformat(text)
+        parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+        return datetime.fromtimestamp(parsed.timestamp(), tz=timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        raise ValueError(f"{str(text)[:60]!r} is not an ISO-8601 time, e.g. 2026-11-21T10:00:00Z") from None
+
+
+def parse_moment(text: str, now: datetime | None = None) -> datetime:
+    """A point in time (UTC): ISO-8601 (UTC when it has no offset) or a duration meaning that long before
+    `now` (`30m`, `2h`, `7d`). Raises ValueError saying both forms for anything else."""
+    now = now or datetime.now(timezone.utc)
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except (ValueError, OverflowError):
+        pass
+    try:
+        return parse_instant(text)
+    except ValueError:
+        raise ValueError(f"{str(text)[:60]!r} is neither an ISO-8601 time (2026-11-21T10:00:00Z) nor a duration "
+                         f"ago (30m, 2h, 7d)") from None
 
 
 @dataclass(frozen=True)

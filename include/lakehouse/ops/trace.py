@@ -27,8 +27,6 @@ when no row holds the record (its earliest offset, log end, and the record itsel
 `trace_key(spec, key, since, until)` traces every record of one Kafka key over a time window: the
 rows whose `_kafka.key` and `_kafka.timestamp` match (pruned by the same metrics) and the records
 Kafka still holds in the window (read from `offsets_for_times`), each with its verdict.
-`parse_moment(text)` reads a window's end as `lakehouse trace --since/--until` and the pipelines
-page take it: an ISO-8601 time or a duration ago (`2h`).
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
@@ -45,7 +43,7 @@ from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import EXIT_SOURCE, ConfigurationError
 from lakehouse.core.offsets import OffsetRange
-from lakehouse.core.spec import PipelineSpec, parse_duration
+from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import TopicState, offsets_for_time, topic_state_for
 from lakehouse.ingest.reader import reader_consumer
 from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
@@ -61,23 +59,6 @@ MAX_KEY_CHARS = 65536     # a traced Kafka key
 
 class TraceError(ConfigurationError):
     """The trace cannot be answered as asked (a partition the topic lacks, a window too large)."""
-
-
-def parse_moment(text: str, now: datetime | None = None) -> datetime:
-    """A point in time (UTC): ISO-8601 (UTC when it has no offset) or a duration meaning that long before
-    `now` (`30m`, `2h`, `7d`). Raises ValueError saying both forms for anything else."""
-    now = now or datetime.now(timezone.utc)
-    try:
-        return now - timedelta(seconds=parse_duration(text))
-    except (ValueError, OverflowError):
-        pass
-    try:
-        parsed = datetime.fromisoformat(text)
-        parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
-        return datetime.fromtimestamp(parsed.timestamp(), tz=timezone.utc)
-    except (TypeError, ValueError, OverflowError, OSError):
-        raise ValueError(f"{str(text)[:60]!r} is neither an ISO-8601 time (2026-11-21T10:00:00Z) nor a duration "
-                         f"ago (30m, 2h, 7d)") from None
 
 
 @dataclass
