@@ -28,7 +28,7 @@ more than PAGE_MAX_KEY_SCAN = 1,000,000 records in Kafka).
 Access: Airflow 3 does not authenticate plugin FastAPI apps (a mounted app inherits none of the
 API server's route dependencies), so this app does it itself for the trace endpoints, whose answers
 hold table rows (possibly personal data): /trace and /api/trace depend on Airflow's own
-`get_user` (airflow.api_fastapi.core_api.security), which takes the JWT from an
+`get_user` (airflow.api_fastapi.core_api.security, through `signed_in_user`), which takes the JWT from an
 `Authorization: Bearer` header (API clients: a token from POST /auth/token) or from the `_token`
 cookie the Airflow UI sets at login (the page embedded in the UI, and its forms). No token answers
 401 (the HTML page says where to sign in), a token the auth manager rejects 403; then the user must
@@ -44,17 +44,19 @@ from __future__ import annotations
 import html
 from datetime import datetime, timezone
 
+from typing import Annotated
+
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
-from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from lakehouse.core import config
 from lakehouse.core.errors import LakehouseError
-from lakehouse.core.spec import IDENTIFIER, PipelineSpec, dag_id, load_pipeline, load_specs
+from lakehouse.core.spec import IDENTIFIER, PipelineSpec, dag_id, load_pipeline, load_specs, parse_moment
 from lakehouse.ingest.job import STAGES
 from lakehouse.ops import history
 from lakehouse.ops.cost import human_bytes
@@ -104,7 +106,7 @@ def _number(text: str | None, name: str, maximum: int) -> int:
 
 def _window(key: str, since: str | None, until: str | None) -> tuple[str, datetime, datetime | None]:
     """(key, since, until or None for now) of a key trace; ValueError saying what is refused."""
-    from lakehouse.ops.trace import MAX_KEY_CHARS, parse_moment
+    from lakehouse.ops.trace import MAX_KEY_CHARS
 
     if not 0 < len(key) <= MAX_KEY_CHARS:
         raise ValueError(f"key must be a Kafka key of 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
@@ -116,6 +118,22 @@ def _window(key: str, since: str | None, until: str | None) -> tuple[str, dateti
     if start >= (stop or now):
         raise ValueError(f"until ({(stop or now).isoformat()}) must be later than since ({start.isoformat()})")
     return key, start, stop
+
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+async def signed_in_user(request: Request,
+                         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> BaseUser:
+    """The caller as Airflow's own `get_user` finds it (a Bearer token, else the UI's `_token` cookie; 401 or
+    403 otherwise). Airflow's security module is imported here, at the first trace, not with the plugin:
+    importing it costs 0.6 s, which every process that loads plugins (task runners too) would pay."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    return await get_user(request=request, _oauth_token=None, bearer_credentials=bearer)
+
+
+UserDep = Annotated[BaseUser, Depends(signed_in_user)]
 
 
 def _refusal(spec: PipelineSpec, user: BaseUser) -> str | None:
@@ -178,7 +196,7 @@ def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | N
 
 
 @app.get("/api/trace")
-def trace_json(user: GetUserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
+def trace_json(user: UserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
                key: str | None = None, since: str | None = None, until: str | None = None) -> JSONResponse:
     """Where one record is (lakehouse.ops.trace.trace_record), or every record of a key in a window
     (trace_key), or {"error"} with 400/401/403/422."""
@@ -187,7 +205,7 @@ def trace_json(user: GetUserDep, pipeline: str = "", partition: str | None = Non
 
 
 @app.get("/trace", response_class=HTMLResponse)
-def trace_page(user: GetUserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
+def trace_page(user: UserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
                key: str | None = None, since: str | None = None, until: str | None = None) -> HTMLResponse:
     """The trace forms' answer as a page."""
     status, body = _trace(user, pipeline, partition, offset, key, since, until)
