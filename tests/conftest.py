@@ -365,6 +365,25 @@ def consume_all() -> Callable[..., list]:
     return consume_everything
 
 
+@pytest.fixture
+def no_lineage_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("OPENLINEAGE")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def lineage_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_lineage_settings) -> Path:
+    """OpenLineage configured as users do, with the file transport: one JSON event per line (e2e.emitted)."""
+    import json
+
+    path = tmp_path / "openlineage.jsonl"
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", json.dumps(str(path)))  # JSON: kept as written
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__APPEND", "true")
+    monkeypatch.setenv("OPENLINEAGE_NAMESPACE", "lakehouse-tests")
+    return path
+
+
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
     """The session's Airflow metadata DB, migrated with `airflow db migrate` as users do."""

@@ -136,6 +136,25 @@ def killed_at_every_point_then_resumed(platform: PlatformConfig, spec: PipelineS
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
 
+def airflow_dags_test(dag_id: str, pipelines_dir: Path, timeout: float = 600):
+    """`airflow dags test DAG_ID` as users run it, in its own process with this environment (so Airflow's
+    OpenLineage provider loads its listener from the OPENLINEAGE_* settings, see the `lineage_file`
+    fixture); the finished DagRun."""
+    from airflow.models import DagRun
+
+    done = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "test", dag_id],
+                          env={**os.environ, "LAKEHOUSE_PIPELINES_DIR": str(pipelines_dir)},
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = DagRun.find(dag_id=dag_id)
+    return run
+
+
+def emitted(path: Path) -> list[dict]:
+    """The OpenLineage events the file transport wrote to `path`, oldest first."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def committed_group_offsets(platform: PlatformConfig, spec: PipelineSpec) -> dict[int, int]:
     consumer = Consumer(platform.kafka(**{"group.id": spec.consumer_group}))
     try:

@@ -4,8 +4,6 @@ run gives Airflow's OpenLineage provider the tables it maintained."""
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,7 +11,17 @@ from urllib.parse import urlparse
 
 import pytest
 
-from e2e import assert_exactly_once, pipeline, rows, send, table, task_states, xcom  # noqa: F401 (fixture)
+from e2e import (  # noqa: F401 (fixture)
+    airflow_dags_test,
+    assert_exactly_once,
+    emitted,
+    pipeline,
+    rows,
+    send,
+    table,
+    task_states,
+    xcom,
+)
 from lakehouse.core import events, lineage, offsets
 from lakehouse.ingest.job import IngestJob
 from lakehouse.upkeep import maintenance
@@ -35,24 +43,8 @@ def small_batches(spec, job: IngestJob, batches: int, records: int) -> None:
         assert job.run_once()
 
 
-def dags_test(dag_id: str, pipelines_dir: Path, lineage_file: Path):
-    """`airflow dags test DAG_ID` as users run it, with OpenLineage's file transport writing to `lineage_file`
-    (Airflow's OpenLineage provider loads its listener from that environment); the finished DagRun."""
-    from airflow.models import DagRun
-
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("airflow")), "dags", "test", dag_id],
-        env={**os.environ, "LAKEHOUSE_PIPELINES_DIR": str(pipelines_dir), "OPENLINEAGE__TRANSPORT__TYPE": "file",
-             "OPENLINEAGE__TRANSPORT__LOG_FILE_PATH": json.dumps(str(lineage_file)),  # JSON: kept as written
-             "OPENLINEAGE__TRANSPORT__APPEND": "true", "OPENLINEAGE_NAMESPACE": "lakehouse-tests"},
-        capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run] = DagRun.find(dag_id=dag_id)
-    return run
-
-
 def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, pipeline, airflow_db, make_spec,
-                                                                      tmp_path):
+                                                                      lineage_file):
     spec = pipeline(partition_by=[])
     job = IngestJob(spec)
     small_batches(spec, job, spec.maintenance.min_input_files + 1, 50)  # one file per table per small batch
@@ -77,8 +69,7 @@ def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, 
     ingester = threading.Thread(target=ingest_meanwhile, daemon=True)
     ingester.start()
     started = time.time()
-    lineage_file = tmp_path / "openlineage.jsonl"
-    run = dags_test(f"{spec.name}_maintenance", make_spec.directory, lineage_file)
+    run = airflow_dags_test(f"{spec.name}_maintenance", make_spec.directory)  # OpenLineage to lineage_file
     finished = time.time()
     stop.set()
     ingester.join(timeout=300)
@@ -111,9 +102,9 @@ def test_maintenance_dag_compacts_small_files_while_ingestion_commits(platform, 
     assert {e["metrics"]["data_files_after"] for e in recorded} == {t["data_files_after"] for t in receipt["tables"]}
 
     # OpenLineage, through Airflow's provider: each table maintained, in and out, with its state after
-    completed = [e for e in map(json.loads, lineage_file.read_text().splitlines())
+    completed = [e for e in emitted(lineage_file)
                  if e["job"]["name"] == f"{run.dag_id}.maintain_tables" and e["eventType"] == "COMPLETE"]
-    assert len(completed) == 1, lineage_file.read_text()[-3000:]
+    assert len(completed) == 1, [(e["job"]["name"], e["eventType"]) for e in emitted(lineage_file)]
     [event] = completed
     maintained = {spec.target.table: data, spec.dead_letter_table: by_table[spec.qualified(spec.dead_letter_table)],
                   events.EVENTS_TABLE: ops}

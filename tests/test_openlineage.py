@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -24,28 +20,11 @@ from openlineage.client.serde import Serde
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StringType
 
-from e2e import pipeline, rows, run_cli, send, table  # noqa: F401 (fixture)
+from e2e import airflow_dags_test, emitted, pipeline, rows, run_cli, send, table  # noqa: F401 (fixture)
 from lakehouse.core import config, lineage
 from lakehouse.core.catalog import open_catalog
 from lakehouse.ingest.job import BatchReceipt, IngestJob, TableCommit
 from lakehouse.wap import publish, quality
-
-
-@pytest.fixture
-def no_lineage_settings(monkeypatch):
-    for name in [n for n in os.environ if n.startswith("OPENLINEAGE")]:
-        monkeypatch.delenv(name)
-
-
-@pytest.fixture
-def lineage_file(tmp_path, monkeypatch, no_lineage_settings) -> Path:
-    """OpenLineage configured as users do, with the file transport: one JSON event per line."""
-    path = tmp_path / "openlineage.jsonl"
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", json.dumps(str(path)))  # JSON: kept as written
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__APPEND", "true")
-    monkeypatch.setenv("OPENLINEAGE_NAMESPACE", "lakehouse-tests")
-    return path
 
 
 def orders(first: int, count: int) -> list[tuple[bytes, bytes]]:
@@ -53,10 +32,6 @@ def orders(first: int, count: int) -> list[tuple[bytes, bytes]]:
     return [(f"o-{i}".encode(), json.dumps({"order_id": f"o-{i}", "customer_id": "c-1", "amount": 2.0, "currency": "EUR",
                                              "status": "paid", "event_time": datetime.now(timezone.utc).isoformat()}
                                             ).encode()) for i in range(first, first + count)]
-
-
-def emitted(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def receipt(spec) -> BatchReceipt:
@@ -234,11 +209,7 @@ def test_a_publish_task_gives_airflows_openlineage_provider_the_tables_in_and_th
     send(platform, spec.source.topic, orders(3, 2))
     assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0  # new rows to publish
 
-    done = subprocess.run(  # `airflow dags test` as users run it: the provider's listener is loaded from the env
-        [str(Path(sys.executable).with_name("airflow")), "dags", "test", f"{spec.name}_publish"],
-        env={**os.environ, "LAKEHOUSE_PIPELINES_DIR": str(make_spec.directory)},
-        capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    airflow_dags_test(f"{spec.name}_publish", make_spec.directory)
 
     published = [e for e in emitted(lineage_file)
                  if e["job"]["name"] == f"{spec.name}_publish.publish" and e["eventType"] == "COMPLETE"]
