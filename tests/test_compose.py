@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from pgserver import cluster as postgres_cluster
 
 from lakehouse.core import config
 from lakehouse_airflow import spark as airflow_spark
@@ -658,29 +659,8 @@ def test_minio_init_takes_the_bucket_from_an_s3a_warehouse_and_refuses_a_non_s3_
 def throwaway_postgres():
     """(socket folder, port) of a new PostgreSQL cluster with password authentication over TCP,
     stopped and deleted after the test. `make setup` installs the server binaries it needs."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    assert found, "PostgreSQL server binaries (initdb) are missing: run `make setup` (apt package postgresql)"
-    bin_dir = found[-1].parent
-    # initdb refuses to run as root: run the cluster as the postgres user then
-    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    folder = Path(tempfile.mkdtemp(prefix="lakehouse-pg-"))
-    if as_owner:
-        shutil.chown(folder, "postgres")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    data = folder / "data"
-    subprocess.run([*as_owner, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
-                    "--auth-host=scram-sha-256"], check=True, capture_output=True, timeout=120)
-    subprocess.run([*as_owner, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(folder / "log"), "-w",
-                    "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
-                   check=True, capture_output=True, timeout=120)
-    try:
-        yield folder, port
-    finally:
-        subprocess.run([*as_owner, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True, timeout=60)
-        shutil.rmtree(folder, ignore_errors=True)
+    with postgres_cluster(auth_host="scram-sha-256") as server:
+        yield server.socket_dir, server.port
 
 
 def test_postgres_init_creates_databases_the_catalog_and_airflow_log_into(throwaway_postgres, tmp_path: Path):

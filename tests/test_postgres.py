@@ -1,9 +1,11 @@
 """PostgreSQL in the production topology: the Iceberg JDBC catalog and Airflow's metadata DB.
 
-Every test gets a database of its own on the PostgreSQL server at 127.0.0.1:5432
-(`lakehouse_test_<uuid>`, dropped afterwards) and reaches it the way users do: the catalog
-through LAKEHOUSE_CATALOG_URI and `stack.up()`, Airflow through LAKEHOUSE_AIRFLOW_DB_URI and
-`airflow_stack.up()`. Without a server the tests fail, never skip: start PostgreSQL (see README).
+The module starts a throwaway PostgreSQL cluster of its own (tests/pgserver.py: `initdb`, trust
+authentication, a free port on 127.0.0.1), so it relies on no server someone else configured. Every
+test gets a database of its own there (`lakehouse_test_<uuid>`, dropped afterwards) and reaches it the
+way users do: the catalog through LAKEHOUSE_CATALOG_URI and `stack.up()`, Airflow through
+LAKEHOUSE_AIRFLOW_DB_URI and `airflow_stack.up()`. Without the server binaries the tests fail, never
+skip: `make setup` installs them.
 
 The race runs its producer, compaction and publisher as separate processes started from this
 file (`python tests/test_postgres.py produce|compact|publish <spec.yaml> <work dir>`) next to a
@@ -13,6 +15,7 @@ continuous `lakehouse ingest`, so that their commits meet at the catalog's compa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -30,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
+import pgserver
 import pytest
 from polling import wait_until, while_running
 from pyiceberg.exceptions import NoSuchTableError
@@ -46,9 +50,7 @@ from lakehouse_dev import stack as stack_module
 
 pytestmark = pytest.mark.slow
 
-PG_HOST, PG_PORT, PG_USER = "127.0.0.1", 5432, "postgres"
-START_POSTGRES = ("start PostgreSQL (see README): "
-                  "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start")
+START_POSTGRES = "is the cluster this module started still running? Its log is in the cluster's folder"
 # The race: the producer sends CHUNK records (BAD_RATIO of them broken) every CHUNK_PAUSE_S until told
 # to stop, then POISON records the contract accepts and the quality suite rejects (currency ZZZ).
 CHUNK, CHUNK_PAUSE_S, BAD_RATIO, POISON = 20, 0.3, 0.05, 5
@@ -65,51 +67,64 @@ CONFLICT_MARKERS = {"iceberg": "Retrying task after failure",  # Iceberg (Java) 
 
 # ---------------------------------------------------------------------------- PostgreSQL
 
-def admin_connection(port: int = PG_PORT):
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[pgserver.Server]:
+    """The module's own PostgreSQL cluster (trust authentication on a free port of 127.0.0.1)."""
+    try:
+        with pgserver.cluster(auth_host="trust") as server:
+            yield server
+    except pgserver.PostgresMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def admin_connection(server: pgserver.Server):
     """An autocommit connection to the server's `postgres` database.
 
-    Fails the test (never skips) when the server does not answer, saying how to start it.
+    Fails the test (never skips) when the server does not answer, saying so.
     """
     import psycopg2
 
     try:
-        conn = psycopg2.connect(host=PG_HOST, port=port, user=PG_USER, dbname="postgres", connect_timeout=5)
+        conn = psycopg2.connect(host=server.host, port=server.port, user=server.user, dbname="postgres",
+                                connect_timeout=5)
     except psycopg2.OperationalError as exc:
-        pytest.fail(f"PostgreSQL does not answer on {PG_HOST}:{port} ({str(exc).strip()}); {START_POSTGRES}",
-                    pytrace=False)
+        pytest.fail(f"PostgreSQL does not answer on {server.host}:{server.port} ({str(exc).strip()}); "
+                    f"{START_POSTGRES}", pytrace=False)
     conn.autocommit = True
     return conn
 
 
 @contextlib.contextmanager
-def fresh_database() -> Iterator[str]:
+def fresh_database(server: pgserver.Server) -> Iterator[str]:
     """A new database `lakehouse_test_<uuid>`; yields its SQLAlchemy URI and drops it afterwards,
     closing whatever sessions are still connected to it."""
     name = f"lakehouse_test_{uuid.uuid4().hex}"
-    with contextlib.closing(admin_connection()) as conn, conn.cursor() as cursor:
+    with contextlib.closing(admin_connection(server)) as conn, conn.cursor() as cursor:
         cursor.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
+        yield server.url(name)
     finally:
-        with contextlib.closing(admin_connection()) as conn, conn.cursor() as cursor:
+        with contextlib.closing(admin_connection(server)) as conn, conn.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def query(uri: str, sql: str, params: tuple = ()) -> list[tuple]:
-    """The rows of one query in the database `uri` names."""
+    """The rows of one query in the database `uri` (a SQLAlchemy URI) names."""
     import psycopg2
+    from sqlalchemy.engine import make_url
 
-    with contextlib.closing(psycopg2.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname=uri.rsplit("/", 1)[1],
+    url = make_url(uri)
+    with contextlib.closing(psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database,
                                              connect_timeout=5)) as conn, conn.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
 
 @pytest.fixture
-def pg_platform(stack, monkeypatch, tmp_path) -> Iterator[config.PlatformConfig]:
+def pg_platform(postgres, stack, monkeypatch, tmp_path) -> Iterator[config.PlatformConfig]:
     """The platform on a fresh PostgreSQL catalog: LAKEHOUSE_CATALOG_URI (and a warehouse of the
     test's own) set as a user would, then `stack.up()`, which creates the catalog tables."""
-    with fresh_database() as uri:
+    with fresh_database(postgres) as uri:
         monkeypatch.setenv("LAKEHOUSE_CATALOG_URI", uri)
         monkeypatch.setenv("LAKEHOUSE_WAREHOUSE", (tmp_path / "warehouse").as_uri())
         status = stack_module.up()
@@ -118,8 +133,8 @@ def pg_platform(stack, monkeypatch, tmp_path) -> Iterator[config.PlatformConfig]
         assert {"iceberg_tables", "iceberg_namespace_properties"} <= created
         platform = config.load()
         assert platform.catalog_uri == uri
-        assert platform.catalog("lake").jdbc() == (f"jdbc:postgresql://{PG_HOST}:{PG_PORT}/{uri.rsplit('/', 1)[1]}",
-                                                   {"user": PG_USER})
+        assert platform.catalog("lake").jdbc() == (
+            f"jdbc:postgresql://{postgres.host}:{postgres.port}/{uri.rsplit('/', 1)[1]}", {"user": postgres.user})
         yield platform
 
 
@@ -284,9 +299,9 @@ def stoppable():
 
 # ---------------------------------------------------------------------------- tests
 
-def test_without_postgresql_the_tests_fail_and_say_how_to_start_it(free_tcp_port):
-    with pytest.raises(pytest.fail.Exception, match=r"start PostgreSQL \(see README\)"):
-        admin_connection(port=free_tcp_port)
+def test_without_postgresql_the_tests_fail_and_say_so(postgres, free_tcp_port):
+    with pytest.raises(pytest.fail.Exception, match=rf"PostgreSQL does not answer on 127.0.0.1:{free_tcp_port}"):
+        admin_connection(dataclasses.replace(postgres, port=free_tcp_port))
 
 
 def test_airflow_metadata_db_is_postgresql_or_sqlite(monkeypatch, own_home, tmp_path):
@@ -341,7 +356,7 @@ def test_postgresql_catalog_ingests_exactly_once_and_pyiceberg_reads_sparks_offs
     # starts where a --once run stopped, and a --once run catches up after it)
 
 
-def test_killed_catalog_connections_are_retried_not_fatal(pg_platform, make_spec):
+def test_killed_catalog_connections_are_retried_not_fatal(postgres, pg_platform, make_spec):
     """pg_terminate_backend on every catalog connection, over and over, while the continuous job runs
     and commits: pooled connections are replaced (pre-ping) or the failed call is retried (`retry`
     events), the job keeps committing, nothing is lost or doubled."""
@@ -364,7 +379,7 @@ def test_killed_catalog_connections_are_retried_not_fatal(pg_platform, make_spec
         while time.monotonic() < deadline:
             produce.produce(spec, 25, bad_ratio=0.05, seed=seed, platform=pg_platform)
             seed += 1
-            with contextlib.closing(admin_connection()) as conn, conn.cursor() as cursor:
+            with contextlib.closing(admin_connection(postgres)) as conn, conn.cursor() as cursor:
                 cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                                "WHERE datname = %s AND pid <> pg_backend_pid()", (database,))
                 killed += cursor.fetchone()[0]
@@ -551,13 +566,13 @@ def api(url: str, token: str | None = None, method: str = "GET", body: dict | No
 
 
 def test_airflow_on_postgresql_runs_task_instances_in_parallel_with_the_local_executor(
-        own_home, tmp_path, monkeypatch, free_tcp_port):
+        postgres, own_home, tmp_path, monkeypatch, free_tcp_port):
     dag_id = f"parallel_{uuid.uuid4().hex[:8]}"
     dags, barrier = tmp_path / "dags", tmp_path / "barrier"
     dags.mkdir()
     barrier.mkdir()
     (dags / f"{dag_id}.py").write_text(BARRIER_DAG.format(barrier=str(barrier), dag_id=dag_id))
-    with fresh_database() as uri:
+    with fresh_database(postgres) as uri:
         monkeypatch.setenv("LAKEHOUSE_AIRFLOW_DB_URI", uri)
         monkeypatch.setenv("LAKEHOUSE_AIRFLOW_DAGS_FOLDER", str(dags))
         try:
