@@ -280,7 +280,7 @@ def _verification(event: dict | None) -> str:
     """The newest `verify` event: status, what it says and when; what to run when none yet."""
     if event is None:
         return _field("verification", "none yet", "muted") + ' <span class="muted">(run the verify DAG or ' \
-                                                              '`lakehouse verify`)</span>'
+                                                              '`lakehouse verify --pipeline NAME`)</span>'
     when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
     return (_field("verification", event["status"], f"status-{_e(event['status'])}")
             + f' <span class="muted" data-field="verification_message">{_e(event.get("message") or "")}</span>'

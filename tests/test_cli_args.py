@@ -4,6 +4,9 @@ The CLI runs in-process (`lakehouse.cli.main`) with LAKEHOUSE_HOME in an empty f
 command the folder is still empty (no catalog, no broker state) and no Spark session was started.
 """
 
+import ast
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,69 @@ def test_pipelines_lists_the_valid_specs_reports_broken_files_and_exits_2(home, 
     (specs / "broken.yaml").unlink()
     assert cli.main(["pipelines"]) == 0
     assert list(home.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------- the commands messages suggest
+
+REPO = Path(__file__).resolve().parents[1]
+# where the product and its development stack write messages for people
+MESSAGE_SOURCES = ("include/lakehouse", "plugins", "dags", "spark_jobs", "devstack/lakehouse_dev", "scripts")
+SUGGESTED = re.compile(r"`lakehouse ([^`]*)`")
+# what a message's placeholders stand for when its command is parsed: pipeline names, offsets, durations
+PLACEHOLDERS = {"NAME": "orders", "P:START-END": "0:1-2", "DURATION": "1h", "FROM..TO": "1..2", "N": "1"}
+
+
+def _message_texts(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of each string a module builds that is not a docstring: its f-strings with every
+    replacement field as `{}`, adjacent literals joined as Python joins them."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    parts = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    docstrings |= parts  # an f-string's literal parts are read with it
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                           for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value
+        else:
+            continue
+        found.append((node.lineno, text))
+    return found
+
+
+def _argv(command: str) -> list[str]:
+    """A suggested command's arguments, each placeholder given a value of its kind: a pipeline's name, else
+    numbers that grow from field to field (so `{offset}-{offset + 1}` is a range)."""
+    command = re.sub(r"\{[^}]*(name|pipeline)[^}]*\}", "orders", command)
+    numbers = iter(range(1, 100))
+    command = re.sub(r"\{[^}]*\}", lambda _: str(next(numbers)), command)
+    return [PLACEHOLDERS.get(word, word) for word in shlex.split(command)]
+
+
+def suggested_commands() -> list[tuple[str, str]]:
+    """(where, command) of every `lakehouse ...` command a message of the product suggests."""
+    found = []
+    for folder in MESSAGE_SOURCES:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for line, text in _message_texts(path):
+                found += [(f"{path.relative_to(REPO)}:{line}", m.group(1)) for m in SUGGESTED.finditer(text)]
+    return found
+
+
+def test_messages_suggest_commands_the_cli_accepts():
+    """Every `lakehouse ...` a message tells people to run parses: its subcommand and options exist."""
+    commands = suggested_commands()
+    assert len(commands) >= 15, commands  # the walk finds the messages
+    parser = cli.build_parser()
+    refused_ = []
+    for where, command in commands:
+        try:
+            parser.parse_args(_argv(command))
+        except SystemExit:
+            refused_.append(f"{where}: `lakehouse {command}`")
+    assert not refused_, "messages suggest commands the CLI refuses:\n" + "\n".join(refused_)

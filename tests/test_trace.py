@@ -36,6 +36,7 @@ from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import parse_moment
 from lakehouse.ops.coordinates import Coverage, coordinate_filter
 from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
+from lakehouse.ops.verify import RecordKey
 from test_ui import card, field
 from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
@@ -82,18 +83,34 @@ def test_a_record_no_row_holds_is_explained_by_the_log_the_positions_and_the_gap
 
 def test_an_upsert_record_no_row_holds_was_superseded_or_deleted_or_is_missing(make_spec):
     spec = make_spec(mode="upsert", table_key=["order_id"])
-    record = {"key": "ord-1", "timestamp_ms": 1000}
+    record = {"key": "ord-1", "table_key": "ord-1", "timestamp_ms": 1000}
+    derived = RecordKey("ord-1", ("ord-1",), False, None)
 
-    def verdict(row=None, tombstone=None) -> str:
-        return not_held_verdict(spec, 0, 20, Whereabouts(10, 100, 60, None, True, record, row, tombstone))[0]
+    def verdict(row=None, tombstone=None, found=derived) -> str:
+        return not_held_verdict(spec, 0, 20, Whereabouts(10, 100, 60, None, True, record, row, tombstone, found))[0]
 
     assert verdict(row=(0, 30, 900)) == "superseded"          # a later offset of the key in the same partition
     assert verdict(row=(1, 3, 1000)) == "superseded"          # another partition, a timestamp no older
     assert verdict(row=(0, 15, 2000), tombstone=(0, 25, 0)) == "deleted"
     assert verdict(row=(1, 3, 999)) == "missing"              # the row is older: this record should be it
+    assert verdict(row=(0, 30, 900), found=None) == "missing"  # a key that does not decode is a dead letter
     fanned = make_spec(mode="upsert", table_key=["order_id"],
                        fanout={"field": "status", "routes": {"paid": "raw.orders_{suffix}_paid"}})
     assert not_held_verdict(fanned, 0, 20, Whereabouts(10, 100, 60, read=True, record=record))[0] == "not-held"
+
+
+def test_a_change_events_place_in_the_source_log_decides_whether_it_was_superseded(make_spec):
+    spec = make_spec(fields=[{"name": "id", "type": "long", "required": True}, {"name": "email", "type": "string"}],
+                     mode="cdc", table_key=["id"], partition_by=None, source={"key": {"field": None}},
+                     publish={"view": None})
+    record = {"key": '{"id":7}', "table_key": "7", "timestamp_ms": 5000}
+    change = RecordKey('{"id":7}', (7,), False, {"op": "u", "source_ts": 4_000_000, "position": 900})
+
+    def verdict(row) -> str:
+        return not_held_verdict(spec, 1, 20, Whereabouts(10, 100, 60, None, True, record, row, None, change))[0]
+
+    assert verdict((0, 3, 9000, 800, 4000)) == "missing"      # a later Kafka time, but earlier in the source's log
+    assert verdict((0, 3, 1000, 950, 4000)) == "superseded"   # an earlier Kafka time, later in the source's log
 
 
 # ---------------------------------------------------------------------------- unit layer: pruning

@@ -170,8 +170,10 @@ def test_the_newest_record_of_a_key_is_the_highest_offset_in_a_partition_and_the
     newest = newest_per_key(records(("a", 0, 1, 500, False), ("a", 0, 3, 100, False), ("a", 1, 9, 300, True),
                                     ("b", 2, 4, 7, False), ("b", 1, 5, 7, False)))
     assert newest.to_pylist() == [
-        {"key": "a", "partition": 1, "offset": 9, "timestamp_ms": 300, "tombstone": True},  # 300 > offset 3's 100
-        {"key": "b", "partition": 2, "offset": 4, "timestamp_ms": 7, "tombstone": False}]  # a tie: higher partition
+        {"key": "a", "partition": 1, "offset": 9, "timestamp_ms": 300, "tombstone": True,  # 300 > offset 3's 100
+         "position": None, "source_ts": None},
+        {"key": "b", "partition": 2, "offset": 4, "timestamp_ms": 7, "tombstone": False,  # a tie: higher partition
+         "position": None, "source_ts": None}]
 
 
 @given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 2), st.integers(0, 50), st.integers(0, 9),
@@ -188,7 +190,7 @@ def test_the_newest_record_is_the_latest_of_each_partitions_last(items):
         if key not in expected or (ts, p) > (expected[key][3], expected[key][1]):
             expected[key] = (key, p, o, ts, dead)
     found = newest_per_key(records(*items)).to_pylist()
-    assert [tuple(r.values()) for r in found] == [expected[k] for k in sorted(expected)]
+    assert [tuple(r.values())[:5] for r in found] == [expected[k] for k in sorted(expected)]
 
 
 def test_each_keys_row_is_its_newest_record_and_a_tombstone_leaves_no_older_row():
@@ -202,6 +204,100 @@ def test_each_keys_row_is_its_newest_record_and_a_tombstone_leaves_no_older_row(
     assert {(p.kind, p.key, p.offset) for p in found.problems} == {
         ("stale", "stale", 7), ("missing", "lost", 8), ("stale", "back", 10), ("missing", "no_ledger", 12)}
     assert found.problems[0].tables == ("raw.t",)
+
+
+# ---------------------------------------------------------------------------- unit layer: table keys of records
+
+KEY_FORMATS = ["string", "json", "avro", "protobuf", "json_schema"]
+
+
+def table_key_texts(spec, rows: list[dict]) -> list[str]:
+    """The key text of table rows holding `rows` (contract values as the reader checks them), as `_key_rows`
+    reads a table: each key column in its Arrow type, through `key_text`."""
+    from lakehouse.ingest.reader import arrow_type
+
+    return verify.key_text([pa.array([r[k] for r in rows], arrow_type(spec.contract.field(k)))
+                            for k in spec.target.key]).to_pylist()
+
+
+@pytest.mark.parametrize("key_format", KEY_FORMATS)
+def test_a_records_table_key_is_derived_as_ingestion_derives_it_for_every_key_format(make_spec, key_format):
+    """An upsert table keyed by the Kafka key: the key of each valid record, decoded as the reader decodes it
+    (text, or the key field of a JSON, Avro, Protobuf or JSON Schema record key), is the text of the key
+    column of the row ingestion writes for it; a key that does not decode gives none."""
+    from test_produce_formats import in_format
+
+    from lakehouse.ingest.records import RecordValidator
+    from lakehouse_dev.produce import synthesize
+
+    spec = in_format(make_spec, "json", key_format=None if key_format == "string" else key_format,
+                     mode="upsert", table_key=["payment_id"])
+    assert spec.tombstones_delete
+    keys, validator = verify.TableKeys(spec), RecordValidator(spec)
+    records = list(synthesize(spec, 300, bad_ratio=0.3, seed=11))
+    valid = [r for r in records if r.kind is None]
+    expected = table_key_texts(spec, [validator.check(validator.check_key(r.key), r.value) for r in valid])
+    assert [verify.key_text([pa.array([keys.identify(r.key, r.value).values[0]])]).to_pylist()[0]
+            for r in valid] == expected
+    assert all(keys.identify(r.key, r.value) is None for r in records if r.kind in ("bad_key", "null_key"))
+
+
+@pytest.mark.parametrize("value_format, connect_schemas", [("json", False), ("json", True), ("avro", False)])
+def test_a_change_events_table_key_is_its_primary_key_and_deletes_are_told_apart(make_spec, monkeypatch,
+                                                                               value_format, connect_schemas):
+    """Debezium keys with and without their Connect schema, and Avro keys: each valid change event's table
+    key is the text of the primary key in the row it writes (or deletes); op d and tombstones delete."""
+    from test_change_streams import applied, cdc_spec
+
+    from lakehouse.ingest.records import RecordValidator
+    from lakehouse_dev.produce import synthesize
+
+    if value_format == "avro":
+        monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", f"mock://verify-{os.getpid()}-{connect_schemas}")
+    platform = config.load(fresh=True)
+    spec = cdc_spec(make_spec, value_format)
+    records = list(synthesize(spec, 400, bad_ratio=0.1, seed=5, platform=platform, connect_schemas=connect_schemas))
+    validator = RecordValidator(spec, registry=platform.schema_registry())
+    keys = verify.TableKeys(spec, platform.schema_registry())
+    for r in records:
+        if r.kind is not None:
+            continue
+        _, values, op = validator.check_change(r.key, r.value)
+        found = keys.identify(r.key, r.value, with_text=True)
+        assert found.values == values[:1] and found.delete == (op == "delete")
+        assert found.text == validator.check_key(r.key) and found.cdc["position"] == values[-1]["position"]
+        assert verify.key_text([pa.array([found.values[0]], pa.int64())]).to_pylist() == [str(values[0])]
+    rows, deleted = applied(spec, records, validator)
+    assert rows and deleted  # the stream holds creates, updates and deletes
+
+
+def test_a_composite_key_is_one_text_of_its_columns():
+    assert verify.key_text([pa.array(["eu", None]), pa.array([7, 8])]).to_pylist() == ["(eu, 7)", None]
+
+
+def cdc_records(*items: tuple[str, int, int, int, bool, int | None]) -> pa.Table:
+    """(key, partition, offset, timestamp ms, delete, source position) as NEWEST rows."""
+    key, part, off, ts, dead, position = zip(*items)
+    return pa.table([pa.array(key, pa.string()), pa.array(part, pa.int32()), pa.array(off, pa.int64()),
+                     pa.array(ts, pa.int64()), pa.array(dead), pa.array(position, pa.decimal128(38, 0)),
+                     pa.nulls(len(key), pa.int64())], schema=verify.NEWEST)
+
+
+def test_a_change_streams_newest_change_is_the_latest_in_the_source_log_across_partitions():
+    """Kafka timestamps say partition 1's update is newer; the source log says partition 0's delete is: the
+    MERGE (NEWER_CDC) and the check follow the source."""
+    newest = newest_per_key(cdc_records(("k", 0, 4, 100, True, 900), ("k", 1, 2, 500, False, 800),
+                                        ("j", 0, 5, 100, False, None), ("j", 1, 3, 200, False, None)))
+    assert [(r["key"], r["partition"], r["offset"]) for r in newest.to_pylist()] == [("j", 1, 3), ("k", 0, 4)]
+    revived = key_rows(("k", 1, 2, 500))  # the older update's row left in place: a deleted key revived
+    revived = revived.append_column("position", pa.array([800], pa.decimal128(38, 0)))
+    ledger = key_rows(("k", 0, 4, 100))
+    found, _ = check_keys(TOPIC, "raw.t", "raw.t__tombstones", newest.filter(pc.equal(newest["key"], "k")), revived,
+                          ledger, by_source=True)
+    assert [(p.kind, p.key, p.offset) for p in found.problems] == [("stale", "k", 4)]
+    by_kafka_time, _ = check_keys(TOPIC, "raw.t", "raw.t__tombstones", newest.filter(pc.equal(newest["key"], "k")),
+                                  revived, ledger)
+    assert by_kafka_time.ok  # without the source order the row would look newer than the delete
 
 
 # ---------------------------------------------------------------------------- unit layer: the command

@@ -308,6 +308,25 @@ def test_lakehouse_schemas_pulls_the_registry_versions_and_says_what_the_contrac
     assert listed == {1: ("folder", "fits"), 2: ("folder", "fits"), 3: ("registry", "incompatible")}
 
 
+def test_schemas_pull_fills_an_empty_folder_a_contract_from_the_writer_schemas_cannot_load_without(
+        make_spec, monkeypatch, capsys):
+    from lakehouse import cli
+    from lakehouse.core.spec import load_pipeline
+
+    registry = {"url": f"mock://test-wire-bootstrap-{make_spec.directory.parent.name}"}
+    spec = followed(make_spec, (1, V1))
+    (make_spec.directory / "schemas" / "1.avsc").unlink()  # a new pipeline: nothing pulled yet
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry["url"])
+    with pytest.raises(SpecError, match=rf"`lakehouse schemas --pipeline {spec.name} --pull` fills it"):
+        load_pipeline(spec.name)
+    assert [formats.register_schema(registry, f"{spec.source.topic}-value", json.dumps(v)) for v in (V1, V2)] == [1, 2]
+    assert cli.main(["schemas", "--pipeline", spec.name, "--pull"]) == 0
+    assert "pulled   2 (AVRO)" in capsys.readouterr().err
+    assert sorted(p.name for p in (make_spec.directory / "schemas").iterdir()) == ["1.avsc", "2.avsc"]
+    assert load_pipeline(spec.name).contract.names == ("order_id", "amount", "note")
+
+
 # ------------------------------------------------------------------- the row plans agree with the reference
 
 PLANNED = {"type": "record", "name": "P", "fields": [

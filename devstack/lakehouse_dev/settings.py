@@ -49,7 +49,7 @@ def embedded_kafka_security(home: Path, state: dict) -> dict[str, str]:
             raise ConfigError(f"the embedded broker requires {security['mechanism']} authentication but its "
                               f"password file {password_file} cannot be read ({exc.strerror}); run as the "
                               f"user who started the stack, or restart it with `lakehouse stack down` and "
-                              f"`lakehouse stack up --auth ...`") from None
+                              f"`lakehouse stack up --auth scram-sha-512 --tls`") from None
         conf.update({"sasl.mechanism": security["mechanism"], "sasl.username": security.get("username", ""),
                      "sasl.password": password})
     if security.get("ca_location"):

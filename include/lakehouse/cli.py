@@ -48,11 +48,13 @@ from typing import Callable
 from lakehouse.core import config, errors
 from lakehouse.core.spec import (
     DURATION_CAPS_S,
+    FORMAT_SCHEMA_TYPES,
     IDENTIFIER,
     PipelineSpec,
     SpecError,
     is_table_name,
     load_pipeline,
+    load_schema_source,
     load_specs,
     parse_duration,
     parse_instant,
@@ -247,23 +249,29 @@ def cmd_retention(args) -> int:
     return EXIT_SOURCE if report.status == "failed" else 0
 
 
+def _require_wire_formats(name: str, source) -> None:
+    if not any(f in FORMAT_SCHEMA_TYPES for f in (source.value_format, source.key_format)):
+        raise errors.ConfigurationError(f"pipeline {name!r} reads {source.value_format} values and "
+                                        f"{source.key_format} keys, which carry no writer schema")
+
+
 def cmd_schemas(args) -> int:
     """Lists the pipeline's writer schemas and what the contract makes of each; with --pull, first writes the
     registry subjects' versions the schema folder lacks into it. Returns EXIT_CONFIG when one is
     incompatible or cannot be translated."""
     from lakehouse.ingest import formats
 
-    spec = load_pipeline(args.pipeline)
-    if not spec.wire_formats:
-        raise errors.ConfigurationError(f"pipeline {spec.name!r} reads {spec.source.value_format} values, which "
-                                        f"carry no writer schema")
     registry = config.load().schema_registry()
     if args.pull:
+        # the source section alone: a contract derived from an empty folder does not load until this fills it
+        pulling = load_schema_source(args.pipeline)
+        _require_wire_formats(pulling.name, pulling.source)
         if registry is None:
             raise errors.ConfigurationError("--pull needs the schema registry: set LAKEHOUSE_SCHEMA_REGISTRY_URL")
-        for schema_id, schema_type, path in formats.pull_schemas(spec, registry):
+        for schema_id, schema_type, path in formats.pull_schemas(pulling, registry):
             print(f"pulled   {schema_id} ({schema_type}) -> {path}", file=sys.stderr)
-        spec = load_pipeline(args.pipeline)  # the contract as the folder now derives it
+    spec = load_pipeline(args.pipeline)  # with --pull: the contract as the folder now derives it
+    _require_wire_formats(spec.name, spec.source)
     found = formats.describe_schemas(spec, registry)
     if args.json:
         _print_json([report.__dict__ for report in found])

@@ -975,7 +975,7 @@ def _check_own_names(r: _Reader, spec: PipelineSpec) -> None:
         seen[name] = (where, what)
 
 
-def _derived_fields(r: _Reader, value_format: str, key_format: str, envelope: str | None,
+def _derived_fields(r: _Reader, name: str, value_format: str, key_format: str, envelope: str | None,
                     schemas: tuple[tuple[int, str, str], ...]) -> tuple[FieldSpec, ...]:
     """`contract.from: writer_schema`: the fields that fit every value writer schema of `source.schemas`
     (lakehouse.core.schemas.derive, merged oldest id first), checked as declared fields are."""
@@ -988,8 +988,8 @@ def _derived_fields(r: _Reader, value_format: str, key_format: str, envelope: st
     if not schemas:
         raise r.fail("contract.from", "a contract derived from the writer schema needs the writer schemas beside "
                                       "the spec: set source.schemas to a folder of <schema id>.avsc, .proto or "
-                                      ".json files (`lakehouse schemas pull --pipeline NAME` fills it from the "
-                                      "schema registry)")
+                                      f".json files (`lakehouse schemas --pipeline {name} --pull` fills it from "
+                                      "the schema registry)")
     if envelope is None and FORMAT_SCHEMA_TYPES.get(key_format) == schema_type:
         raise r.fail("contract.from", f"the keys and values are both {schema_type} records, so the folder's "
                                       f"schemas cannot be told apart; declare contract.fields instead")
@@ -1033,16 +1033,9 @@ def _check_case(r: _Reader, f: FieldSpec) -> None:
                                               f"only in case, which Spark cannot tell apart")
 
 
-def _parse(path: Path, raw: Any) -> PipelineSpec:
-    r = _Reader(path)
-    top = r.mapping(raw, "", {"name", "description", "source", "target", "dead_letter", "contract",
-                              "schema_policy", "trigger", "slo", "supervision", "maintenance", "retention",
-                              "publish", "verify", "candidate_for"})
-    if not top:
-        raise r.fail("(file)", "is empty")
-    name = r.identifier(r.required(top, "name", ""), "name")
-    contract_raw = r.mapping(r.required(top, "contract", ""), "contract", {"fields", "from"})
-
+def _source(r: _Reader, top: dict, path: Path, name: str, empty_folder: bool = False) -> SourceSpec:
+    """The `source` section of spec document `top`; `source.key.field` is checked against the contract by
+    the caller. `empty_folder` admits a `source.schemas` folder without schemas (to pull them into)."""
     src = r.mapping(r.required(top, "source", ""), "source",
                     {"topic", "partitions", "replication_factor", "retention_ms", "value_format", "key",
                      "max_value_bytes", "schemas", "envelope"})
@@ -1079,24 +1072,17 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
             schemas = read_schema_folder(Path(path).parent / folder)
         except (OSError, ValueError, RuntimeError) as exc:  # a name too long, a symlink loop, too large
             raise r.fail("source.schemas", f"{folder!r} cannot be read: {exc}") from None
-        if not schemas:
-            raise r.fail("source.schemas", f"{folder!r} is not a folder of <schema id>.avsc, .proto or .json "
-                                           f"files")
         types = {FORMAT_SCHEMA_TYPES[f] for f in wire}
-        if not any(schema_type in types for _, schema_type, _ in schemas):
+        if not schemas:
+            if not empty_folder:
+                raise r.fail("source.schemas", f"{folder!r} is not a folder of <schema id>.avsc, .proto or .json "
+                                               f"files (`lakehouse schemas --pipeline {name} --pull` fills it from "
+                                               f"the schema registry)")
+        elif not any(schema_type in types for _, schema_type, _ in schemas):
             raise r.fail("source.schemas", f"{folder!r} holds no {' or '.join(sorted(types))} schema for "
                                            f"{' and '.join(wire)}")
-    derived = None if contract_raw.get("from") is None else _derived_fields(r, value_format, key_format, envelope,
-                                                                             schemas)
-    contract = _contract(r, contract_raw, derived)
     key_field = key.get("field")
-    if key_field is not None:
-        if key_field not in contract.names:
-            raise r.fail("source.key.field", f"{_shown(key_field)} is not a contract field")
-        if contract.field(key_field).type in (*NESTED_TYPES, "binary"):  # the key is compared as text
-            raise r.fail("source.key.field", f"{key_field!r} is a {contract.field(key_field).type_text}; the Kafka "
-                                             f"key is text, compared with a field of a scalar type")
-    source = SourceSpec(
+    return SourceSpec(
         topic=topic,
         partitions=r.integer(src.get("partitions", 1), "source.partitions", 1),
         replication_factor=r.integer(src.get("replication_factor", 1), "source.replication_factor", 1),
@@ -1111,6 +1097,29 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         envelope=envelope,
         max_value_bytes=r.integer(src.get("max_value_bytes", 1_048_576), "source.max_value_bytes", 1),
     )
+
+
+def _parse(path: Path, raw: Any) -> PipelineSpec:
+    r = _Reader(path)
+    top = r.mapping(raw, "", {"name", "description", "source", "target", "dead_letter", "contract",
+                              "schema_policy", "trigger", "slo", "supervision", "maintenance", "retention",
+                              "publish", "verify", "candidate_for"})
+    if not top:
+        raise r.fail("(file)", "is empty")
+    name = r.identifier(r.required(top, "name", ""), "name")
+    contract_raw = r.mapping(r.required(top, "contract", ""), "contract", {"fields", "from"})
+
+    source = _source(r, top, path, name)
+    derived = None if contract_raw.get("from") is None else _derived_fields(
+        r, name, source.value_format, source.key_format, source.envelope, source.schemas)
+    contract = _contract(r, contract_raw, derived)
+    key_field = source.key_field
+    if key_field is not None:
+        if key_field not in contract.names:
+            raise r.fail("source.key.field", f"{_shown(key_field)} is not a contract field")
+        if contract.field(key_field).type in (*NESTED_TYPES, "binary"):  # the key is compared as text
+            raise r.fail("source.key.field", f"{key_field!r} is a {contract.field(key_field).type_text}; the Kafka "
+                                             f"key is text, compared with a field of a scalar type")
 
     tgt = r.mapping(r.required(top, "target", ""), "target",
                     {"catalog", "table", "mode", "key", "partition_by", "fanout", "target_file_size_mb",
@@ -1437,6 +1446,39 @@ def load_specs(directory: Path | str | None = None) -> SpecSet:
 def load_all(directory: Path | str | None = None) -> dict[str, PipelineSpec]:
     """Every valid pipeline of the pipelines folder, by name; broken files are left out (see load_specs)."""
     return load_specs(directory).specs
+
+
+@dataclass(frozen=True)
+class SchemaSource:
+    """What pulling a pipeline's writer schemas needs of its spec (`lakehouse schemas --pull`), read even
+    while the spec does not load because its contract comes from a schema folder that is still empty."""
+
+    name: str
+    path: str
+    source: SourceSpec
+
+
+def load_schema_source(name: str, directory: Path | str | None = None) -> SchemaSource:
+    """The `source` section of the spec file that declares pipeline `name` (by its `name` or its stem),
+    checked as `load_spec` checks it except that its `source.schemas` folder may hold no schema yet.
+
+    Raises SpecError when the file's name or source section is broken, UnknownPipelineError when no
+    file declares `name`.
+    """
+    directory = Path(directory) if directory else config.pipelines_dir()
+    for path in sorted(directory.glob("*.y*ml")):
+        try:
+            raw = _read_yaml(path)
+        except SpecError:
+            continue
+        if name not in (_declared_name(raw, path), path.stem):
+            continue
+        r = _Reader(path)
+        top = r.mapping(raw, "", set(raw) if isinstance(raw, dict) else set())
+        declared = r.identifier(r.required(top, "name", ""), "name")
+        return SchemaSource(declared, str(path), _source(r, top, path, declared, empty_folder=True))
+    known = ", ".join(sorted(load_specs(directory).specs)) or "none"
+    raise UnknownPipelineError(f"no pipeline named {name!r} in {directory} (known: {known})")
 
 
 def load_pipeline(name: str, directory: Path | str | None = None) -> PipelineSpec:

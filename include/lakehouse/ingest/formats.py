@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from lakehouse.core import errors, schemas
 from lakehouse.core.errors import SchemaRegistryUnavailableError, SchemaTranslationError
-from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, FieldSpec, PipelineSpec
+from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, FieldSpec, PipelineSpec, SchemaSource
 from lakehouse.ingest.records import JsonDecoder, Rejected
 
 log = logging.getLogger("lakehouse.ingest.formats")
@@ -692,11 +692,12 @@ def describe_schemas(spec: PipelineSpec, registry: dict | None) -> list[SchemaRe
 _EXTENSIONS = {"AVRO": ".avsc", "PROTOBUF": ".proto", "JSON": ".json"}
 
 
-def pull_schemas(spec: PipelineSpec, registry: dict) -> list[tuple[int, str, str]]:
+def pull_schemas(spec: PipelineSpec | SchemaSource, registry: dict) -> list[tuple[int, str, str]]:
     """Write every version of the pipeline's registry subjects that its `source.schemas` folder lacks into
-    the folder (`<id>.avsc`, `.proto`, `.json`); (id, type, path) of each file written. A Protobuf schema
-    the registry keeps only as descriptors is left out (logged). Raises ConfigurationError without a folder,
-    SchemaRegistryUnavailableError when the registry does not answer."""
+    the folder (`<id>.avsc`, `.proto`, `.json`); (id, type, path) of each file written. `spec` may be a
+    SchemaSource, the source section of a spec that does not load until its folder holds schemas. A
+    Protobuf schema the registry keeps only as descriptors is left out (logged). Raises
+    ConfigurationError without a folder, SchemaRegistryUnavailableError when the registry does not answer."""
     from pathlib import Path
 
     if spec.source.schemas_dir is None:

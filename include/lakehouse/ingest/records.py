@@ -748,7 +748,27 @@ def _changes(diff) -> str:
     return "; ".join(parts)[:500]
 
 
-def _canonical(record: Any) -> str:
+def _change_meta(event: Any) -> tuple[str, dict]:
+    """(op, `_cdc` value) of a Debezium change event (unwrapped): the op is c, r, u or d; the `_cdc` value
+    holds it, the source's commit time (epoch micros) and its position in the source's log. Rejected for
+    anything that is no change event, a truncate (t) and a logical decoding message (m)."""
+    if not isinstance(event, dict):
+        raise Rejected("bad_envelope", f"not a Debezium change event: the payload is {_show(event)}")
+    op = event.get("op")
+    if op in ("t", "m"):
+        raise Rejected("unsupported_change", "a truncate (op t) empties the whole source table and is not applied "
+                                             "row by row; replay the table's snapshot instead" if op == "t" else
+                       "a logical decoding message (op m) carries no row")
+    if op is None:
+        raise Rejected("bad_envelope", "not a Debezium change event: it has no `op`")
+    if op not in ("c", "r", "u", "d"):
+        raise Rejected("bad_envelope", f"op {_show(op)} is not a Debezium operation (c, r, u, d, t, m)")
+    source = event.get("source") if isinstance(event.get("source"), dict) else {}
+    return op, {"op": op, "source_ts": _epoch_ms_to_us(source.get("ts_ms", event.get("ts_ms"))),
+                "position": source_position(source)}
+
+
+def canonical_key(record: Any) -> str:
     """A decoded record key as `_kafka.key` shows it: compact JSON with sorted keys."""
     return json.dumps(record, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
 
@@ -766,7 +786,7 @@ class RecordValidator:
     """
 
     def __init__(self, spec: PipelineSpec, quarantined: frozenset[str] = frozenset(), registry: dict | None = None,
-                 writer_schemas: WriterSchemas = WriterSchemas()):
+                 writer_schemas: WriterSchemas = WriterSchemas(), gated: bool = True):
         self.spec = spec
         source = spec.source
         store = None
@@ -774,7 +794,10 @@ class RecordValidator:
             from lakehouse.ingest.formats import schema_store
 
             store = schema_store(spec, registry, writer_schemas.resolvable, writer_schemas.missing)
-        self.decoder = self._decoder(source.value_format, store, SchemaGate(spec, writer_schemas.accepted), "value")
+        # `gated`: writer schemas pass the SchemaGate before their first value is decoded (ingestion); an
+        # audit of what was ingested (lakehouse.ops.verify) reads values of any writer schema
+        gate = SchemaGate(spec, writer_schemas.accepted) if gated else None
+        self.decoder = self._decoder(source.value_format, store, gate, "value")
         self.key_decoder = None if source.key_format == "string" else \
             self._decoder(source.key_format, store, None, "key")
         self.key_record: dict | None = None  # the decoded key of the last check_key (record keys)
@@ -820,11 +843,37 @@ class RecordValidator:
             if not isinstance(record, dict):
                 raise Rejected("bad_key", f"the key is a {type(record).__name__}, not a record")
             self.key_record = record
-            return _canonical(record)
+            return canonical_key(record)
         try:
             return key.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise Rejected("bad_key", f"key is not UTF-8 at byte {exc.start}") from None
+
+    def table_key(self, key: bytes | None) -> tuple | None:
+        """The values of the table key (`target.key`) of the row a record with Kafka key `key` upserts or
+        deletes, derived as ingestion derives them: a change event's primary-key columns from its key
+        record (checked, in the contract's internal form: dates as epoch days, timestamps as epoch
+        micros), else the key's text or, for a record key, its `source.key.field` as text. None for a
+        record without a key; Rejected when the key does not decode (the record is a dead letter)."""
+        key_text = self.check_key(key)
+        if self.spec.is_cdc:
+            if self.key_record is None:
+                raise Rejected("bad_key", "a change event's key must be a record holding the primary key columns")
+            keys = self._key_values(self.key_record)
+            return tuple(keys[name] for name in self.spec.target.key)
+        found = self._key_value(key_text)
+        return None if found is None else (found,)
+
+    def change_of(self, value: bytes | None) -> tuple[bool, dict]:
+        """(whether it deletes its key, its `_cdc` value) of a change event's `value`, as `check_change` reads
+        them without checking the row: a null value (the tombstone after a delete) and op `d` delete.
+        Rejected when `value` is no change event."""
+        if value is None:
+            return True, {"op": "d", "source_ts": None, "position": None}
+        if len(value) > self.max_value_bytes:
+            raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
+        op, meta = _change_meta(_unwrap(self.decoder.decode(value)))
+        return op == "d", meta
 
     def _key_value(self, key_text: str | None) -> str | None:
         """What the value's key field must equal: the key's text, or the field of a record key."""
@@ -892,12 +941,7 @@ class RecordValidator:
         else:
             event = self.decoder.decode(value)
         event = _unwrap(event)
-        if not isinstance(event, dict):
-            raise Rejected("bad_envelope", f"not a Debezium change event: the payload is {_show(event)}")
-        op = event.get("op")
-        source = event.get("source") if isinstance(event.get("source"), dict) else {}
-        meta = {"op": op, "source_ts": _epoch_ms_to_us(source.get("ts_ms", event.get("ts_ms"))),
-                "position": source_position(source)}
+        op, meta = _change_meta(event)
         if op in ("c", "r", "u"):
             after = _unwrap(event.get("after"))
             if not isinstance(after, dict):
@@ -912,15 +956,7 @@ class RecordValidator:
                     raise Rejected("key_mismatch", f"the key's {self.names[index]} {_show(value_in_key)} differs "
                                                    f"from the row's {_show(values[index])}")
             return key_text, (*values, meta), "upsert"
-        if op == "d":
-            return key_text, (*key_row, meta), "delete"
-        if op in ("t", "m"):
-            raise Rejected("unsupported_change", "a truncate (op t) empties the whole source table and is not applied "
-                                                 "row by row; replay the table's snapshot instead" if op == "t" else
-                           "a logical decoding message (op m) carries no row")
-        if op is None:
-            raise Rejected("bad_envelope", "not a Debezium change event: it has no `op`")
-        raise Rejected("bad_envelope", f"op {_show(op)} is not a Debezium operation (c, r, u, d, t, m)")
+        return key_text, (*key_row, meta), "delete"  # op d: _change_meta admits nothing else
 
     def _planned_row(self, key_text: str | None, value: bytes) -> tuple:
         """`check_row` of a wire-format value through its writer schema's row plan (`_plan`): the same

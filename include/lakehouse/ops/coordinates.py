@@ -27,7 +27,7 @@ import gc
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -354,12 +354,13 @@ def _key_text(key) -> str | None:
 
 
 def read_kafka(consumer: Consumer, rng: OffsetRange, stall_timeout: float = 30.0,
-               with_keys: bool = False) -> pa.Table:
+               with_keys: bool = False, on_record: Callable[[Any, Any], None] | None = None) -> pa.Table:
     """The records Kafka delivers in `rng` (KAFKA_RECORDS rows, in offset order), values not decoded.
 
     `consumer` reads with the ingest reader's settings (lakehouse.ingest.reader.reader_consumer):
     committed records only, so transaction markers and aborted records hold no offset here, as they
     hold no row in the tables. Keys and tombstone flags are kept with `with_keys` (else null key).
+    `on_record(key, value)` is called with the raw key and value of each record returned, in order.
     The read ends at the range's end or where the partition ends (end-of-partition), whichever
     comes first. Raises BrokerStalledError when nothing comes for `stall_timeout` seconds before
     either, SourceError for a Kafka error (an offset deleted meanwhile, an unknown partition).
@@ -400,6 +401,8 @@ def read_kafka(consumer: Consumer, rng: OffsetRange, stall_timeout: float = 30.0
                     if with_keys:
                         keys.append(_key_text(msg.key()))
                         tombstones.append(msg.value() is None)
+                    if on_record is not None:
+                        on_record(msg.key(), msg.value())
                     position = offset + 1
                 if msgs:
                     last_progress = time.monotonic()

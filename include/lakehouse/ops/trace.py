@@ -32,12 +32,13 @@ Kafka still holds in the window (read from `offsets_for_times`), each with its v
 from __future__ import annotations
 
 import base64
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual, LessThan
 
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
@@ -46,8 +47,9 @@ from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import TopicState, offsets_for_time, topic_state_for
 from lakehouse.ingest.reader import reader_consumer
+from lakehouse.ingest.records import canonical_key
 from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
-from lakehouse.ops.verify import newer
+from lakehouse.ops.verify import RecordKey, TableKeys, newer
 
 VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "foreign", "superseded", "deleted",
             "not-yet-ingested", "gap", "beyond-log-end", "no-record", "aged-out", "missing", "not-held")
@@ -204,19 +206,32 @@ class _Tables:
         return [(c.gaps, c.to_json()) for name in self.spec.positioned_tables if name in self.loaded
                 for c in self.lineage(name).commits if c.gaps]
 
-    def key_coordinates(self, name: str, key: str) -> tuple[int, int, int | None] | None:
-        """(partition, offset, timestamp ms) of the row of Kafka key `key` in upsert table or ledger `name` (one
-        per key) at its head: its rows came from records of that key, so `_kafka.key` finds it, the files
-        pruned by their bounds."""
+    def key_coordinates(self, name: str, found: RecordKey) -> tuple | None:
+        """Where the row of the table key `found` names is in upsert table or ledger `name` (one per key) at its
+        head: (partition, offset, timestamp ms), and for a change stream's data table also its `_cdc`
+        position and source time (ms), which order its changes (verify.newer). The scan filters on the key
+        columns, so a key's row is found whichever record key wrote it."""
         table = self.loaded.get(name)
         if table is None or table.current_snapshot() is None:
             return None
-        found = table.scan(row_filter=EqualTo("_kafka.key", key), selected_fields=("_kafka",)).to_arrow().to_pylist()
-        if not found:
+        by_source = self.spec.is_cdc and self.role(name) == "data"
+        keyed = AlwaysTrue()
+        for column, value in zip(self.spec.target.key, found.values):
+            keyed = And(keyed, EqualTo(column, value))
+        rows = table.scan(row_filter=keyed, selected_fields=("_kafka", *(("_cdc",) if by_source else ()))) \
+            .to_arrow().to_pylist()
+        if not rows:
             return None
-        kafka = found[0]["_kafka"]
-        stamp = kafka.get("timestamp")
-        return kafka["partition"], kafka["offset"], int(stamp.timestamp() * 1000) if stamp is not None else None
+        kafka = rows[0]["_kafka"]
+        at = (kafka["partition"], kafka["offset"], _millis(kafka.get("timestamp")))
+        if not by_source:
+            return at
+        cdc = rows[0].get("_cdc") or {}
+        return (*at, cdc.get("position"), _millis(cdc.get("source_ts")))
+
+
+def _millis(moment: datetime | None) -> int | None:
+    return int(moment.timestamp() * 1000) if moment is not None else None
 
 
 # ---------------------------------------------------------------------------- verdicts
@@ -260,8 +275,9 @@ class Whereabouts:
     gap: dict | None = None
     read: bool = False
     record: dict | None = None
-    key_row: tuple[int, int, int | None] | None = None
-    key_tombstone: tuple[int, int, int | None] | None = None
+    key_row: tuple | None = None        # (partition, offset, timestamp ms[, position, source_ts]): verify.newer
+    key_tombstone: tuple | None = None
+    table_key: RecordKey | None = None  # the record's table key, derived as ingestion derives it
 
 
 def not_held_verdict(spec: PipelineSpec, partition: int, offset: int, w: Whereabouts) -> tuple[str, str]:
@@ -282,20 +298,29 @@ def not_held_verdict(spec: PipelineSpec, partition: int, offset: int, w: Whereab
     if not w.read or w.record is None:
         return "no-record", (f"Kafka delivers no record at {where} (a transaction marker or an aborted record): "
                              f"there is nothing to ingest")
+    replay = (f"Replay it with `lakehouse replay --pipeline {spec.name} --offsets {partition}:{offset}-{offset + 1}` "
+              f"and run `lakehouse verify --pipeline {spec.name}`")
     missing = ("missing", f"Kafka holds {where} and the pipeline committed past it (position {w.committed}), but "
-                          f"no table holds it: a breach of exactly-once. Replay it with `lakehouse replay --pipeline "
-                          f"{spec.name} --offsets {partition}:{offset}-{offset + 1}` and run `lakehouse verify`")
+                          f"no table holds it: a breach of exactly-once. {replay}")
     if spec.target.mode != "upsert":
         return missing
     if not spec.tombstones_delete or spec.target.fanout is not None:
         return "not-held", (f"no row holds {where}: in this upsert table a newer record of its key may have replaced "
                             f"it; `lakehouse verify --pipeline {spec.name}` checks each key's newest record")
-    key, mine = w.record.get("key"), (partition, offset, w.record.get("timestamp_ms"))
-    if w.key_row is not None and newer(w.key_row, mine):
+    if w.table_key is None:
+        return "missing", (f"Kafka holds {where} and the pipeline committed past it (position {w.committed}), but its "
+                           f"key does not decode and the dead-letter table does not hold it: a breach of exactly-once. "
+                           f"{replay}")
+    key = w.record.get("table_key")
+    cdc = w.table_key.cdc or {}
+    source_ts = cdc.get("source_ts")
+    mine = (partition, offset, w.record.get("timestamp_ms"), cdc.get("position"),
+            source_ts // 1000 if source_ts is not None else None)
+    if w.key_row is not None and newer(w.key_row, mine, by_source=spec.is_cdc):
         return "superseded", (f"{where} was replaced by a newer record of key {key!r} (partition {w.key_row[0]}, "
                               f"offset {w.key_row[1]})")
     if w.key_tombstone is not None and newer(w.key_tombstone, mine):
-        return "deleted", (f"key {key!r} of {where} was deleted by the tombstone at partition {w.key_tombstone[0]}, "
+        return "deleted", (f"key {key!r} of {where} was deleted by the record at partition {w.key_tombstone[0]}, "
                            f"offset {w.key_tombstone[1]}")
     return missing
 
@@ -312,15 +337,15 @@ def _partition_state(spec: PipelineSpec, tables: _Tables, platform: config.Platf
 
 
 def _whereabouts(spec: PipelineSpec, tables: _Tables, state: TopicState, committed: dict[int, int], partition: int,
-                 offset: int, record: dict | None, read: bool) -> Whereabouts:
-    """The Whereabouts of a record no row holds, looking up its gap and (upsert) its key's row and tombstone."""
+                 offset: int, record: dict | None, read: bool, found: RecordKey | None = None) -> Whereabouts:
+    """The Whereabouts of a record no row holds, looking up its gap and (upsert) its key's row and tombstone;
+    `found` is the record's table key (`_read_records`)."""
     ps = state.partitions[partition]
     gap = next((commit for gaps, commit in tables.gaps() if (partition, offset) in gaps), None)
     row = tomb = None
-    if record is not None and record.get("key") is not None and spec.tombstones_delete \
-            and ps.earliest <= offset < committed[partition]:
-        row, tomb = (tables.key_coordinates(name, record["key"]) for name in (spec.target.table, spec.tombstone_table))
-    return Whereabouts(ps.earliest, ps.end, committed[partition], gap, read, record, row, tomb)
+    if found is not None and spec.tombstones_delete and ps.earliest <= offset < committed[partition]:
+        row, tomb = (tables.key_coordinates(name, found) for name in (spec.target.table, spec.tombstone_table))
+    return Whereabouts(ps.earliest, ps.end, committed[partition], gap, read, record, row, tomb, found)
 
 
 def trace_record(spec: PipelineSpec, partition: int, offset: int,
@@ -346,19 +371,48 @@ def trace_record(spec: PipelineSpec, partition: int, offset: int,
         result.kafka = {"earliest": ps.earliest, "end": ps.end, "committed": committed[partition],
                         "lag": max(0, ps.end - committed[partition])}
         readable = ps.earliest <= offset < min(ps.end, committed[partition])
+        found = None
         if readable:
-            found = _read_records(spec, platform, OffsetRange(spec.source.topic, partition, offset, offset + 1))
-            result.record = found[0] if found else None
+            read = _read_records(spec, platform, OffsetRange(spec.source.topic, partition, offset, offset + 1))
+            result.record, found = read[0] if read else (None, None)
         result.verdict, result.message = not_held_verdict(spec, partition, offset, _whereabouts(
-            spec, tables, state, committed, partition, offset, result.record, readable))
+            spec, tables, state, committed, partition, offset, result.record, readable, found))
     result.seconds = time.monotonic() - started
     return result
 
 
-def _read_records(spec: PipelineSpec, platform: config.PlatformConfig, rng: OffsetRange) -> list[dict]:
-    """The Kafka records of `rng` as dicts (partition, offset, timestamp_ms, key, tombstone)."""
+def _read_records(spec: PipelineSpec, platform: config.PlatformConfig,
+                  rng: OffsetRange) -> list[tuple[dict, RecordKey | None]]:
+    """The Kafka records of `rng` as dicts (partition, offset, timestamp_ms, key, tombstone), each with what
+    ingestion derives from it (verify.TableKeys) when tombstones delete keys: `key` is then the key as
+    `_kafka.key` shows it (a record key as compact JSON), `table_key` the text of its table key and `delete`
+    whether it deletes it; the RecordKey beside it is None when its key does not decode."""
+    derived: list[RecordKey | None] = []
+    keys = TableKeys(spec, platform.schema_registry()) if spec.tombstones_delete else None
+
+    def identify(key, value) -> None:
+        derived.append(keys.identify(key, value, with_text=True))
+
     with reader_consumer(platform.kafka(), spec.name) as (consumer, _watch):
-        return read_kafka(consumer, rng, stall_timeout=15.0, with_keys=True).to_pylist()
+        records = read_kafka(consumer, rng, stall_timeout=15.0, with_keys=True,
+                             on_record=identify if keys is not None else None).to_pylist()
+    if keys is None:
+        return [(record, None) for record in records]
+    for record, found in zip(records, derived):
+        if found is not None:
+            record.update(key=found.text, table_key=keys.text(found), delete=found.delete)
+    return list(zip(records, derived))
+
+
+def shown_key(spec: PipelineSpec, key: str) -> str:
+    """`key` as `_kafka.key` shows it: a record key (a JSON document, e.g. `{"product_id": 516}`) as compact
+    JSON with sorted fields, as ingestion writes it; text keys, and text that is no JSON, as given."""
+    if spec.source.key_format == "string":
+        return key
+    try:
+        return canonical_key(json.loads(key))
+    except ValueError:
+        return key
 
 
 def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | None = None,
@@ -372,6 +426,7 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
     """
     started = time.monotonic()
     platform = platform or config.load()
+    key = shown_key(spec, key)
     to_end = until is None  # up to the log end as the planner finds it (ListOffsets by time can lag behind it)
     until = until or datetime.now(timezone.utc)
     progress = progress or (lambda line: None)
@@ -394,16 +449,16 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
     if scanned > max_scan:
         raise TraceError(f"the window holds {scanned} records in Kafka, more than the {max_scan} a key trace "
                          f"reads here: narrow the window (since/until)")
-    records: dict[tuple[int, int], dict] = {}
+    records: dict[tuple[int, int], tuple[dict, RecordKey | None]] = {}
     for rng in ranges:
         progress(f"reading {rng} for key {key!r}")
-        for record in _read_records(spec, platform, rng):
+        for record, found in _read_records(spec, platform, rng):
             if record["key"] == key:
-                records[(record["partition"], record["offset"])] = record
+                records[(record["partition"], record["offset"])] = (record, found)
     traces = []
     for p, o in sorted({*held, *records}):
-        trace = RecordTrace(spec.name, spec.source.topic, p, o, "", "", held.get((p, o), []),
-                            record=records.get((p, o)))
+        record, found = records.get((p, o), (None, None))
+        trace = RecordTrace(spec.name, spec.source.topic, p, o, "", "", held.get((p, o), []), record=record)
         if trace.sightings:
             trace.verdict, trace.message = held_verdict(spec, p, o, trace.sightings)
         else:
@@ -411,7 +466,7 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
             trace.kafka = {"earliest": ps.earliest, "end": ps.end, "committed": committed[p],
                            "lag": max(0, ps.end - committed[p])}
             trace.verdict, trace.message = not_held_verdict(spec, p, o, _whereabouts(
-                spec, tables, state, committed, p, o, trace.record, True))
+                spec, tables, state, committed, p, o, trace.record, True, found))
         traces.append(trace)
     return KeyTrace(spec.name, key, since.isoformat(), until.isoformat(), scanned, traces,
                     time.monotonic() - started)

@@ -605,7 +605,6 @@ class Piece:
     tables: tuple[TableRead, ...]
     upsert: bool
     key_check: bool
-    key: str | None
 
     @property
     def kafka_offsets(self) -> int:
@@ -722,34 +721,44 @@ def _coordinates(by_table: dict[str, pa.Table]) -> pa.Table:
     return pa.concat_tables(parts) if parts else ROWS.empty_table()
 
 
-def check_piece(piece: Piece, kafka_conf: dict, pipeline: str) -> PieceResult:
+def check_piece(piece: Piece, kafka_conf: dict, spec: PipelineSpec, registry: dict | None = None) -> PieceResult:
     """Read one piece's records from Kafka and its rows from the tables, and check them (check_rows); for
-    a key-checked upsert pipeline also the rows' keys against their records' and each key's newest record
-    that is no dead letter. Runs in this process or in a Spark task."""
+    a key-checked upsert pipeline also the rows' keys against their records' (derived as ingestion derives
+    them, `TableKeys`; `registry` decodes record keys and change events in a wire format), that a record
+    whose key does not decode is a dead letter, and each key's newest record that is no dead letter.
+    Runs in this process or in a Spark task."""
     facts = piece.facts
+    keys = TableKeys(spec, registry) if piece.key_check else None
     parts = []
     for start, end in piece.kafka:  # a consumer per range, as the reader tasks have (see reader_consumer)
-        with reader_consumer(kafka_conf, pipeline) as (consumer, _watch):
+        with reader_consumer(kafka_conf, spec.name) as (consumer, _watch):
             parts.append(read_kafka(consumer, OffsetRange(facts.topic, facts.partition, start, end),
-                                    with_keys=piece.key_check))
+                                    on_record=keys.add if keys is not None else None))
     kafka = pa.concat_tables(parts) if parts else KAFKA_RECORDS.empty_table()
     by_table = _read_piece_rows(piece)
     findings = check_rows(facts, _coordinates(by_table), kafka, Intervals.of(piece.kafka),
                           count_missing=not piece.upsert)
-    if not piece.key_check:
+    if keys is None:
         return PieceResult(findings)
+    kafka = keys.attach(kafka)
     dead_letters = next((by_table[r.name] for r in piece.tables if r.role == "dead-letter" and r.name in by_table),
                         None)
     dead = pc.struct_field(dead_letters.column("_kafka"), "offset") if dead_letters is not None \
         else pa.array([], pa.int64())
-    findings.merge(_key_mismatches(piece, by_table, kafka))
-    return PieceResult(findings, newest_per_key(kafka.filter(pc.invert(pc.is_in(kafka.column("offset"),
-                                                                                  value_set=dead)))))
+    lettered = pc.is_in(kafka.column("offset"), value_set=dead)
+    findings.merge(_key_mismatches(piece, spec.target.key, by_table, kafka))
+    undecoded = kafka.filter(pc.and_(pc.is_null(kafka.column("key")), pc.invert(lettered)))
+    findings.add_many("missing", undecoded.num_rows, lambda i: Problem(
+        "missing", facts.partition, undecoded.column("offset")[i].as_py(), (spec.dead_letter_table,),
+        "its key gives no table key (it does not decode), so ingestion dead-letters it, but the dead-letter "
+        "table does not hold it", topic=facts.topic))
+    return PieceResult(findings, newest_per_key(kafka.filter(pc.invert(lettered))))
 
 
-def _key_mismatches(piece: Piece, by_table: dict[str, pa.Table], kafka: pa.Table) -> Findings:
-    """Rows of the upsert data table and ledger whose key differs from the key of the Kafka record at their
-    coordinates: they claim a record that is not theirs (foreign)."""
+def _key_mismatches(piece: Piece, key_columns: tuple[str, ...], by_table: dict[str, pa.Table],
+                    kafka: pa.Table) -> Findings:
+    """Rows of the upsert data table and ledger whose table key differs from the one ingestion derives from
+    the Kafka record at their coordinates: they claim a record that is not theirs (foreign)."""
     found = Findings()
     keys = dict(zip(kafka.column("offset").to_pylist(), kafka.column("key").to_pylist()))
     for read in piece.tables:
@@ -757,30 +766,124 @@ def _key_mismatches(piece: Piece, by_table: dict[str, pa.Table], kafka: pa.Table
         if data is None or read.role == "dead-letter":
             continue
         offs = pc.struct_field(data.column("_kafka"), "offset").to_pylist()
-        for offset, key in zip(offs, pc.cast(data.column(piece.key), pa.string()).to_pylist()):
+        for offset, key in zip(offs, key_text([data.column(k) for k in key_columns]).to_pylist()):
             if offset in keys and keys[offset] != key:
+                expected = keys[offset]
                 found.add(Problem("foreign", piece.facts.partition, offset, (read.name,),
-                                  f"the row's key {key!r} is not the key {keys[offset]!r} of the record at its "
-                                  f"coordinates", topic=piece.facts.topic, key=key))
+                                  f"the row's key {key!r} is not the key {expected!r} of the record at its coordinates"
+                                  if expected is not None else f"the row's key {key!r} cannot come from the record "
+                                  f"at its coordinates, whose key does not decode", topic=piece.facts.topic, key=key))
     return found
+
+
+# ---------------------------------------------------------------------------- upsert: each key's table key
+
+
+def key_text(columns: list[pa.Array | pa.ChunkedArray]) -> pa.Array:
+    """The table key of each row as one text: its column's value as Arrow casts it to a string, several
+    columns as `(a, b)`. Both sides of a comparison (a table's key columns, the values ingestion derives
+    from a Kafka record, `TableKeys`) go through here, so one key has one text. Null where a value is."""
+    texts = [pc.cast(pa.chunked_array(c).combine_chunks() if isinstance(c, pa.ChunkedArray) else c, pa.string())
+             for c in columns]
+    if len(texts) == 1:
+        return texts[0]
+    return pc.binary_join_element_wise("(", pc.binary_join_element_wise(*texts, ", "), ")", "")
+
+
+@dataclass(frozen=True)
+class RecordKey:
+    """What ingestion derives from one Kafka record of an upsert table or change stream (`TableKeys.identify`)."""
+
+    text: str | None     # the key as `_kafka.key` shows it
+    values: tuple        # the table key's values (target.key; RecordValidator.table_key)
+    delete: bool         # whether the record deletes its key (a tombstone, a change event with op d)
+    cdc: dict | None     # a change stream's `_cdc` value: op, source_ts (epoch micros), position
+
+
+class TableKeys:
+    """Each Kafka record's table key as ingestion derives it, collected while a piece is read (`add`) and
+    attached to the piece's KAFKA_RECORDS rows (`attach`): `key` becomes the table key's text (`key_text`;
+    null for a record whose key or change event does not decode: ingestion dead-letters it), `tombstone`
+    whether it deletes its key, and `position`/`source_ts` order a change stream's records as the MERGE
+    does (NEWEST)."""
+
+    def __init__(self, spec: PipelineSpec, registry: dict | None = None):
+        from lakehouse.ingest.reader import arrow_type
+        from lakehouse.ingest.records import RecordValidator
+
+        self.cdc = spec.is_cdc
+        self.validator = RecordValidator(spec, registry=registry, gated=False)
+        self.types = [arrow_type(spec.contract.field(k)) for k in spec.target.key] if self.cdc else [pa.string()]
+        self.values: list[list] = [[] for _ in self.types]
+        self.deletes: list[bool] = []
+        self.positions: list = []
+        self.source_ts: list[int | None] = []
+
+    def identify(self, key: bytes | None, value: bytes | None, with_text: bool = False) -> RecordKey | None:
+        """The RecordKey of one record; None when ingestion would dead-letter it for its key or envelope."""
+        from lakehouse.core import errors
+        from lakehouse.ingest.records import Rejected
+
+        try:
+            values = self.validator.table_key(key)
+            if values is None:
+                return None
+            delete, cdc = self.validator.change_of(value) if self.cdc else (value is None, None)
+            text = self.validator.check_key(key) if with_text else None
+        except Rejected:
+            return None
+        except (errors.RetryableError, errors.ConfigurationError):
+            raise  # a registry outage or refusal says nothing about the record
+        except Exception:  # noqa: BLE001 - the reader dead-letters a record whose decoding raises (reader_failure)
+            return None
+        return RecordKey(text, values, delete, cdc)
+
+    def add(self, key: bytes | None, value: bytes | None) -> None:
+        found = self.identify(key, value)
+        for i, column in enumerate(self.values):
+            column.append(found.values[i] if found is not None else None)
+        self.deletes.append(found is not None and found.delete)
+        cdc = found.cdc if found is not None and found.cdc else {}
+        self.positions.append(cdc.get("position"))
+        self.source_ts.append(cdc.get("source_ts"))
+
+    def text(self, found: RecordKey) -> str:
+        """The text of `found`'s table key, as the key columns of its row show it (`key_text`)."""
+        return key_text([pa.array([v], t) for v, t in zip(found.values, self.types)]).to_pylist()[0]
+
+    def attach(self, records: pa.Table) -> pa.Table:
+        """`records` (the KAFKA_RECORDS rows `add` saw, in order) with their table keys (NEWEST's columns)."""
+        keys = key_text([pa.array(v, t) for v, t in zip(self.values, self.types)])
+        return pa.table([records.column("partition"), records.column("offset"), records.column("timestamp_ms"),
+                         keys, pa.array(self.deletes, pa.bool_()), pa.array(self.positions, NEWEST.field("position").type),
+                         pa.array([None if t is None else t // 1000 for t in self.source_ts], pa.int64())],
+                        schema=NEWEST)
 
 
 # ---------------------------------------------------------------------------- upsert: each key's newest record
 
+# A record of a key: where it is, when, whether it deletes the key, and (change streams) its place in the
+# source's log: `position` and `source_ts` (ms), which order a key's changes across partitions (NEWER_CDC).
 NEWEST = pa.schema([("key", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                    ("timestamp_ms", pa.int64()), ("tombstone", pa.bool_())])
+                    ("timestamp_ms", pa.int64()), ("tombstone", pa.bool_()), ("position", pa.decimal128(38, 0)),
+                    ("source_ts", pa.int64())])
 
 
 def newest_per_key(records: pa.Table) -> pa.Table:
     """The newest record of each key among `records` (KAFKA_RECORDS or NEWEST rows): within a partition the
-    highest offset, across partitions the latest Kafka timestamp, then the highest partition (the order of
-    the ingest job's `latest_per_key`). Records without a key are left out. Pure."""
+    highest offset, across partitions the latest source position, then source time (change streams), then
+    the latest Kafka timestamp, then the highest partition (the order of the ingest job's
+    `latest_per_key`). Records without a key are left out. Pure."""
+    for name in ("position", "source_ts"):
+        if name not in records.column_names:
+            records = records.append_column(name, pa.nulls(records.num_rows, NEWEST.field(name).type))
     records = records.filter(pc.is_valid(records.column("key"))).select(NEWEST.names).cast(NEWEST)
     if not records.num_rows:
         return NEWEST.empty_table()
     per_partition = _first_of_each(records.sort_by([("key", "ascending"), ("partition", "ascending"),
                                                     ("offset", "descending")]), ("key", "partition"))
-    return _first_of_each(per_partition.sort_by([("key", "ascending"), ("timestamp_ms", "descending"),
+    return _first_of_each(per_partition.sort_by([("key", "ascending"), ("position", "descending"),
+                                                 ("source_ts", "descending"), ("timestamp_ms", "descending"),
                                                  ("partition", "descending")]), ("key",))
 
 
@@ -794,53 +897,62 @@ def _first_of_each(ordered: pa.Table, columns: tuple[str, ...]) -> pa.Table:
     return ordered.filter(pa.array(first))
 
 
-def newer(a: tuple[int, int, int | None], b: tuple[int, int, int | None]) -> bool:
-    """Whether record `a` (partition, offset, timestamp ms) supersedes record `b` in an upsert MERGE: a
-    higher offset in the same partition, a timestamp no older in another (the ingest job's NEWER)."""
+def newer(a: tuple, b: tuple, by_source: bool = False) -> bool:
+    """Whether record `a` supersedes record `b` in an upsert MERGE (the ingest job's NEWER; with `by_source`,
+    a change stream's NEWER_CDC). Each is (partition, offset, timestamp ms[, position, source_ts]): a higher
+    offset in the same partition; in another, with `by_source` a later source position, else a later
+    source time, when both records have one and they differ; else a Kafka timestamp no older."""
     if a[0] == b[0]:
         return a[1] > b[1]
+    if by_source:
+        for i in (3, 4):
+            x, y = (a[i] if len(a) > i else None), (b[i] if len(b) > i else None)
+            if x is not None and y is not None and x != y:
+                return x > y
     return (a[2] if a[2] is not None else -2 ** 63) >= (b[2] if b[2] is not None else -2 ** 63)
 
 
 def check_keys(topic: str, table: str, ledger: str | None, newest: pa.Table, rows: pa.Table,
-               tombstones: pa.Table) -> tuple[Findings, int]:
+               tombstones: pa.Table, by_source: bool = False) -> tuple[Findings, int]:
     """The upsert invariant for the keys with records in the window. Pure.
 
     `newest`: each key's newest non-dead-letter record in the window (NEWEST rows); `rows` and
-    `tombstones`: the data table's rows and the ledger's entries (key, partition, offset, timestamp_ms).
-    A key whose newest record is a value must have it as its row, or a newer one, or a newer tombstone
-    in the ledger (else missing, or stale when its row is older); one whose newest record is a tombstone
-    must have no older row (stale) and the ledger must hold that tombstone or a newer one (missing).
+    `tombstones`: the data table's rows and the ledger's entries (key, partition, offset, timestamp_ms and,
+    for a change stream's rows, position and source_ts). A key whose newest record is a value must have it
+    as its row, or a newer one, or a newer tombstone in the ledger (else missing, or stale when its row is
+    older); one whose newest record deletes it must have no older row (stale: a deleted key revived) and
+    the ledger must hold that delete or a newer one (missing). `by_source` (a change stream) compares a row
+    with a record as its MERGE does (NEWER_CDC); the ledger is kept in Kafka's order (NEWER).
     Returns the findings and how many keys were checked.
     """
     found = Findings()
 
-    def coords(data: pa.Table) -> dict[str, tuple[int, int, int | None]]:
-        return {k: (p, o, t) for k, p, o, t in zip(*(data.column(c).to_pylist()
-                                                    for c in ("key", "partition", "offset", "timestamp_ms")))}
+    def coords(data: pa.Table) -> dict[str, tuple]:
+        columns = [c for c in ("partition", "offset", "timestamp_ms", "position", "source_ts") if c in data.column_names]
+        return {k: tuple(v) for k, *v in zip(*(data.column(c).to_pylist() for c in ("key", *columns)))}
 
     held, ledger_rows = coords(rows), coords(tombstones)
-    for key, p, o, ts, dead in zip(*(newest.column(c).to_pylist() for c in NEWEST.names)):
-        record = (p, o, ts)
+    for key, p, o, ts, dead, position, source_ts in zip(*(newest.column(c).to_pylist() for c in NEWEST.names)):
+        record = (p, o, ts, position, source_ts)
         row, tomb = held.get(key), ledger_rows.get(key)
 
         def same(found: tuple | None) -> bool:
             return found is not None and found[:2] == (p, o)
 
         if dead:
-            if row is not None and not newer(row, record):
-                found.add(Problem("stale", p, o, (table,), f"key {key!r} was deleted by the tombstone at offset {o}, "
+            if row is not None and not newer(row, record, by_source):
+                found.add(Problem("stale", p, o, (table,), f"key {key!r} was deleted by the record at offset {o}, "
                                   f"but its row (partition {row[0]}, offset {row[1]}) is older and still there",
                                   topic=topic, key=key))
             if ledger and not same(tomb) and (tomb is None or not newer(tomb, record)):
-                found.add(Problem("missing", p, o, (ledger,), f"the ledger lacks key {key!r}'s tombstone at offset "
+                found.add(Problem("missing", p, o, (ledger,), f"the ledger lacks key {key!r}'s delete at offset "
                                   f"{o}" + (f" (it holds offset {tomb[1]} of partition {tomb[0]})" if tomb else ""),
                                   topic=topic, key=key))
         elif row is None:
             if tomb is None or not newer(tomb, record):
                 found.add(Problem("missing", p, o, (table,), f"the newest record of key {key!r} is neither the "
                                   f"key's row (the table has none) nor a dead letter", topic=topic, key=key))
-        elif not same(row) and not newer(row, record):
+        elif not same(row) and not newer(row, record, by_source):
             found.add(Problem("stale", p, o, (table,), f"key {key!r}'s row holds partition {row[0]} offset {row[1]}, "
                               f"older than its newest record (partition {p}, offset {o}), which is no dead letter",
                               topic=topic, key=key))
@@ -883,8 +995,7 @@ def _pieces(plan: _Plan, slots: int = 1) -> list[Piece]:
                                                                      if cov is None or cov.intersection(span)),
                                  s.columns) for s, metadata, io, bounds in reads)
         pieces.append(Piece(facts, rng.start, rng.end, tuple(plan.kafka.get(p).clip(rng.start, rng.end)),
-                            tables, spec.target.mode == "upsert", plan.key_check,
-                            spec.target.key[0] if plan.key_check else None))
+                            tables, spec.target.mode == "upsert", plan.key_check))
     return pieces
 
 
@@ -912,22 +1023,32 @@ def _strays(plan: _Plan) -> Findings:
 
 
 _KEY_ROWS = pa.schema([("key", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                       ("timestamp_ms", pa.int64())])
+                       ("timestamp_ms", pa.int64()), ("position", pa.decimal128(38, 0)), ("source_ts", pa.int64())])
 
 
-def _key_rows(s: _TableState | None, key: str) -> pa.Table:
-    """An upsert table's (or the ledger's) rows as key, partition, offset, timestamp_ms (_KEY_ROWS)."""
+def _key_rows(s: _TableState | None, keys: tuple[str, ...], cdc: bool = False) -> pa.Table:
+    """An upsert table's (or the ledger's) rows as key (`key_text`), partition, offset, timestamp_ms and, for
+    a change stream's data table (`cdc`), its `_cdc` position and source_ts in ms (_KEY_ROWS)."""
     if s is None or s.table is None or s.scope.to is None:
         return _KEY_ROWS.empty_table()
-    data = s.table.scan(snapshot_id=s.scope.to, selected_fields=(key, "_kafka.partition", "_kafka.offset",
-                                                                 "_kafka.timestamp")).to_arrow()
+    order = ("_cdc.position", "_cdc.source_ts") if cdc else ()
+    data = s.table.scan(snapshot_id=s.scope.to, selected_fields=(*keys, "_kafka.partition", "_kafka.offset",
+                                                                 "_kafka.timestamp", *order)).to_arrow()
     kafka = data.column("_kafka")
-    micros = pc.cast(pc.cast(pc.struct_field(kafka, "timestamp"), pa.timestamp("us", tz="UTC")), pa.int64())
-    return pa.table([pc.cast(data.column(key), pa.string()), pc.struct_field(kafka, "partition"),
-                     pc.struct_field(kafka, "offset"), pc.divide(micros, 1000)], schema=_KEY_ROWS)
+
+    def millis(column) -> pa.Array:
+        micros = pc.cast(pc.cast(column, pa.timestamp("us", tz="UTC")), pa.int64())
+        return pc.divide(micros, 1000)
+
+    n = data.num_rows
+    position = pc.struct_field(data.column("_cdc"), "position") if cdc else pa.nulls(n, pa.decimal128(38, 0))
+    source_ts = millis(pc.struct_field(data.column("_cdc"), "source_ts")) if cdc else pa.nulls(n, pa.int64())
+    return pa.table([key_text([data.column(k) for k in keys]), pc.struct_field(kafka, "partition"),
+                     pc.struct_field(kafka, "offset"), millis(pc.struct_field(kafka, "timestamp")),
+                     pc.cast(position, pa.decimal128(38, 0)), source_ts], schema=_KEY_ROWS)
 
 
-def _run_pieces(pieces: list[Piece], kafka_conf: dict, pipeline: str, spark,
+def _run_pieces(pieces: list[Piece], kafka_conf: dict, spec: PipelineSpec, registry: dict | None, spark,
                 progress: Callable[[str], None]) -> list[PieceResult]:
     """Each piece's result: in this process one after the other, or as the tasks of one Spark job."""
     total = sum(p.kafka_offsets for p in pieces)
@@ -939,13 +1060,13 @@ def _run_pieces(pieces: list[Piece], kafka_conf: dict, pipeline: str, spark,
         def run(items):
             sparkenv.steady_zip_imports()
             for piece in items:
-                yield check_piece(piece, kafka_conf, pipeline)
+                yield check_piece(piece, kafka_conf, spec, registry)
 
-        with sparkenv.job_group(spark, f"lakehouse-verify-{pipeline}"):
+        with sparkenv.job_group(spark, f"lakehouse-verify-{spec.name}"):
             return spark.sparkContext.parallelize(pieces, len(pieces)).mapPartitions(run).collect()
     results, done = [], 0
     for i, piece in enumerate(pieces, 1):
-        results.append(check_piece(piece, kafka_conf, pipeline))
+        results.append(check_piece(piece, kafka_conf, spec, registry))
         done += piece.kafka_offsets
         progress(f"piece {i}/{len(pieces)} (partition {piece.facts.partition}, offsets [{piece.start}, "
                  f"{piece.end})): {done}/{total} offsets read from Kafka")
@@ -982,7 +1103,7 @@ def verify(spec: PipelineSpec, platform: config.PlatformConfig | None = None, *,
     pieces = _pieces(plan, spark.sparkContext.defaultParallelism if spark is not None else 1)
     progress(f"{spec.name}: {plan.mode} verification of {plan.window.describe()}: {len(pieces)} pieces, "
              f"{offsets_in_window} offsets to read from Kafka ({chosen})")
-    results = _run_pieces(pieces, platform.kafka(), spec.name, spark, progress)
+    results = _run_pieces(pieces, platform.kafka(), spec, platform.schema_registry(), spark, progress)
     findings = Findings()
     for result in results:
         findings.merge(result.findings)
@@ -990,12 +1111,13 @@ def verify(spec: PipelineSpec, platform: config.PlatformConfig | None = None, *,
     keys_checked = 0
     if plan.key_check:
         by_role = {s.role: s for s in plan.tables}
-        key = spec.target.key[0]
+        keys = spec.target.key
         newest = [r.newest for r in results if r.newest is not None]
         found, keys_checked = check_keys(
             spec.source.topic, spec.target.table, spec.tombstone_table,
             newest_per_key(pa.concat_tables(newest)) if newest else NEWEST.empty_table(),
-            _key_rows(by_role["data"], key), _key_rows(by_role.get("tombstones"), key))
+            _key_rows(by_role["data"], keys, spec.is_cdc), _key_rows(by_role.get("tombstones"), keys),
+            by_source=spec.is_cdc)
         findings.merge(found)
     result = Verification(
         pipeline=spec.name, topic=spec.source.topic, mode=plan.mode, engine=chosen,

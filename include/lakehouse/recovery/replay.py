@@ -153,7 +153,7 @@ class Replay:
             if e > committed[p]:
                 raise ReplayError(
                     f"partition {p}: range [{s}, {e}) goes past the pipeline's committed position {committed[p]}; "
-                    f"records from there on are the live ingestion's to write (run `lakehouse ingest --once`)")
+                    f"records from there on are the live ingestion's to write (run `lakehouse ingest --pipeline {self.spec.name} --once`)")
         return BatchPlan(topic=self.spec.source.topic, topic_id=state.topic_id,
                          ranges=tuple(OffsetRange(self.spec.source.topic, p, s, e) for p, (s, e) in
                                       sorted(ranges.items())), ends={p: ps.end for p, ps in state.partitions.items()})
