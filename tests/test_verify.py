@@ -451,7 +451,7 @@ def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(pl
     assert auto["engine"] == "spark" and auto["counts"] == found["counts"]
     assert all(problems(auto, kind) == problems(found, kind) for kind in verify.PROBLEMS)
     submitted = subprocess.run(
-        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[1]", "--jars", ",".join(platform.jars),
+        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[1]", "--packages", ",".join(platform.spark_packages),
          str(config.REPO_ROOT / "spark_jobs" / "verify.py"), "--pipeline", spec.name, "--engine", "spark", "--json"],
         env=dict(os.environ, LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent), PYSPARK_PYTHON=sys.executable),
         capture_output=True, text=True, timeout=300, start_new_session=True)
@@ -527,3 +527,26 @@ def test_the_publish_dag_publishes_only_verified_snapshots(platform, orders, mak
         publish.publish(spec, {spec.target.table: head}, platform, spark_factory=lambda: spark,
                         require_verified=True)
     assert publish.published_head(data.refresh(), spec.publish.branch) == published
+
+
+@pytest.mark.parametrize("key_format", KEY_FORMATS)
+def test_a_tombstone_deletes_the_row_of_its_keys_field_whatever_the_key_format(make_spec, key_format):
+    """A tombstone's row (what the MERGE deletes by, and the ledger keeps) holds the key field's value as the
+    rows of that key hold it: for a record key the field of the record, not the record's JSON text."""
+    from test_produce_formats import in_format
+
+    from lakehouse.ingest.reader import BatchBuilder
+    from lakehouse.ingest.records import RecordValidator
+    from lakehouse_dev.produce import synthesize
+
+    spec = in_format(make_spec, "json", key_format=None if key_format == "string" else key_format,
+                     mode="upsert", table_key=["payment_id"])
+    validator = RecordValidator(spec)
+    valid = next(r for r in synthesize(spec, 20, seed=3) if r.kind is None)
+    builder = BatchBuilder(spec, validator, ingested_at_us=0)
+    builder.add(spec.source.topic, 0, 7, None, valid.key, valid.value, [])
+    builder.add(spec.source.topic, 0, 8, None, valid.key, None, [])  # its tombstone
+    row, tombstone = builder.flush().to_pylist()
+    assert (row["_op"], tombstone["_op"]) == ("upsert", "delete")
+    assert tombstone["payment_id"] == row["payment_id"] == json.loads(valid.value)["payment_id"]
+    assert tombstone["_kafka"]["key"] == row["_kafka"]["key"]  # `_kafka.key`: the key as ingestion shows it

@@ -280,8 +280,9 @@ class BatchBuilder:
             else:
                 key_text = validator.check_key(key)
                 row = validator.check_row(key_text, value)
-                if row is None:  # tombstone on an upsert pipeline: delete the key
-                    row = tuple(key_text if i == self._key_index else None for i in range(len(self.contract)))
+                if row is None:  # tombstone on an upsert pipeline: delete the key (the key field's value)
+                    key_value = validator.key_value(key_text)
+                    row = tuple(key_value if i == self._key_index else None for i in range(len(self.contract)))
                     route, op = self.default_table, "delete"
                 elif self._route_index is None:
                     route, op = self.default_table, "upsert"

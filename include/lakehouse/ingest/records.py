@@ -851,18 +851,42 @@ class RecordValidator:
 
     def table_key(self, key: bytes | None) -> tuple | None:
         """The values of the table key (`target.key`) of the row a record with Kafka key `key` upserts or
-        deletes, derived as ingestion derives them: a change event's primary-key columns from its key
-        record (checked, in the contract's internal form: dates as epoch days, timestamps as epoch
-        micros), else the key's text or, for a record key, its `source.key.field` as text. None for a
-        record without a key; Rejected when the key does not decode (the record is a dead letter)."""
+        deletes, derived as ingestion derives them, checked, in the contract's internal form (dates as
+        epoch days, timestamps as epoch micros): a change event's primary-key columns from its key record,
+        else its `source.key.field` (`key_value`). None for a record without a key; Rejected when the key
+        does not decode (the record is a dead letter)."""
         key_text = self.check_key(key)
         if self.spec.is_cdc:
             if self.key_record is None:
                 raise Rejected("bad_key", "a change event's key must be a record holding the primary key columns")
             keys = self._key_values(self.key_record)
             return tuple(keys[name] for name in self.spec.target.key)
-        found = self._key_value(key_text)
+        found = self.key_value(key_text)
         return None if found is None else (found,)
+
+    def key_value(self, key_text: str | None) -> Any:
+        """The value of `source.key.field` that a record with key `key_text` (what `check_key` returned)
+        carries, checked, in the contract's internal form: the key column of the record's row, a
+        tombstone's too. A record key's field, else the key's text read as the field's type (an int or
+        long field from its digits, a boolean from true or false). None without a key; Rejected
+        (bad_key) when it is no value of the field."""
+        if key_text is None or self.key_field is None:
+            return None
+        raw = self.key_record.get(self.key_field) if self.key_decoder is not None and self.key_record is not None \
+            else key_text
+        if raw is None:
+            raise Rejected("bad_key", f"the key record has no field {self.key_field}")
+        kind = self.spec.contract.field(self.key_field).type
+        if isinstance(raw, str) and kind in ("int", "long"):
+            if not re.fullmatch(r"-?[0-9]{1,20}", raw):
+                raise Rejected("bad_key", f"key {_show(raw)} is not a {kind} for {self.key_field}")
+            raw = int(raw)
+        elif isinstance(raw, str) and kind == "boolean":
+            raw = {"true": True, "false": False}.get(raw, raw)
+        try:
+            return self._checks[self.key_field](raw)
+        except Rejected as rejected:
+            raise Rejected("bad_key", f"{rejected.kind}: {rejected.detail}") from None
 
     def change_of(self, value: bytes | None) -> tuple[bool, dict]:
         """(whether it deletes its key, its `_cdc` value) of a change event's `value`, as `check_change` reads

@@ -157,6 +157,8 @@ class Findings:
     problems: list[Problem] = field(default_factory=list)
     missing: Coverage = field(default_factory=Coverage)
     offsets: int = 0     # offsets Kafka delivered in the checked range
+    undelivered: int = 0  # offsets of the range Kafka holds no record at: transaction markers, aborted records,
+    #                       records compaction removed; never expected in a table, so never missing
     rows: int = 0        # rows read and checked
 
     def add(self, problem: Problem) -> None:
@@ -176,6 +178,7 @@ class Findings:
         self.problems.extend(other.problems[:max(0, MAX_PROBLEMS - len(self.problems))])
         self.missing = self.missing.union(other.missing)
         self.offsets += other.offsets
+        self.undelivered += other.undelivered
         self.rows += other.rows
 
     @property
@@ -240,7 +243,9 @@ class Verification:
         """One paragraph for people: the verdict, what was covered, the first problems and what to do."""
         f = self.findings
         head = (f"{self.pipeline}: {'verified' if self.ok else 'FAILED'} ({self.mode}, {self.engine}): "
-                f"{f.offsets} offsets Kafka holds, {f.rows} rows in {len(self.tables)} tables, window "
+                f"{f.offsets} offsets Kafka holds"
+                + (f" (and {f.undelivered} where it delivers no record: transaction markers, aborted or compacted "
+                   f"records)" if f.undelivered else "") + f", {f.rows} rows in {len(self.tables)} tables, window "
                 f"{self.window.describe()}; snapshots " + (", ".join(f"{t} {s}" for t, s in self.snapshots.items())
                                                             or "none") + f"; {self.seconds:.1f}s")
         if self.gaps:
@@ -265,7 +270,8 @@ class Verification:
                            "positions": {str(p): o for p, o in s.positions.items()}} for t, s in self.tables.items()},
             "snapshots": self.snapshots, "window": self.window.to_json(), "kafka": self.kafka.to_json(),
             "committed": {str(p): o for p, o in self.committed.items()}, "gaps": self.gaps.to_json(),
-            "offsets": f.offsets, "rows": f.rows, "keys_checked": self.keys_checked, "counts": f.counts,
+            "offsets": f.offsets, "undelivered": f.undelivered, "rows": f.rows, "keys_checked": self.keys_checked,
+            "counts": f.counts,
             "missing": f.missing.head(MAX_PROBLEMS).to_json(), "problems": [asdict(p) for p in f.problems],
             "seconds": round(self.seconds, 3), "offsets_per_s": round(self.offsets_per_s, 1),
             "verified_at": self.verified_at,
@@ -641,7 +647,7 @@ def check_rows(facts: PartitionFacts, rows: pa.Table, kafka: pa.Table, kafka_spa
     its offset. An offset held more than once is duplicated; with `count_missing`, an offset Kafka
     delivered that no row holds is missing.
     """
-    found = Findings(offsets=kafka.num_rows, rows=rows.num_rows)
+    found = Findings(offsets=kafka.num_rows, rows=rows.num_rows, undelivered=kafka_span.count - kafka.num_rows)
     p = facts.partition
     table_names, tables = _codes(rows.column("table"))
     topic_names, topics = _codes(rows.column("topic"))
@@ -813,7 +819,7 @@ class TableKeys:
 
         self.cdc = spec.is_cdc
         self.validator = RecordValidator(spec, registry=registry, gated=False)
-        self.types = [arrow_type(spec.contract.field(k)) for k in spec.target.key] if self.cdc else [pa.string()]
+        self.types = [arrow_type(spec.contract.field(k)) for k in spec.target.key]
         self.values: list[list] = [[] for _ in self.types]
         self.deletes: list[bool] = []
         self.positions: list = []
@@ -854,8 +860,8 @@ class TableKeys:
     def attach(self, records: pa.Table) -> pa.Table:
         """`records` (the KAFKA_RECORDS rows `add` saw, in order) with their table keys (NEWEST's columns)."""
         keys = key_text([pa.array(v, t) for v, t in zip(self.values, self.types)])
-        return pa.table([records.column("partition"), records.column("offset"), records.column("timestamp_ms"),
-                         keys, pa.array(self.deletes, pa.bool_()), pa.array(self.positions, NEWEST.field("position").type),
+        return pa.table([keys, records.column("partition"), records.column("offset"), records.column("timestamp_ms"),
+                         pa.array(self.deletes, pa.bool_()), pa.array(self.positions, NEWEST.field("position").type),
                          pa.array([None if t is None else t // 1000 for t in self.source_ts], pa.int64())],
                         schema=NEWEST)
 
