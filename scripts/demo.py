@@ -8,7 +8,8 @@ creates the topics and hands the continuous pipelines (orders, customers) to Air
 Debezium change stream `inventory` included. Those two are `trigger.mode: scheduled`:
 once the live phase ends a `--once` job each catches up (one Spark JVM per continuous job
 is what two cores hold), and their DAGs are unpaused to run every 5 minutes. The demo
-publishes once the lag is 0, then prints the status, samples of raw.orders, raw.payments
+publishes every pipeline (the change stream's verification and publication included) once the
+lag is 0, then prints the status, samples of raw.orders, raw.payments
 and raw.inventory (against what the change stream says the table must hold), the dead
 letters by reason and the readers' view. Without Airflow (it did not start) the demo runs
 the ingest jobs itself. DEMO_SECONDS sets how long the producers run (default 60).
@@ -28,7 +29,7 @@ from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import load_all
 from lakehouse.ops.status import pipeline_status, render
-from lakehouse_dev import airflow_stack, stack
+from lakehouse_dev import airflow_stack
 from lakehouse_dev.cli import print_airflow_login
 
 LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))
@@ -50,13 +51,14 @@ def start(*args: str, log: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def reset_if_broker_was_restarted(specs) -> None:
-    """The embedded broker keeps topics in memory: after a restart, old tables point at offsets
-    of topics that no longer exist (the pipeline would rightly stop: topic recreated)."""
+def reset_if_the_log_is_new(specs) -> None:
+    """The embedded broker keeps its log across restarts; when the log is new (its folder was deleted, the
+    catalog kept), old tables point at offsets of topics that no longer exist (the pipeline would rightly
+    stop: topic recreated), so the demo starts its tables afresh."""
     catalog = open_catalog(config.load(), "lake")
     existing = {t for s in specs for t in s.owned_tables if catalog.table_exists(t)}
     if existing:
-        print(f"the broker was restarted, so its topics are new; dropping the demo tables from the "
+        print(f"the broker's log is new, so its topics are too; dropping the demo tables from the "
               f"previous run: {', '.join(sorted(existing))}")
         for t in sorted(existing):
             catalog.purge_table(t)
@@ -143,11 +145,11 @@ def main() -> int:
     specs = list(load_all().values())
     continuous = [s for s in specs if s.trigger.mode == "continuous"]
     scheduled = [s for s in specs if s.trigger.mode == "scheduled"]
-    say("starting the embedded stack (Kafka-compatible broker, SQLite JDBC catalog, local warehouse)")
-    was_running = stack.status()["broker"]["running"]
+    say("starting the embedded stack (Apache Kafka, SQLite JDBC catalog, local warehouse)")
+    new_log = not (config.lakehouse_home() / "kafka" / "data" / "meta.properties").exists()
     run("stack", "up")
-    if not was_running:
-        reset_if_broker_was_restarted(specs)
+    if new_log:
+        reset_if_the_log_is_new(specs)
     run("topics")
 
     say("starting Airflow (API server, scheduler, DAG processor, triggerer); it keeps running after the demo")
@@ -219,7 +221,7 @@ def main() -> int:
         trickle = [start("produce", "--pipeline", s.name, "--count", str(TRICKLE_RATE * 600), "--rate",
                          str(TRICKLE_RATE), "--quiet", log=logs / f"trickle-{s.name}.log") for s in continuous]
         try:
-            publish_now(continuous)
+            publish_now(continuous + scheduled)  # the caught-up scheduled pipelines too: Avro, the change stream
         finally:
             for p in trickle:
                 p.send_signal(signal.SIGTERM)

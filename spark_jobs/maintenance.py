@@ -1,6 +1,6 @@
 """Spark entry point of table maintenance: compaction, manifests, snapshot expiry, orphan files.
 
-    spark-submit --jars <iceberg runtime>,<jdbc driver> spark_jobs/maintenance.py --pipeline orders
+    spark-submit --packages <lakehouse.core.config.SPARK_PACKAGES> spark_jobs/maintenance.py --pipeline orders
     lakehouse maintain --pipeline orders --json                  # the same job, local Spark
 
 Prints the receipt as one JSON line and records one `maintenance` event per table on

@@ -1,6 +1,6 @@
 """Spark entry point of exactly-once verification (lakehouse.ops.verify).
 
-    spark-submit --jars <iceberg runtime>,<jdbc driver> spark_jobs/verify.py --pipeline orders --engine spark
+    spark-submit --packages <lakehouse.core.config.SPARK_PACKAGES> spark_jobs/verify.py --pipeline orders --engine spark
     lakehouse verify --pipeline orders --engine spark       # the same job, Spark on the platform's master
 
 Prints the verification (with `--json`, one JSON document) and records a `verify` event on the ops

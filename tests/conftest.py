@@ -28,6 +28,7 @@ fails when it does (`unit_layer_guard`). Waiting for something is `polling.wait_
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -97,7 +98,8 @@ def free_tcp_port() -> int:
 # ---------------------------------------------------------------------------- the two layers
 
 # The fixtures that start the end-to-end machinery, and what each starts.
-END_TO_END_FIXTURES = {"stack": "the embedded broker", "spark": "a Spark session",
+END_TO_END_FIXTURES = {"stack": "the embedded broker", "services": "the object store, REST catalog and registry",
+                       "spark": "a Spark session",
                        "airflow_db": "Airflow (`airflow db migrate`)"}
 # Programs whose processes belong to the end-to-end layer: the CLI (ingest jobs, the stacks), Spark, Airflow.
 END_TO_END_PROGRAMS = ("lakehouse", "spark-submit", "spark-class", "airflow")
@@ -217,6 +219,66 @@ def spark(stack: dict):
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def services(stack: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A second stack home beside the session's, on the session's broker (LAKEHOUSE_BOOTSTRAP_SERVERS), running
+    the real parts a platform team runs against: an S3-compatible object store holding the warehouse, an
+    Iceberg REST catalog over it, and the schema registry (`stack.up(catalog="rest", object_store=True,
+    registry=True)`, as `lakehouse stack up --catalog rest --object-store --registry`). {"home", "env": the
+    variables that point a process at it, "status"}. The in-process Spark session serves the session's own
+    home only: jobs on this one run as `lakehouse` processes."""
+    home = tmp_path_factory.mktemp("services-home")
+    env = {"LAKEHOUSE_HOME": str(home), "LAKEHOUSE_BOOTSTRAP_SERVERS": stack["bootstrap_servers"]}
+
+    @contextlib.contextmanager
+    def there():
+        with pytest.MonkeyPatch.context() as mp:  # the session's own home everywhere else
+            for name, value in env.items():
+                mp.setenv(name, value)
+            yield
+
+    with there():
+        status = stack_module.up(catalog="rest", object_store=True, registry=True)
+    try:
+        yield {"home": home, "env": env, "status": status}
+    finally:
+        with there():
+            stack_module.down(purge=True)
+
+
+@pytest.fixture
+def registry_url(services: dict) -> str:
+    """The `services` home's schema registry (Apicurio, Confluent-compatible API) as LAKEHOUSE_SCHEMA_REGISTRY_URL
+    takes it: with its user's credentials, which config turns into basic auth."""
+    from lakehouse_dev import services as services_module
+    from lakehouse_dev import settings
+
+    state = settings.read_state_file(services["home"], stack_module.STATE_FILE)
+    return services_module.registry_url(services["home"], state["services"]["registry"])
+
+
+@pytest.fixture
+def on_services(services: dict, monkeypatch: pytest.MonkeyPatch) -> config.PlatformConfig:
+    """This test's environment pointed at the `services` home (REST catalog, S3 warehouse, registry); its
+    platform configuration."""
+    for name, value in services["env"].items():
+        monkeypatch.setenv(name, value)
+    return config.load(fresh=True)
+
+
+@pytest.fixture
+def kafka_user(stack: dict) -> Callable[..., dict[str, str]]:
+    """Factory: kafka_user(grants) -> the LAKEHOUSE_* variables with which the platform connects to the session's
+    broker as a new SCRAM user over SASL_SSL that holds exactly the ACLs of `grants` ((resource type, name,
+    operation), e.g. ("TOPIC", "orders", "READ")), as an operator's restricted credentials would."""
+    def factory(grants: list[tuple[str, str, str]]) -> dict[str, str]:
+        conf = stack_module.add_user(f"user-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex, grants)
+        return {"LAKEHOUSE_BOOTSTRAP_SERVERS": conf.pop("bootstrap.servers"),
+                **{config.KAFKA_PREFIX + key.upper().replace(".", "_"): value for key, value in conf.items()}}
+
+    return factory
+
+
 @pytest.fixture
 def platform(stack: dict) -> config.PlatformConfig:
     """The platform configuration a user's process would load once the stack is up."""
@@ -324,8 +386,7 @@ def unique_topic_spec(make_spec) -> spec_module.PipelineSpec:
 def consume_everything(topic: str, platform: config.PlatformConfig, timeout: float = 30.0) -> list:
     """Every record of `topic`, read with assign from the beginning until each partition reports EOF.
 
-    EOF rather than the high watermark: the embedded broker reports its watermark
-    one batch short, while fetch-side EOF is the true end. Raises AssertionError
+    EOF is where a read_committed consumer's log ends (the last stable offset). Raises AssertionError
     when a partition does not reach EOF within `timeout` seconds or the read fails.
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition

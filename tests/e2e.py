@@ -99,7 +99,8 @@ def coordinates(platform: PlatformConfig, spec: PipelineSpec) -> Counter:
 
 
 def log_ends(platform: PlatformConfig, topic: str) -> dict[int, int]:
-    """The true end of each partition (reads to partition EOF, not the high watermark)."""
+    """The end of each partition as the planner finds it (the last stable offset, where a read_committed fetch
+    reports end-of-partition)."""
     from lakehouse.ingest.plan import topic_state
 
     return {p: ps.end for p, ps in topic_state(platform.kafka(), topic).partitions.items()}
@@ -122,17 +123,19 @@ def assert_exactly_once(platform: PlatformConfig, spec: PipelineSpec) -> int:
 KILL_POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit")
 
 
-def killed_at_every_point_then_resumed(platform: PlatformConfig, spec: PipelineSpec) -> None:
+def killed_at_every_point_then_resumed(platform: PlatformConfig, spec: PipelineSpec, in_process: bool = True) -> None:
     """`lakehouse ingest --once` killed (kill -9) at each of KILL_POINTS in turn, each run starting from what
-    the one before left, then run to the end. Each point fires in the first batch that reaches it: a spec
-    whose `trigger.max_records_per_batch` is below the backlog leaves records for every run. The caller
-    checks the outcome (assert_exactly_once, a change stream's final state)."""
+    the one before left, then run to the end (in this process's Spark session, or with `in_process` False as
+    a process of its own: a home other than the session's). Each point fires in the first batch that reaches
+    it: a spec whose `trigger.max_records_per_batch` is below the backlog leaves records for every run. The
+    caller checks the outcome (assert_exactly_once, a change stream's final state)."""
     import signal
 
     for point in KILL_POINTS:
         crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", fault=point)
         assert crashed.returncode == -signal.SIGKILL, (point, crashed.returncode, crashed.stderr[-2000:])
-    resumed = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    run = run_cli if in_process else lakehouse
+    resumed = run(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
 
@@ -162,6 +165,18 @@ def committed_group_offsets(platform: PlatformConfig, spec: PipelineSpec) -> dic
         return {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
     finally:
         consumer.close()
+
+
+def accept_any_timestamp(platform: PlatformConfig, topic: str) -> None:
+    """Let `topic` keep producers' timestamps however far ahead (message.timestamp.after.max.ms at its maximum,
+    Apache Kafka's default before 4.0; 4.x refuses a batch more than an hour ahead): what a cluster configured
+    so delivers, for tests of the reader's own checks of Kafka timestamps."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient(platform.kafka())
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[ConfigEntry(
+        "message.timestamp.after.max.ms", str(2 ** 63 - 1), incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
 
 
 def send(platform: PlatformConfig, topic: str, records: list[tuple[bytes | None, bytes | None]],

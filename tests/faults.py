@@ -7,9 +7,7 @@ Points: during_read, after_files, after_table_commit, before_group_commit, task_
 concurrent_commit, executor_lost (on a cluster: the task's executor JVM is killed half way
 through its offset range, as the OOM killer or a lost node would), record_crash (the reader
 raises on the record half way through every range it decodes, on every attempt, as a bug
-triggered by one record would), retention_change (the broker refuses the retention guard's change of
-the topic's retention.ms for lack of an ACL: what confluent-kafka raises for a TOPIC_AUTHORIZATION_FAILED
-answer, since the embedded broker has no ACLs). Markers under `<LAKEHOUSE_HOME>/faults/<pipeline>` make
+triggered by one record would). Markers under `<LAKEHOUSE_HOME>/faults/<pipeline>` make
 each other point fire once, so the retry or the rerun that follows can succeed.
 """
 
@@ -24,7 +22,7 @@ from pathlib import Path
 from lakehouse.core.hooks import FaultHook
 
 POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit", "task_failure",
-          "concurrent_commit", "executor_lost", "record_crash", "retention_change")
+          "concurrent_commit", "executor_lost", "record_crash")
 TASK_POINTS = ("during_read", "task_failure", "executor_lost", "record_crash")  # reached inside Spark tasks
 # Task points that fire where another one is reached: half way through a range.
 _SITE = {"executor_lost": "during_read", "record_crash": "during_read"}
@@ -151,10 +149,6 @@ class InjectedFaults(FaultHook):
     def reached(self, point: str, *, home: Path, pipeline: str, **context) -> None:
         if not claim(home, pipeline, point):
             return
-        if point == "retention_change":
-            from confluent_kafka import KafkaError, KafkaException
-
-            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed"))
         if point != "concurrent_commit":
             kill_process()
         elif context["upsert"]:

@@ -19,15 +19,11 @@ import json
 import os
 import re
 import shlex
-import shutil
-import socket
 import sqlite3
 import stat
 import subprocess
-import tempfile
 import threading
 import tomllib
-from hashlib import sha1
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -177,13 +173,15 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def dockerfile_pairs(instruction: str) -> dict[str, str]:
-    """KEY=VALUE pairs of every ENV (or ARG) instruction."""
+    """KEY=VALUE pairs of every ENV (or ARG) instruction (an ARG a build stage declares again without a value
+    keeps the value it was given before its first FROM)."""
     pairs = {}
     for name, args in dockerfile_instructions():
         if name == instruction:
             for item in shlex.split(args):
-                key, _, value = item.partition("=")
-                pairs[key] = value
+                key, equals, value = item.partition("=")
+                if equals or key not in pairs:
+                    pairs[key] = value
     return pairs
 
 
@@ -229,7 +227,9 @@ def test_every_image_is_pinned_to_an_exact_version():
 
 def test_the_project_image_builds_from_a_pinned_python_with_the_locked_requirements():
     froms = [args for name, args in dockerfile_instructions() if name == "FROM"]
-    assert len(froms) == 1 and re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", froms[0])
+    # a build stage resolves the Spark packages with Maven; the image itself is Python
+    assert len(froms) == 2 and re.fullmatch(r"maven:3\.9\.\d+-eclipse-temurin-17 AS packages", froms[0])
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", froms[1])
     assert ("WORKDIR", APP_ROOT) in dockerfile_instructions()
     runs = " ".join(args for name, args in dockerfile_instructions() if name == "RUN")
     assert "pip install --no-cache-dir -r requirements.txt -c requirements.lock" in runs
@@ -239,26 +239,23 @@ def test_the_project_image_builds_from_a_pinned_python_with_the_locked_requireme
     assert dockerfile_pairs("ARG")["PIP_VERSION"] == setup_pip
 
 
-def test_the_image_fetches_the_iceberg_runtime_the_project_is_tested_with():
+def test_the_image_resolves_the_spark_packages_the_project_is_tested_with():
     import pyspark
 
-    spark, scala, iceberg = re.fullmatch(r"iceberg-spark-runtime-(\d+\.\d+)_(\d+\.\d+)-(\d+\.\d+\.\d+)\.jar",
-                                         config.ICEBERG_RUNTIME_JAR).groups()
-    assert iceberg.startswith("1.10.")
+    runtime = next(c for c in config.SPARK_PACKAGES if ":iceberg-spark-runtime-" in c)
+    spark, scala, iceberg = re.fullmatch(r"org\.apache\.iceberg:iceberg-spark-runtime-(\d+\.\d+)_(\d+\.\d+):(\S+)",
+                                         runtime).groups()
+    assert iceberg == config.ICEBERG_VERSION
     assert pyspark.__version__.startswith(spark + ".")
     shipped_scala = [p.name for p in (Path(pyspark.__file__).parent / "jars").glob("scala-library-*.jar")]
     assert shipped_scala and shipped_scala[0].startswith(f"scala-library-{scala}.")
-    coordinates = dockerfile_pairs("ARG")["MAVEN_JARS"].split()
-    assert coordinates[:2] == [f"org.apache.iceberg:iceberg-spark-runtime-{spark}_{scala}:{iceberg}",
-                               f"org.apache.iceberg:iceberg-aws-bundle:{iceberg}"]
-    assert len(coordinates) == 3 and re.fullmatch(r"org\.postgresql:postgresql:42\.\d+\.\d+", coordinates[2])
-
-
-def test_lakehouse_jars_names_exactly_the_jars_the_build_fetches():
-    coordinates = [c.split(":") for c in dockerfile_pairs("ARG")["MAVEN_JARS"].split()]
-    jars = dockerfile_pairs("ENV")["LAKEHOUSE_JARS"].split(",")
-    assert jars == [f"{JARS_DIR}/{artifact}-{version}.jar" for _, artifact, version in coordinates]
-    assert ("RUN", f"sh /usr/local/bin/lakehouse-fetch-jars {JARS_DIR} ${{MAVEN_JARS}}") in dockerfile_instructions()
+    assert tuple(dockerfile_pairs("ARG")["SPARK_PACKAGES"].split()) == config.SPARK_PACKAGES
+    # resolved as set-up resolves them, into the Maven repository Spark's Ivy reads, with checksums enforced
+    runs = [args for name, args in dockerfile_instructions() if name == "RUN"]
+    assert any("mvn -B -q -C -s /tmp/settings.xml dependency:get" in run for run in runs)
+    assert ("COPY", "--from=packages --chown=50000:0 /root/.m2/repository /home/lakehouse/.m2/repository") \
+        in dockerfile_instructions()
+    assert "LAKEHOUSE_JARS" not in dockerfile_pairs("ENV")
 
 
 # ---------------------------------------------------------------------------- health and start order
@@ -458,7 +455,7 @@ def test_the_catalog_and_airflow_databases_are_the_ones_postgres_init_creates():
         role_password = postgres_env[password_env[roles[user]]]
         assert REQUIRED_VAR.fullmatch(role_password).group(1) == var, f"{key}: {var} vs {role_password}"
     # the catalog URL is one config turns into a JDBC URL for Spark
-    catalog = config.CatalogConfig("lake", VAR.sub("pw", platform_env()["LAKEHOUSE_CATALOG_URI"]), "s3://b/w")
+    catalog = config.CatalogConfig("lake", "jdbc", VAR.sub("pw", platform_env()["LAKEHOUSE_CATALOG_URI"]), "s3://b/w")
     assert catalog.jdbc() == ("jdbc:postgresql://postgres:5432/iceberg", {"user": "iceberg", "password": "pw"})
 
 
@@ -534,64 +531,6 @@ def test_the_pipelines_dir_is_mounted_from_the_repository_specs():
         target = environment(name).get("LAKEHOUSE_PIPELINES_DIR")
         if target:
             assert f"./{specs.relative_to(REPO)}:{target}:ro" in SERVICES[name]["volumes"], name
-
-
-# ---------------------------------------------------------------------------- docker/fetch-jars.sh
-
-@pytest.fixture
-def http_root(tmp_path: Path):
-    """(folder, base URL): a local HTTP server serving the folder, stopped after the test."""
-    root = tmp_path / "http"
-    root.mkdir()
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-
-def publish_jar(root: Path, group: str, artifact: str, version: str, content: bytes, sha: str | None = None) -> None:
-    folder = root / group.replace(".", "/") / artifact / version
-    folder.mkdir(parents=True)
-    (folder / f"{artifact}-{version}.jar").write_bytes(content)
-    (folder / f"{artifact}-{version}.jar.sha1").write_text((sha or sha1(content).hexdigest()) + "\n")
-
-
-def fetch_jars(base_url: str, dest: Path, *coordinates: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", str(DOCKER / "fetch-jars.sh"), str(dest), *coordinates], capture_output=True,
-                          text=True, env={**os.environ, "MAVEN_REPOSITORY": base_url}, timeout=60)
-
-
-def test_fetch_jars_downloads_each_coordinate_under_the_name_lakehouse_jars_lists(http_root, tmp_path):
-    root, url = http_root
-    publish_jar(root, "org.apache.iceberg", "iceberg-aws-bundle", "1.10.2", b"aws bundle bytes")
-    publish_jar(root, "org.postgresql", "postgresql", "42.7.4", b"driver bytes")
-    done = fetch_jars(url, tmp_path / "jars", "org.apache.iceberg:iceberg-aws-bundle:1.10.2",
-                      "org.postgresql:postgresql:42.7.4")
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "jars" / "iceberg-aws-bundle-1.10.2.jar").read_bytes() == b"aws bundle bytes"
-    assert (tmp_path / "jars" / "postgresql-42.7.4.jar").read_bytes() == b"driver bytes"
-
-
-def test_fetch_jars_refuses_a_jar_that_does_not_match_its_sha1(http_root, tmp_path):
-    root, url = http_root
-    publish_jar(root, "org.postgresql", "postgresql", "42.7.4", b"tampered", sha="0" * 40)
-    done = fetch_jars(url, tmp_path / "jars", "org.postgresql:postgresql:42.7.4")
-    assert done.returncode == 1
-    assert "SHA-1" in done.stderr and "postgresql-42.7.4.jar" in done.stderr
-
-
-def test_fetch_jars_refuses_a_malformed_coordinate_or_a_missing_jar(http_root, tmp_path):
-    _, url = http_root
-    assert fetch_jars(url, tmp_path / "jars", "org.postgresql:postgresql").returncode == 2
-    assert fetch_jars(url, tmp_path / "jars", "org.example:absent:1.0.0").returncode != 0
 
 
 # ---------------------------------------------------------------------------- docker/minio-init.sh
@@ -746,6 +685,25 @@ def healthcheck():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def http_root(tmp_path: Path):
+    """(folder, base URL): a local HTTP server serving the folder, stopped after the test."""
+    root = tmp_path / "http"
+    root.mkdir()
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
 
 
 def test_healthcheck_http_wants_a_2xx_answer(healthcheck, http_root):

@@ -72,10 +72,10 @@ def test_s3_settings_do_not_touch_a_file_warehouse(environment, tmp_path: Path):
     with_settings = environment(warehouse, **S3_SETTINGS)
     assert sparkenv.spark_conf(with_settings, ["lake", "other"], "app") == \
         sparkenv.spark_conf(without, ["lake", "other"], "app")
-    # the catalog's own settings only: the database (waiting for locks as Spark does) and the warehouse
+    # the catalog's own settings only: the database (waiting for locks as Spark does) and its warehouse
     assert open_catalog(with_settings, "lake").properties == \
-        open_catalog(without, "lake").properties == {"uri": f"{without.catalog_uri}?timeout=30",
-                                                              "warehouse": warehouse, "pool_pre_ping": "true"}
+        open_catalog(without, "lake").properties == {"type": "sql", "uri": f"{without.catalog_uri}?timeout=30",
+                                                     "warehouse": f"{warehouse}/lake", "pool_pre_ping": "true"}
 
 
 # ---------------------------------------------------------------------------- S3 warehouse
@@ -90,7 +90,7 @@ def test_an_s3_warehouse_gives_every_spark_catalog_s3fileio_with_the_settings(en
         assert props["s3.endpoint"] == "http://minio:9000"
         assert props["s3.path-style-access"] == "true"
         assert props["client.region"] == "us-east-1"
-        assert props["warehouse"] == warehouse
+        assert props["warehouse"] == f"{warehouse}/{name}"  # each catalog its own directory
         # everything else is the JDBC catalog as before
         unchanged = {k: v for k, v in props.items()
                      if k not in ("io-impl", "s3.endpoint", "s3.path-style-access", "client.region", "warehouse")}

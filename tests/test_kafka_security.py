@@ -67,13 +67,15 @@ def test_the_secured_stack_tells_clients_how_to_connect_and_keeps_the_password_p
     assert len(password) >= 24
     security = home / stack.SECURITY_DIR
     assert stat.S_IMODE(security.stat().st_mode) == 0o700
-    for name in (stack.PASSWORD_FILE, stack.CREDENTIALS_FILE, stack.KEY_FILE):
+    for name in (stack.PASSWORD_FILE, stack.KEYSTORE_FILE):
         assert stat.S_IMODE((security / name).stat().st_mode) == 0o600, name
     state = json.loads((home / stack.STATE_FILE).read_text())
     assert state["security"]["protocol"] == "SASL_SSL"
     assert state["security"]["mechanism"] == "SCRAM-SHA-512" and state["security"]["username"] == "lakehouse"
+    assert state["bootstrap_servers"] == state["listeners"]["SASL_SSL"] != state["listeners"]["PLAINTEXT"]
     assert password not in (home / stack.STATE_FILE).read_text()
-    assert password not in (security / stack.CREDENTIALS_FILE).read_text()  # salted keys only
+    for kept in (home / "kafka").rglob("*"):  # the broker keeps salted SCRAM credentials, never the password
+        assert not kept.is_file() or password.encode() not in kept.read_bytes(), kept
 
     platform = config.load()
     conf = platform.kafka()
@@ -179,10 +181,14 @@ def test_a_scram_sha_256_plaintext_listener_round_trips_from_the_command_line(ma
         produce.produce(spec, 50, seed=3, platform=platform)
         assert len(consume_everything(spec.source.topic, platform)) == 50
         assert pipeline_status(spec, platform, with_timeline=False)["lag_records"] == 50
-        # asking a running broker for other security is refused, not silently ignored
-        again = subprocess.run([LAKEHOUSE, "stack", "up", "--auth", "scram-sha-512"], capture_output=True,
+        # every listener runs: asking the running broker for other security points clients at another one
+        again = subprocess.run([LAKEHOUSE, "stack", "up", "--auth", "scram-sha-512", "--tls"], capture_output=True,
                                text=True, timeout=60)
-        assert again.returncode != 0 and "already runs with SASL_PLAINTEXT SCRAM-SHA-256" in again.stderr
+        assert again.returncode == 0 and "SASL_SSL, SCRAM-SHA-512 as user 'lakehouse'" in again.stdout, again.stderr
+        assert json.loads(subprocess.run([LAKEHOUSE, "stack", "status", "--json"], capture_output=True, text=True,
+                                         timeout=60).stdout)["broker"]["pid"] == json.loads(
+            (home / stack.STATE_FILE).read_text())["pid"]  # the same broker, not a restart
+        assert len(consume_everything(spec.source.topic, config.load())) == 50
     finally:
         down = subprocess.run([LAKEHOUSE, "stack", "down", "--purge"], capture_output=True, text=True, timeout=60)
         assert down.returncode == 0, down.stderr

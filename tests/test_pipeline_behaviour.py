@@ -15,7 +15,16 @@ from hypothesis import strategies as st
 from polling import wait_until
 from test_poison_records import KEYS_AND_VALUES, MAX_KAFKA_TIMESTAMP_MS
 
-from e2e import assert_exactly_once, pipeline, rows, run_cli, send, summaries, table  # noqa: F401 (fixture)
+from e2e import (  # noqa: F401 (fixture)
+    accept_any_timestamp,
+    assert_exactly_once,
+    pipeline,
+    rows,
+    run_cli,
+    send,
+    summaries,
+    table,
+)
 from lakehouse.core import offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import OffsetGapError, TopicRecreatedError
@@ -42,6 +51,7 @@ def encode(record: dict) -> tuple[bytes, bytes]:
 
 def test_every_kind_of_bad_record_lands_in_the_dead_letter_table_with_its_reason(platform, pipeline, spark):
     spec = pipeline()
+    accept_any_timestamp(platform, spec.source.topic)  # a producer with its clock in microseconds gets through
     report = produce.produce(spec, 600, bad_ratio=0.5, seed=11)
     IngestJob(spec, platform, spark).run_once()
     assert assert_exactly_once(platform, spec) == 600
@@ -174,8 +184,7 @@ def progress(position: int, topic_id="id-1") -> list[TableProgress]:
 
 
 def test_offsets_that_aged_out_before_ingestion_are_a_gap_never_skipped_silently(make_spec):
-    # The embedded broker neither enforces retention nor supports DeleteRecords, so the
-    # planner is given the watermarks Apache Kafka reports after retention deleted [100, 250).
+    # the watermarks Kafka reports after retention deleted [100, 250) (end to end: test_trace's gap)
     spec = make_spec()
     with pytest.raises(OffsetGapError, match=r"offsets \[100, 250\) aged out .* --accept-gap"):
         plan_batch(spec, state(250, 400), progress(100), 1000)
@@ -212,9 +221,9 @@ def test_large_partition_ranges_are_cut_so_every_task_slot_reads():
     assert split_for_tasks([OffsetRange("t", 0, 7, 7)], tasks=4) == [OffsetRange("t", 0, 7, 7)]
 
 
-def test_a_stopped_producer_sees_all_its_records_land_on_the_embedded_broker(platform, pipeline, spark):
+def test_a_stopped_producer_sees_all_its_records_land(platform, pipeline, spark):
     spec = pipeline(partitions=1)
-    # one produce batch: the embedded broker's ListOffsets high watermark then lags by that batch
+    # one produce batch, the last thing the producer does: the log end is the high watermark after it
     send(platform, spec.source.topic, [encode(order(i)) for i in range(100)], partition=0,
          **{"linger.ms": 200, "batch.num.messages": 1000})
     state_ = topic_state(platform.kafka(), spec.source.topic)
@@ -266,6 +275,7 @@ def test_hostile_records_land_exactly_once_in_the_table_or_the_dead_letter_table
                      fanout={"field": "size", "routes": {"S": "raw.orders_{suffix}_small"}},
                      source={"max_value_bytes": 20_000})
     ensure_topics([spec], platform)
+    accept_any_timestamp(platform, spec.source.topic)  # the far-future timestamps too
     producer = Producer(platform.kafka(**{"linger.ms": 5}))
     for ts_ms, (key, value), partition in records:
         producer.produce(spec.source.topic, key=key, value=value, partition=partition,

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError
 
-from e2e import pipeline  # noqa: F401 (fixture)
+from e2e import accept_any_timestamp, pipeline  # noqa: F401 (pipeline: a fixture)
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, BatchBuilder
 from lakehouse.ingest.records import ERROR_KINDS, RecordValidator
 from lakehouse_dev import produce as producer_module
@@ -67,9 +67,21 @@ def orders_topic(pipeline):
 
 @pytest.fixture
 def sent(platform, orders_topic, consume_all):
-    """600 orders, about 20% broken, and every record read back from the topic."""
+    """600 orders, about 20% broken, and every record read back from the topic (which keeps producers'
+    timestamps however far ahead, so the Kafka timestamp defect gets through too)."""
+    accept_any_timestamp(platform, orders_topic.source.topic)
     report = produce(orders_topic, 600, bad_ratio=0.2, seed=42, platform=platform)
     return orders_topic, report, consume_all(orders_topic.source.topic, platform)
+
+
+@pytest.mark.slow
+def test_a_topic_that_refuses_far_future_timestamps_gets_none(platform, pipeline, consume_all):
+    """Apache Kafka 4 refuses a batch holding a timestamp more than message.timestamp.after.max.ms (an hour)
+    ahead: produce leaves that defect out instead of failing the other records of the batch."""
+    spec = pipeline(partitions=1)
+    report = produce(spec, 300, bad_ratio=0.5, seed=43, platform=platform)
+    assert report.sent == 300 and "bad_kafka_timestamp" not in report.bad_by_kind and report.bad > 100
+    assert len(consume_all(spec.source.topic, platform)) == 300
 
 
 @pytest.mark.slow

@@ -65,9 +65,9 @@ def as_checked(spec, row: dict) -> dict:
 
 @pytest.mark.parametrize("value_format", ["json", "avro"])
 def test_a_produced_change_stream_lands_in_the_final_state_its_report_names(
-        platform, pipeline, spark, monkeypatch, value_format):
+        platform, pipeline, spark, monkeypatch, value_format, request):
     if value_format == "avro":  # schemas registered from the contract; the job's driver fetches them
-        monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", f"mock://produce-cdc-{uuid.uuid4().hex[:8]}")
+        monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", request.getfixturevalue("registry_url"))
     spec = pipeline(fields=CDC_FIELDS, mode="cdc", table_key=["id"], partition_by=None, publish={"view": None},
                     source={"topic": f"shop.public.stock_{uuid.uuid4().hex[:6]}", "value_format": value_format,
                             "key": {"field": None}, "partitions": 3})

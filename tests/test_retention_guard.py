@@ -3,11 +3,9 @@ raises the topic's retention.ms (never past the pipeline's cap), alerts, and res
 once the writer has caught up; a guard that cannot protect the records (no cap, cap reached, a broker
 refusing the change) alerts naming why.
 
-The end-to-end tests run on the embedded broker, which supports IncrementalAlterConfigs for
-retention.ms. It keeps records in memory and deletes none, so a stalled writer is simulated by records
-whose Kafka timestamps are already old, produced and not ingested. It has no ACLs: its refusal is the
-test suite's fault `retention_change` (tests/faults.py), which raises what confluent-kafka raises for a
-broker's TOPIC_AUTHORIZATION_FAILED answer at the moment the guard alters the topic.
+The end-to-end tests run on the embedded Apache Kafka. A stalled writer is records whose Kafka timestamps
+are already old, produced and not ingested (the horizon is an hour away: retention deletes none of them).
+The refusal is the broker's own: the guard runs as a SCRAM user whose ACLs lack ALTER_CONFIGS on the topic.
 """
 
 from __future__ import annotations
@@ -203,7 +201,8 @@ def test_the_guard_raises_retention_for_a_stalled_writer_and_restores_the_value_
 
 
 @pytest.mark.slow
-def test_a_guard_that_cannot_protect_the_records_alerts_and_leaves_the_topic_as_it_is(platform, pipeline):
+def test_a_guard_that_cannot_protect_the_records_alerts_and_leaves_the_topic_as_it_is(platform, pipeline, kafka_user,
+                                                                                       monkeypatch):
     uncapped = pipeline(retention_ms=HOUR_MS)
     refused = pipeline(retention_ms=HOUR_MS, retention={"max_retention": "2h"})
     for spec in (uncapped, refused):
@@ -213,8 +212,12 @@ def test_a_guard_that_cannot_protect_the_records_alerts_and_leaves_the_topic_as_
     assert alert.returncode == 3
     assert "retention.max_retention is not set" in alert.stderr
 
-    denied = run_cli(refused, "retention", "--pipeline", refused.name, "--guard", "--json",
-                     fault="retention_change")
+    topic = refused.source.topic  # a reader of the topic, not its administrator
+    with monkeypatch.context() as as_reader:
+        for name, value in kafka_user([("TOPIC", topic, "READ"), ("TOPIC", topic, "DESCRIBE"),
+                                       ("TOPIC", topic, "DESCRIBE_CONFIGS"), ("GROUP", "lakehouse-*", "READ")]).items():
+            as_reader.setenv(name, value)
+        denied = run_cli(refused, "retention", "--pipeline", refused.name, "--guard", "--json")
     assert denied.returncode == 3
     assert "lacks the permission ALTER_CONFIGS on topic " + refused.source.topic in denied.stderr
     assert json.loads(denied.stdout)["missing_permission"] == f"ALTER_CONFIGS on topic {refused.source.topic}"

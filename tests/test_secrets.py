@@ -181,5 +181,5 @@ def test_platform_and_catalog_config_never_show_the_catalog_password(password, f
 
 def test_a_catalog_error_does_not_show_the_password():
     with pytest.raises(config.ConfigError, match="unsupported database") as refused:
-        config.CatalogConfig("lake", f"mysql://lake:{PASSWORD}@db/lake", "s3://b/w").jdbc()
+        config.CatalogConfig("lake", "jdbc", f"mysql://lake:{PASSWORD}@db/lake", "s3://b/w").jdbc()
     assert PASSWORD not in str(refused.value) and "mysql://lake:***@db/lake" in str(refused.value)

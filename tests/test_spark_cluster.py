@@ -92,8 +92,8 @@ def test_spark_submit_of_the_ingest_entry_point_runs_on_the_master_it_was_given(
     before = set(applications(cluster))
     env = dict(os.environ, LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent), PYSPARK_PYTHON=sys.executable)
     run = subprocess.run(
-        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[1]", "--jars",
-         ",".join(platform.jars), str(config.REPO_ROOT / "spark_jobs" / "ingest.py"), "--pipeline", spec.name,
+        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[1]", "--packages",
+         ",".join(platform.spark_packages), str(config.REPO_ROOT / "spark_jobs" / "ingest.py"), "--pipeline", spec.name,
          "--once", "--json"], env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert assert_exactly_once(platform, spec) == 300

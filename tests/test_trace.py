@@ -10,11 +10,10 @@ the pipeline's DAGs 403, refused form values 400 with the reason; the answer fro
 
 End-to-end (slow), on the real broker, Spark and catalog: each answer of `lakehouse trace` for
 records of an ingested pipeline, by coordinates and by key over a time window, and the page's. A
-recorded gap: the embedded broker cannot delete records (no DeleteRecords, no retention on its
-in-memory log), so the ingest job is shown the log as retention would leave it (its earliest
-offset past records the table never got); planning, `--accept-gap` and the commit recording the
-gap are the product's own, and the trace answers `gap` from that commit. The aged-out answer (Kafka
-no longer holds an offset nobody recorded as a gap) is checked in the unit layer only.
+recorded gap: records deleted from Kafka (DeleteRecords, what retention does to old segments) before
+the pipeline read them; planning, `--accept-gap` and the commit recording the gap are the product's
+own, and the trace answers `gap` from that commit, and `aged-out` for an offset Kafka no longer holds
+that no row holds and no commit recorded as a gap.
 """
 
 from __future__ import annotations
@@ -341,10 +340,10 @@ def test_trace_says_where_each_record_is(platform, orders, spark, make_spec, sig
 @pytest.mark.slow
 def test_a_recorded_gap_is_traced_as_aged_out_before_ingestion(platform, pipeline, spark, make_spec, signed_in,
                                                                monkeypatch):
-    from dataclasses import replace
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
 
     from lakehouse.core import events
-    from lakehouse.ingest import job
 
     spec = pipeline(partitions=2)
     topic = spec.source.topic
@@ -352,21 +351,15 @@ def test_a_recorded_gap_is_traced_as_aged_out_before_ingestion(platform, pipelin
     send(platform, topic, [order(1, i) for i in range(5)], partition=1)
     assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
     send(platform, topic, [order(0, i) for i in range(10, 30)], partition=0)  # 10-19 age out before ingestion
+    admin = AdminClient(platform.kafka())  # what retention does: the log now starts at 20 (and at 3 in 1)
+    for deleted in admin.delete_records([TopicPartition(topic, 0, 20), TopicPartition(topic, 1, 3)]).values():
+        deleted.result(timeout=30)
 
-    real = job.topic_state_for
-
-    def after_retention(*args, **kwargs):
-        """Kafka's answer once retention deleted partition 0 below offset 20 (only the ingest job asks this)."""
-        state = real(*args, **kwargs)
-        return replace(state, partitions={**state.partitions, 0: replace(state.partitions[0], earliest=20)})
-
-    with monkeypatch.context() as retention:
-        retention.setattr(job, "topic_state_for", after_retention)
-        stopped = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
-        assert stopped.returncode == 3, stopped.stderr[-2000:]
-        assert "offsets [10, 20) aged out of Kafka before they were ingested (10 records lost" in stopped.stderr
-        accepted = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--accept-gap")
-        assert accepted.returncode == 0, accepted.stderr[-2000:]
+    stopped = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
+    assert stopped.returncode == 3, stopped.stderr[-2000:]
+    assert "offsets [10, 20) aged out of Kafka before they were ingested (10 records lost" in stopped.stderr
+    accepted = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--accept-gap")
+    assert accepted.returncode == 0, accepted.stderr[-2000:]
 
     data = table(platform, spec, spec.target.table)
     held = sorted(r["_kafka"]["offset"] for r in data.scan(row_filter=EqualTo("_kafka.partition", 0)).to_arrow()
@@ -390,7 +383,11 @@ def test_a_recorded_gap_is_traced_as_aged_out_before_ingestion(platform, pipelin
     assert [trace("--partition", "0", "--offset", o)["verdict"] for o in ("9", "10", "19", "20")] == \
         ["in-table", "gap", "gap", "in-table"]
     by_key = trace("--key", "ord-0-15", "--since", "1h")
-    assert [(r["partition"], r["offset"], r["verdict"]) for r in by_key["records"]] == [(0, 15, "gap")]
+    assert by_key["records"] == []  # neither a row nor Kafka holds it any more: nothing to find by key
+    # an offset Kafka deleted after it was ingested, whose row is gone too: nobody can tell any more
+    spark.sql(f"DELETE FROM {spec.qualified(spec.target.table)} WHERE _kafka.partition = 1 AND _kafka.offset = 1")
+    assert trace("--partition", "1", "--offset", "1")["verdict"] == "aged-out"
+    assert trace("--partition", "1", "--offset", "3")["verdict"] == "in-table"
 
     # the page answers the same, for one record and for the key
     monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
@@ -401,6 +398,6 @@ def test_a_recorded_gap_is_traced_as_aged_out_before_ingestion(platform, pipelin
     page = client.get("/trace", params={"pipeline": spec.name, "partition": "0", "offset": "15"})
     assert page.status_code == 200 and field(page.text, "verdict") == "gap"
     assert "aged out of Kafka before it was ingested" in field(page.text, "message")
-    keyed = client.get("/trace", params={"pipeline": spec.name, "key": "ord-0-15", "since": "1h", "until": ""})
+    keyed = client.get("/trace", params={"pipeline": spec.name, "key": "ord-0-25", "since": "1h", "until": ""})
     assert keyed.status_code == 200 and field(keyed.text, "records_found") == "1"
-    assert 'data-record="0@15"' in keyed.text and field(keyed.text, "verdict") == "gap"
+    assert 'data-record="0@25"' in keyed.text and field(keyed.text, "verdict") == "in-table"

@@ -1,13 +1,12 @@
 """Protobuf and JSON Schema topics on the real embedded broker, Spark and catalog: typed rows, broken values
 dead-lettered by kind, exactly once through kill -9 at every point of a batch; writer schemas from the registry
-(confluent-kafka's MockSchemaRegistryClient, `mock://`, reached by the ingest job's driver in this process)
-shipped to the tasks, a new writer schema adding fields or widening types (Avro and Protobuf) while the job
+(the stack's Apicurio Registry, its Confluent-compatible API behind basic auth, reached by the ingest job's
+driver) shipped to the tasks, a new writer schema adding fields or widening types (Avro and Protobuf) while the job
 runs, and a restart during a registry outage after a widening."""
 
 from __future__ import annotations
 
 import json
-import os
 import struct
 
 import pytest
@@ -22,7 +21,7 @@ from e2e import (  # noqa: F401 (fixture)
     send,
     table,
 )
-from lakehouse.core import events
+from lakehouse.core import config, events
 from lakehouse.ingest import formats
 
 pytestmark = pytest.mark.slow
@@ -81,20 +80,21 @@ V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": ["string", "nu
 
 
 def test_registry_writer_schemas_reach_the_tasks_and_a_new_one_evolves_the_table_while_ingesting(
-        platform, pipeline, make_spec, spark, monkeypatch):
+        platform, pipeline, make_spec, spark, monkeypatch, registry_url):
     """The folder holds version 1 (the contract follows the writer schemas); the registry holds version 1 under
     the topic's subject and version 2 under a record-name subject, so the job meets version 2 first in a
     record: the task reports it, the driver fetches it, evolves the table and writes the batch again."""
-    registry = {"url": f"mock://wire-ingest-{make_spec.directory.parent.name}"}
-    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry["url"])
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry_url)
+    registry = config.load(fresh=True).schema_registry()
     folder = make_spec.directory / "schemas"
     folder.mkdir()
-    v1 = formats.register_schema(registry, "placeholder-value", json.dumps(V1), "JSON")
+    unique = make_spec.directory.parent.name
+    v1 = formats.register_schema(registry, f"placeholder-{unique}-value", json.dumps(V1), "JSON")
     (folder / f"{v1}.json").write_text(json.dumps(V1))
     spec = pipeline(source={"value_format": "json_schema", "schemas": "schemas", "partitions": 1, "key": None},
                     contract={"fields": None, "from": "writer_schema"}, partition_by=None, publish={"view": None})
-    v2 = formats.register_schema(registry, "shop.Order", json.dumps(V2), "JSON")
-    ghost = v2 + 100  # registered nowhere
+    v2 = formats.register_schema(registry, f"shop.Order-{unique}", json.dumps(V2), "JSON")
+    ghost = 2 ** 30 + v2  # registered nowhere
     when = EVENT_TIME.isoformat()
     send(platform, spec.source.topic, [
         (None, formats.wire_json(v1, {"order_id": "a", "amount": 1.5, "event_time": when})),
@@ -187,16 +187,17 @@ def widening_encoder(fmt: str, text: str):
 
 @pytest.mark.parametrize("fmt", sorted(WIDENING))
 def test_a_widening_writer_schema_evolves_the_table_and_a_restart_during_a_registry_outage_resumes(
-        fmt, platform, pipeline, make_spec, spark, monkeypatch, free_tcp_port):
+        fmt, platform, pipeline, make_spec, spark, monkeypatch, free_tcp_port, registry_url):
     """Version 1 (int qty, float price) is in the folder; version 2 (long qty, double price, a coupon) only
     in the registry, under a record-name subject. The job meets version 2 in a record and widens the table in
     place (values past 2^31 land). Restarted while the registry is down, with only version 1 records to read,
     the job resumes: the widened table still holds the folder's narrower contract."""
     schema_type, suffix, v1_text, v2_text = WIDENING[fmt]
-    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", f"mock://widening-{fmt}-{make_spec.directory.parent.name}")
-    registry = {"url": os.environ["LAKEHOUSE_SCHEMA_REGISTRY_URL"]}
-    v1 = formats.register_schema(registry, "placeholder-value", v1_text, schema_type)
-    v2 = formats.register_schema(registry, "shop.Order", v2_text, schema_type)
+    monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry_url)
+    registry = config.load(fresh=True).schema_registry()
+    unique = make_spec.directory.parent.name
+    v1 = formats.register_schema(registry, f"placeholder-{unique}-value", v1_text, schema_type)
+    v2 = formats.register_schema(registry, f"shop.Order-{unique}", v2_text, schema_type)
     folder = make_spec.directory / "schemas"
     folder.mkdir()
     (folder / f"{v1}.{suffix}").write_text(v1_text)

@@ -22,7 +22,8 @@ def cmd_stack(args) -> int:
     from lakehouse_dev import spark_cluster, stack
 
     if args.action == "up":
-        result = stack.up(port=args.port, auth=args.auth, tls=args.tls)
+        result = stack.up(port=args.port, auth=args.auth, tls=args.tls, catalog=args.catalog,
+                          object_store=args.object_store, registry=args.registry)
         if args.spark_cluster:
             spark_cluster.up(port=args.spark_port, ui_port=args.spark_ui_port)
     elif args.action == "down":
@@ -49,8 +50,14 @@ def cmd_stack(args) -> int:
                       + (f", CA {security['ca_location']}" if security.get("ca_location") else ""))
             if broker.get("error"):
                 print(f"error      {broker['error']}")
+            listeners = broker.get("listeners") or {}
+            if listeners:
+                print("listeners  " + ", ".join(f"{name} {address}" for name, address in listeners.items()))
             print(f"catalog    {result.get('catalog_uri')}")
             print(f"warehouse  {result.get('warehouse')}")
+            for name, server in (result.get("services") or {}).items():
+                where = server.get("url") or server.get("endpoint")
+                print(f"{name.replace('_', ' '):<10} {where} ({'running' if server['running'] else 'NOT running'})")
             print(f"home       {result.get('home')}")
             cluster = result["spark_cluster"]
             if cluster.get("master"):
@@ -130,6 +137,15 @@ def add_stack_command(sub) -> None:
     p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
                    help="with `up`: TLS listener with a self-signed CA (<home>/security/ca.pem) "
                         "(default off or LAKEHOUSE_BROKER_TLS)")
+    p.add_argument("--catalog", choices=("jdbc", "rest"),
+                   help="with `up`: the catalog every pipeline uses: the SQLite JDBC catalog, or an Iceberg REST "
+                        "catalog server the stack runs (default jdbc or LAKEHOUSE_STACK_CATALOG)")
+    p.add_argument("--object-store", action=argparse.BooleanOptionalAction, default=None,
+                   help="with `up`: run an S3-compatible object store and put the warehouse on "
+                        "s3://lakehouse/warehouse (default off or LAKEHOUSE_STACK_OBJECT_STORE)")
+    p.add_argument("--registry", action=argparse.BooleanOptionalAction, default=None,
+                   help="with `up`: run a schema registry (Apicurio, Confluent-compatible API, basic auth) and "
+                        "give it to the pipelines (default off or LAKEHOUSE_STACK_REGISTRY)")
     p.add_argument("--purge", action="store_true", help="with `down`: also delete the catalog and warehouse")
     p.add_argument("--spark-cluster", action="store_true",
                    help="with `up`: also start a Spark standalone master and worker; jobs of this home run on it")

@@ -1070,6 +1070,18 @@ def producer_config(spec: PipelineSpec, platform: config.PlatformConfig) -> dict
     return {**defaults, **platform.kafka()}
 
 
+def _takes_future_timestamps(topic: str, platform: config.PlatformConfig) -> bool:
+    """Whether `topic` keeps a producer's timestamp years ahead (CreateTime, no bound on how far ahead)."""
+    from lakehouse.core import topics
+
+    try:
+        found = topics.describe_config(topic, ["message.timestamp.type", "message.timestamp.after.max.ms"], platform)
+    except topics.TopicError as exc:
+        raise ProduceError(str(exc)) from None
+    bound = found["message.timestamp.after.max.ms"]
+    return found["message.timestamp.type"] != "LogAppendTime" and (bound is None or int(bound) >= 2**62)
+
+
 def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio: float = 0.0,
             seed: int | None = None, platform: config.PlatformConfig | None = None,
             on_progress: Callable[[int], Any] | None = None, connect_schemas: bool = False) -> ProduceReport:
@@ -1097,6 +1109,10 @@ def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio
     if topic not in existing:
         raise ProduceError(f"topic {topic!r} of pipeline {spec.name!r} does not exist on "
                            f"{platform.bootstrap_servers}; create it first (lakehouse.topics.ensure_topics)")
+    if not _takes_future_timestamps(topic, platform):
+        # Apache Kafka refuses a batch holding a timestamp more than message.timestamp.after.max.ms ahead (an
+        # hour by default since 4.0), or overwrites it (LogAppendTime): that defect never reaches a reader here
+        stream.kinds = tuple(kind for kind in stream.kinds if kind != "bad_kafka_timestamp")
 
     delivered = 0
     per_partition: dict[int, int] = {}

@@ -3,8 +3,8 @@
 `lakehouse.core.config.load()` asks every `lakehouse.settings` entry point for defaults under the
 LAKEHOUSE_* variables; this one reads the state files the stack's components write under
 LAKEHOUSE_HOME: `stack.json` (the embedded broker's address and, when it requires a login or TLS,
-how to reach it and where its generated password is kept) and `spark-cluster.json` (the standalone
-master's URL).
+how to reach it and where its generated password is kept; the optional servers: the object store,
+the REST catalog, the schema registry) and `spark-cluster.json` (the standalone master's URL).
 """
 
 from __future__ import annotations
@@ -73,8 +73,12 @@ class EmbeddedStack:
         return tuple(stamps)
 
     def settings(self, home: Path) -> dict:
-        """The stack's `bootstrap_servers`, Kafka security settings (`kafka`) and `spark_master`, for
-        what runs."""
+        """The stack's `bootstrap_servers`, Kafka security settings (`kafka`) and `spark_master`, and for the
+        optional servers it started (lakehouse_dev.services) the REST catalog's `catalog_uri`, the object
+        store's `warehouse` and `object_store` settings (its generated key among them) and the registry's
+        `schema_registry_url` (with its user's credentials): for what runs."""
+        from lakehouse_dev import services
+
         state = read_state_file(home)
         settings: dict = {}
         if state.get("bootstrap_servers"):
@@ -82,6 +86,14 @@ class EmbeddedStack:
         kafka = embedded_kafka_security(home, state)
         if kafka:
             settings["kafka"] = kafka
+        servers = state.get("services") or {}
+        if servers.get("object_store"):
+            settings["warehouse"] = servers["object_store"]["warehouse"]
+            settings["object_store"] = services.object_store_settings(home, servers["object_store"])
+        if servers.get("rest_catalog"):
+            settings["catalog_uri"] = servers["rest_catalog"]["url"]
+        if servers.get("registry"):
+            settings["schema_registry_url"] = services.registry_url(home, servers["registry"])
         master = read_state_file(home, "spark-cluster.json").get("master")
         if master:
             settings["spark_master"] = master

@@ -36,7 +36,7 @@ from lakehouse.core import config
 from lakehouse.core.errors import LakehouseError
 from lakehouse_dev import settings
 from lakehouse_dev.airflow_stack import port_free
-from lakehouse_dev.stack import pid_alive
+from lakehouse_dev.processes import pid_alive
 
 STATE_FILE = "spark-cluster.json"
 DEFAULT_PORT = 7077

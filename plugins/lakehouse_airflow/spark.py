@@ -78,15 +78,17 @@ def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_
                PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", python),
                PYSPARK_DRIVER_PYTHON=env.get("PYSPARK_DRIVER_PYTHON", python),
                LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent))
+    platform = config.load()
     return dict(
         conn_id=conn_id,
         application=str(SPARK_JOBS / f"{job}.py"),
         application_args=["--pipeline", spec.name, *args],
-        jars=",".join(config.load().jars),
+        packages=",".join(platform.spark_packages),
+        jars=",".join(platform.jars) or None,
         name=f"lakehouse-{job}-{spec.name}",
         env_vars=env,
         conf={"spark.pyspark.python": env["PYSPARK_PYTHON"],
-              "spark.pyspark.driver.python": env["PYSPARK_DRIVER_PYTHON"]},
+              "spark.pyspark.driver.python": env["PYSPARK_DRIVER_PYTHON"], **platform.spark_conf},
     )
 
 

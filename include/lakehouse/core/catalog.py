@@ -4,33 +4,51 @@ from __future__ import annotations
 
 import threading
 
-from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import (
+    BadRequestError,
+    ForbiddenError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    UnauthorizedError,
+)
 
-from lakehouse.core.config import PlatformConfig
+from lakehouse.core.config import ConfigError, PlatformConfig, redact
+from lakehouse.core.errors import CatalogAccessError, CatalogUnavailableError, transient_cause
 
 _CATALOGS: dict[tuple, Catalog] = {}
 _CATALOGS_LOCK = threading.Lock()
 
 
 def open_catalog(platform: PlatformConfig, name: str, fresh: bool = False) -> Catalog:
-    """The pyiceberg view of the JDBC catalog Spark writes (same database, same tables): one per
-    process for each catalog (its connection pool is shared), unless `fresh`.
+    """The pyiceberg view of catalog `name` as Spark opens it (config.CatalogConfig: the same JDBC database,
+    REST server or Glue/Hive catalog, the same warehouse): one per process for each catalog and its
+    settings (a JDBC catalog's connection pool is shared), unless `fresh`.
 
-    An s3:// or s3a:// warehouse gets the object store's endpoint, addressing style and
-    region (LAKEHOUSE_S3_*); credentials come from the AWS environment, as on the JVM side.
-    A SQLite catalog waits `catalog_busy_timeout_ms` for a lock, like Spark's JDBC connection.
+    An s3:// or s3a:// warehouse gets the object store's endpoint, addressing style and region
+    (LAKEHOUSE_S3_*); credentials come from the AWS environment, as on the JVM side, or from the
+    development stack's object store. A SQLite catalog waits `catalog_busy_timeout_ms` for a lock, like
+    Spark's JDBC connection. Raises ConfigError for a catalog the platform cannot open.
     """
-    io_properties = platform.object_store.pyiceberg_properties() if platform.warehouse_on_s3 else {}
-    uri = platform.catalog_uri
-    if uri.startswith("sqlite:") and "?" not in uri:  # wait for another process's lock as long as Spark does
-        uri += f"?timeout={platform.catalog_busy_timeout_ms / 1000:g}"
-    key = (name, uri, platform.warehouse, tuple(sorted(io_properties.items())))
+    settings = platform.catalog(name)
+    properties = settings.pyiceberg_properties()
+    key = (name, tuple(sorted(properties.items())))
     with _CATALOGS_LOCK:
         if not fresh and key in _CATALOGS:
             return _CATALOGS[key]
-        # pool_pre_ping: a pooled connection the server dropped (restart, pg_terminate_backend) is replaced
-        # before use instead of failing the next catalog call
-        catalog = SqlCatalog(name, uri=uri, warehouse=platform.warehouse, pool_pre_ping="true", **io_properties)
+        try:
+            catalog = load_catalog(name, **properties)
+        except (UnauthorizedError, ForbiddenError) as exc:
+            raise CatalogAccessError(
+                f"catalog {name!r} at {redact(settings.uri)} refused this client ({type(exc).__name__}: {exc}); "
+                f"check its credentials (credential, token, scope) and grants in the {settings.source}") from None
+        except (BadRequestError, NoSuchNamespaceError, NoSuchTableError) as exc:  # /v1/config of another service
+            raise ConfigError(f"catalog {name!r}: {redact(settings.uri)} does not answer as an Iceberg REST catalog "
+                              f"({type(exc).__name__}: {exc}); check the URI in the {settings.source}") from None
+        except Exception as exc:
+            if transient_cause(exc):
+                raise CatalogUnavailableError(f"catalog {name!r} at {redact(settings.uri)} ({settings.source}) is "
+                                              f"unavailable ({transient_cause(exc)}); is it running?") from exc
+            raise
         _CATALOGS[key] = catalog
         return catalog

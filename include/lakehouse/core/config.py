@@ -18,7 +18,11 @@ platform at a real cluster is a matter of environment variables only:
                                  pipelines then read writer schemas from their `source.schemas` folder)
     LAKEHOUSE_SPARK_MASTER       Spark master URL (default: the standalone master that
                                  `lakehouse stack up --spark-cluster` started, else local[2])
-    LAKEHOUSE_JARS               comma-separated jars for Spark (default: found by `make setup`)
+    LAKEHOUSE_SPARK_PACKAGES     more Maven coordinates for spark.jars.packages, comma-separated, after
+                                 SPARK_PACKAGES (Iceberg's Spark runtime and AWS bundle, the JDBC drivers)
+    LAKEHOUSE_SPARK_CONF         more Spark properties, a JSON object such as {"spark.executor.memory": "4g"};
+                                 they win over the platform's own (shown in Spark's UI: no secrets)
+    LAKEHOUSE_JARS               comma-separated local jars for spark.jars (default: none)
     LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS  SQLite catalog: how long a commit waits for another
                                  process's lock (default 30000)
     Unit prices `lakehouse cost` prices a pipeline's use with (default: none, quantities only; read
@@ -82,9 +86,19 @@ from lakehouse.core.errors import ConfigurationError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_BROKER_PORT = 19092
-# The Iceberg Spark runtime the project is built and tested with (Spark 3.5, Scala 2.12);
-# networked builds fetch the same version by Maven coordinates (docker/Dockerfile).
-ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+# What Spark loads by Maven coordinates (spark.jars.packages), as every Spark user writes it: Iceberg's Spark
+# runtime for Spark 3.5 / Scala 2.12 (the newest release that runs on PySpark 3.5 and Java 17), Iceberg's AWS
+# bundle (S3FileIO and the AWS SDK it needs, shaded) and the JDBC drivers of the JDBC catalogs. `make setup`
+# resolves them into ~/.m2 once, where Spark's Ivy finds them offline; the image (docker/Dockerfile) fetches
+# the same coordinates.
+ICEBERG_VERSION = "1.10.1"
+SPARK_PACKAGES = (
+    f"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:{ICEBERG_VERSION}",
+    f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}",
+    "org.xerial:sqlite-jdbc:3.49.1.0",  # 3.50 imports a BOM that Ivy looks for as a jar (online)
+    "org.postgresql:postgresql:42.7.7",
+)
+_COORDINATE = re.compile(r"[A-Za-z0-9_.-]+:[A-Za-z0-9_.-]+:[A-Za-z0-9_.+-]+")
 # Warehouse URI schemes served by S3FileIO; the LAKEHOUSE_S3_* settings apply to them only.
 S3_SCHEMES = ("s3", "s3a")
 KAFKA_PREFIX = "LAKEHOUSE_KAFKA_"
@@ -108,6 +122,8 @@ ENVIRONMENT = (
     "LAKEHOUSE_WAREHOUSE",
     "LAKEHOUSE_SPARK_MASTER",
     "LAKEHOUSE_SCHEMA_REGISTRY_URL",
+    "LAKEHOUSE_SPARK_PACKAGES",
+    "LAKEHOUSE_SPARK_CONF",
     "LAKEHOUSE_JARS",
     "LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS",
     "LAKEHOUSE_S3_ENDPOINT",
@@ -231,24 +247,106 @@ def pipelines_dir() -> Path:
 
 
 @dataclass(frozen=True)
+class ObjectStoreConfig:
+    """How to reach the S3-compatible store of an s3:// warehouse.
+
+    Unset fields are left to the clients' own defaults (the AWS endpoint, virtual-host addressing, the
+    region chain, the AWS credentials chain). Credentials are set only for a store the development stack
+    runs (its generated key); a real deployment leaves them to the AWS chain (environment, profile,
+    instance role) on the driver and every executor, so they never appear in Spark's configuration.
+    """
+
+    endpoint: str | None = None
+    path_style_access: bool | None = None
+    region: str | None = None
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+
+    __repr__ = _redacted_repr  # an endpoint URL may carry user:password@
+
+    def iceberg_properties(self) -> dict[str, str]:
+        """Catalog properties of Iceberg's Java S3FileIO (spark.sql.catalog.<name>.<property>), credentials
+        left out (the JVM takes them from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, see `aws_environment`)."""
+        props = {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO"}
+        if self.endpoint:
+            props["s3.endpoint"] = self.endpoint
+        if self.path_style_access is not None:
+            props["s3.path-style-access"] = "true" if self.path_style_access else "false"
+        if self.region:
+            props["client.region"] = self.region
+        return props
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """The same settings as pyiceberg (0.12) names them for its pyarrow S3 FileIO, credentials included."""
+        props = {}
+        if self.endpoint:
+            props["s3.endpoint"] = self.endpoint
+        if self.path_style_access is not None:
+            # pyiceberg says it the other way round: virtual addressing on or off
+            props["s3.force-virtual-addressing"] = "false" if self.path_style_access else "true"
+        if self.region:
+            props["s3.region"] = self.region  # also stops pyiceberg asking AWS where the bucket is
+        if self.access_key_id and self.secret_access_key:
+            props.update({"s3.access-key-id": self.access_key_id, "s3.secret-access-key": self.secret_access_key})
+        return props
+
+    def aws_environment(self) -> dict[str, str]:
+        """The AWS SDK's variables for the credentials set here (the JVM side reads them from its environment)."""
+        if not (self.access_key_id and self.secret_access_key):
+            return {}
+        return {"AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
+
+
+# The catalog types the platform reads and writes through, by the names Iceberg users write (`type:`);
+# pyiceberg calls a JDBC catalog `sql`.
+CATALOG_TYPES = ("jdbc", "rest", "glue", "hive")
+_PYICEBERG_TYPES = {"jdbc": "sql", "rest": "rest", "glue": "glue", "hive": "hive"}
+# Catalog properties only pyiceberg knows (its FileIO); Spark's Java catalog gets the equivalents or nothing.
+_PYICEBERG_ONLY = ("py-io-impl", "pyarrow.", "s3.force-virtual-addressing", "s3.region", "downcast-ns-timestamp")
+# Properties whose values are secrets: never shown (repr, status, Spark's UI redacts them by its regex).
+_SECRET_PROPERTY = re.compile(r"(?i)secret|password|token|credential|private|access-key")
+
+
+@dataclass(frozen=True)
 class CatalogConfig:
-    """One Iceberg JDBC catalog, seen both by Spark (JDBC URL) and pyiceberg (SQLAlchemy URI)."""
+    """One Iceberg catalog by name, as Spark (a SparkCatalog) and pyiceberg both open it.
+
+    `type` is jdbc, rest, glue or hive; `uri` a SQLAlchemy URI (jdbc: sqlite or postgresql), an http(s)
+    URL (rest), a thrift URI (hive) or empty (glue); `warehouse` this catalog's own location (tables of
+    two catalogs never share a directory); `properties` everything else, by the names pyiceberg and
+    Iceberg's Java catalogs share (credential, token, scope, header.*, io-impl, s3.*, ...): secrets among
+    them are never shown. `source` says where the settings came from.
+    """
 
     name: str
-    uri: str  # SQLAlchemy URI, e.g. sqlite:////abs/catalog.db or postgresql+psycopg2://u:p@h:5432/db
+    type: str
+    uri: str
     warehouse: str
+    properties: dict[str, str] = field(default_factory=dict, repr=False)
+    object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     busy_timeout_ms: int = 30_000  # SQLite: how long a commit waits for another process's lock
+    source: str = "LAKEHOUSE_CATALOG_URI"
 
     __repr__ = _redacted_repr  # the URI may hold the database password
 
+    @property
+    def warehouse_on_s3(self) -> bool:
+        """Whether the warehouse is an s3:// or s3a:// location (read and written with S3FileIO)."""
+        return urlsplit(self.warehouse).scheme in S3_SCHEMES
+
+    def shown_properties(self) -> dict[str, str]:
+        """`properties` fit for output: secret values as ***."""
+        return {k: ("***" if _SECRET_PROPERTY.search(k) else v) for k, v in self.properties.items()}
+
     def jdbc(self) -> tuple[str, dict[str, str]]:
-        """The JDBC URL and connection properties Spark's JdbcCatalog needs for `uri`."""
+        """The JDBC URL and connection properties Spark's JdbcCatalog needs for `uri` (type jdbc)."""
         parts = urlsplit(self.uri)
         scheme = parts.scheme.split("+")[0]
         if scheme == "sqlite":
             path = self.uri.split(":///", 1)[1] if ":///" in self.uri else ""
             if not path:
-                raise ConfigError(f"LAKEHOUSE_CATALOG_URI {redact(self.uri)!r}: a SQLite catalog needs a file path")
+                raise ConfigError(f"catalog {self.name!r} ({self.source}): {redact(self.uri)!r}: a SQLite catalog "
+                                  f"needs a file path")
             # Several processes share one SQLite catalog (ingest, replay, maintenance, pyiceberg):
             # WAL so readers never block a commit, and a busy timeout so committers queue.
             return (f"jdbc:sqlite:{path if path.startswith('/') else '/' + path}",
@@ -271,47 +369,55 @@ class CatalogConfig:
                     params.append((key, value))
             query = f"?{urlencode(params)}" if params else ""
             return f"jdbc:postgresql://{host}:{port}{parts.path}{query}", props
-        raise ConfigError(
-            f"LAKEHOUSE_CATALOG_URI {redact(self.uri)!r}: unsupported database {scheme!r} (use sqlite or postgresql)"
-        )
-
-
-@dataclass(frozen=True)
-class ObjectStoreConfig:
-    """How to reach the S3-compatible store of an s3:// warehouse (never its credentials).
-
-    Unset fields are left to the clients' own defaults (the AWS endpoint, virtual-host
-    addressing, the region chain).
-    """
-
-    endpoint: str | None = None
-    path_style_access: bool | None = None
-    region: str | None = None
-
-    __repr__ = _redacted_repr  # an endpoint URL may carry user:password@
-
-    def iceberg_properties(self) -> dict[str, str]:
-        """Catalog properties of Iceberg's Java S3FileIO (spark.sql.catalog.<name>.<property>)."""
-        props = {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO"}
-        if self.endpoint:
-            props["s3.endpoint"] = self.endpoint
-        if self.path_style_access is not None:
-            props["s3.path-style-access"] = "true" if self.path_style_access else "false"
-        if self.region:
-            props["client.region"] = self.region
-        return props
+        raise ConfigError(f"catalog {self.name!r} ({self.source}): {redact(self.uri)!r}: unsupported database "
+                          f"{scheme!r} (use sqlite or postgresql)")
 
     def pyiceberg_properties(self) -> dict[str, str]:
-        """The same settings as pyiceberg (0.12) names them for its pyarrow S3 FileIO."""
-        props = {}
-        if self.endpoint:
-            props["s3.endpoint"] = self.endpoint
-        if self.path_style_access is not None:
-            # pyiceberg says it the other way round: virtual addressing on or off
-            props["s3.force-virtual-addressing"] = "false" if self.path_style_access else "true"
-        if self.region:
-            props["s3.region"] = self.region  # also stops pyiceberg asking AWS where the bucket is
+        """The properties `pyiceberg.catalog.load_catalog(name, **props)` opens this catalog with."""
+        props: dict[str, str] = {"type": _PYICEBERG_TYPES[self.type]}
+        uri = self.uri
+        if self.type == "jdbc":
+            if uri.startswith("sqlite:") and "?" not in uri:  # wait for another process's lock as Spark does
+                uri += f"?timeout={self.busy_timeout_ms / 1000:g}"
+            # a pooled connection the server dropped (restart, pg_terminate_backend) is replaced before use
+            props["pool_pre_ping"] = "true"
+        if uri:
+            props["uri"] = uri
+        if self.warehouse:
+            props["warehouse"] = self.warehouse
+        if self.warehouse_on_s3 or self.type != "jdbc":
+            props.update(self.object_store.pyiceberg_properties())
+        props.update(self.properties)
         return props
+
+    def spark_properties(self) -> dict[str, str]:
+        """`spark.sql.catalog.<name>.<property>` of this catalog, without the prefix ("" is the catalog's
+        class). Secrets are there too: Spark's UI redacts them (see sparkenv's spark.redaction.regex)."""
+        conf = {"": "org.apache.iceberg.spark.SparkCatalog",
+                # another writer (compaction, a replay) may commit between batches: always load fresh
+                "cache-enabled": "false"}
+        if self.type == "jdbc":
+            jdbc_url, jdbc_props = self.jdbc()
+            conf.update({
+                "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog", "uri": jdbc_url, "jdbc.schema-version": "V1",
+                # pyiceberg creates the catalog tables (see sparkenv.session()); Iceberg's own initialisation
+                # leaves a ResultSet open, which on SQLite pins a read snapshot so that every later commit
+                # from this JVM fails with SQLITE_BUSY_SNAPSHOT once another process wrote
+                "jdbc.init-catalog-tables": "false",
+                **{f"jdbc.{key}": value for key, value in jdbc_props.items()}})
+        else:
+            conf["type"] = self.type
+            if self.uri:
+                conf["uri"] = self.uri
+        if self.warehouse:
+            conf["warehouse"] = self.warehouse
+        if self.warehouse_on_s3:
+            conf.update(self.object_store.iceberg_properties())
+        for key, value in self.properties.items():
+            if key.startswith(_PYICEBERG_ONLY):
+                continue
+            conf[key] = value
+        return conf
 
 
 @dataclass(frozen=True)
@@ -323,11 +429,17 @@ class PlatformConfig:
     catalog_uri: str = ""
     warehouse: str = ""
     spark_master: str = "local[2]"
-    jars: tuple[str, ...] = ()
+    spark_packages: tuple[str, ...] = SPARK_PACKAGES
+    spark_conf: dict[str, str] = field(default_factory=dict)  # LAKEHOUSE_SPARK_CONF: the user's own properties
+    jars: tuple[str, ...] = ()  # local jars for spark.jars (LAKEHOUSE_JARS)
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     catalog_busy_timeout_ms: int = 30_000
     schema_registry_url: str | None = None
     prices: dict[str, str] = field(default_factory=dict)  # the LAKEHOUSE_PRICE_* variables set, unchecked
+    # pyiceberg's own configuration of catalogs by name (.pyiceberg.yaml, PYICEBERG_CATALOG__<NAME>__<PROP>):
+    # left out of repr, it may hold credentials
+    catalog_settings: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    warehouse_explicit: bool = False  # LAKEHOUSE_WAREHOUSE was set (a REST catalog is then told it)
 
     __repr__ = _redacted_repr  # catalog_uri and schema_registry_url may hold a password
 
@@ -343,8 +455,27 @@ class PlatformConfig:
         return conf
 
     def catalog(self, name: str) -> CatalogConfig:
-        return CatalogConfig(name=name, uri=self.catalog_uri, warehouse=self.warehouse,
-                             busy_timeout_ms=self.catalog_busy_timeout_ms)
+        """Catalog `name` as Spark and pyiceberg open it: pyiceberg's configuration of that name when there is
+        one (`.pyiceberg.yaml`, PYICEBERG_CATALOG__<NAME>__<PROP>), else the platform's: LAKEHOUSE_CATALOG_URI
+        (a jdbc catalog for sqlite or postgresql, a rest catalog for http(s)). A jdbc catalog's warehouse is
+        `<warehouse>/<name>` unless configured: catalogs sharing a database never share a table directory;
+        a rest catalog's locations are its server's (LAKEHOUSE_WAREHOUSE, when set, is passed on).
+        Raises ConfigError for a type or URI the platform cannot open."""
+        settings = dict(self.catalog_settings.get(name) or {})
+        source = f"pyiceberg configuration of catalog {name!r}" if settings else "LAKEHOUSE_CATALOG_URI"
+        uri = str(settings.pop("uri", "" if settings else self.catalog_uri) or "")
+        kind = str(settings.pop("type", "") or "").lower() or _catalog_type(uri, source)
+        kind = {"sql": "jdbc"}.get(kind, kind)
+        if kind not in CATALOG_TYPES:
+            raise ConfigError(f"catalog {name!r} ({source}): type {kind!r} is not one of {', '.join(CATALOG_TYPES)}")
+        warehouse = str(settings.pop("warehouse", "") or "")
+        if not warehouse and kind == "jdbc":
+            warehouse = f"{self.warehouse.rstrip('/')}/{name}"
+        elif not warehouse and self.warehouse_explicit:
+            warehouse = self.warehouse
+        return CatalogConfig(name=name, type=kind, uri=uri, warehouse=warehouse,
+                             properties={k: str(v) for k, v in settings.items()}, object_store=self.object_store,
+                             busy_timeout_ms=self.catalog_busy_timeout_ms, source=source)
 
     @property
     def warehouse_on_s3(self) -> bool:
@@ -368,6 +499,29 @@ class PlatformConfig:
                        kafka_extra={**self.kafka_extra, **extra})
 
 
+def _catalog_type(uri: str, source: str) -> str:
+    """The catalog type a URI implies: jdbc for a SQLAlchemy sqlite or postgresql URI, rest for http(s)."""
+    found = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)  # not urlsplit: it refuses a '[' in a password
+    scheme = found.group(1).split("+")[0].lower() if found else ""
+    if scheme in ("sqlite", "postgresql", "postgres"):
+        return "jdbc"
+    if scheme in ("http", "https"):
+        return "rest"
+    raise ConfigError(f"{source} {redact(uri)!r}: expected a SQLAlchemy URI of the JDBC catalog's database "
+                      f"(sqlite:///..., postgresql+psycopg2://...) or the http(s) URL of a REST catalog; other "
+                      f"catalogs (glue, hive) are configured by name in .pyiceberg.yaml or PYICEBERG_CATALOG__*")
+
+
+def _pyiceberg_catalogs() -> dict[str, dict[str, str]]:
+    """pyiceberg's configuration of catalogs by name: `.pyiceberg.yaml` (in PYICEBERG_HOME, the home folder or
+    the working folder) and PYICEBERG_CATALOG__<NAME>__<PROP> variables, as pyiceberg itself reads them."""
+    from pyiceberg.utils.config import Config
+
+    found = Config().config.get("catalog") or {}
+    return {str(name): {str(k): str(v) for k, v in (props or {}).items()}
+            for name, props in found.items() if isinstance(props, dict)}
+
+
 def _kafka_extra_from_env() -> dict[str, str]:
     extra = {}
     for key, value in os.environ.items():
@@ -376,21 +530,36 @@ def _kafka_extra_from_env() -> dict[str, str]:
     return extra
 
 
-def default_jars() -> tuple[str, ...]:
-    """Iceberg Spark runtime (from the pinned wheel) and the Debian JDBC drivers."""
-    jars: list[str] = []
-    try:
-        import snowpark_connect_deps_iceberg as deps
+def _spark_packages_from_env() -> tuple[str, ...]:
+    """SPARK_PACKAGES, then the coordinates of LAKEHOUSE_SPARK_PACKAGES (group:artifact:version, comma-separated).
+    Raises ConfigError for anything that is not a Maven coordinate."""
+    extra = [c.strip() for c in (os.environ.get("LAKEHOUSE_SPARK_PACKAGES") or "").split(",") if c.strip()]
+    for coordinate in extra:
+        if not _COORDINATE.fullmatch(coordinate):
+            raise ConfigError(f"LAKEHOUSE_SPARK_PACKAGES: {coordinate!r} is not a Maven coordinate "
+                              f"group:artifact:version, e.g. org.apache.hadoop:hadoop-aws:3.3.4")
+    return tuple(dict.fromkeys((*SPARK_PACKAGES, *extra)))
 
-        runtime = Path(deps.__file__).parent / "jars" / ICEBERG_RUNTIME_JAR
-        if runtime.exists():
-            jars.append(str(runtime))
-    except ImportError:
-        pass
-    for candidate in ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.jar"):
-        if Path(candidate).exists():
-            jars.append(candidate)
-    return tuple(jars)
+
+def _spark_conf_from_env() -> dict[str, str]:
+    """LAKEHOUSE_SPARK_CONF: a JSON object of Spark properties (string, number or boolean values), {} when unset.
+    Raises ConfigError for anything else."""
+    import json
+
+    raw = os.environ.get("LAKEHOUSE_SPARK_CONF") or ""
+    if not raw.strip():
+        return {}
+    try:
+        found = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"LAKEHOUSE_SPARK_CONF is not JSON ({exc}); write an object such as "
+                          f'{{"spark.executor.memory": "4g"}}') from None
+    if not isinstance(found, dict) or not all(
+            isinstance(k, str) and k.startswith("spark.") and isinstance(v, (str, int, float, bool))
+            for k, v in found.items()):
+        raise ConfigError('LAKEHOUSE_SPARK_CONF must be a JSON object of Spark properties ("spark.*") to strings, '
+                          'numbers or booleans, e.g. {"spark.executor.memory": "4g"}')
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in found.items()}
 
 
 _TRUE = ("true", "1", "yes", "on")
@@ -410,9 +579,14 @@ def parse_bool(raw: str | None, name: str, default: bool | None = None) -> bool 
     raise ConfigError(f"{name} {raw!r}: expected true or false")
 
 
-def _object_store_from_env() -> ObjectStoreConfig:
-    """The LAKEHOUSE_S3_* settings. Raises ConfigError for an endpoint that is not an http(s)
-    URL or a path-style flag that is not a boolean."""
+def _object_store_from_env(stack: dict) -> ObjectStoreConfig:
+    """The LAKEHOUSE_S3_* settings over what a running stack's object store says (`stack`: endpoint, region,
+    path_style_access and its generated credentials). Raises ConfigError for an endpoint that is not an
+    http(s) URL or a path-style flag that is not a boolean."""
+    if os.environ.get("LAKEHOUSE_S3_ENDPOINT") is None and stack.get("endpoint"):
+        return ObjectStoreConfig(endpoint=stack["endpoint"], path_style_access=stack.get("path_style_access"),
+                                 region=stack.get("region"), access_key_id=stack.get("access_key_id"),
+                                 secret_access_key=stack.get("secret_access_key"))
     endpoint = os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None
     if endpoint is not None:
         parts = urlsplit(endpoint)
@@ -464,7 +638,8 @@ _PROVIDERS: list | None = None
 
 
 def _environment_key() -> tuple:
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("LAKEHOUSE_", "PYSPARK_"))))
+    return tuple(sorted((k, v) for k, v in os.environ.items()
+                        if k.startswith(("LAKEHOUSE_", "PYSPARK_", "PYICEBERG_", "AWS_"))))
 
 
 def _stack_providers() -> list:
@@ -507,10 +682,12 @@ def load(fresh: bool = False) -> PlatformConfig:
     )
     # the embedded broker's own security settings, under any the environment gives
     kafka_extra = {**({} if external else stack.get("kafka") or {}), **_kafka_extra_from_env()}
-    catalog_uri = os.environ.get("LAKEHOUSE_CATALOG_URI") or f"sqlite:///{home / 'catalog.db'}"
-    warehouse = os.environ.get("LAKEHOUSE_WAREHOUSE") or (home / "warehouse").as_uri()
-    jars_env = os.environ.get("LAKEHOUSE_JARS")
-    jars = tuple(j for j in jars_env.split(",") if j) if jars_env else default_jars()
+    # the environment's settings win over what the running stack says (its REST catalog, S3 store, registry)
+    catalog_uri = os.environ.get("LAKEHOUSE_CATALOG_URI") or stack.get("catalog_uri") \
+        or f"sqlite:///{home / 'catalog.db'}"
+    explicit = os.environ.get("LAKEHOUSE_WAREHOUSE") or stack.get("warehouse")
+    warehouse = explicit or (home / "warehouse").as_uri()
+    jars = tuple(j.strip() for j in (os.environ.get("LAKEHOUSE_JARS") or "").split(",") if j.strip())
     platform = PlatformConfig(
         home=home,
         bootstrap_servers=bootstrap,
@@ -518,11 +695,15 @@ def load(fresh: bool = False) -> PlatformConfig:
         catalog_uri=catalog_uri,
         warehouse=warehouse,
         spark_master=os.environ.get("LAKEHOUSE_SPARK_MASTER") or stack.get("spark_master") or "local[2]",
+        spark_packages=_spark_packages_from_env(),
+        spark_conf=_spark_conf_from_env(),
         jars=jars,
         catalog_busy_timeout_ms=_busy_timeout_from_env(),
-        object_store=_object_store_from_env(),
-        schema_registry_url=_schema_registry_from_env(),
+        object_store=_object_store_from_env(stack.get("object_store") or {}),
+        schema_registry_url=_schema_registry_from_env() or stack.get("schema_registry_url"),
         prices=_prices_from_env(),
+        catalog_settings=_pyiceberg_catalogs(),
+        warehouse_explicit=bool(explicit),
     )
     with _LOADED_LOCK:
         _LOADED[key] = platform

@@ -58,6 +58,11 @@ class SchemaRegistryAccessError(ConfigurationError):
     that, so the job stops at once instead of spending its retry budget; nothing is dead-lettered."""
 
 
+class CatalogAccessError(ConfigurationError):
+    """The catalog refused this client (HTTP 401 or 403 from a REST catalog): its credentials or grants are
+    wrong, not a transient outage; the message names the setting to fix."""
+
+
 class SourceError(LakehouseError, RuntimeError):
     """Kafka cannot serve what the pipeline needs; the message says what and why."""
 
@@ -84,6 +89,11 @@ class WriterFencedError(CommitError):
 
 class RetryableError(LakehouseError, RuntimeError):
     """A transient outage: the same work may succeed when tried again later."""
+
+
+class CatalogUnavailableError(RetryableError):
+    """The catalog did not answer, or failed on its side (a REST catalog down, HTTP 5xx): transient, retried
+    within the retry budget."""
 
 
 class SchemaUnknownError(SourceError):
@@ -144,7 +154,12 @@ _JAVA_TRANSIENT = (
     "java.sql.SQLTransientException",
     "java.sql.SQLRecoverableException",
     "java.net.SocketException",
+    "java.net.SocketTimeoutException",
+    "java.net.http.HttpConnectTimeoutException",
     "org.apache.iceberg.exceptions.CommitStateUnknownException",
+    # a REST catalog that is down, overloaded or failing (HTTP 5xx, 429; the connection refused)
+    "org.apache.iceberg.exceptions.ServiceUnavailableException",
+    "org.apache.iceberg.exceptions.ServiceFailureException",
 )
 
 
@@ -176,6 +191,9 @@ def _python_transient(exc: BaseException) -> str | None:
         code = exc.pgcode or ""
         if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) or _SQLSTATE_TRANSIENT.match(code):
             return f"PostgreSQL catalog unavailable: {str(exc).strip()}"
+    found = _rest_transient(exc)
+    if found:
+        return found
     try:
         from confluent_kafka import KafkaError, KafkaException
     except ImportError:  # pragma: no cover
@@ -185,6 +203,27 @@ def _python_transient(exc: BaseException) -> str | None:
         if err.retriable() or err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
                                              KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT):
             return f"Kafka: {err.str()}"
+    return None
+
+
+def _rest_transient(exc: BaseException) -> str | None:
+    """A REST catalog (pyiceberg's client) that did not answer, is overloaded or failed on its side: the
+    connection refused or timed out, HTTP 5xx or 429. A commit whose outcome it could not tell
+    (CommitStateUnknownException) is retried by planning again from the tables, which say whether it landed."""
+    try:
+        import requests
+        from pyiceberg.exceptions import (
+            CommitStateUnknownException,
+            ServerError,
+            ServiceUnavailableError,
+            TooManyRequestsError,
+        )
+    except ImportError:  # pragma: no cover - both come with pyiceberg
+        return None
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+        return f"REST catalog unreachable: {exc}"
+    if isinstance(exc, (ServiceUnavailableError, ServerError, TooManyRequestsError, CommitStateUnknownException)):
+        return f"REST catalog: {type(exc).__name__}: {exc}"
     return None
 
 

@@ -1,8 +1,7 @@
 """Named extension points: where something outside the product may act at a moment of its work.
 
 `faults()` is the one hook there is: the points of an ingest batch where the exactly-once tests
-make the process die, a Spark task fail or another writer commit, and where the retention guard
-changes a topic (where a test makes the broker refuse). The product's own hook does
+make the process die, a Spark task fail or another writer commit. The product's own hook does
 nothing. A process gets another one only when LAKEHOUSE_TEST_HOOKS names a Python file that
 defines `fault_hook()` (the test suite's `tests/faults.py`); the product never ships one, so a
 production job with a stray LAKEHOUSE_FAULT variable injects nothing.
@@ -14,7 +13,6 @@ Points (`FaultHook.reached`), each with the context it is given:
     before_group_commit  every table is committed, the consumer group is not (home, pipeline)
     concurrent_commit    a table commit is about to start (home, pipeline, spark, table: a function
                          returning the pyiceberg Table, key: its upsert key or None, upsert: whether Spark MERGEs the rows)
-    retention_change     the retention guard is about to alter the topic's retention.ms (home, pipeline)
 
 `FaultHook.task_probe(home, pipeline)` may return a picklable callable that the Spark tasks call
 with a site name ("task_failure" when a range starts, "during_read" half way through it).

@@ -1,4 +1,4 @@
-"""The Spark session every job uses: Iceberg SQL extensions and the JDBC catalog(s)."""
+"""The Spark session every job uses: Iceberg SQL extensions and the pipeline's catalogs (config.CatalogConfig)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable
 from urllib.parse import urlsplit
 
-from lakehouse.core.config import ConfigError, PlatformConfig
+from lakehouse.core.config import PlatformConfig
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
 
@@ -35,13 +35,12 @@ def _on_loopback(master: str) -> bool:
 
 
 def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str) -> dict[str, str]:
-    """Spark properties for `catalogs` (Iceberg JDBC catalogs sharing the platform's database).
+    """Spark properties for `catalogs` (each as config.CatalogConfig.spark_properties describes it), the
+    Spark packages by Maven coordinates, and last the user's own (LAKEHOUSE_SPARK_CONF).
 
     An s3:// or s3a:// warehouse adds each catalog's S3FileIO settings (LAKEHOUSE_S3_*); any
     other warehouse leaves the catalogs on Iceberg's default FileIO.
     """
-    if not platform.jars:
-        raise ConfigError("no Iceberg Spark runtime jar found: run `make setup` or set LAKEHOUSE_JARS")
     master = platform.spark_master
     if master.startswith("local[") and "," not in master:
         # local mode gives a task one attempt unless told otherwise; allow retries like a cluster does
@@ -53,7 +52,8 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
-        "spark.jars": ",".join(platform.jars),
+        # by Maven coordinates (Ivy resolves them from ~/.m2, filled by `make setup`, then from Central)
+        "spark.jars.packages": ",".join(platform.spark_packages),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": os.environ.get("LAKEHOUSE_SHUFFLE_PARTITIONS", "4"),
@@ -63,35 +63,31 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
         "spark.driver.extraJavaOptions": java_options,
         "spark.executor.extraJavaOptions": java_options,
         "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        # Spark's UI and logs show these properties' values as *********(redacted): its default regex, plus a
+        # REST catalog's credential
+        "spark.redaction.regex": r"(?i)secret|password|token|access[.]key|credential",
     }
+    if platform.jars:
+        conf["spark.jars"] = ",".join(platform.jars)
     if master.startswith("spark://"):
         # a standalone master hands an application every free core unless capped: cap it, so the
         # continuous ingest job leaves cores for maintenance and backfills (LAKEHOUSE_SPARK_* below)
         for key, variable, default in _STANDALONE_SIZING:
             conf[key] = os.environ.get(variable) or default
     for name in catalogs:
-        jdbc_url, props = platform.catalog(name).jdbc()
-        prefix = f"spark.sql.catalog.{name}"
-        conf.update({
-            prefix: "org.apache.iceberg.spark.SparkCatalog",
-            f"{prefix}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-            f"{prefix}.uri": jdbc_url,
-            f"{prefix}.jdbc.schema-version": "V1",
-            f"{prefix}.warehouse": platform.warehouse,
-            # another writer (compaction, a replay) may commit between batches: always load fresh
-            f"{prefix}.cache-enabled": "false",
-            # pyiceberg creates the catalog tables (see session()); Iceberg's own initialisation
-            # leaves a ResultSet open, which on SQLite pins a read snapshot so that every later
-            # commit from this JVM fails with SQLITE_BUSY_SNAPSHOT once another process wrote
-            f"{prefix}.jdbc.init-catalog-tables": "false",
-        })
-        for key, value in props.items():
-            conf[f"{prefix}.jdbc.{key}"] = value
-        if platform.warehouse_on_s3:
-            # S3FileIO needs no Hadoop S3 connector; its credentials come from the AWS default chain
-            # on the driver and on every executor, never from this conf (which the UI shows)
-            for key, value in platform.object_store.iceberg_properties().items():
-                conf[f"{prefix}.{key}"] = value
+        catalog = platform.catalog(name)
+        for key, value in catalog.spark_properties().items():
+            conf[f"spark.sql.catalog.{name}" + (f".{key}" if key else "")] = value
+        if catalog.warehouse_on_s3 and catalog.object_store.endpoint:
+            # an S3-compatible store that is not AWS: checksums only where the API requires them (the AWS SDK's
+            # default since 2.30 sends CRC checksums such stores reject; apache/iceberg#14439)
+            for side in ("driver", "executor"):
+                conf[f"spark.{side}.extraJavaOptions"] += (" -Daws.requestChecksumCalculation=when_required"
+                                                           " -Daws.responseChecksumValidation=when_required")
+        for variable, value in catalog.object_store.aws_environment().items():
+            # the development stack's generated key, for S3FileIO on every executor (redacted in Spark's UI)
+            conf[f"spark.executorEnv.{variable}"] = value
+    conf.update(platform.spark_conf)  # the user's own properties win
     return conf
 
 
@@ -115,12 +111,38 @@ def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
 
     for name in catalogs:
         open_catalog(platform, name, fresh=True)  # creates the JDBC catalog tables if they are missing
+        # a local master's executors are the driver's JVM: it takes the stack's S3 key from its environment
+        for variable, value in platform.catalog(name).object_store.aws_environment().items():
+            os.environ.setdefault(variable, value)
     builder = SparkSession.builder
     for key, value in spark_conf(platform, catalogs, app_name).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _jvm_output_to_stderr():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+@contextlib.contextmanager
+def _jvm_output_to_stderr():
+    """While the block starts the JVM (PySpark's gateway inherits this process's file descriptors), its
+    standard output is this process's standard error: Spark's Ivy prints its resolution of
+    spark.jars.packages to the JVM's standard output, which is this process's `--json` answer. A JVM that
+    already runs (a second session, spark-submit's) is left as it is."""
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _submitted_master() -> str | None:

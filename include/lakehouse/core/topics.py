@@ -64,12 +64,11 @@ def topic_partitions(platform: config.PlatformConfig | None = None, timeout: flo
             if include_internal or not name.startswith(INTERNAL_PREFIX)}
 
 
-def describe_retention(topic: str, platform: config.PlatformConfig | None = None,
-                       timeout: float = 10.0) -> int | None:
-    """The topic's `retention.ms` as the broker reports it, or None when it reports none.
+def describe_config(topic: str, names: Iterable[str], platform: config.PlatformConfig | None = None,
+                    timeout: float = 10.0) -> dict[str, str | None]:
+    """The values of the topic configs `names` as the broker reports them (its default for one the topic does
+    not set; None for one it does not report).
 
-    Apache Kafka always reports a value (its default when the topic sets none);
-    brokers that only report explicit settings give None for an unset retention.
     Raises TopicError when the topic does not exist or the broker does not answer, and
     kafka_security.KafkaAuthError when it refuses the credentials.
     """
@@ -84,13 +83,15 @@ def describe_retention(topic: str, platform: config.PlatformConfig | None = None
         if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
             raise TopicError(f"topic {topic!r} does not exist on {platform.bootstrap_servers}") from None
         raise TopicError(f"cannot describe the configs of topic {topic!r}: {err.str()}") from None
-    entry = entries.get("retention.ms")
-    if entry is None or entry.value is None:
-        # the embedded broker answers a missing topic with no configs instead of an error
-        if topic not in topic_partitions(platform, timeout=timeout, include_internal=True):
-            raise TopicError(f"topic {topic!r} does not exist on {platform.bootstrap_servers}")
-        return None
-    return int(entry.value)
+    return {name: (entries[name].value if name in entries else None) for name in names}
+
+
+def describe_retention(topic: str, platform: config.PlatformConfig | None = None,
+                       timeout: float = 10.0) -> int | None:
+    """The topic's `retention.ms` as the broker reports it (Apache Kafka always reports one: its default when
+    the topic sets none), or None when it reports none. Raises as `describe_config`."""
+    value = describe_config(topic, ["retention.ms"], platform, timeout)["retention.ms"]
+    return None if value is None else int(value)
 
 
 def record_timestamps(kafka_conf: dict, topic: str, starts: dict[int, int], timeout: float = 10.0) -> dict[int, int]:

@@ -1,8 +1,13 @@
 """The one place an ingest commit becomes visible: a fenced, compare-and-set move of `main`.
 
 Both kinds of commit are one catalog commit whose requirements are checked against exactly
-the metadata the catalog swaps (pyiceberg's SqlCatalog validates them inside the
-compare-and-set on the metadata location), so nothing can slip in between check and commit:
+the metadata the catalog swaps, so nothing can slip in between check and commit. A JDBC (or
+Glue, Hive) catalog is pyiceberg's MetastoreCatalog: it validates every requirement, the
+lakehouse's own among them, inside the compare-and-set on the metadata location. A REST
+catalog checks only the REST protocol's requirements on its server: there the lakehouse's own
+are validated against the metadata the commit is built on, and the commit carries the
+protocol's `assert-ref-snapshot-id` on `main` at that metadata, so the server refuses it (409,
+retried by the caller as any conflict) when anything moved `main` since (`as_checked_by`).
 
 - an append table's commit is `append_files`: the data files the Spark tasks wrote become
   one new snapshot on `main` (pyiceberg writes the manifests; no rows pass through here);
@@ -35,12 +40,14 @@ from typing import Literal
 
 from pydantic import Field
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import (
     AssertDefaultSpecId,
+    AssertRefSnapshotId,
     AssertTableUUID,
     SetPropertiesUpdate,
     SetSnapshotRefUpdate,
@@ -181,11 +188,30 @@ class Writer:
                           f"ingest jobs of the pipeline keep starting at the same time")
 
 
+def as_checked_by(catalog: Catalog, table: Table, requirements: tuple) -> tuple:
+    """`requirements` of a commit on `table` as `catalog` can check them: unchanged for a catalog that
+    validates them in this process inside its compare-and-set (pyiceberg's SqlCatalog, Glue, Hive); for a
+    REST catalog, the lakehouse's own (`assert-lakehouse-*`) are validated now against `table`'s metadata
+    (raising what they raise) and replaced by the protocol's assert-ref-snapshot-id on `main` at that
+    metadata, which the server checks inside its commit."""
+    if not isinstance(catalog, RestCatalog):
+        return requirements
+    kept = []
+    for requirement in requirements:
+        if requirement.type.startswith("assert-lakehouse-"):
+            requirement.validate(table.metadata)
+        else:
+            kept.append(requirement)
+    if not any(isinstance(r, AssertRefSnapshotId) and r.ref == "main" for r in kept):
+        kept.append(AssertRefSnapshotId(ref="main", snapshot_id=table.metadata.current_snapshot_id))
+    return tuple(kept)
+
+
 def _claim_one(catalog: Catalog, name: str, table: Table, epoch: int, properties: dict[str, str]) -> None:
     for _ in range(CLAIM_ATTEMPTS):
         try:
-            catalog.commit_table(table, requirements=(AssertTableUUID(uuid=table.metadata.table_uuid),
-                                                      AssertEpochBelow(epoch=epoch)),
+            requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), AssertEpochBelow(epoch=epoch))
+            catalog.commit_table(table, requirements=as_checked_by(catalog, table, requirements),
                                  updates=(SetPropertiesUpdate(updates=properties),))
             return
         except CommitFailedException:  # another commit swapped the metadata first: look again
@@ -225,9 +251,9 @@ def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str,
     for data_file in files:
         append.append_data_file(data_file)
     updates, requirements = append._commit()
-    catalog.commit_table(table, requirements=(AssertTableUUID(uuid=table.metadata.table_uuid), *requirements,
-                                              AssertDefaultSpecId(default_spec_id=spec_id), fence),
-                         updates=updates)
+    requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), *requirements,
+                    AssertDefaultSpecId(default_spec_id=spec_id), fence)
+    catalog.commit_table(table, requirements=as_checked_by(catalog, table, requirements), updates=updates)
     return append.snapshot_id
 
 
@@ -236,7 +262,7 @@ def commit_staged(catalog: Catalog, table: Table, staged_id: int, parent_id: int
     """Move `main` of `table` to the staged snapshot `staged_id`, atomically, only if `main` is still at
     `parent_id` and `fence` holds. Raises MainMovedError, PositionsMovedError, WriterFencedError, or
     CommitFailedException when another commit swapped the metadata at the same moment."""
+    requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), AssertMainAt(snapshot_id=parent_id), fence)
     catalog.commit_table(
-        table,
-        requirements=(AssertTableUUID(uuid=table.metadata.table_uuid), AssertMainAt(snapshot_id=parent_id), fence),
+        table, requirements=as_checked_by(catalog, table, requirements),
         updates=(SetSnapshotRefUpdate(ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=staged_id),))

@@ -6,11 +6,12 @@ within the batch's record budget, recording ranges that aged out of Kafka as gap
 them) and stopping on a topic that was deleted and recreated; `task_groups` cuts and packs the
 ranges into the batch's Spark tasks (lakehouse.ingest.reader reads them).
 
-The end of a partition is where a consumer's fetch reports end-of-partition,
-probed from the ListOffsets high watermark. On Apache Kafka that probe returns at
-once at the high watermark; on a broker whose ListOffsets answer lags (the
-embedded one reports one batch short) it finds the records past it, so a producer
-that stops sees all its records land.
+Every consumer reads committed records only (isolation.level read_committed, as Kafka Connect and
+Spark's Kafka source do), so the end of a partition is its last stable offset: ListOffsets answers it
+(the high watermark when no transaction is open), and the planner confirms it where a fetch reports
+end-of-partition. Records of a transaction still open are not planned; aborted records and transaction
+markers (and records compaction removed) hold offsets no consumer is given: a range may end on one, and
+its readers stop at the range's end or the log's, whichever they meet first.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def kafka_consumer(kafka_conf: dict, group: str, **extra) -> Consumer:
         "enable.auto.offset.store": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "error",
+        "isolation.level": "read_committed",  # librdkafka's default too: aborted records are never delivered
         **extra,
     }
     return Consumer(conf)

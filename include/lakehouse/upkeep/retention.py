@@ -47,7 +47,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from pyiceberg.exceptions import NoSuchTableError
 
-from lakehouse.core import config, events, hooks, kafka_security, offsets, sparkenv, topics
+from lakehouse.core import config, events, kafka_security, offsets, sparkenv, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import SourceError
 from lakehouse.core.spec import PipelineSpec
@@ -393,7 +393,6 @@ def alter_retention(pipeline: str, topic: str, retention_ms: int, platform: conf
     conf, watch = kafka_security.watched(platform.kafka(logger=logging.getLogger("lakehouse.kafka")))
     admin = AdminClient(conf)  # kept referenced until the future is done: a collected client fails it
     try:
-        hooks.faults().reached("retention_change", home=platform.home, pipeline=pipeline)
         kafka_security.wait_future(admin.incremental_alter_configs([resource], request_timeout=timeout)[resource],
                                    admin, watch, timeout)
     except KafkaException as exc:
