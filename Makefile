@@ -23,7 +23,7 @@ demo: setup
 # only the end-to-end tests marked slow. pytest exits 5 when it collects no tests: that is a
 # failure, said plainly.
 define pytest
-	@rc=0; $(PYTHON) -m pytest -q $(1) tests || rc=$$?; \
+	@rc=0; $(PYTHON) -m pytest -q --durations=30 $(1) tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make $@: FAILED: pytest collected no tests (exit code 5)" >&2; fi; \
 	exit $$rc
 endef
