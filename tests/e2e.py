@@ -131,11 +131,20 @@ def killed_at_every_point_then_resumed(platform: PlatformConfig, spec: PipelineS
     caller checks the outcome (assert_exactly_once, a change stream's final state)."""
     import signal
 
+    from lakehouse.core.catalog import open_catalog
+    from lakehouse.ingest import committer
+
+    # where the catalog commits a batch's tables together, no kill lands between two of them: the last run
+    # goes through with that point armed
+    together = committer.commits_together(open_catalog(platform, spec.catalog))
     for point in KILL_POINTS:
+        if together and point == "after_table_commit":
+            continue
         crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", fault=point)
         assert crashed.returncode == -signal.SIGKILL, (point, crashed.returncode, crashed.stderr[-2000:])
     run = run_cli if in_process else lakehouse
-    resumed = run(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    resumed = run(spec, "ingest", "--pipeline", spec.name, "--once", "--json",
+                  fault="after_table_commit" if together else None)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
 

@@ -127,7 +127,9 @@ def test_an_older_change_from_another_partition_does_not_bring_back_a_key_delete
         platform, pipeline, spark):
     """A repartitioned topic: key 1 is created and deleted (with its tombstone) on partition 0; a later batch
     reads an update of key 1 that happened before the delete, from partition 1. The tombstone ledger keeps
-    the key deleted; a create written after the delete, also on partition 1, brings key 2 back."""
+    the key deleted; a create written after the delete, also on partition 1, brings key 2 back. Key 3's
+    create, delete and tombstone (partition 0) and an update between them (partition 1) are read in one
+    batch: the tombstone is as new as the delete before it, so the key stays deleted."""
     from confluent_kafka import Producer
 
     spec = cdc_pipeline(pipeline)
@@ -146,7 +148,10 @@ def test_an_older_change_from_another_partition_does_not_bring_back_a_key_delete
     assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
     assert table_state(platform, spec) == {}
     produce(1, [(key(1), event("u", row(1, "first@x"), row(1, "stale@x"), lsn=20), now + 2000),
-                (key(2), event("c", None, row(2, "again@x"), lsn=40), now + 4000)])
+                (key(2), event("c", None, row(2, "again@x"), lsn=40), now + 4000),
+                (key(3), event("u", row(3, "three@x"), row(3, "between@x"), lsn=60), now + 6000)])
+    produce(0, [(key(3), event("c", None, row(3, "three@x"), lsn=50), now + 5000),
+                (key(3), event("d", row(3, "between@x"), None, lsn=70), now + 7000), (key(3), None, now + 7000)])
     run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert run.returncode == 0, run.stderr[-3000:]
     assert table_state(platform, spec) == {2: ("again@x", Decimal("1.50"))}

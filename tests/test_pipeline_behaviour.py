@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka import Producer
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from polling import wait_until
 from test_poison_records import KEYS_AND_VALUES, MAX_KAFKA_TIMESTAMP_MS
@@ -107,6 +107,73 @@ def test_fanout_routes_each_record_to_one_table_by_field(platform, pipeline, spa
     assert {r["currency"] for r in rows(platform, spec, usd)} == {"USD"}
     assert {r["currency"] for r in rows(platform, spec, default)} == {"GBP"}
     assert len(rows(platform, spec, eur)) == 30
+
+
+def with_route(spec, value: str):
+    """The spec file of `spec` with one more fan-out route, `value` -> a table of its own; the reloaded spec."""
+    raw = yaml.safe_load(Path(spec.path).read_text())
+    routes = raw["target"]["fanout"]["routes"]
+    routes[value] = f"{raw['target']['table']}_{value.lower()}"
+    Path(spec.path).write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_spec(spec.path)
+
+
+CURRENCIES = ("EUR", "USD", "GBP", "CHF")
+
+
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@example(steps=["produce", "ingest", "route"])
+@given(steps=st.lists(st.sampled_from(["produce", "ingest", "route"]), min_size=2, max_size=6))
+def test_a_route_added_to_a_running_fanout_pipeline_keeps_every_offset_once(platform, pipeline, spark, steps):
+    """Whenever routes are added between batches, every offset is in exactly one table: a new route's table
+    joins at the committed position (records before it stay where they were routed), then takes its records."""
+    spec = pipeline(fanout={"field": "currency", "routes": {"EUR": "raw.orders_{suffix}_eur"}}, partitions=2)
+    sent, added = 0, []
+    for step in [*steps, "produce", "ingest"]:
+        if step == "produce":
+            send(platform, spec.source.topic, [encode(order(sent + i, currency=CURRENCIES[(sent + i) % 4]))
+                                               for i in range(12)])
+            sent += 12
+        elif step == "ingest":
+            IngestJob(spec, platform, spark).run_once()
+        elif len(added) < 2:
+            added.append(("USD", "GBP")[len(added)])
+            spec = with_route(spec, added[-1])
+    assert assert_exactly_once(platform, spec) == sent
+    routes = spec.target.fanout.routes
+    for value, name in routes.items():
+        assert {r["currency"] for r in rows(platform, spec, name)} <= {value}
+    # before its route existed, a currency's records went to the default table
+    assert {r["currency"] for r in rows(platform, spec, spec.target.table)} <= \
+        (set(CURRENCIES) - set(routes)) | set(added)
+
+
+def test_a_route_added_while_a_batch_is_half_committed_is_refused_until_it_is_finished(platform, pipeline):
+    """A kill between a batch's commits leaves the tables at different positions: where the new table's records
+    start is then ambiguous, so the job refuses (exit 3, no commit) and says what to run first."""
+    import signal
+
+    from e2e import lakehouse
+
+    spec = pipeline(fanout={"field": "currency", "routes": {"EUR": "raw.orders_{suffix}_eur"}}, partitions=1)
+    before = Path(spec.path).read_text()
+    send(platform, spec.source.topic, [encode(order(i, currency=CURRENCIES[i % 4])) for i in range(20)])
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    send(platform, spec.source.topic, [encode(order(i, currency=CURRENCIES[i % 4])) for i in range(20, 40)])
+    crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", fault="after_table_commit")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    routed = with_route(spec, "USD")
+    after = Path(spec.path).read_text()
+    refused = run_cli(routed, "ingest", "--pipeline", spec.name, "--once")
+    assert refused.returncode == 3, refused.stderr[-2000:]
+    assert "cut short between its commits" in refused.stderr and "--once" in refused.stderr
+    assert not table(platform, routed, routed.target.fanout.routes["USD"]).snapshots()
+    Path(spec.path).write_text(before)  # as the message says: finish the batch with the spec as it was
+    assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    Path(spec.path).write_text(after)
+    assert run_cli(routed, "ingest", "--pipeline", spec.name, "--once").returncode == 0
+    assert assert_exactly_once(platform, routed) == 40
 
 
 def test_a_new_optional_field_is_added_without_rewriting_data(platform, pipeline, spark):

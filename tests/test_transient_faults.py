@@ -103,9 +103,12 @@ def test_a_stalled_broker_is_retried_until_it_answers_again(platform, pipeline):
             assert job.poll() is None, job.communicate()[1][-3000:]
         finally:
             os.kill(broker, signal.SIGCONT)
-        # Apache Kafka needs a moment to find its own controller again after a freeze this long
-        wait_until(lambda: answers_admin(platform, spec.source.topic), WAIT_S, "the broker to answer again",
-                   interval=0.5)
+        # Apache Kafka needs a moment to find its own controller again after a freeze this long: the broker,
+        # fenced for missed heartbeats, answers once and then "waits for the controller" until it is unfenced,
+        # so the records after the stall are produced once it has answered three times in a row
+        answered = []
+        wait_until(lambda: answered.append(answers_admin(platform, spec.source.topic)) or answered[-3:] == [True] * 3,
+                   WAIT_S, "the broker to answer again", interval=1.0)
         produce.produce(spec, 200, bad_ratio=0.1, seed=42)
         wait_until(while_running(job, lambda: ingested(platform, spec) == 400), WAIT_S,
                    "the records produced after the stall", interval=0.3)

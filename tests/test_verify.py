@@ -300,6 +300,16 @@ def test_a_change_streams_newest_change_is_the_latest_in_the_source_log_across_p
     assert by_kafka_time.ok  # without the source order the row would look newer than the delete
 
 
+def test_a_change_streams_tombstone_is_as_new_as_the_delete_before_it_in_its_partition():
+    """Partition 0 holds key k's delete (position 900) and then its tombstone (no change event, no position);
+    partition 1 an update from before the delete (800), read in the same batch: the tombstone is the newest
+    change, as the ingest job's latest_per_key orders it, so the key stays deleted."""
+    newest = newest_per_key(cdc_records(("k", 0, 4, 100, True, 900), ("k", 0, 5, 100, True, None),
+                                        ("k", 1, 2, 500, False, 800), ("j", 1, 7, 50, True, None),
+                                        ("j", 0, 1, 10, False, 10)))
+    assert [(r["key"], r["partition"], r["offset"]) for r in newest.to_pylist()] == [("j", 0, 1), ("k", 0, 5)]
+
+
 # ---------------------------------------------------------------------------- unit layer: the command
 
 

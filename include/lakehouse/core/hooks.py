@@ -9,7 +9,8 @@ production job with a stray LAKEHOUSE_FAULT variable injects nothing.
 Points (`FaultHook.reached`), each with the context it is given:
 
     after_files          the batch's files are written, nothing is committed (home, pipeline)
-    after_table_commit   the data tables are committed, the dead-letter table is not (home, pipeline)
+    after_table_commit   the data tables are committed, the dead-letter table is not (home, pipeline); never
+                         reached where the catalog commits a batch's tables together (committer.commits_together)
     before_group_commit  every table is committed, the consumer group is not (home, pipeline)
     concurrent_commit    a table commit is about to start (home, pipeline, spark, table: a function
                          returning the pyiceberg Table, key: its upsert key or None, upsert: whether Spark MERGEs the rows)

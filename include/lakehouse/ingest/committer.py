@@ -9,6 +9,13 @@ are validated against the metadata the commit is built on, and the commit carrie
 protocol's `assert-ref-snapshot-id` on `main` at that metadata, so the server refuses it (409,
 retried by the caller as any conflict) when anything moved `main` since (`as_checked_by`).
 
+A batch's tables commit together, in one request, where the catalog offers multi-table commits
+(a REST catalog that lists `POST /v1/{prefix}/transactions/commit` among its endpoints:
+`commits_together`, `commit_together`): the server checks every table's requirements before it
+commits any, so a conflict, a fence or a crash leaves all of them as they were, never the data
+tables ahead of the dead-letter table. Elsewhere each table commits on its own, in order; the
+positions each table records make a batch cut short between two commits resume exactly once.
+
 - an append table's commit is `append_files`: the data files the Spark tasks wrote become
   one new snapshot on `main` (pyiceberg writes the manifests; no rows pass through here);
 - an upsert table's MERGE runs in Spark, which writes the result as a *staged* snapshot
@@ -30,6 +37,7 @@ WriterFencedError, however long it was paused, whichever host it runs on.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -40,9 +48,10 @@ from typing import Literal
 
 from pydantic import Field
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table import Table
+from pyiceberg.catalog.rest import Endpoint, HttpMethod, RestCatalog
+from pyiceberg.catalog.rest.response import _handle_non_200_response
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.table import CommitTableRequest, Table, TableIdentifier
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import (
@@ -53,6 +62,7 @@ from pyiceberg.table.update import (
     SetSnapshotRefUpdate,
     ValidatableTableRequirement,
 )
+from requests import HTTPError
 
 from lakehouse.core import offsets
 from lakehouse.core.errors import CommitError, WriterFencedError
@@ -61,6 +71,8 @@ WRITER_ID = "lakehouse.writer.id"
 WRITER_EPOCH = "lakehouse.writer.epoch"
 WRITER_INFO = "lakehouse.writer.info"
 CLAIM_ATTEMPTS = 8
+# The REST protocol's multi-table commit (CommitTransactionRequest): every table change or none.
+TRANSACTIONS = Endpoint(http_method=HttpMethod.POST, path="/v1/{prefix}/transactions/commit")
 
 
 class PositionsMovedError(CommitError, CommitFailedException):
@@ -227,11 +239,22 @@ def staged_snapshot(table: Table, wap_id: str):
     return None
 
 
+@dataclass(frozen=True)
+class TableChange:
+    """One table's share of a commit: the requirements the catalog checks and the updates it applies."""
+
+    table: Table
+    requirements: tuple
+    updates: tuple
+    snapshot_id: int | None = None  # the snapshot the updates add, if any
+
+
 def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str, str],
                  fence: PipelineFence) -> int:
     """Append the data files the tasks wrote (pyiceberg DataFiles) to `main` of `table` in one snapshot
     whose summary carries `summary`, atomically, only if `main` is still where `table` was loaded and
     `fence` holds; returns the new snapshot's id. An empty `files` still commits (the positions move).
+    `appended` builds the same change for `commit_together`.
 
     pyiceberg writes the manifests; the commit is one compare-and-set with the fence beside
     pyiceberg's own requirement on `main`, so every attempt is checked, not only the first (the
@@ -243,6 +266,14 @@ def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str,
     requires it unchanged (a partition evolution landing meanwhile is a CommitFailedException).
     Manifests of older specs are carried over as they are.
     """
+    change = appended(table, files, summary, fence)
+    catalog.commit_table(table, requirements=as_checked_by(catalog, table, change.requirements),
+                         updates=change.updates)
+    return change.snapshot_id
+
+
+def appended(table: Table, files: list, summary: dict[str, str], fence: PipelineFence) -> TableChange:
+    """The change `append_files` commits: pyiceberg writes the new manifests and manifest list now."""
     spec_id = table.metadata.default_spec_id
     if any(f.spec_id != spec_id for f in files):
         raise ValueError(f"data files of partition specs {sorted({f.spec_id for f in files})} cannot be appended "
@@ -253,8 +284,32 @@ def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str,
     updates, requirements = append._commit()
     requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), *requirements,
                     AssertDefaultSpecId(default_spec_id=spec_id), fence)
-    catalog.commit_table(table, requirements=as_checked_by(catalog, table, requirements), updates=updates)
-    return append.snapshot_id
+    return TableChange(table, requirements, updates, append.snapshot_id)
+
+
+def commits_together(catalog: Catalog) -> bool:
+    """Whether `catalog` commits several tables in one atomic request (a REST catalog whose
+    configuration lists the multi-table commit endpoint; pyiceberg's SQL, Glue and Hive catalogs do not)."""
+    return isinstance(catalog, RestCatalog) and TRANSACTIONS in getattr(catalog, "_supported_endpoints", ())
+
+
+def commit_together(catalog: RestCatalog, changes: list[TableChange]) -> None:
+    """Commit `changes` in one POST /v1/{prefix}/transactions/commit: the server checks every table's
+    requirements (as `as_checked_by` leaves them for a REST catalog: the lakehouse's own are checked here,
+    first) before it applies any change. Raises what the lakehouse's requirements raise, CommitFailedException
+    on a conflict (409: no table changed), CommitStateUnknownException when the server failed mid-way (5xx:
+    reload the tables to see which changes landed)."""
+    request = {"table-changes": [json.loads(CommitTableRequest(
+        identifier=TableIdentifier(namespace=change.table.name()[:-1], name=change.table.name()[-1]),
+        requirements=as_checked_by(catalog, change.table, change.requirements),
+        updates=change.updates).model_dump_json()) for change in changes]}
+    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True),
+                                     data=json.dumps(request).encode(), headers=catalog._session.headers)
+    try:
+        response.raise_for_status()
+    except HTTPError as exc:
+        _handle_non_200_response(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
+                                       502: CommitStateUnknownException, 504: CommitStateUnknownException})
 
 
 def commit_staged(catalog: Catalog, table: Table, staged_id: int, parent_id: int | None,

@@ -207,6 +207,13 @@ class BatchReceipt:
         }
 
 
+def _created_ms(table: Table) -> int:
+    """When `table` was created: its first metadata file's time (the metadata log keeps the oldest ones of a
+    table with few commits), else its only metadata's."""
+    log = table.metadata.metadata_log
+    return log[0].timestamp_ms if log else table.metadata.last_updated_ms
+
+
 class IngestJob:
     """Runs batches of one pipeline against the platform's Kafka and catalog.
 
@@ -246,11 +253,12 @@ class IngestJob:
         tables.check_default_table(self.catalog, spec)  # a renamed target.table stops before anything is created
         self._prefetch_schemas()
         self.quarantined = tables.ensure_tables(self.spark, self.catalog, self.spec, self._layout_changed)
+        self._writer: committer.Writer | None = None  # claimed before the first commit
+        self._start_new_tables()
         sparkenv.warm_python_workers(self.spark, ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow"))
         self._stop = threading.Event()
         # task seconds spent reading and decoding, summed over every task of the job (a stage clock)
         self._task_clock = (self.spark.sparkContext.accumulator(0.0), self.spark.sparkContext.accumulator(0.0))
-        self._writer: committer.Writer | None = None  # claimed before the first commit
         # records whose decoding crashed a Spark task: (partition, offset) -> why; dead-lettered unread
         self.poisoned: dict[tuple[int, int], str] = {}
 
@@ -265,6 +273,53 @@ class IngestJob:
             except OSError:
                 pass
         return found
+
+    def _start_new_tables(self) -> None:
+        """A table added to a pipeline that already ingests (a new fan-out route's table, a renamed dead-letter
+        table) starts where the pipeline stands, not at Kafka's earliest offset: every record below the
+        committed position was already written to one of the other tables (a record of the new route to the
+        default table), so reading them again for it would hold them twice. An empty commit records the
+        committed position as the new table's own (no rows, no offsets: `lakehouse.offsets` empty), fenced by
+        this job's claim; the next batch starts there for every table. A table created with the others (a new
+        pipeline) starts at the earliest offset with them.
+
+        Refused (TableStateError, nothing changed) while the other tables stand at different positions: a batch
+        was cut short between two of its commits, and the records of the unfinished part would be routed anew,
+        some to the new table and some not, from different starting points. Finishing that batch with the
+        spec as it was, then adding the table, keeps every record once."""
+        progress, loaded = self._progress_and_tables()
+        started = [tp for tp in progress if tp.positions]
+        first_commit = min((s.timestamp_ms for tp in started for s in loaded[tp.table].metadata.snapshots),
+                           default=None)
+        # created after the pipeline's first commit (a table created with the others that never committed, a
+        # dead-letter table whose first batch was cut short, resumes from the earliest offset with them)
+        new = [tp for tp in progress if tp.exists and not tp.positions and not tp.total_records
+               and first_commit is not None and _created_ms(loaded[tp.table]) > first_commit]
+        if not new:
+            return
+        if any(tp.positions != started[0].positions for tp in started):
+            stands = "; ".join(f"{tp.table} at {offsets.encode_positions(tp.positions)}" for tp in started)
+            raise errors.TableStateError(
+                f"pipeline {self.spec.name!r}: {', '.join(tp.table for tp in new)} would join the pipeline while "
+                f"its tables stand at different positions ({stands}): a batch was cut short between its commits. "
+                f"Run `lakehouse ingest --pipeline {self.spec.name} --once` with the spec as it was before the "
+                f"new table(s), then start again with the new spec.")
+        position = dict(started[0].positions)
+        topic_ids = {tp.topic_id for tp in started if tp.topic_id}
+        writer = self.writer()
+        for tp in new:
+            summary = {offsets.K_PIPELINE: self.spec.name, offsets.K_KIND: "ingest",
+                       offsets.K_TOPIC: self.spec.source.topic,
+                       offsets.K_TOPIC_ID: next(iter(topic_ids)) if len(topic_ids) == 1 else "",
+                       offsets.K_RANGES: offsets.encode_ranges({}), offsets.K_POSITIONS: offsets.encode_positions(position),
+                       offsets.K_BATCH: f"start-{uuid.uuid4().hex[:12]}", offsets.K_WRITER: writer.writer_id}
+            committer.append_files(self.catalog, loaded[tp.table], [], summary, writer.fence(None))
+            log.info("pipeline %s: new table %s starts at the committed position %s", self.spec.name, tp.table,
+                     position)
+            self._record_best_effort(events.Event(
+                self.spec.name, "layout", "ok",
+                f"{tp.table} joins the pipeline at its committed position (records before it are in the other "
+                f"tables)", details={"table": tp.table, "positions": {str(p): o for p, o in position.items()}}))
 
     def reload_spec_if_changed(self) -> bool:
         """Pick up an edited spec between batches: additive schema evolution and the tables' layout
@@ -710,12 +765,14 @@ class IngestJob:
                                gaps=plan.gaps)
         # every table commits every batch, even with no rows: its position must move with the
         # batch, or a restart (and every later batch) would read again from where it stood
-        for table in self._written_tables():
-            if table == self.spec.dead_letter_table:
-                self._fault_point("after_table_commit")
-            count = written.dead_letters if table == self.spec.dead_letter_table else written.rows.get(table, 0)
-            receipt.commits.append(self.commit_table(table, written, plan, batch_id, count, loaded[table],
-                                                     planned_from.get(table)))
+        if self.spec.target.mode != "upsert" and committer.commits_together(self.catalog):
+            receipt.commits.extend(self.commit_together(written, plan, batch_id, loaded, planned_from))
+        else:
+            for table in self._written_tables():
+                if table == self.spec.dead_letter_table:
+                    self._fault_point("after_table_commit")
+                receipt.commits.append(self.commit_table(table, written, plan, batch_id, self._rows(table, written),
+                                                         loaded[table], planned_from.get(table)))
         task_s = written.read_s + written.decode_s + written.write_s
         shares = {stage: (getattr(written, f"{stage}_s") / task_s if task_s > 0 else 0.0)
                   for stage in ("read", "decode", "write")}
@@ -749,19 +806,9 @@ class IngestJob:
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             if attempt > 1:
                 loaded = self.catalog.load_table(table)
-            tp = offsets.progress_of(loaded, table, self.spec.name).require_positions()
-            if all(tp.positions.get(p, -1) >= end for p, (_, end) in plan.range_map().items()):
-                return TableCommit(table, 0, tp.snapshot_id, attempt, skipped=True,  # already committed
-                                   seconds=time.monotonic() - started)
-            if planned is not None and tp.snapshot_id != planned.snapshot_id:
-                # the files leave out what the table held when planned; another commit of the pipeline moved it
-                raise PlanStaleError(f"{table}: the pipeline's positions moved from snapshot {planned.snapshot_id} to "
-                                     f"{tp.snapshot_id} since the batch was planned; planning again")
-            writer.check(loaded)  # a fenced job stops before committing anything
-            stale = {f.spec_id for f in written.files.get(table, [])} - {loaded.metadata.default_spec_id}
-            if stale:  # the partitioning changed since the tasks wrote the files (another process evolved it)
-                raise PlanStaleError(f"{table}: the files were written with partition spec {sorted(stale)} but the "
-                                     f"table's spec is now {loaded.metadata.default_spec_id}; writing the batch again")
+            tp, held = self._commit_ready(table, loaded, plan, planned, written, writer)
+            if held:
+                return TableCommit(table, 0, tp.snapshot_id, attempt, skipped=True, seconds=time.monotonic() - started)
             summary = self._summary(plan, tp, batch_id, written.max_event_time, written.min_kafka_time)
             merge_s = 0.0
             files = written.files.get(table, [])
@@ -791,6 +838,81 @@ class IngestJob:
             return TableCommit(table, row_count, snapshot_id, attempt, files=added[0], bytes=added[1],
                                seconds=time.monotonic() - started, write_seconds=merge_s)
         raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
+
+    def commit_together(self, written: Written, plan: BatchPlan, batch_id: str, loaded: dict[str, Table],
+                        planned_from: dict[str, TableProgress]) -> list[TableCommit]:
+        """The batch's tables (append: the data tables and the dead-letter table) in one atomic catalog commit
+        (lakehouse.ingest.committer.commit_together), with `commit_table`'s guarantees for each: fenced, a table
+        that already holds the plan's positions left out, PlanStaleError when a table's positions moved since
+        `planned_from`, conflicts retried up to COMMIT_ATTEMPTS times (all tables again), then IngestError."""
+        writer = self.writer()
+        started = time.monotonic()
+        last_error: BaseException | None = None
+        tables = self._written_tables()
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            if attempt > 1:
+                loaded = {table: self.catalog.load_table(table) for table in tables}
+            held: dict[str, int | None] = {}
+            changes: dict[str, committer.TableChange] = {}
+            for table in tables:
+                tp, done = self._commit_ready(table, loaded[table], plan, planned_from.get(table), written, writer)
+                if done:
+                    held[table] = tp.snapshot_id
+                    continue
+                summary = self._summary(plan, tp, batch_id, written.max_event_time, written.min_kafka_time)
+                changes[table] = committer.appended(loaded[table], written.files.get(table, []), summary,
+                                                    writer.fence(tp.snapshot_id))
+            if changes:
+                last = list(changes)[-1]
+                self._fault_point("concurrent_commit", upsert=False, spark=self.spark,
+                                  table=lambda name=last: self.catalog.load_table(name), key=None)
+                try:
+                    committer.commit_together(self.catalog, list(changes.values()))
+                except errors.WriterFencedError:
+                    raise
+                except Exception as exc:
+                    if not errors.commit_conflict(exc):
+                        raise IngestError(f"commit to {', '.join(changes)} failed: "
+                                          f"{sparkenv.describe_error(exc)}") from exc
+                    last_error = exc
+                    log.warning("commit to %s conflicted (attempt %d): %s", ", ".join(changes), attempt,
+                                sparkenv.describe_error(exc))
+                    time.sleep(min(2.0, 0.1 * 2 ** attempt))
+                    continue
+            seconds = time.monotonic() - started
+            commits = []
+            for table in tables:
+                if table in held:
+                    commits.append(TableCommit(table, 0, held[table], attempt, skipped=True, seconds=seconds))
+                    continue
+                files = written.files.get(table, [])
+                commits.append(TableCommit(table, self._rows(table, written), changes[table].snapshot_id, attempt,
+                                           files=len(files), bytes=sum(f.file_size_in_bytes for f in files),
+                                           seconds=seconds))
+            return commits
+        raise IngestError(f"commit to {', '.join(tables)} failed after {COMMIT_ATTEMPTS} attempts") from last_error
+
+    def _rows(self, table: str, written: Written) -> int:
+        return written.dead_letters if table == self.spec.dead_letter_table else written.rows.get(table, 0)
+
+    def _commit_ready(self, table: str, loaded: Table, plan: BatchPlan, planned: TableProgress | None,
+                      written: Written, writer: committer.Writer) -> tuple[TableProgress, bool]:
+        """`table`'s progress as `loaded` records it, and whether it already holds the plan's positions (a retried
+        or resumed commit: nothing to commit). Raises PlanStaleError when its positions moved since `planned` or
+        its partitioning since the files were written, WriterFencedError when another job claimed it."""
+        tp = offsets.progress_of(loaded, table, self.spec.name).require_positions()
+        if all(tp.positions.get(p, -1) >= end for p, (_, end) in plan.range_map().items()):
+            return tp, True
+        if planned is not None and tp.snapshot_id != planned.snapshot_id:
+            # the files leave out what the table held when planned; another commit of the pipeline moved it
+            raise PlanStaleError(f"{table}: the pipeline's positions moved from snapshot {planned.snapshot_id} to "
+                                 f"{tp.snapshot_id} since the batch was planned; planning again")
+        writer.check(loaded)  # a fenced job stops before committing anything
+        stale = {f.spec_id for f in written.files.get(table, [])} - {loaded.metadata.default_spec_id}
+        if stale:  # the partitioning changed since the tasks wrote the files (another process evolved it)
+            raise PlanStaleError(f"{table}: the files were written with partition spec {sorted(stale)} but the "
+                                 f"table's spec is now {loaded.metadata.default_spec_id}; writing the batch again")
+        return tp, False
 
     def _merge_staged(self, table: str, paths: list[str], summary: dict[str, str], loaded: Table,
                       tp: TableProgress, batch_id: str, attempt: int, writer: committer.Writer) -> tuple[float, Snapshot]:
@@ -891,18 +1013,28 @@ class IngestJob:
         return rows.select(*cols, *keep)
 
     def latest_per_key(self, rows):
-        """The newest record of each key in `rows` (see NEWER, NEWER_CDC)."""
+        """The newest record of each key in `rows` (see NEWER, NEWER_CDC).
+
+        In a change stream, a tombstone (no change event, so no source position) takes the source order of
+        the change before it in its partition (Debezium writes it right after its delete): a delete read in
+        the same batch as an older change of its key from another partition stays the newest."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         keys = list(self.spec.target.key)
-        per_partition = Window.partitionBy(*keys, "_kafka.partition").orderBy(F.col("_kafka.offset").desc())
-        source_order = [F.col("_cdc.position").desc_nulls_last(), F.col("_cdc.source_ts").desc_nulls_last()] \
-            if self.spec.is_cdc else []
+        partition = Window.partitionBy(*keys, "_kafka.partition")
+        source_order = []
+        if self.spec.is_cdc:
+            before = partition.orderBy(F.col("_kafka.offset")).rowsBetween(Window.unboundedPreceding, 0)
+            for field in ("position", "source_ts"):
+                rows = rows.withColumn(f"_order_{field}", F.last(f"_cdc.{field}", ignorenulls=True).over(before))
+                source_order.append(F.col(f"_order_{field}").desc_nulls_last())
         across = Window.partitionBy(*keys).orderBy(*source_order, F.col("_kafka.timestamp").desc(),
                                                    F.col("_kafka.partition").desc())
-        return (rows.withColumn("_rn", F.row_number().over(per_partition)).where("_rn = 1").drop("_rn")
-                .withColumn("_rn", F.row_number().over(across)).where("_rn = 1").drop("_rn"))
+        return (rows.withColumn("_rn", F.row_number().over(partition.orderBy(F.col("_kafka.offset").desc())))
+                .where("_rn = 1").drop("_rn")
+                .withColumn("_rn", F.row_number().over(across)).where("_rn = 1")
+                .drop("_rn", "_order_position", "_order_source_ts"))
 
     def merge_upsert(self, table: str, rows, summary: dict[str, str], respect_tombstones: bool = False) -> None:
         """Upsert: the latest record per key wins, within the batch and against the table.

@@ -43,7 +43,7 @@ key leaves no trace to check without decoding values; that case is left out.
   table, the run is `full`: every row of every table, every offset Kafka holds up to the committed
   position. Each passing incremental or full run is a `verify` event naming the snapshot it
   verified per table; the next run starts after it. Together they form a chain: every state it
-  names was proven, and `unverified`/`require_verified` (the publish gate) check against it.
+  names was proven, and the publish gate (lakehouse.wap.publish) checks against it.
 - `since`: the snapshots committed in the last DURATION; `snapshots`: the snapshots FROM..TO
   (inclusive) of one table's lineage. These check a range on demand and are recorded, but never
   start or extend the chain.
@@ -292,27 +292,6 @@ def verified_snapshots(spec: PipelineSpec, platform: config.PlatformConfig | Non
         for table, snapshot in (details.get("snapshots") or {}).items():
             found.setdefault(table, set()).add(int(snapshot))
     return found
-
-
-def unverified(spec: PipelineSpec, snapshots: dict[str, int],
-               platform: config.PlatformConfig | None = None) -> dict[str, int]:
-    """The entries of `snapshots` (table -> snapshot id) that no passing verification of the chain verified."""
-    verified = verified_snapshots(spec, platform) if snapshots else {}
-    return {t: int(s) for t, s in snapshots.items() if int(s) not in verified.get(t, set())}
-
-
-def require_verified(spec: PipelineSpec, snapshots: dict[str, int],
-                     platform: config.PlatformConfig | None = None) -> None:
-    """Return when every snapshot of `snapshots` (table -> id) was verified; raise UnverifiedError naming
-    the others and what to run."""
-    missing = unverified(spec, snapshots, platform)
-    if missing:
-        listed = ", ".join(f"{t} snapshot {s}" for t, s in missing.items())
-        raise UnverifiedError(
-            f"{spec.name}: not verified exactly once yet: {listed}. Publishing requires a passing verification "
-            f"of the snapshots it publishes: run the DAG {spec.name}_publish again (its `verify` task verifies "
-            f"the audited snapshots), or `lakehouse verify --pipeline {spec.name}` and audit again; if "
-            f"verification fails, fix what it lists first.")
 
 
 # ---------------------------------------------------------------------------- planning: which offsets
@@ -886,11 +865,33 @@ def newest_per_key(records: pa.Table) -> pa.Table:
     records = records.filter(pc.is_valid(records.column("key"))).select(NEWEST.names).cast(NEWEST)
     if not records.num_rows:
         return NEWEST.empty_table()
+    records = _inherit_source_order(records.sort_by([("key", "ascending"), ("partition", "ascending"),
+                                                     ("offset", "ascending")]))
     per_partition = _first_of_each(records.sort_by([("key", "ascending"), ("partition", "ascending"),
                                                     ("offset", "descending")]), ("key", "partition"))
     return _first_of_each(per_partition.sort_by([("key", "ascending"), ("position", "descending"),
                                                  ("source_ts", "descending"), ("timestamp_ms", "descending"),
                                                  ("partition", "descending")]), ("key",))
+
+
+def _inherit_source_order(ordered: pa.Table) -> pa.Table:
+    """`ordered` (by key, partition, offset) with each record lacking a source position and time (a
+    tombstone) given those of the newest earlier record of its key in its partition, as the ingest job's
+    `latest_per_key` orders a change stream's tombstone with the delete Debezium writes before it."""
+    if not ordered.num_rows:
+        return ordered
+    starts = np.zeros(ordered.num_rows, dtype=bool)
+    starts[0] = True
+    for name in ("key", "partition"):
+        values = ordered.column(name).to_numpy(zero_copy_only=False)
+        starts[1:] |= values[1:] != values[:-1]
+    rows = np.arange(ordered.num_rows)
+    for name in ("position", "source_ts"):
+        column = ordered.column(name)
+        # each row's source: itself when it has a value or starts its group, else the last such row before it
+        source = np.maximum.accumulate(np.where(pc.is_valid(column).to_numpy(zero_copy_only=False) | starts, rows, 0))
+        ordered = ordered.set_column(ordered.schema.get_field_index(name), name, column.take(pa.array(source)))
+    return ordered
 
 
 def _first_of_each(ordered: pa.Table, columns: tuple[str, ...]) -> pa.Table:
