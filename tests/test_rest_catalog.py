@@ -2,6 +2,7 @@
 REST catalog server, as the stack starts it) whose warehouse is on S3 (the stack's object store), beside the
 session's Apache Kafka (the `services` home of conftest).
 
+- a batch's tables commit together, in one multi-table commit the server applies whole or not at all;
 - every exactly-once guarantee holds through the REST protocol: kill -9 at each point of a batch, then the
   rest; a replay of rows lost by hand; compaction racing ingestion (the REST catalog's 409 conflicts retried
   as JDBC conflicts are); a second ingest job fencing the first; the catalog restarted mid-stream;
@@ -28,7 +29,7 @@ from e2e import (
     spawn,
     table,
 )
-from lakehouse.core import config, events
+from lakehouse.core import config, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.topics import ensure_topics
 from lakehouse.ingest.committer import WRITER_ID
@@ -74,6 +75,39 @@ def test_the_stack_serves_a_rest_catalog_over_an_s3_warehouse(on_services, servi
     assert platform.object_store.secret_access_key not in json.dumps(shown)
 
 
+def test_a_multi_table_commit_changes_every_table_or_none(on_services):
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.update import AssertRefSnapshotId, SetPropertiesUpdate
+    from pyiceberg.types import LongType, NestedField
+
+    from lakehouse.ingest import committer
+
+    catalog = open_catalog(on_services, "lake")
+    assert committer.commits_together(catalog)  # the server lists POST /v1/{prefix}/transactions/commit
+    catalog.create_namespace_if_not_exists("together")
+    names = []
+    for name in ("together.orders", "together.dead_letters"):
+        catalog.create_table_if_not_exists(name, Schema(NestedField(1, "id", LongType(), required=False)))
+        names.append(name)
+
+    def change(name: str, value: str, main_at: int | None = None) -> committer.TableChange:
+        loaded = catalog.load_table(name)
+        at = loaded.metadata.current_snapshot_id if main_at is None else main_at
+        return committer.TableChange(loaded, (AssertRefSnapshotId(ref="main", snapshot_id=at),),
+                                     (SetPropertiesUpdate(updates={"lakehouse.test.together": value}),))
+
+    def marks() -> list[str | None]:
+        return [catalog.load_table(name).properties.get("lakehouse.test.together") for name in names]
+
+    committer.commit_together(catalog, [change(names[0], "1"), change(names[1], "1")])
+    assert marks() == ["1", "1"]
+    # the second table's requirement fails on the server: the first table's change does not land either
+    with pytest.raises(CommitFailedException):
+        committer.commit_together(catalog, [change(names[0], "2"), change(names[1], "2", main_at=123456789)])
+    assert marks() == ["1", "1"]
+
+
 def test_kill_9_at_every_point_then_a_replay_land_each_offset_once_in_s3(on_services, pipeline_on_services):
     platform = on_services
     spec = pipeline_on_services(partitions=2, partition_by=[], trigger={"max_records_per_batch": 150})
@@ -97,7 +131,56 @@ def test_kill_9_at_every_point_then_a_replay_land_each_offset_once_in_s3(on_serv
     assert assert_exactly_once(platform, spec) == 700
 
 
-def test_compaction_racing_continuous_ingestion_loses_and_duplicates_nothing(on_services, pipeline_on_services):
+def aged(home, bucket: str, key: str, seconds: float) -> None:
+    """Make the stored object `key` `seconds` older on the object store's disk, as os.utime would a file's mtime
+    (the store reads it back when it restarts)."""
+    from datetime import datetime, timedelta, timezone
+
+    path = object_store._object_file(object_store.Layout(home).buckets / bucket, key)
+    header, _, value = path.read_bytes().partition(b"\n")
+    found = json.loads(header)
+    found["last_modified"] = (datetime.now(timezone.utc) - timedelta(seconds=seconds)).isoformat()
+    path.write_bytes(json.dumps(found).encode() + b"\n" + value)
+
+
+def test_the_cost_models_objects_written_per_batch_are_the_ones_the_object_store_creates(on_services,
+                                                                                        pipeline_on_services):
+    """lakehouse.ops.cost counts each table commit's writes from its snapshot summary (its files, manifests, a
+    manifest list and a metadata file); the store counts the objects it created under each table's location
+    (a PutObject, or a multipart upload's completion): per table they agree, with one metadata file more for
+    each commit that adds no snapshot (the new job's writer claim)."""
+    from lakehouse.ops import cost
+
+    platform = on_services
+    spec = pipeline_on_services(partitions=2, partition_by=[], trigger={"max_records_per_batch": 100})
+    produce.produce(spec, 100, seed=70, platform=platform)
+    first = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json")  # creates the tables
+    assert first.returncode == 0, first.stderr[-3000:]
+    catalog = open_catalog(platform, spec.catalog)
+    names = (spec.target.table, spec.dead_letter_table)
+    before = {name: catalog.load_table(name).metadata for name in names}
+    endpoint = platform.object_store.endpoint
+    object_store.request_counts(endpoint, reset=True)
+    produce.produce(spec, 400, bad_ratio=0.05, seed=71, platform=platform)
+    done = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    counted = object_store.request_counts(endpoint)["tables"]
+    for name in names:
+        loaded = catalog.load_table(name)
+        seen = {s.snapshot_id for s in before[name].snapshots}
+        commits = [s for s in loaded.snapshots() if s.snapshot_id not in seen]
+        assert len(commits) == 4  # 400 records, 100 a batch
+        modeled = sum(cost.commit_requests(offsets.summary_properties(s))["put"] for s in commits)
+        metadata_only = len(loaded.metadata.metadata_log) - len(before[name].metadata_log) - len(commits)
+        operations = counted[loaded.location()]["operations"]
+        created = operations.get("PutObject", 0) + operations.get("CompleteMultipartUpload", 0)
+        assert created == modeled + metadata_only, (name, modeled, metadata_only, operations)
+
+
+def test_compaction_racing_continuous_ingestion_loses_and_duplicates_nothing(on_services, pipeline_on_services,
+                                                                             services):
+    """Then orphan removal lists the table's prefix on S3: an unreferenced object older than the safety window
+    goes, a fresh one (a commit in flight, maybe) stays."""
     platform = on_services
     spec = pipeline_on_services(partitions=1, partition_by=[], maintenance={"min_input_files": 2})
     produce.produce(spec, 40, seed=30, platform=platform)
@@ -113,9 +196,9 @@ def test_compaction_racing_continuous_ingestion_loses_and_duplicates_nothing(on_
     producer.start()
     try:
         wait_until(while_running(job, lambda: held(platform, spec) >= 40), 240, "the first batches")
-        for _ in range(2):  # compaction commits while ingestion commits: the catalog's compare-and-set decides
-            maintained = lakehouse(spec, "maintain", "--pipeline", spec.name, "--json")
-            assert maintained.returncode == 0, maintained.stderr[-3000:]
+        # compaction commits while ingestion commits: the catalog's compare-and-set decides
+        maintained = lakehouse(spec, "maintain", "--pipeline", spec.name, "--json")
+        assert maintained.returncode == 0, maintained.stderr[-3000:]
     finally:
         stop.set()
         producer.join(timeout=60)
@@ -130,6 +213,24 @@ def test_compaction_racing_continuous_ingestion_loses_and_duplicates_nothing(on_
     compacted = [e for e in events.recent(spec.name, "maintenance", platform=platform, catalog=spec.catalog)
                  if e["details"].get("table") in (spec.qualified(spec.target.table), spec.target.table)]
     assert compacted and all(e["status"] == "ok" for e in compacted)
+
+    store = platform.object_store
+    s3 = object_store.s3_client(store.endpoint, object_store.Credentials(store.access_key_id,
+                                                                         store.secret_access_key))
+    bucket, _, prefix = table(platform, spec, spec.target.table).location().removeprefix("s3://").partition("/")
+    old, fresh = f"{prefix}/data/crashed-attempt.parquet", f"{prefix}/data/in-flight.parquet"
+    for key in (old, fresh):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"PAR1 not referenced by any snapshot")
+    aged(services["home"], bucket, old, 4 * 86400)  # past the default 3-day safety window
+    stack_module.restart("object_store")
+    maintained = lakehouse(spec, "maintain", "--pipeline", spec.name, "--json")
+    assert maintained.returncode == 0, maintained.stderr[-3000:]
+    receipt = next(t for t in json.loads(maintained.stdout)["tables"]
+                   if t["table"] in (spec.target.table, spec.qualified(spec.target.table)))
+    assert receipt["orphans_removed"] == 1
+    listed = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/data/")["Contents"]}
+    assert old not in listed and fresh in listed
+    assert assert_exactly_once(platform, spec) == sum(ends.values())
 
 
 def elsewhere(platform, home) -> dict[str, str]:
@@ -211,6 +312,44 @@ def test_a_rest_catalog_that_refuses_or_is_not_there_fails_at_once_naming_the_se
     assert wrong.returncode != 0 and time.monotonic() - started < 60
     assert "catalog 'lake'" in wrong.stderr and "LAKEHOUSE_CATALOG_URI" in wrong.stderr, wrong.stderr[-2000:]
     assert "Traceback" not in wrong.stderr
+
+
+def test_an_object_store_that_is_down_refuses_the_key_or_lacks_the_bucket_is_named_at_once(
+        on_services, pipeline_on_services, monkeypatch, free_tcp_port):
+    """Checked before anything is read or written (lakehouse.core.warehouse, when a catalog opens): each case gets
+    its own error naming the setting to fix, within seconds, and creates nothing."""
+    from dataclasses import replace
+
+    from lakehouse.core import warehouse
+    from lakehouse.core.errors import ObjectStoreAccessError, ObjectStoreUnavailableError
+
+    lake = on_services.catalog("lake")
+    store = lake.object_store
+    cases = [
+        (replace(lake, object_store=replace(store, endpoint=f"http://127.0.0.1:{free_tcp_port}")),
+         ObjectStoreUnavailableError, "LAKEHOUSE_S3_ENDPOINT"),
+        (replace(lake, object_store=replace(store, secret_access_key="not-the-secret")),
+         ObjectStoreAccessError, "refused"),
+        (replace(lake, object_store=replace(store, access_key_id="AKIAUNKNOWNKEY000000")),
+         ObjectStoreAccessError, "refused"),
+        (replace(lake, warehouse="s3://no-such-bucket/warehouse/lake"), ObjectStoreAccessError, "no bucket"),
+    ]
+    for settings, error, words in cases:
+        warehouse.forget()
+        started = time.monotonic()
+        with pytest.raises(error, match=words):
+            warehouse.check(settings)
+        assert time.monotonic() - started < 30
+    warehouse.forget()
+    warehouse.check(lake)  # the stack's own settings pass
+
+    # as users meet it: a command on a pipeline whose warehouse bucket is missing, one line, exit 2
+    spec = pipeline_on_services(partitions=1)
+    monkeypatch.setenv("LAKEHOUSE_WAREHOUSE", "s3://no-such-bucket/warehouse")
+    refused = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", timeout=120)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "no bucket 'no-such-bucket'" in refused.stderr and "LAKEHOUSE_WAREHOUSE" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_a_spark_standalone_cluster_ingests_into_s3_exactly_once(on_services, pipeline_on_services):

@@ -38,6 +38,13 @@ few hundred megabytes), not a benchmark's terabyte.
 Credentials. The server runs with moto's IAM enforcement on (INITIAL_NO_AUTH_ACTION_COUNT=0): every request
 must carry a SigV4 signature by the access key of credentials.json (an IAM user `lakehouse` allowed s3:*);
 an unknown key is refused with 403 InvalidAccessKeyId, a wrong secret with 403 SignatureDoesNotMatch.
+When LAKEHOUSE_OBJECT_STORE_ACCESS_KEY_ID and LAKEHOUSE_OBJECT_STORE_SECRET_ACCESS_KEY are both set (the
+compose stack sets them from .env, to the pair its clients use), `serve` writes that pair to credentials.json
+at start, replacing the one it holds; one without the other is refused. The secret is never printed.
+
+Other deployments (docker-compose.yaml runs this module as its S3 server) listen on another interface with
+`--host` (the stack keeps 127.0.0.1) and have the server create their buckets at start with `--bucket NAME`
+(repeatable; a bucket that exists is kept as it is); the stack creates its own with `create_bucket`.
 
 Request counts. The middleware counts every S3 request it serves, by bucket: by operation (PutObject,
 UploadPart, GetObject, ListObjectsV2, DeleteObjects...), by HTTP method, by price class as AWS bills S3
@@ -50,7 +57,9 @@ PutObject per file below its multipart threshold. The counts are served as JSON 
 the S3 namespace (a bucket name cannot start with `_`):
 
     GET    /_lakehouse/health     {"ok": true, "server": "moto", "version", "pid", "objects", "buckets", ...}
-    GET    /_lakehouse/requests   the counts since the server started or since the last reset
+    GET    /_lakehouse/requests   the counts since the server started or since the last reset, by bucket and
+                                  by table (`tables`: per Iceberg table location s3://bucket/..., the requests
+                                  on objects under its data/ and metadata/ folders, listings of them included)
     DELETE /_lakehouse/requests   the same counts, reset to zero in the same step
 
 Importing this module starts nothing and imports neither moto nor boto3: the stack spawns `serve_command`
@@ -66,6 +75,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import string
@@ -95,6 +105,13 @@ OBJECT_SUFFIX = ".obj"
 # S3 error codes of refused credentials (moto's, as AWS's): an unknown key, a wrong secret, a bad session token
 REFUSED_CREDENTIALS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "AccessDenied")
 _ACCESS_KEY_ALPHABET = string.ascii_uppercase + string.digits
+# The access key and secret a deployment gives the server (both or neither), instead of a generated pair.
+ACCESS_KEY_VARIABLE = "LAKEHOUSE_OBJECT_STORE_ACCESS_KEY_ID"
+SECRET_KEY_VARIABLE = "LAKEHOUSE_OBJECT_STORE_SECRET_ACCESS_KEY"
+ENVIRONMENT = (ACCESS_KEY_VARIABLE, SECRET_KEY_VARIABLE)
+DEFAULT_HOST = "127.0.0.1"  # the stack's: nothing beyond this machine reaches it
+# S3 bucket names (AWS's general-purpose rules, without the rarely used dots next to each other)
+BUCKET_NAME = re.compile(r"^(?!\d+\.\d+\.\d+\.\d+$)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 LOG = logging.getLogger("lakehouse.object_store")
 # Query parameters naming a bucket's configuration (a GET without one of these lists the bucket's objects)
 BUCKET_SUBRESOURCES = frozenset({
@@ -161,13 +178,54 @@ def ensure_credentials(folder: Path) -> Credentials:
     _private_folder(folder)
     credentials = Credentials("AKIA" + "".join(secrets.choice(_ACCESS_KEY_ALPHABET) for _ in range(16)),
                               secrets.token_urlsafe(30))
+    _write_credentials(path, credentials)
+    return credentials
+
+
+def _write_credentials(path: Path, credentials: Credentials) -> None:
+    """credentials.json (0600) holding `credentials`, replaced atomically."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump({"access_key_id": credentials.access_key_id,
                    "secret_access_key": credentials.secret_access_key}, handle)
     os.replace(tmp, path)
-    return credentials
+
+
+def credentials_from_environment(environ: dict[str, str] | None = None) -> Credentials | None:
+    """The pair of LAKEHOUSE_OBJECT_STORE_ACCESS_KEY_ID and LAKEHOUSE_OBJECT_STORE_SECRET_ACCESS_KEY (os.environ by
+    default), None when neither is set. ObjectStoreError when only one is, or the key id could not be sent in
+    a SigV4 signature (empty, whitespace or '/'); the message never holds the secret."""
+    environ = os.environ if environ is None else environ
+    key_id, secret = environ.get(ACCESS_KEY_VARIABLE, ""), environ.get(SECRET_KEY_VARIABLE, "")
+    if not key_id and not secret:
+        return None
+    if not key_id or not secret:
+        missing = ACCESS_KEY_VARIABLE if not key_id else SECRET_KEY_VARIABLE
+        given = SECRET_KEY_VARIABLE if not key_id else ACCESS_KEY_VARIABLE
+        raise ObjectStoreError(f"{given} is set but {missing} is not: set both (the access key and secret the "
+                               f"server accepts) or neither (a generated pair)")
+    if "/" in key_id or any(c.isspace() for c in key_id):
+        raise ObjectStoreError(f"{ACCESS_KEY_VARIABLE} {key_id!r}: an access key id holds neither '/' nor spaces")
+    return Credentials(key_id, secret)
+
+
+def install_credentials(folder: Path, environ: dict[str, str] | None = None) -> Credentials:
+    """The credentials the server in `folder` accepts: those of the environment (credentials_from_environment),
+    written to its credentials.json in place of the pair it held; else ensure_credentials' (kept or generated)."""
+    configured = credentials_from_environment(environ)
+    if configured is None:
+        return ensure_credentials(folder)
+    _private_folder(folder)
+    path = folder / "credentials.json"
+    try:
+        found = json.loads(path.read_text())
+        kept = Credentials(str(found["access_key_id"]), str(found["secret_access_key"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        kept = None
+    if kept != configured:
+        _write_credentials(path, configured)
+    return configured
 
 
 def endpoint(port: int) -> str:
@@ -366,11 +424,19 @@ class RequestCounts:
         self.since = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         self.total = 0
         self.buckets: dict[str, dict] = {}
+        self.tables: dict[str, dict] = {}
 
     def add(self, bucket: str | None, operation: str, price_class: str, method: str, status: int,
-            bytes_in: int) -> dict:
-        """Count one request; returns its bucket's entry (for the bytes out, added as they are sent)."""
+            bytes_in: int, table: str | None = None) -> dict:
+        """Count one request (also under `table`, the Iceberg table location it concerns, if any); returns its
+        bucket's entry (for the bytes out, added as they are sent)."""
         with self._lock:
+            if table is not None and bucket:
+                counted = self.tables.setdefault(f"s3://{bucket}/{table}", {
+                    "requests": 0, "classes": {"put": 0, "get": 0, "free": 0}, "operations": {}})
+                counted["requests"] += 1
+                counted["classes"][price_class] += 1
+                counted["operations"][operation] = counted["operations"].get(operation, 0) + 1
             entry = self.buckets.get(bucket or NO_BUCKET)
             if entry is None:
                 entry = self.buckets[bucket or NO_BUCKET] = {
@@ -398,13 +464,24 @@ class RequestCounts:
                     classes[name] += count
             found = {"since": self.since, "until": datetime.now(timezone.utc).isoformat(timespec="milliseconds")
                      .replace("+00:00", "Z"), "total": self.total, "classes": classes,
-                     "buckets": json.loads(json.dumps(self.buckets))}
+                     "buckets": json.loads(json.dumps(self.buckets)), "tables": json.loads(json.dumps(self.tables))}
             if reset:
                 self._reset()
             return found
 
 
 # ---------------------------------------------------------------------------- the server (python -m ... serve)
+
+# An Iceberg table's files: <table location>/data/... and <table location>/metadata/...
+_TABLE_FILE = re.compile(r"(.+)/(?:data|metadata)(?:/|$)")  # the last such folder: a namespace may be named data
+
+
+def table_location(key: str | None) -> str | None:
+    """The table location (a key prefix) an object key, or a listing's prefix, lies under; None when the key
+    is not in an Iceberg table's data or metadata folder."""
+    found = _TABLE_FILE.match(key or "")
+    return found.group(1) if found else None
+
 
 def _object_file(bucket_folder: Path, key: str) -> Path:
     return bucket_folder / (hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest() + OBJECT_SUFFIX)
@@ -596,7 +673,8 @@ class CountingMiddleware:
                     ("Content-Type", "application/xml"), ("Content-Length", str(len(body)))]
                 status, result = 500, [body]
         entry = self.counts.add(bucket, operation, price_class, method, status,
-                                int(environ.get("CONTENT_LENGTH") or 0))
+                                int(environ.get("CONTENT_LENGTH") or 0),
+                                table_location(key if key else (query.get("prefix") or [None])[0]))
         start_response(answered["status"], answered["headers"], answered.get("exc_info"))
         return self._counted(result, entry)
 
@@ -630,9 +708,26 @@ def _install_credentials(credentials: Credentials) -> None:
     moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # every request from now on is authenticated
 
 
-def serve(port: int, data: Path, host: str = "127.0.0.1") -> None:
-    """Run the server until SIGTERM or SIGINT: load `data`, then answer on host:port."""
+def ensure_buckets(mirror: DiskMirror, names: Iterable[str]) -> list[str]:
+    """Create each bucket of `names` the backend does not have (kept on disk at once); the ones created."""
+    created = []
+    for name in names:
+        if name not in mirror.backend.buckets:
+            mirror.backend.create_bucket(name, REGION)
+            mirror.sync_bucket(name)
+            created.append(name)
+    return created
+
+
+def serve(port: int, data: Path, host: str = DEFAULT_HOST, buckets: Iterable[str] = ()) -> None:
+    """Run the server until SIGTERM or SIGINT: load `data`, create the `buckets` it lacks, then answer on
+    host:port with the credentials of the environment (install_credentials) or of `data`."""
     started = time.monotonic()
+    for name in buckets:
+        if not BUCKET_NAME.match(name):
+            raise ObjectStoreError(f"{name!r} is not an S3 bucket name (3 to 63 lower-case letters, digits, '-' "
+                                   f"and '.')")
+    credentials_from_environment()  # refuse a half-given pair before taking the folder
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     for noisy in ("werkzeug", "moto", "botocore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -648,7 +743,7 @@ def serve(port: int, data: Path, host: str = "127.0.0.1") -> None:
     lock.truncate()
     lock.write(str(os.getpid()))
     lock.flush()
-    credentials = ensure_credentials(data)
+    credentials = install_credentials(data)
 
     import moto
     from moto.core import DEFAULT_ACCOUNT_ID
@@ -657,7 +752,8 @@ def serve(port: int, data: Path, host: str = "127.0.0.1") -> None:
     from werkzeug.serving import make_server
 
     mirror = DiskMirror(data, s3_backends[DEFAULT_ACCOUNT_ID]["aws"])
-    buckets, objects = mirror.load()
+    loaded, objects = mirror.load()
+    created = ensure_buckets(mirror, buckets)
     _install_credentials(credentials)
     info = {"server": "moto", "version": moto.__version__, "pid": os.getpid(), "data": str(data),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -669,8 +765,9 @@ def serve(port: int, data: Path, host: str = "127.0.0.1") -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    LOG.info("object store: moto %s S3 on http://%s:%d, %d buckets and %d objects loaded from %s, "
-                 "ready in %.1fs", moto.__version__, host, port, buckets, objects, data, time.monotonic() - started)
+    LOG.info("object store: moto %s S3 on http://%s:%d, %d buckets and %d objects loaded from %s, buckets "
+             "created: %s, access key %s, ready in %.1fs", moto.__version__, host, port, loaded, objects, data,
+             ", ".join(created) or "none", credentials.access_key_id, time.monotonic() - started)
     try:
         server.serve_forever()
     finally:
@@ -682,12 +779,15 @@ def serve(port: int, data: Path, host: str = "127.0.0.1") -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description="The development stack's S3 server")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("serve", help="serve S3 on 127.0.0.1 until SIGTERM")
+    run = commands.add_parser("serve", help="serve S3 until SIGTERM")
+    run.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on (default {DEFAULT_HOST})")
     run.add_argument("--port", type=int, default=DEFAULT_PORT)
     run.add_argument("--data", type=Path, required=True, help="folder of the credentials and the buckets")
+    run.add_argument("--bucket", action="append", default=[], metavar="NAME",
+                     help="a bucket to create at start unless it exists (repeatable)")
     args = parser.parse_args(argv)
     try:
-        serve(args.port, args.data)
+        serve(args.port, args.data, args.host, args.bucket)
     except (OSError, ObjectStoreError) as exc:  # the folder is not ours, another server has it
         print(f"object store: {exc}", file=sys.stderr)
         return 1

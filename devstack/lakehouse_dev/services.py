@@ -118,7 +118,10 @@ def _start_object_store(home: Path, port: int) -> dict:
     layout = object_store.Layout(home)
     credentials = object_store.ensure_credentials(layout.folder)
     endpoint = object_store.endpoint(port)
-    proc = processes.spawn(object_store.serve_command(layout, port), layout.log)
+    # the stack's server accepts its own generated key only, whatever key pair this shell sets for a compose one
+    env = {k: v for k, v in os.environ.items()
+           if k not in (object_store.ACCESS_KEY_VARIABLE, object_store.SECRET_KEY_VARIABLE)}
+    proc = processes.spawn(object_store.serve_command(layout, port), layout.log, env=env)
     try:
         object_store.wait_ready(endpoint, proc=proc)
         object_store.create_bucket(endpoint, credentials)

@@ -14,6 +14,7 @@ from pyiceberg.exceptions import (
 )
 
 from lakehouse.core.config import ConfigError, PlatformConfig, redact
+from lakehouse.core import warehouse
 from lakehouse.core.errors import CatalogAccessError, CatalogUnavailableError, transient_cause
 
 _CATALOGS: dict[tuple, Catalog] = {}
@@ -28,7 +29,9 @@ def open_catalog(platform: PlatformConfig, name: str, fresh: bool = False) -> Ca
     An s3:// or s3a:// warehouse gets the object store's endpoint, addressing style and region
     (LAKEHOUSE_S3_*); credentials come from the AWS environment, as on the JVM side, or from the
     development stack's object store. A SQLite catalog waits `catalog_busy_timeout_ms` for a lock, like
-    Spark's JDBC connection. Raises ConfigError for a catalog the platform cannot open.
+    Spark's JDBC connection. Raises ConfigError for a catalog the platform cannot open, and what
+    lakehouse.core.warehouse.check raises for an object store that does not answer, refuses the
+    credentials or lacks the warehouse's bucket.
     """
     settings = platform.catalog(name)
     properties = settings.pyiceberg_properties()
@@ -50,5 +53,6 @@ def open_catalog(platform: PlatformConfig, name: str, fresh: bool = False) -> Ca
                 raise CatalogUnavailableError(f"catalog {name!r} at {redact(settings.uri)} ({settings.source}) is "
                                               f"unavailable ({transient_cause(exc)}); is it running?") from exc
             raise
+        warehouse.check(settings)  # the object store of an s3:// warehouse answers, takes the key, has the bucket
         _CATALOGS[key] = catalog
         return catalog

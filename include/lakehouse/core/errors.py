@@ -63,6 +63,11 @@ class CatalogAccessError(ConfigurationError):
     wrong, not a transient outage; the message names the setting to fix."""
 
 
+class ObjectStoreAccessError(ConfigurationError):
+    """The object store of an s3:// warehouse refused the platform's credentials, or has no such bucket:
+    waiting does not fix that; the message names the setting to fix."""
+
+
 class SourceError(LakehouseError, RuntimeError):
     """Kafka cannot serve what the pipeline needs; the message says what and why."""
 
@@ -94,6 +99,11 @@ class RetryableError(LakehouseError, RuntimeError):
 class CatalogUnavailableError(RetryableError):
     """The catalog did not answer, or failed on its side (a REST catalog down, HTTP 5xx): transient, retried
     within the retry budget."""
+
+
+class ObjectStoreUnavailableError(RetryableError):
+    """Nothing answered at the object store's endpoint, or it failed on its side: transient, retried within
+    the retry budget."""
 
 
 class SchemaUnknownError(SourceError):
