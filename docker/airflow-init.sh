@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-shot service `airflow-init` of docker-compose.yaml, before any other Airflow component:
 #   1. `airflow db migrate`: Airflow's metadata database on PostgreSQL
-#   2. docker/airflow_init.py: the admin's password file (AIRFLOW_ADMIN_PASSWORD) and the
-#      Iceberg catalog tables in the `iceberg` database
+#   2. docker/airflow_init.py: the admin's password file (AIRFLOW_ADMIN_PASSWORD), and a first
+#      request to the Iceberg REST catalog (iceberg-rest), which must answer
 #   3. `lakehouse topics`: the pipelines' source topics, with their partitions and retention
 # Idempotent: every `docker compose up` runs it again.
 set -euo pipefail

@@ -5,8 +5,10 @@
 1. Writes the simple auth manager's password file (AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE)
    so the one user of AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS logs in with AIRFLOW_ADMIN_PASSWORD.
    Airflow would otherwise generate a password and print it to the api-server's log.
-2. Creates the Iceberg catalog tables (lakehouse.core.catalog.open_catalog), so the first Spark job
-   and the first status page find them.
+2. Opens the platform's Iceberg catalog once (lakehouse.core.catalog.open_catalog), as Spark and the
+   status pages will: a REST catalog (the compose stack's, LAKEHOUSE_CATALOG_URI=http://iceberg-rest:8181)
+   must answer GET /v1/config, and nothing is created on it (the pipelines create their namespaces and
+   tables); a JDBC catalog gets its tables, so the first Spark job and the first status page find them.
 
 Exits 2 with a message naming the variable when the configuration is unusable. Never prints
 a password.
@@ -60,20 +62,27 @@ def write_password_file() -> Path:
     return path
 
 
-def create_catalog_tables(catalog_name: str = "lake") -> None:
-    """Open the platform's Iceberg catalog once, which creates its JDBC tables if missing."""
+def open_platform_catalog(catalog_name: str = "lake") -> str:
+    """Open the platform's Iceberg catalog `catalog_name` once: a REST catalog answers its configuration
+    request, a JDBC catalog creates its tables if missing. Returns the catalog's type (rest, jdbc...)."""
     from lakehouse.core import config
     from lakehouse.core.catalog import open_catalog
 
-    open_catalog(config.load(), catalog_name).engine.dispose()
+    platform = config.load()
+    catalog = open_catalog(platform, catalog_name)
+    engine = getattr(catalog, "engine", None)  # a JDBC catalog's connection pool
+    if engine is not None:
+        engine.dispose()
+    return platform.catalog(catalog_name).type
 
 
 def main() -> int:
     try:
         path = write_password_file()
         print(f"airflow-init: password file {path} written for user {admin_user()}")
-        create_catalog_tables()
-        print("airflow-init: Iceberg catalog tables ready")
+        kind = open_platform_catalog()
+        print(f"airflow-init: Iceberg catalog ready ({kind}"
+              f"{': nothing created, the pipelines create their tables' if kind == 'rest' else ''})")
     except InitError as exc:
         print(f"airflow-init: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """Healthchecks of the project image's services (docker-compose.yaml); exit 0 when healthy.
 
     python docker/healthcheck.py http URL
-        URL answers with a 2xx status (Airflow's api-server, the Spark master's UI).
+        URL answers with a 2xx status (Airflow's api-server, the Spark master's UI, the object
+        store's /_lakehouse/health).
     python docker/healthcheck.py spark-worker MASTER_JSON_URL WORKER_HOST
         the Spark master's status (its UI's /json/) lists an ALIVE worker on WORKER_HOST, i.e.
         the worker not only runs but has registered and can be given executors.

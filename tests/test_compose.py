@@ -6,8 +6,12 @@ that ports are published on loopback only, that no secret is written in it and e
 variable it interpolates is in .env.example, that every setting it gives is one something
 reads (config.py, Airflow, Spark, the AWS SDKs, the docker/ scripts), and that the addresses
 in the settings name the services and ports declared. The scripts of docker/ run here
-against local stand-ins: a Maven repository over HTTP, a fake `mc`, a throwaway PostgreSQL
-cluster, a fake Spark master.
+against local stand-ins: a throwaway PostgreSQL cluster, a fake Spark master, a fake REST catalog.
+
+Compose and the development stack agree (the last section): the images are the versions the stack
+runs (the POMs of devstack/jvm, lakehouse.core.config, the PostgreSQL the tests run), and each
+server gets the settings the stack gives its own (lakehouse_dev.kafka_broker, rest_catalog, registry,
+object_store), but for the deliberate differences listed there, each with its reason.
 """
 
 from __future__ import annotations
@@ -24,16 +28,21 @@ import stat
 import subprocess
 import threading
 import tomllib
+import types
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
+from xml.etree import ElementTree
 
 import pytest
 import yaml
+from pgserver import PostgresMissing
+from pgserver import bin_dir as postgres_bin_dir
 from pgserver import cluster as postgres_cluster
 
 from lakehouse.core import config
 from lakehouse_airflow import spark as airflow_spark
-from lakehouse_dev import airflow_stack
+from lakehouse_dev import airflow_stack, kafka_broker, object_store, processes, registry, rest_catalog, services
 
 REPO = config.REPO_ROOT
 DOCKER = REPO / "docker"
@@ -45,13 +54,20 @@ JARS_DIR = "/opt/lakehouse/jars"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 REQUIRED_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*):\?[^}]+\}")
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|_KEY|TOKEN")
-PINNED_IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*:(?!latest$)"
-                          r"(?:v?\d+\.\d+(?:\.\d+)?(?:-[\w.]+)?|RELEASE\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ)")
-EXPECTED_SERVICES = {"kafka", "postgres", "minio", "minio-init", "spark-master", "spark-worker", "airflow-init",
-                     "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+PINNED_IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*:(?!latest$)v?\d+\.\d+(?:\.\d+)?(?:-[\w.]+)?")
+EXPECTED_SERVICES = {"kafka", "postgres", "object-store", "iceberg-rest", "schema-registry", "spark-master",
+                     "spark-worker", "airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
+                     "airflow-triggerer"}
 # Variables of third-party images, by image name: what their documentation says they read.
-IMAGE_VARIABLES = {"apache/kafka": ("KAFKA_", "CLUSTER_ID"), "postgres": ("POSTGRES_",),
-                   "minio/minio": ("MINIO_ROOT_",), "minio/mc": ()}
+IMAGE_VARIABLES = {
+    "apache/kafka": ("KAFKA_", "CLUSTER_ID"),  # KAFKA_FOO_BAR: server property foo.bar (kafka_setting)
+    "postgres": ("POSTGRES_",),
+    # RESTCatalogServer: CATALOG_* are catalog properties (rest_catalog.property_name); AWS_* the AWS SDK's
+    # (S3FileIO); REST_PORT the image's own healthcheck's port
+    "apache/iceberg-rest-fixture": ("CATALOG_", "AWS_", "REST_"),
+    # Quarkus and Apicurio: every configuration property as an environment variable (quarkus_variable)
+    "apicurio/apicurio-registry": ("APICURIO_", "QUARKUS_"),
+}
 # Process-level variables of the project image and who reads them.
 PROCESS_VARIABLES = {
     "AIRFLOW_HOME": "Airflow",
@@ -143,6 +159,10 @@ def listening_ports(service: str) -> set[int]:
         return {5432}  # the image's default; PGPORT is not set
     if service == "kafka":
         return {int(p) for p in re.findall(r"://[^,]*:(\d+)", environment("kafka")["KAFKA_LISTENERS"])}
+    if service == "iceberg-rest":
+        return {int(environment(service)["CATALOG_REST_PORT"])}  # catalog property rest.port
+    if service == "schema-registry":
+        return {8080, 9000}  # the image's defaults: Quarkus's HTTP port and its management interface
     ports, args = set(), words(SERVICES[service].get("command"))
     for flag, value in zip(args, args[1:]):
         if flag in ("--port", "--webui-port"):
@@ -210,9 +230,25 @@ def image_name(service: str) -> str:
     return SERVICES[service]["image"].rsplit(":", 1)[0]
 
 
+def image_tag(image: str) -> str:
+    """The tag of the one service running `image` (a name without tag)."""
+    [tag] = [spec["image"].rsplit(":", 1)[1] for spec in SERVICES.values() if spec["image"].rsplit(":", 1)[0] == image]
+    return tag
+
+
+def runs_module(service: str, module: str) -> bool:
+    """Whether `service`'s command is `python -m <module> ...`."""
+    return words(SERVICES[service].get("command"))[:3] == ["python", "-m", module]
+
+
+def reads(service: str, key: str) -> bool:
+    """Whether a project service's variable `key` is read by the development stack module it runs."""
+    return runs_module(service, object_store.MODULE) and key in object_store.ENVIRONMENT
+
+
 # ---------------------------------------------------------------------------- services and images
 
-def test_the_stack_is_kafka_postgres_minio_spark_and_airflow():
+def test_the_stack_is_kafka_the_rest_catalog_an_s3_server_the_registry_postgres_spark_and_airflow():
     assert set(SERVICES) == EXPECTED_SERVICES
 
 
@@ -233,8 +269,11 @@ def test_the_project_image_builds_from_a_pinned_python_with_the_locked_requireme
     assert ("WORKDIR", APP_ROOT) in dockerfile_instructions()
     runs = " ".join(args for name, args in dockerfile_instructions() if name == "RUN")
     assert "pip install --no-cache-dir -r requirements.txt -c requirements.lock" in runs
-    # editable, as scripts/setup.sh installs it: lakehouse.core.config.REPO_ROOT is then APP_ROOT
+    # editable, as scripts/setup.sh installs it: lakehouse.core.config.REPO_ROOT is then APP_ROOT; and the
+    # development stack's package, whose S3 server the object-store service runs
     assert "pip install --no-cache-dir --no-deps -e ." in runs
+    assert "pip install --no-cache-dir --no-deps -e devstack" in runs
+    assert "-e devstack" in (REPO / "scripts/setup.sh").read_text()
     setup_pip = re.search(r'^PIP_VERSION="([^"]+)"', (REPO / "scripts/setup.sh").read_text(), re.M).group(1)
     assert dockerfile_pairs("ARG")["PIP_VERSION"] == setup_pip
 
@@ -256,6 +295,24 @@ def test_the_image_resolves_the_spark_packages_the_project_is_tested_with():
     assert ("COPY", "--from=packages --chown=50000:0 /root/.m2/repository /home/lakehouse/.m2/repository") \
         in dockerfile_instructions()
     assert "LAKEHOUSE_JARS" not in dockerfile_pairs("ENV")
+
+
+def test_named_volumes_of_the_project_image_start_owned_by_its_user():
+    """A named volume starts with the ownership of the folder it is mounted on: each must exist in the image,
+    owned by the unprivileged user the image runs as."""
+    assert ("USER", "50000") in dockerfile_instructions()
+    runs = [args for name, args in dockerfile_instructions() if name == "RUN"]
+    def folders(command: str) -> list[str]:
+        return [w for run in runs for part in run.split("&&") if part.strip().startswith(command)
+                for w in part.split() if w.startswith("/")]
+
+    created, owned = folders("mkdir -p"), folders("chown -R 50000:0")
+    for name in project_services():
+        for volume in SERVICES[name].get("volumes") or []:
+            source, target = volume.split(":")[:2]
+            if source in COMPOSE["volumes"]:
+                assert any(p == target or target.startswith(p + "/") for p in created), f"{name}: {target}"
+                assert any(p == target or target.startswith(p + "/") for p in owned), f"{name}: {target}"
 
 
 # ---------------------------------------------------------------------------- health and start order
@@ -318,7 +375,7 @@ def test_no_secret_is_written_in_the_file():
                 assert value.startswith("/"), f"{name}: {key} is a path to a secret"
             elif SECRET_NAME.search(key):
                 assert REQUIRED_VAR.fullmatch(value), f"{name}: {key} must be ${{VAR:?...}} from .env"
-            for password in re.findall(r"://[^/:@\s]+:([^@\s]+)@", value):
+            for password in re.findall(r"://[^/:@\s]+:(\$\{[^}]*\}|[^@\s/]+)@", value):
                 assert REQUIRED_VAR.fullmatch(password), f"{name}: {key} carries a literal password"
     for key in dockerfile_pairs("ENV"):
         assert not SECRET_NAME.search(key), f"docker/Dockerfile bakes {key} into the image"
@@ -344,21 +401,23 @@ def test_secrets_stay_out_of_git_and_out_of_the_image():
 
 
 def test_lakehouse_settings_are_the_ones_config_reads():
-    settings = [key for name in SERVICES for key in environment(name)] + list(dockerfile_pairs("ENV"))
-    for key in settings:
+    settings = [(name, key) for name in SERVICES for key in environment(name)] + \
+        [("docker/Dockerfile", key) for key in dockerfile_pairs("ENV")]
+    for name, key in settings:
         if key.startswith("LAKEHOUSE_"):
-            assert key in PLATFORM_SETTINGS or key.startswith(config.KAFKA_PREFIX), key
+            assert key in PLATFORM_SETTINGS or key.startswith(config.KAFKA_PREFIX) or \
+                (name in SERVICES and reads(name, key)), f"{name}: {key}"
 
 
 def test_settings_kept_out_of_airflow_templated_fields_reach_spark_submit_from_the_task_runner():
     """submit_kwargs forwards only the allow-list into env_vars (rendered and stored by Airflow), from
-    the DAG processor's environment; what it withholds, the catalog URI with its password first of all,
+    the DAG processor's environment; what it withholds, the registry URL with its password first of all,
     must be in the environment of the container that runs the tasks, which spark-submit inherits."""
     parsing, running = environment("airflow-dag-processor"), environment("airflow-scheduler")
     assert running["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"  # tasks run in the scheduler container
     withheld = {key for key, value in parsing.items()
                 if key.startswith("LAKEHOUSE_") and not airflow_spark.forwardable(key, VAR.sub("pw", value))}
-    assert "LAKEHOUSE_CATALOG_URI" in withheld
+    assert "LAKEHOUSE_SCHEMA_REGISTRY_URL" in withheld
     for key in withheld:
         assert running.get(key) == parsing[key], f"airflow-scheduler does not get {key}"
 
@@ -396,7 +455,7 @@ def test_every_variable_a_project_service_gets_is_read_by_something():
             elif key.startswith("AIRFLOW_CONN_"):
                 assert key[len("AIRFLOW_CONN_"):].lower() == airflow_spark.CONN_ID, key
             elif key.startswith("LAKEHOUSE_"):
-                assert key in PLATFORM_SETTINGS, key
+                assert key in PLATFORM_SETTINGS or reads(name, key), f"{name}: {key}"
             elif key in SPARK_VARIABLES:
                 assert _spark_reads(key), key
             else:
@@ -431,45 +490,89 @@ def test_kafka_advertises_the_bootstrap_servers_containers_use():
     assert bootstrap in service_text("kafka")  # the healthcheck asks that very listener
 
 
-def database_urls() -> dict[str, tuple[str, str, str, str, int, str]]:
-    """{setting: (scheme, user, password variable, host, port, database)} of both database URLs."""
-    pattern = re.compile(r"([\w+]+)://(\w+):\$\{(\w+):\?[^}]*\}@([\w-]+):(\d+)/(\w+)")
-    urls = {}
-    for key in ("LAKEHOUSE_CATALOG_URI", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"):
-        scheme, user, var, host, port, db = pattern.fullmatch(platform_env()[key]).groups()
-        urls[key] = (scheme, user, var, host, int(port), db)
-    return urls
+def database_logins() -> dict[str, tuple[str, str, str, int, str]]:
+    """{consumer: (user, password variable, host, port, database)} of every PostgreSQL login: Airflow's
+    SQLAlchemy URL and the registry's datasource."""
+    url = re.compile(r"postgresql\+psycopg2://(\w+):\$\{(\w+):\?[^}]*\}@([\w-]+):(\d+)/(\w+)")
+    user, var, host, port, db = url.fullmatch(platform_env()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).groups()
+    logins = {"airflow": (user, var, host, int(port), db)}
+    apicurio = environment("schema-registry")
+    jdbc = re.compile(r"jdbc:postgresql://([\w-]+):(\d+)/(\w+)")
+    host, port, db = jdbc.fullmatch(apicurio["APICURIO_DATASOURCE_URL"]).groups()
+    password_var = REQUIRED_VAR.fullmatch(apicurio["APICURIO_DATASOURCE_PASSWORD"]).group(1)
+    logins["registry"] = (apicurio["APICURIO_DATASOURCE_USERNAME"], password_var, host, int(port), db)
+    return logins
 
 
-def test_the_catalog_and_airflow_databases_are_the_ones_postgres_init_creates():
+def test_airflow_and_the_registry_use_the_databases_postgres_init_creates():
     script = (DOCKER / "postgres-init.sh").read_text()
     password_env = dict(re.findall(r"\\getenv (\w+) (\w+)", script))  # psql variable -> env variable
     roles = dict(re.findall(r"CREATE ROLE (\w+) LOGIN PASSWORD :'(\w+)'", script))  # role -> psql variable
     owners = dict(re.findall(r"CREATE DATABASE (\w+) OWNER (\w+)", script))
     postgres_env = environment("postgres")
-    for key, (scheme, user, var, host, port, db) in database_urls().items():
-        assert scheme == "postgresql+psycopg2", key
-        assert host == "postgres" and port in listening_ports("postgres"), key
-        assert owners.get(db) == user, f"{key}: postgres-init.sh creates no database {db} owned by {user}"
-        # the URL's password is the .env variable postgres-init sets that role's password from
+    assert environment("schema-registry")["APICURIO_STORAGE_SQL_KIND"] == "postgresql"
+    for consumer, (user, var, host, port, db) in database_logins().items():
+        assert host == "postgres" and port in listening_ports("postgres"), consumer
+        assert owners.get(db) == user, f"{consumer}: postgres-init.sh creates no database {db} owned by {user}"
+        # the login's password is the .env variable postgres-init sets that role's password from
         role_password = postgres_env[password_env[roles[user]]]
-        assert REQUIRED_VAR.fullmatch(role_password).group(1) == var, f"{key}: {var} vs {role_password}"
-    # the catalog URL is one config turns into a JDBC URL for Spark
-    catalog = config.CatalogConfig("lake", "jdbc", VAR.sub("pw", platform_env()["LAKEHOUSE_CATALOG_URI"]), "s3://b/w")
-    assert catalog.jdbc() == ("jdbc:postgresql://postgres:5432/iceberg", {"user": "iceberg", "password": "pw"})
+        assert REQUIRED_VAR.fullmatch(role_password).group(1) == var, f"{consumer}: {var} vs {role_password}"
+    # one database per consumer, and none left over (the Iceberg catalog is iceberg-rest's SQLite file)
+    assert set(owners) == {db for *_, db in database_logins().values()}
 
 
-def test_the_warehouse_and_its_credentials_are_the_ones_minio_init_prepares():
-    env, init = platform_env(), environment("minio-init")
-    assert urlsplit(env["LAKEHOUSE_WAREHOUSE"]).scheme in config.S3_SCHEMES
-    assert init["LAKEHOUSE_WAREHOUSE"] == env["LAKEHOUSE_WAREHOUSE"]
-    assert init["LAKEHOUSE_S3_ENDPOINT"] == env["LAKEHOUSE_S3_ENDPOINT"]
+def test_the_catalog_is_the_rest_catalog_spark_and_pyiceberg_open_with_the_warehouse_settings():
+    env = platform_env()
+    uri = urlsplit(env["LAKEHOUSE_CATALOG_URI"])
+    assert uri.scheme == "http" and uri.hostname == "iceberg-rest" and uri.port in listening_ports("iceberg-rest")
+    platform = config.PlatformConfig(
+        home=Path("/var/lib/lakehouse"), bootstrap_servers=env["LAKEHOUSE_BOOTSTRAP_SERVERS"],
+        catalog_uri=env["LAKEHOUSE_CATALOG_URI"], warehouse=env["LAKEHOUSE_WAREHOUSE"], warehouse_explicit=True,
+        object_store=config.ObjectStoreConfig(endpoint=env["LAKEHOUSE_S3_ENDPOINT"], path_style_access=True,
+                                              region=env["LAKEHOUSE_S3_REGION"]))
+    for name in {"lake"} | set(re.findall(r"catalog: (\w+)", "".join(
+            p.read_text() for p in (REPO / "include" / "pipelines").rglob("*.y*ml")))):
+        catalog = platform.catalog(name)
+        assert catalog.type == "rest" and catalog.warehouse_on_s3, name
+        spark = catalog.spark_properties()
+        assert spark["type"] == "rest" and spark["uri"] == env["LAKEHOUSE_CATALOG_URI"]
+        assert spark["s3.endpoint"] == env["LAKEHOUSE_S3_ENDPOINT"] and spark["s3.path-style-access"] == "true"
+        assert catalog.pyiceberg_properties()["uri"] == env["LAKEHOUSE_CATALOG_URI"]
+
+
+def test_the_registry_url_is_the_registrys_api_as_its_user():
+    url = platform_env()["LAKEHOUSE_SCHEMA_REGISTRY_URL"]
+    parts = urlsplit(VAR.sub("pw", url))
+    assert parts.hostname == "schema-registry" and parts.port in listening_ports("schema-registry")
+    assert parts.path == registry.CCOMPAT and parts.username == services.REGISTRY_USER
+    platform = config.PlatformConfig(home=Path("/"), bootstrap_servers="kafka:19092",
+                                     schema_registry_url=VAR.sub("pw", url))
+    assert platform.schema_registry() == {"url": f"http://schema-registry:{parts.port}{registry.CCOMPAT}",
+                                          "basic.auth.user.info": f"{services.REGISTRY_USER}:pw"}
+    # the password is the one the registry's embedded user has, from the same .env variable
+    user_password = environment("schema-registry")[quarkus_variable(
+        f"quarkus.security.users.embedded.users.{services.REGISTRY_USER}")]
+    assert REQUIRED_VAR.fullmatch(user_password).group(1) == REQUIRED_VAR.search(url).group(1)
+
+
+def test_the_warehouse_is_on_the_object_store_with_the_key_it_accepts():
+    env, store = platform_env(), environment("object-store")
+    warehouse = urlsplit(env["LAKEHOUSE_WAREHOUSE"])
+    assert warehouse.scheme in config.S3_SCHEMES
+    command = words(SERVICES["object-store"]["command"])
+    assert warehouse.hostname in [command[i + 1] for i, flag in enumerate(command[:-1]) if flag == "--bucket"]
     endpoint = urlsplit(env["LAKEHOUSE_S3_ENDPOINT"])
-    assert endpoint.hostname == "minio" and endpoint.port in listening_ports("minio")
-    assert env["LAKEHOUSE_S3_PATH_STYLE_ACCESS"] == "true"  # MinIO serves buckets by path
-    for service in ("airflow-scheduler", "spark-worker"):  # the driver side and the executors
-        assert environment(service)["AWS_ACCESS_KEY_ID"] == init["MINIO_LAKEHOUSE_USER"]
-        assert environment(service)["AWS_SECRET_ACCESS_KEY"] == init["MINIO_LAKEHOUSE_PASSWORD"]
+    assert endpoint.hostname == "object-store" and endpoint.port in listening_ports("object-store")
+    assert env["LAKEHOUSE_S3_PATH_STYLE_ACCESS"] == "true"  # the server serves buckets by path
+    # the driver side, the executors and the REST catalog's S3FileIO sign with the one key the store accepts
+    for service in ("airflow-scheduler", "spark-worker", "iceberg-rest"):
+        assert environment(service)["AWS_ACCESS_KEY_ID"] == store[object_store.ACCESS_KEY_VARIABLE], service
+        assert environment(service)["AWS_SECRET_ACCESS_KEY"] == store[object_store.SECRET_KEY_VARIABLE], service
+    rest = {rest_catalog.property_name(k): v for k, v in environment("iceberg-rest").items()
+            if k.startswith("CATALOG_")}
+    assert rest["s3.endpoint"] == env["LAKEHOUSE_S3_ENDPOINT"] and rest["client.region"] == env["LAKEHOUSE_S3_REGION"]
+    assert rest["s3.path-style-access"] == env["LAKEHOUSE_S3_PATH_STYLE_ACCESS"]
+    assert rest["warehouse"].startswith(env["LAKEHOUSE_WAREHOUSE"].rstrip("/") + "/")
 
 
 def test_the_spark_master_url_is_the_master_the_worker_and_airflow_use():
@@ -533,65 +636,6 @@ def test_the_pipelines_dir_is_mounted_from_the_repository_specs():
             assert f"./{specs.relative_to(REPO)}:{target}:ro" in SERVICES[name]["volumes"], name
 
 
-# ---------------------------------------------------------------------------- docker/minio-init.sh
-
-FAKE_MC = """#!/bin/sh
-# records each call; `admin policy attach` answers as FAKE_MC_ATTACH says
-echo "$*" >> "$MC_LOG"
-case "$*" in
-  "admin policy create "*) cp "$6" "$MC_LOG.policy" ;;
-  "admin policy attach "*)
-    case "$FAKE_MC_ATTACH" in
-      already) echo "mc: <ERROR> The specified policy change is already in effect." >&2; exit 1 ;;
-      fail) echo "mc: <ERROR> Unable to connect" >&2; exit 1 ;;
-    esac ;;
-esac
-"""
-
-
-def run_minio_init(tmp_path: Path, warehouse: str = "s3://lakehouse/warehouse", attach: str = "ok"):
-    """docker/minio-init.sh with a fake `mc` on PATH: (result, mc calls, policy JSON or None)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    mc = bin_dir / "mc"
-    mc.write_text(FAKE_MC)
-    mc.chmod(mc.stat().st_mode | stat.S_IEXEC)
-    log = tmp_path / "mc.log"
-    log.unlink(missing_ok=True)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "MC_LOG": str(log), "FAKE_MC_ATTACH": attach, "TMPDIR": str(tmp_path),
-           "MINIO_ROOT_USER": "root", "MINIO_ROOT_PASSWORD": "root-password", "MINIO_LAKEHOUSE_USER": "lakehouse",
-           "MINIO_LAKEHOUSE_PASSWORD": "lakehouse-password", "LAKEHOUSE_WAREHOUSE": warehouse,
-           "LAKEHOUSE_S3_ENDPOINT": "http://minio:9000"}
-    done = subprocess.run(["/bin/sh", str(DOCKER / "minio-init.sh")], env=env, capture_output=True, text=True,
-                          timeout=30)
-    calls = log.read_text().splitlines() if log.exists() else []
-    policy = Path(f"{log}.policy")
-    return done, calls, json.loads(policy.read_text()) if policy.exists() else None
-
-
-def test_minio_init_creates_the_warehouse_bucket_and_a_user_limited_to_it(tmp_path: Path):
-    done, calls, policy = run_minio_init(tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert calls[0] == "alias set lakehouse http://minio:9000 root root-password"
-    assert "mb --ignore-existing lakehouse/lakehouse" in calls
-    assert "admin user add lakehouse lakehouse lakehouse-password" in calls
-    assert "admin policy attach lakehouse lakehouse-warehouse --user lakehouse" in calls
-    resources = {r for statement in policy["Statement"] for r in statement["Resource"]}
-    assert resources == {"arn:aws:s3:::lakehouse", "arn:aws:s3:::lakehouse/*"}
-
-
-def test_minio_init_reruns_when_the_policy_is_already_attached_but_fails_on_other_errors(tmp_path: Path):
-    assert run_minio_init(tmp_path, attach="already")[0].returncode == 0
-    failed = run_minio_init(tmp_path, attach="fail")[0]
-    assert failed.returncode == 1 and "Unable to connect" in failed.stderr
-
-
-def test_minio_init_takes_the_bucket_from_an_s3a_warehouse_and_refuses_a_non_s3_one(tmp_path: Path):
-    assert "mb --ignore-existing lakehouse/other-bucket" in run_minio_init(tmp_path, "s3a://other-bucket/wh/x")[1]
-    refused, calls, _ = run_minio_init(tmp_path, "file:///tmp/warehouse")
-    assert refused.returncode == 2 and "not an s3:// location" in refused.stderr and calls == []
-
-
 # ---------------------------------------------------------------------------- docker/postgres-init.sh
 
 @pytest.fixture
@@ -602,33 +646,24 @@ def throwaway_postgres():
         yield server.socket_dir, server.port
 
 
-def test_postgres_init_creates_databases_the_catalog_and_airflow_log_into(throwaway_postgres, tmp_path: Path):
+def test_postgres_init_creates_the_databases_airflow_and_the_registry_log_into(throwaway_postgres):
     import psycopg2
-    import sqlalchemy
-    from pyiceberg.catalog.sql import SqlCatalog
 
     socket_dir, port = throwaway_postgres
-    passwords = {"ICEBERG_DB_PASSWORD": "iceberg-pw-1", "AIRFLOW_DB_PASSWORD": "airflow-pw-2"}
+    passwords = {"AIRFLOW_DB_PASSWORD": "airflow-pw-1", "REGISTRY_DB_PASSWORD": "registry-pw-2"}
     done = subprocess.run(["bash", str(DOCKER / "postgres-init.sh")], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **passwords, "POSTGRES_USER": "postgres", "PGHOST": str(socket_dir),
                                "PGPORT": str(port)})
     assert done.returncode == 0, done.stderr
-    # the URLs exactly as the compose file writes them, aimed at this cluster: each logs in
-    # and may create tables in its database
-    for key in database_urls():
-        url = VAR.sub(lambda m: passwords[m.group(1)], platform_env()[key]).replace(
-            "@postgres:5432/", f"@127.0.0.1:{port}/")
-        engine = sqlalchemy.create_engine(url)
-        with engine.begin() as conn:
-            conn.execute(sqlalchemy.text("CREATE TABLE owned_here (id int)"))
-        engine.dispose()
-        if key == "LAKEHOUSE_CATALOG_URI":  # pyiceberg creates the catalog tables as the iceberg role
-            catalog = SqlCatalog("lake", uri=url, warehouse=(tmp_path / "wh").as_uri())
-            catalog.create_namespace("raw")
-            assert ("raw",) in catalog.list_namespaces()
-            catalog.engine.dispose()
+    # each login exactly as the compose file gives it, aimed at this cluster: it logs in with the password
+    # of its .env variable and may create tables in its database (Airflow's migrations, Apicurio's schema)
+    for user, var, _host, _port, db in database_logins().values():
+        conn = psycopg2.connect(host="127.0.0.1", port=port, user=user, password=passwords[var], dbname=db)
+        with conn, conn.cursor() as cursor:
+            cursor.execute("CREATE TABLE owned_here (id int)")
+        conn.close()
     with pytest.raises(psycopg2.OperationalError, match="password authentication failed"):
-        psycopg2.connect(host="127.0.0.1", port=port, user="iceberg", password="wrong", dbname="iceberg")
+        psycopg2.connect(host="127.0.0.1", port=port, user="registry", password="wrong", dbname="registry")
 
 
 # ---------------------------------------------------------------------------- docker/airflow_init.py
@@ -675,6 +710,48 @@ def test_airflow_init_creates_the_catalog_tables_without_printing_the_password(a
     assert "iceberg_tables" in tables
     out = capsys.readouterr()
     assert "from-dot-env" not in out.out + out.err and "ops" in out.out
+
+
+class RestConfigHandler(http.server.BaseHTTPRequestHandler):
+    """A REST catalog that answers GET /v1/config only, recording every request it gets."""
+
+    requests: ClassVar[list[tuple[str, str]]] = []
+
+    def do_GET(self) -> None:
+        self.requests.append(("GET", self.path))
+        body = json.dumps({"defaults": {}, "overrides": {}}).encode()
+        status = 200 if urlsplit(self.path).path == "/v1/config" else 404
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.requests.append(("POST", self.path))
+        self.send_response(500)
+        self.end_headers()
+
+    do_PUT = do_DELETE = do_HEAD = do_POST
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_airflow_init_asks_a_rest_catalog_for_its_configuration_and_creates_nothing(airflow_init, monkeypatch,
+                                                                                    capsys):
+    handler = type("Handler", (RestConfigHandler,), {"requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("LAKEHOUSE_CATALOG_URI", f"http://127.0.0.1:{server.server_address[1]}")
+        assert airflow_init.main() == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [(method, urlsplit(path).path) for method, path in handler.requests] == [("GET", "/v1/config")]
+    assert "Iceberg catalog ready (rest" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------- docker/healthcheck.py
@@ -725,3 +802,282 @@ def test_healthcheck_spark_worker_wants_the_worker_alive_at_the_master(healthche
     master["workers"].append({"host": "spark-worker", "state": "ALIVE"})
     (root / "json" / "index.html").write_text(json.dumps(master))
     assert healthcheck.main(["spark-worker", f"{url}/json/", "spark-worker"]) == 0
+
+
+# ---------------------------------------------------------------------------- lakehouse_dev.object_store serve
+
+def test_object_store_accepts_the_key_pair_of_the_environment_in_place_of_its_own(tmp_path: Path):
+    folder = tmp_path / "object-store"
+    generated = object_store.ensure_credentials(folder)
+    given = {object_store.ACCESS_KEY_VARIABLE: "lakehouse-key", object_store.SECRET_KEY_VARIABLE: "s3cr3t-from-env"}
+    assert object_store.install_credentials(folder, given) == object_store.Credentials("lakehouse-key",
+                                                                                      "s3cr3t-from-env")
+    # written where the server and the stack read it, owner-only, replacing the generated pair
+    assert object_store.ensure_credentials(folder) != generated
+    assert object_store.ensure_credentials(folder).secret_access_key == "s3cr3t-from-env"
+    assert stat.S_IMODE((folder / "credentials.json").stat().st_mode) == 0o600
+    # without the variables the pair on disk stays
+    assert object_store.install_credentials(folder, {}).access_key_id == "lakehouse-key"
+    assert "s3cr3t" not in repr(object_store.install_credentials(folder, given))
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({object_store.SECRET_KEY_VARIABLE: "s3cr3t-half"}, f"{object_store.ACCESS_KEY_VARIABLE} is not"),
+    ({object_store.ACCESS_KEY_VARIABLE: "key"}, f"{object_store.SECRET_KEY_VARIABLE} is not"),
+    ({object_store.ACCESS_KEY_VARIABLE: "a/b", object_store.SECRET_KEY_VARIABLE: "s3cr3t-half"}, "neither '/'"),
+])
+def test_object_store_refuses_an_unusable_key_pair_without_printing_the_secret(tmp_path, monkeypatch, capsys,
+                                                                               given, message):
+    for name in object_store.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    data = tmp_path / "data"
+    assert object_store.main(["serve", "--port", "0", "--data", str(data)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "s3cr3t" not in err
+    assert not data.exists()  # refused before taking the folder
+
+
+def test_object_store_serve_takes_the_options_the_compose_file_gives(monkeypatch):
+    calls = []
+    monkeypatch.setattr(object_store, "serve", lambda *args: calls.append(args))
+    command = words(SERVICES["object-store"]["command"])
+    assert object_store.main(command[3:]) == 0
+    assert object_store.main(["serve", "--data", "/d"]) == 0
+    assert calls == [(9000, Path("/var/lib/object-store"), "0.0.0.0", ["lakehouse"]),
+                     (object_store.DEFAULT_PORT, Path("/d"), "127.0.0.1", [])]
+    assert object_store.main(["serve", "--data", "/d", "--bucket", "a", "--bucket", "b"]) == 0
+    assert calls[-1][3] == ["a", "b"]
+
+
+def test_object_store_creates_the_buckets_it_is_given_once_and_keeps_them(tmp_path: Path):
+    from moto.s3.models import s3_backends
+
+    backend = s3_backends["000000000041"]["aws"]  # a moto account of its own (bucket names are global)
+    names = ["compose-test-bucket-a", "compose-test-bucket-b"]
+    try:
+        mirror = object_store.DiskMirror(tmp_path, backend)
+        assert mirror.load() == (0, 0)
+        assert object_store.ensure_buckets(mirror, names) == names
+        assert object_store.ensure_buckets(mirror, names[:1]) == []
+        assert (tmp_path / "buckets" / names[0]).is_dir()
+        for name in names:  # the process ends; a restart loads them back
+            backend.delete_bucket(name)
+        assert object_store.DiskMirror(tmp_path, backend).load() == (2, 0)
+    finally:
+        for name in set(names) & set(backend.buckets):
+            backend.delete_bucket(name)
+    with pytest.raises(object_store.ObjectStoreError, match="not an S3 bucket name"):
+        object_store.serve(0, tmp_path / "refused", buckets=["Not_A_Bucket"])
+
+
+# ---------------------------------------------------------------------------- compose and stack agree
+#
+# The development stack's servers are the reference: what they run and how they are configured is read
+# from its modules and POMs, not written again here, so a change on either side that the other lacks fails.
+
+def pom_property(part: str, name: str) -> str:
+    """A <properties> value of devstack/jvm/<part>/pom.xml."""
+    found = ElementTree.parse(REPO / "devstack" / "jvm" / part / "pom.xml").getroot().find(
+        f"{{http://maven.apache.org/POM/4.0.0}}properties/{{http://maven.apache.org/POM/4.0.0}}{name}")
+    assert found is not None and found.text, f"devstack/jvm/{part}/pom.xml has no {name}"
+    return found.text.strip()
+
+
+def properties_text(text: str) -> dict[str, str]:
+    """key=value lines of a Java properties file (as the stack's modules write them)."""
+    pairs = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key.strip()] = value.replace("\\\\", "\\")
+    return pairs
+
+
+def kafka_setting(variable: str) -> str:
+    """The server property the apache/kafka image makes of variable KAFKA_<NAME> (KafkaDockerWrapper:
+    prefix dropped, lower-cased, `_` -> `.`, then `...` -> `-` and `..` -> `_`)."""
+    return variable.replace("KAFKA_", "").lower().replace("_", ".").replace("...", "-").replace("..", "_")
+
+
+def quarkus_variable(prop: str) -> str:
+    """The environment variable Quarkus (SmallRye Config) reads as property `prop`: every character other
+    than a letter or a digit becomes `_`, upper-cased."""
+    return re.sub(r"[^A-Za-z0-9]", "_", prop).upper()
+
+
+@pytest.fixture
+def stack_servers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict:
+    """What lakehouse_dev.services starts for `stack up --object-store --catalog rest`, without starting it:
+    {"object_store": (entry, command), "rest_catalog": (entry, command, environment)}, the processes'
+    spawning and readiness replaced, in a stack home under tmp_path."""
+    spawned = []
+
+    def spawn(cmd, log_path, env=None):
+        spawned.append((cmd, env))
+        return types.SimpleNamespace(pid=2 ** 22 + len(spawned), poll=lambda: None, returncode=None)
+
+    monkeypatch.setattr(processes, "spawn", spawn)
+    monkeypatch.setattr(object_store, "wait_ready", lambda *a, **k: {"ok": True})
+    monkeypatch.setattr(object_store, "create_bucket", lambda *a, **k: True)
+    monkeypatch.setattr(rest_catalog, "wait_ready", lambda *a, **k: None)
+    monkeypatch.setattr(rest_catalog, "java_command", lambda layout, s3=False: ["java", f"s3={s3}"])
+    home = tmp_path / "stack"
+    store = services._start_object_store(home, object_store.DEFAULT_PORT)
+    catalog = services._start_rest_catalog(home, services.DEFAULT_PORTS["rest_catalog"], store)
+    (store_cmd, _), (catalog_cmd, catalog_env) = spawned
+    return {"home": home, "object_store": (store, store_cmd), "rest_catalog": (catalog, catalog_cmd, catalog_env)}
+
+
+def test_images_are_the_versions_the_stack_runs():
+    assert image_tag("apache/kafka") == pom_property("kafka", "kafka.version")
+    assert image_tag("apache/iceberg-rest-fixture") == pom_property("iceberg-rest", "iceberg.version") \
+        == config.ICEBERG_VERSION
+    assert image_tag("apicurio/apicurio-registry") == pom_property("registry", "apicurio.version")
+    # the project image's Python packages are the lock: test_the_project_image_builds_from_...
+
+
+def test_postgres_is_the_major_version_the_tests_run():
+    """The stack runs no PostgreSQL of its own: the tests run docker/postgres-init.sh, Airflow's and the
+    registry's logins on the server `make setup` installs (Debian's `postgresql`, the newest major under
+    /usr/lib/postgresql, as tests/pgserver.py picks it). Compose runs that major version (the minor follows
+    the distribution's updates)."""
+    try:
+        installed = postgres_bin_dir().parent.name
+    except PostgresMissing as exc:
+        pytest.skip(f"no PostgreSQL server installed to compare with: {exc}")
+    assert image_tag("postgres").split(".")[0] == installed
+
+
+# Settings of kafka_broker.server_properties that compose sets otherwise, and why.
+KAFKA_DIFFERENT = {
+    # addresses and listeners: the stack's on 127.0.0.1 (one per security protocol), compose's for the host
+    # (HOST) and the containers (DOCKER), both PLAINTEXT, on the compose network
+    "listeners", "advertised.listeners", "listener.security.protocol.map", "inter.broker.listener.name",
+    "controller.quorum.voters",
+    "log.dirs",  # a path: the stack's home, the compose volume
+    # the stack's security set-up (its CA's TLS key, SCRAM logins, ACLs): compose's listeners are PLAINTEXT
+    # inside the compose network and loopback on the host
+    "ssl.keystore.type", "ssl.keystore.location", "ssl.client.auth", "sasl.enabled.mechanisms",
+    "authorizer.class.name", "super.users", "allow.everyone.if.no.acl.found",
+}
+KAFKA_DIFFERENT_PREFIXES = ("listener.name.",)  # the SASL listeners' JAAS configurations
+
+
+def test_kafka_runs_with_the_stacks_broker_settings(tmp_path: Path):
+    ports = {name: 19092 + i for i, name in enumerate((*kafka_broker.CLIENT_PROTOCOLS, "CONTROLLER"))}
+    stack = properties_text(kafka_broker.server_properties(kafka_broker.Layout(tmp_path), ports, tmp_path / "k.pem"))
+    compose = {kafka_setting(key): value for key, value in environment("kafka").items() if key.startswith("KAFKA_")}
+    assert KAFKA_DIFFERENT <= set(stack), f"differences the stack no longer has: {KAFKA_DIFFERENT - set(stack)}"
+    different = {key for key in stack if key in KAFKA_DIFFERENT or key.startswith(KAFKA_DIFFERENT_PREFIXES)}
+    for key, value in stack.items():
+        if key not in different:
+            assert compose.get(key) == value, \
+                f"broker setting {key}: the stack's {value!r}, compose's {compose.get(key)!r}"
+    # and nothing the stack does not set
+    assert set(compose) <= set(stack), f"compose only: {set(compose) - set(stack)}"
+    assert not {k for k in compose if k.startswith(("ssl.", "sasl.", "listener.name."))}
+
+
+# Catalog properties of the stack's REST catalog (rest_catalog.environment, as services._start_rest_catalog
+# builds it over the object store) that compose sets otherwise, and why.
+REST_DIFFERENT = {
+    "uri": "the JdbcCatalog's SQLite file: in the image's home folder (a volume), not the stack's home",
+    "s3.endpoint": "the object store's address: its service name on the compose network, not 127.0.0.1",
+    "rest.port": "the port: the image's 8181, not the stack's 18181 (or the next free one)",
+}
+
+
+def test_the_rest_catalog_runs_with_the_stacks_settings(stack_servers):
+    store, _ = stack_servers["object_store"]
+    catalog, command, stack_env = stack_servers["rest_catalog"]
+    stack = {rest_catalog.property_name(k): v for k, v in stack_env.items() if k.startswith("CATALOG_")}
+    compose_env = environment("iceberg-rest")
+    compose = {rest_catalog.property_name(k): v for k, v in compose_env.items() if k.startswith("CATALOG_")}
+    assert set(compose) == set(stack)
+    assert set(REST_DIFFERENT) <= set(stack)
+    for key, value in stack.items():
+        if key not in REST_DIFFERENT:
+            assert compose[key] == value, f"catalog property {key}: the stack's {value!r}, compose's {compose[key]!r}"
+    # the differences, each the compose counterpart of the stack's value
+    layout = rest_catalog.Layout(stack_servers["home"])
+    volume_target = next(v.split(":")[1] for v in SERVICES["iceberg-rest"]["volumes"])
+    assert compose["uri"] == stack["uri"].replace(str(layout.database), f"{volume_target}/{layout.database.name}")
+    assert compose["s3.endpoint"] == platform_env()["LAKEHOUSE_S3_ENDPOINT"]
+    assert stack["s3.endpoint"] == store["endpoint"]
+    assert int(compose["rest.port"]) == urlsplit(platform_env()["LAKEHOUSE_CATALOG_URI"]).port
+    # the same warehouse, as the platform's is the stack's object-store warehouse
+    assert platform_env()["LAKEHOUSE_WAREHOUSE"] == store["warehouse"] and compose["warehouse"] == catalog["warehouse"]
+    # S3FileIO's key as the AWS SDK's variables, and its checksums as the stack's JVM options ask
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(stack_env) & set(compose_env)
+    assert "s3=True" in command
+    for option in rest_catalog.S3_CHECKSUM_OPTIONS:
+        name, value = option.removeprefix("-D").split("=")
+        variable = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name.replace(".", "_")).upper()  # AWS_REQUEST_CHECKSUM_...
+        assert compose_env.get(variable) == value, f"{option}: {variable}={compose_env.get(variable)!r}"
+
+
+# Properties of the stack's registry (registry.application_properties) that compose sets otherwise, and why.
+REGISTRY_DIFFERENT = {
+    # storage: PostgreSQL (the compose file's database server) instead of H2 (a file in the stack's home)
+    "apicurio.storage.sql.kind", "apicurio.datasource.url",
+    # the user's password comes from .env as it is: compose keeps it as plain text (the stack writes its
+    # digest, and the digest's algorithm, into a properties file of its own)
+    "quarkus.security.users.embedded.plain-text", "quarkus.security.users.embedded.algorithm",
+    f"quarkus.security.users.embedded.users.{services.REGISTRY_USER}",
+}
+# Compose's settings the stack has no counterpart of: the PostgreSQL login (H2 needs none).
+REGISTRY_COMPOSE_ONLY = {"APICURIO_DATASOURCE_USERNAME", "APICURIO_DATASOURCE_PASSWORD"}
+
+
+def test_the_registry_runs_with_the_stacks_settings(tmp_path: Path):
+    stack = properties_text(registry.application_properties(registry.Layout(tmp_path), {services.REGISTRY_USER: "pw"}))
+    compose = environment("schema-registry")
+    assert REGISTRY_DIFFERENT <= set(stack)
+    for key, value in stack.items():
+        variable = quarkus_variable(key)
+        if key == "quarkus.security.users.embedded.algorithm":
+            assert variable not in compose  # of digests only
+        elif key not in REGISTRY_DIFFERENT:
+            assert compose.get(variable) == value, \
+                f"{key} ({variable}): the stack's {value!r}, compose's {compose.get(variable)!r}"
+    assert set(compose) <= {quarkus_variable(key) for key in stack} | REGISTRY_COMPOSE_ONLY, "compose only"
+    # the differences
+    assert stack["apicurio.storage.sql.kind"] == "h2" and compose["APICURIO_STORAGE_SQL_KIND"] == "postgresql"
+    assert compose["APICURIO_DATASOURCE_URL"].startswith("jdbc:postgresql://")
+    assert stack["quarkus.security.users.embedded.plain-text"] == "false"
+    assert compose["QUARKUS_SECURITY_USERS_EMBEDDED_PLAIN_TEXT"] == "true"
+    user = quarkus_variable(f"quarkus.security.users.embedded.users.{services.REGISTRY_USER}")
+    assert REQUIRED_VAR.fullmatch(compose[user])  # the password from .env, never written here
+
+
+def test_the_object_store_is_the_stacks_server(stack_servers):
+    store, stack_command = stack_servers["object_store"]
+    compose_command = words(SERVICES["object-store"]["command"])
+    assert stack_command[1:4] == compose_command[1:4] == ["-m", object_store.MODULE, "serve"]
+
+    def options(args: list[str]) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for flag, value in zip(args[4::2], args[5::2]):
+            found.setdefault(flag, []).append(value)
+        return found
+
+    stack, compose = options(stack_command), options(compose_command)
+    assert set(stack) <= set(compose) and set(compose) - set(stack) <= {"--host", "--bucket"}
+    # compose listens on the container's interfaces (the stack keeps the default, loopback) and has the server
+    # create the bucket the stack creates with create_bucket once the server answers
+    assert "--host" not in stack and compose["--host"] == ["0.0.0.0"]
+    assert compose["--bucket"] == [store["bucket"]] == [object_store.DEFAULT_BUCKET]
+    assert compose["--data"] == [v.split(":")[1] for v in SERVICES["object-store"]["volumes"]]
+    assert set(environment("object-store")) == set(object_store.ENVIRONMENT)
+    # its clients get the settings the stack gives its own (lakehouse_dev.settings), the address aside
+    settings = services.object_store_settings(stack_servers["home"], store)
+    env = platform_env()
+    assert env["LAKEHOUSE_WAREHOUSE"] == store["warehouse"]
+    assert env["LAKEHOUSE_S3_REGION"] == settings["region"] == object_store.REGION
+    assert config.parse_bool(env["LAKEHOUSE_S3_PATH_STYLE_ACCESS"], "path style") is settings["path_style_access"]
+    stack_clients = object_store.client_environment(store["endpoint"], object_store.Credentials("k", "s"))
+    for key in stack_clients:
+        if key.startswith("LAKEHOUSE_"):
+            assert key in env, key
