@@ -191,7 +191,8 @@ def test_protobuf_cannot_hold_a_list_of_lists_and_says_what_to_declare():
 
 @pytest.mark.parametrize("field, why", [
     ({"name": "share", "type": "decimal(4,2)", "min": 0.001, "max": 0.004}, "no decimal\\(4,2\\) lies in"),
-    ({"name": "code", "type": "string", "pattern": "^(?=x)[a-z]+$"}, "cannot generate values for pattern"),
+    # only "\x00" matches: a class the generator finds empty (lookarounds, which it cannot walk, are not RE2's)
+    ({"name": "code", "type": "string", "pattern": "^[^\x01-\U0010ffff]$"}, "cannot generate values for pattern"),
     ({"name": "slot", "type": "int", "min": 1.2, "max": 1.8}, "no integer lies in"),
 ])
 def test_a_contract_no_value_can_satisfy_is_refused_before_anything_is_made(make_spec, field, why):

@@ -131,7 +131,7 @@ def test_demo_pipelines_load_as_declared():
     (lambda r: r["target"].update(properties={"lakehouse.pipeline": "someone_else"}),
      "target.properties.lakehouse.pipeline", "are the platform's"),
     (lambda r: r["target"].update(properties={"format-version": 1}), "target.properties.format-version",
-     "managed by Iceberg or by the platform"),
+     "creates its tables at format version 2"),
     (lambda r: r["target"].update(properties={"write.wap.enabled": False}), "target.properties.write.wap.enabled",
      "managed by Iceberg or by the platform"),
     (lambda r: r["target"].update(properties={"commit.retry.num-retries": [1, 2]}),
@@ -284,10 +284,10 @@ def test_owned_tables_and_views_list_everything_a_spec_claims(tmp_path):
 def test_ordinary_table_properties_are_kept_as_strings(tmp_path):
     spec = load_spec(write(tmp_path, lambda r: r["target"].update(properties={
         "commit.retry.num-retries": 0, "write.metadata.metrics.default": "full",
-        "write.spark.accept-any-schema": True, "history.expire.max-snapshot-age-ms": 3.5})))
+        "write.spark.fanout.enabled": True, "write.parquet.bloom-filter-fpp.column.customer_id": 0.05})))
     assert spec.target.properties == {"commit.retry.num-retries": "0", "write.metadata.metrics.default": "full",
-                                      "write.spark.accept-any-schema": "true",
-                                      "history.expire.max-snapshot-age-ms": "3.5"}
+                                      "write.spark.fanout.enabled": "true",
+                                      "write.parquet.bloom-filter-fpp.column.customer_id": "0.05"}
 
 
 def test_caps_are_inclusive(tmp_path):

@@ -19,10 +19,14 @@ from lakehouse.core.spec import (
     CAPS,
     DURATION_CAPS_S,
     MAX_DURATION_S,
+    MAX_MATCHED_CHARS,
     MAX_SPEC_BYTES,
     OPS_TIMELINE_TABLE,
+    SPEC_COLUMN_PROPERTIES,
+    SPEC_PROPERTIES,
     PipelineSpec,
     SpecError,
+    contract_pattern,
     is_table_name,
     load_spec,
     load_specs,
@@ -142,7 +146,11 @@ def key_paths(raw: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
 
 
 KEY_PATHS = key_paths(TEMPLATE) + [("target", "properties"), ("target", "fanout"), ("retention", "delete_after"),
-                                   ("target", "properties", "write.wap.enabled"), ("colour",)]
+                                   ("target", "properties", "write.wap.enabled"), ("colour",),
+                                   ("target", "properties", "write.data.path"), ("target", "properties", "gc.enabled"),
+                                   ("target", "properties", "write.py-location-provider.impl"),
+                                   ("target", "properties", "commit.retry.num-retries"),
+                                   ("target", "properties", "write.metadata.metrics.column.currency")]
 
 
 @EXAMPLES
@@ -160,6 +168,41 @@ def test_any_value_anywhere_loads_within_the_caps_or_fails_with_a_spec_error(scr
         assert all(is_table_name(t) for t in (*loaded.owned_tables, *loaded.views))
         assert all(isinstance(k, str) and isinstance(v, str) and not k.startswith("lakehouse.")
                    for k, v in loaded.target.properties.items())
+        # only the allow-list: never where files go, what may be deleted, or code to import
+        assert all(k in SPEC_PROPERTIES or k.startswith(tuple(SPEC_COLUMN_PROPERTIES))
+                   for k in loaded.target.properties)
+
+
+# ------------------------------------------------------------------------------- contract patterns
+
+PATTERN_TEXT = st.one_of(
+    st.text(alphabet=st.sampled_from(list("a!.*+?|()[]{}^$\\-,0123:=<>PpdwszZbB") + ["\u00e9", "\U0001f600"]),
+            max_size=30),
+    st.sampled_from(["(a+)+$", "(a|a?)+!", "(.*a){12}", "(?=a)a", "(a)\\1", "a{,3}", "((a{100}){100}){100}", "",
+                     "[A-Z]{3}\\Z", "x" * 1001]),
+)
+LONG_VALUES = ["a" * 20_000 + "!", "\u00e9" * MAX_MATCHED_CHARS, ("a" * 63 + "!") * (MAX_MATCHED_CHARS // 64)]
+
+
+@EXAMPLES
+@given(pattern=PATTERN_TEXT, max_length=st.one_of(st.none(), st.integers(1, CAPS["source.max_value_bytes"])))
+def test_any_contract_pattern_loads_and_matches_in_linear_time_or_fails_with_a_spec_error(scratch, pattern,
+                                                                                         max_length):
+    """Patterns run on producer-controlled values: one that loads answers on the longest value a field with a
+    pattern may hold at once, whatever it is (`(a+)+$` included); one RE2 does not run is refused where it is."""
+    raw = copy.deepcopy(TEMPLATE)
+    currency = next(f for f in raw["contract"]["fields"] if f["name"] == "currency")
+    currency.update(pattern=pattern, **({} if max_length is None else {"max_length": max_length}))
+    loaded = load_or_spec_error(write(scratch, raw))
+    if isinstance(loaded, SpecError):
+        assert loaded.field in ("contract.fields[currency].pattern", "contract.fields[currency].max_length")
+        return
+    field = loaded.contract.field("currency")
+    assert field.pattern == pattern and (field.max_length or 0) <= MAX_MATCHED_CHARS
+    matches = contract_pattern(pattern)
+    started = time.monotonic()
+    verdicts = [matches(value) for value in LONG_VALUES]
+    assert time.monotonic() - started < 5, (pattern, verdicts)
 
 
 # ------------------------------------------------------------------------------- YAML bombs and size

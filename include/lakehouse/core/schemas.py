@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from lakehouse.core.errors import SchemaTranslationError
-from lakehouse.core.spec import MAX_DECIMAL_PRECISION, FieldSpec
+from lakehouse.core.spec import MAX_DECIMAL_PRECISION, FieldSpec, PatternError, contract_pattern
 
 ENVELOPE_FIELDS = ("before", "after", "op")  # what makes a record a Debezium change event
 _DEBEZIUM_NAMES = {
@@ -227,6 +227,11 @@ def _json_type(path: str, schema: Any, root: dict, depth: int) -> tuple[FieldSpe
             return FieldSpec("", "uuid", doc=doc), nullable
         max_length = schema.get("maxLength")
         pattern = schema.get("pattern")
+        if isinstance(pattern, str):
+            try:  # the contract's patterns run on RE2 (lakehouse.core.spec.contract_pattern)
+                contract_pattern(pattern)
+            except PatternError as exc:
+                raise SchemaTranslationError(f"{path}: pattern {pattern[:80]!r} {exc}") from None
         return FieldSpec("", "string", doc=doc,
                          max_length=max_length if isinstance(max_length, int) and max_length > 0 else None,
                          pattern=pattern if isinstance(pattern, str) else None), nullable
@@ -286,41 +291,50 @@ PROTO_TIMESTAMP = "google.protobuf.Timestamp"
 PROTO_DATE = "google.type.Date"
 
 
+PROTOC_TIMEOUT_S = 60.0  # one .proto file of at most MAX_SCHEMA_BYTES compiles in well under a second
+
+
 def compile_proto(text: str) -> bytes:
-    """A `.proto` file's text compiled by protoc (grpcio-tools, in-process) into a serialized
-    FileDescriptorSet that includes its imports of Google's well-known types; cached per text.
-    Raises SchemaTranslationError with protoc's message when the text does not compile."""
+    """A `.proto` file's text compiled by protoc (grpcio-tools) into a serialized FileDescriptorSet that
+    includes its imports of Google's well-known types; cached per text. Raises SchemaTranslationError
+    with protoc's message when the text does not compile.
+
+    protoc runs in a child process (`python -m grpc_tools.protoc`) whose output is captured: in-process it
+    writes its diagnostics to fd 2, which would have to be redirected for the whole process while other
+    threads log, and a protoc crash or a pathological file would take the caller down or hold it; the
+    child is bounded by PROTOC_TIMEOUT_S. Imports resolve only among Google's well-known types (protoc
+    refuses `..` and absolute paths), never from the host's files."""
     with _PROTO_LOCK:
         if text in _PROTO_CACHE:
             return _PROTO_CACHE[text]
         import importlib.resources
         import os
+        import subprocess
+        import sys
         import tempfile
-
-        from grpc_tools import protoc
 
         include = str(importlib.resources.files("grpc_tools") / "_proto")
         with tempfile.TemporaryDirectory(prefix="lakehouse-proto-") as scratch:
-            source = os.path.join(scratch, "writer_schema.proto")
-            out = os.path.join(scratch, "set.pb")
-            with open(source, "w", encoding="utf-8") as handle:
+            with open(os.path.join(scratch, "writer_schema.proto"), "w", encoding="utf-8") as handle:
                 handle.write(text)
-            errors = os.path.join(scratch, "errors.txt")
-            # protoc writes its diagnostics to the process's stderr (fd 2): catch them for the message
-            saved = os.dup(2)
+            if not sys.executable:
+                raise SchemaTranslationError("cannot compile .proto files: this Python has no executable path "
+                                             "(sys.executable) to run protoc with")
             try:
-                with open(errors, "wb") as sink:
-                    os.dup2(sink.fileno(), 2)
-                    code = protoc.main(["protoc", f"-I{scratch}", f"-I{include}", "--include_imports",
-                                        f"--descriptor_set_out={out}", source])
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-            if code != 0:
-                with open(errors, encoding="utf-8", errors="replace") as handle:
-                    why = handle.read().replace(scratch + os.sep, "").strip()
-                raise SchemaTranslationError(f"not a .proto file protoc compiles: {why[:500] or f'exit {code}'}")
-            with open(out, "rb") as handle:
+                done = subprocess.run(
+                    [sys.executable, "-P", "-m", "grpc_tools.protoc",  # -P: no module from the scratch folder
+                     "-I.", f"-I{include}", "--include_imports",
+                     "--descriptor_set_out=set.pb", "writer_schema.proto"],
+                    cwd=scratch, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROTOC_TIMEOUT_S,
+                    check=False)
+            except subprocess.TimeoutExpired:
+                raise SchemaTranslationError(f"protoc did not compile the .proto file within {PROTOC_TIMEOUT_S:g} "
+                                             f"s; simplify it") from None
+            if done.returncode != 0:
+                why = done.stderr.decode("utf-8", "replace").replace(scratch + os.sep, "").strip()
+                raise SchemaTranslationError(f"not a .proto file protoc compiles: "
+                                             f"{why[:500] or f'exit {done.returncode}'}")
+            with open(os.path.join(scratch, "set.pb"), "rb") as handle:
                 compiled = handle.read()
         if len(_PROTO_CACHE) < 256:
             _PROTO_CACHE[text] = compiled

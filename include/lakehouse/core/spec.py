@@ -11,22 +11,30 @@ the other file. `load_all` (the valid specs) and `load_pipeline(name)` build on 
 Hostile input is bounded: a spec file is at most 1 MiB of plain YAML (no aliases, no
 duplicate keys, at most 32 levels deep); names are matched in full (a trailing newline
 is not part of a name); durations, sizes and counts are finite and capped (`CAPS`,
-`DURATION_CAPS_S`, `MAX_DURATION_S`); table properties the platform or Iceberg manage
-cannot be set.
+`DURATION_CAPS_S`, `MAX_DURATION_S`); `target.properties` is an allow-list of Iceberg's tuning
+(`SPEC_PROPERTIES`), never where files go, what may be deleted or code to import
+(`REFUSED_PROPERTIES` says why); contract patterns run on RE2 in linear time (`contract_pattern`);
+the schema folder is read as regular files only, each bounded (`read_schema_folder`).
 """
 
 from __future__ import annotations
 
+import difflib
+import errno
+import functools
 import math
+import os
 import re
 import stat
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+import re2
 import yaml
 from croniter import croniter
+from re2 import _re2
 
 from lakehouse.core import config
 from lakehouse.core.errors import ConfigurationError
@@ -76,29 +84,108 @@ FORMAT_SCHEMA_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "J
 _SCHEMA_FOLDER = re.compile(r"[^\x00-\x1f]{1,1024}")
 MAX_SCHEMA_FILES = 1000
 MAX_SCHEMA_BYTES = 1024 * 1024  # one writer schema; a larger file is a mistake
+# all of a folder's schemas: they are read at every spec load and travel to every Spark task with the spec
+MAX_SCHEMA_FOLDER_BYTES = 64 * 1024 * 1024
+MAX_SCHEMA_FOLDER_ENTRIES = 100_000  # names looked at in a folder, schemas or not
+_SCHEMA_FILE = re.compile(r"([0-9]{1,10})(\.avsc|\.proto|\.json)")
+
+
+_NOT_REGULAR = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+def _not_regular(name: str, mode: int) -> ValueError:
+    """The refusal of schema file `name`, which is not a regular file (`mode`), naming what it is."""
+    if stat.S_ISLNK(mode):
+        return ValueError(f"{name} is a symbolic link; a schema folder holds regular files only (a link may lead "
+                          f"anywhere on this host): copy the schema into the folder instead")
+    kind = next((kind for test, kind in _NOT_REGULAR if test(mode)), "not a regular file")
+    return ValueError(f"{name} is {kind}, not a regular file; a schema folder holds regular files only: "
+                      f"remove it or give it another name")
+
+
+def _read_schema_file(folder_fd: int, name: str) -> bytes:
+    """The bytes of regular file `name` in the folder open as `folder_fd`, at most MAX_SCHEMA_BYTES.
+
+    Looked at without following it (lstat), then opened without following a link (O_NOFOLLOW) and
+    without blocking (O_NONBLOCK: a FIFO swapped in meanwhile opens at once) and checked again on the
+    open file (fstat), so that nothing but a regular file of the folder is ever read."""
+    mode = os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode
+    if not stat.S_ISREG(mode):
+        raise _not_regular(name, mode)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                     dir_fd=folder_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a link since the lstat
+            raise _not_regular(name, stat.S_IFLNK) from None
+        raise
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise _not_regular(name, opened.st_mode)
+        if opened.st_size > MAX_SCHEMA_BYTES:
+            raise ValueError(f"{name} is larger than {MAX_SCHEMA_BYTES} bytes")
+        chunks, size = [], 0
+        while size <= MAX_SCHEMA_BYTES:  # one byte more than allowed tells a file that grew meanwhile
+            chunk = os.read(fd, MAX_SCHEMA_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_SCHEMA_BYTES:
+            raise ValueError(f"{name} is larger than {MAX_SCHEMA_BYTES} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_schema_folder(folder: Path) -> tuple[tuple[int, str, str], ...]:
     """The writer schemas of `folder`, (id, schema type, text) of each `<id>.avsc` (AVRO), `<id>.proto`
-    (PROTOBUF) or `<id>.json` (JSON) file by id; () when there are none. Raises OSError for a folder that
-    cannot be read, ValueError for too many or too large files, one that is not UTF-8, or one id given
-    twice (`3.avsc` beside `3.proto`)."""
+    (PROTOBUF) or `<id>.json` (JSON) file by id; () when there are none.
+
+    The folder is where the spec's writers put schemas, not a place to trust: only regular files are
+    read. A symbolic link (wherever it points), a FIFO, a device, a socket or a folder named like a
+    schema is refused, never followed nor opened to block; each file is at most MAX_SCHEMA_BYTES, all
+    of them MAX_SCHEMA_FOLDER_BYTES, and at most MAX_SCHEMA_FILES schemas (MAX_SCHEMA_FOLDER_ENTRIES
+    names) are looked at. Raises OSError for a folder that cannot be read, ValueError (naming the file
+    and what to do) for those, a file that is not UTF-8, or one id given twice (`3.avsc` beside
+    `3.proto`)."""
     folder = Path(folder).resolve()
     if not folder.is_dir():
         return ()
-    files = sorted((int(p.stem), SCHEMA_FILE_TYPES[p.suffix], p) for p in folder.iterdir()
-                   if p.suffix in SCHEMA_FILE_TYPES and p.stem.isascii() and p.stem.isdigit()
-                   and len(p.stem) <= 10 and int(p.stem) < 2 ** 31)
-    if len(files) > MAX_SCHEMA_FILES:
-        raise ValueError(f"{len(files)} schema files, at most {MAX_SCHEMA_FILES}")
-    found: list[tuple[int, str, str]] = []
-    for schema_id, schema_type, file in files:
-        if found and found[-1][0] == schema_id:
-            raise ValueError(f"schema id {schema_id} is given twice ({file.name} and another file)")
-        if file.stat().st_size > MAX_SCHEMA_BYTES:
-            raise ValueError(f"{file.name} is larger than {MAX_SCHEMA_BYTES} bytes")
-        found.append((schema_id, schema_type, file.read_bytes().decode("utf-8")))
-    return tuple(found)
+    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        named: list[tuple[int, str, str]] = []
+        with os.scandir(folder_fd) as entries:
+            for seen, entry in enumerate(entries):
+                if seen >= MAX_SCHEMA_FOLDER_ENTRIES:
+                    raise ValueError(f"more than {MAX_SCHEMA_FOLDER_ENTRIES} names in the folder; keep only the "
+                                     f"writer schemas there")
+                parsed = _SCHEMA_FILE.fullmatch(entry.name)
+                if parsed is not None and int(parsed[1]) < 2 ** 31:
+                    named.append((int(parsed[1]), SCHEMA_FILE_TYPES[parsed[2]], entry.name))
+        if len(named) > MAX_SCHEMA_FILES:
+            raise ValueError(f"{len(named)} schema files, at most {MAX_SCHEMA_FILES}")
+        found: list[tuple[int, str, str]] = []
+        total = 0
+        for schema_id, schema_type, name in sorted(named):
+            if found and found[-1][0] == schema_id:
+                raise ValueError(f"schema id {schema_id} is given twice ({name} and another file)")
+            data = _read_schema_file(folder_fd, name)
+            total += len(data)
+            if total > MAX_SCHEMA_FOLDER_BYTES:
+                raise ValueError(f"the schemas add up to more than {MAX_SCHEMA_FOLDER_BYTES} bytes; remove the "
+                                 f"versions no producer writes any more")
+            try:
+                found.append((schema_id, schema_type, data.decode("utf-8")))
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{name} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        return tuple(found)
+    finally:
+        os.close(folder_fd)
+
+
 # cdc: an upsert table fed by change events (source.envelope); the spec keeps it as mode upsert
 MODES = ("append", "upsert", "cdc")
 TRIGGER_MODES = ("continuous", "scheduled")
@@ -133,6 +220,65 @@ _PROPERTY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
+# Contract patterns run on producer-controlled values, so they run on RE2, whose matching takes time
+# linear in the value (no backtracking: `(a+)+$` cannot explode). RE2 has no lookarounds (`(?=`,
+# `(?!`, `(?<=`), backreferences (`\1`), atomic groups or possessive repeats, and reads `\d`, `\w`,
+# `\s` and `\b` as ASCII (`\p{Nd}`, `\p{L}` are Unicode's). A pattern is also one Python's `re` reads,
+# as the development tools generate sample values with it. Values longer than MAX_MATCHED_CHARS are
+# refused before matching.
+MAX_PATTERN_CHARS = 1000
+MAX_MATCHED_CHARS = 65_536
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 would print each refused pattern on the process's stderr
+_RE2_OPTIONS.never_capture = True  # a yes or no is all a contract asks
+_RE2_OPTIONS.max_mem = 8 << 20  # per pattern; a larger program is refused at compile time
+_ANCHOR_BOTH = _re2.RE2.Anchor.ANCHOR_BOTH
+# `{,n}`: Python's re reads it as {0,n}, RE2 as the text "{,n}"; one pattern must mean one thing
+_OPEN_REPEAT = re.compile(r"(?<!\\)\{,")
+
+
+class PatternError(ConfigurationError):
+    """A contract pattern the platform does not run; the message says why and what to write instead."""
+
+
+@functools.lru_cache(maxsize=512)
+def contract_pattern(pattern: str) -> Callable[[str], bool]:
+    """Whether a text matches `pattern` in full, as a function run on RE2 (linear time, thread-safe);
+    raises PatternError for a pattern RE2 or Python's re cannot compile, or longer than
+    MAX_PATTERN_CHARS. Callers bound the text first (MAX_MATCHED_CHARS).
+
+    The function calls RE2's binding directly (`re2._re2`): `re2.compile(...).fullmatch` builds a match
+    object per call, several times slower on the reader's hot path."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise PatternError(f"is {len(pattern)} characters long, at most {MAX_PATTERN_CHARS}")
+    if _OPEN_REPEAT.search(pattern):
+        raise PatternError("uses {,n}, which Python's re reads as {0,n} and RE2 as text: write {0,n}")
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:  # deep nesting overflows the regex parser
+        raise PatternError(f"is not a regular expression: {exc} (a pattern is the syntax Python's re and RE2 "
+                           f"share)") from None
+    try:
+        compiled = _re2.RE2(pattern.encode("utf-8"), _RE2_OPTIONS)
+    except UnicodeEncodeError:
+        raise PatternError("holds a lone surrogate, which is not Unicode") from None
+    if not compiled.ok():
+        why = compiled.error()
+        why = why.decode("utf-8", "replace") if isinstance(why, bytes) else str(why)
+        raise PatternError(f"is not a pattern RE2 runs ({why}): contract patterns run in linear time, without "
+                           f"lookarounds (?= (?! (?<=, backreferences \\1, atomic groups or possessive repeats; "
+                           f"\\Z is written \\z")
+    match = compiled.Match
+
+    def fullmatch(text: str) -> bool:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no Unicode pattern matches it
+            return False
+        return match(_ANCHOR_BOTH, data, 0, len(data))[0][0] >= 0
+
+    return fullmatch
+
 # The platform's own table in every catalog (= lakehouse.core.events.EVENTS_TABLE, which is not imported
 # here: events pulls in pyiceberg; a test keeps the two equal).
 OPS_TIMELINE_TABLE = "ops.pipeline_events"
@@ -165,16 +311,147 @@ CAPS = {
     "bucket": 100_000,  # partition transform widths
     "truncate": 2 ** 31 - 1,  # Iceberg stores the width as an int
 }
-# Table properties a spec may not set: `lakehouse.*` records the owning pipeline and writer state,
-# Iceberg derives these from the table itself, and the platform manages write-audit-publish staging.
-RESERVED_PROPERTY_PREFIX = "lakehouse."
-RESERVED_PROPERTIES = frozenset({
-    "format-version", "uuid", "snapshot-count", "current-snapshot-id", "current-snapshot-summary",
-    "current-snapshot-timestamp-ms", "current-schema", "default-partition-spec", "default-sort-order",
-    "write.wap.enabled",
-})
 MAX_PROPERTY_VALUE = 4096
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # declared as target.target_file_size_mb
+
+
+@dataclass(frozen=True)
+class PropertyValues:
+    """The values a table property a spec may set takes (Iceberg reads them at write or commit time,
+    where a wrong one would stop the pipeline): `kind` is int (from `low`), bool, choice (`choices`),
+    metrics (none, counts, full, truncate(N)) or fraction (strictly between 0 and 1)."""
+
+    kind: str
+    low: int = 0
+    choices: tuple[str, ...] = ()
+
+    def why_not(self, text: str) -> str | None:
+        """Why `text` is not one of the values, or None."""
+        if self.kind == "int":
+            if _WHOLE.fullmatch(text) and self.low <= int(text) <= _INT64[1]:
+                return None
+            return f"must be a whole number from {self.low} to {_INT64[1]}"
+        if self.kind == "bool":
+            return None if text in ("true", "false") else "must be true or false"
+        if self.kind == "choice":
+            return None if text in self.choices else f"must be one of {', '.join(self.choices)}"
+        if self.kind == "metrics":
+            found = _METRICS_MODE.fullmatch(text)
+            if found and (found[1] is None or 1 <= int(found[1]) <= 2 ** 31 - 1):
+                return None
+            return "must be none, counts, full or truncate(N) with N from 1"
+        try:
+            fraction = float(text)
+        except ValueError:
+            fraction = math.nan
+        return None if 0 < fraction < 1 else "must be a number between 0 and 1 (exclusive)"
+
+
+_WHOLE = re.compile(r"-?[0-9]{1,19}")
+_METRICS_MODE = re.compile(r"none|counts|full|truncate\(([0-9]{1,10})\)")
+_POSITIVE = PropertyValues("int", 1)
+_COUNT = PropertyValues("int", 0)
+_SWITCH = PropertyValues("bool")
+_CODEC = PropertyValues("choice", choices=("zstd", "gzip", "snappy", "lz4", "brotli", "uncompressed"))
+_LEVEL = PropertyValues("int", -(2 ** 31))
+_DISTRIBUTION = PropertyValues("choice", choices=("none", "hash", "range"))
+_METRICS = PropertyValues("metrics")
+# What `target.properties` may set: Iceberg's tuning of file layout, compression, column metrics, write
+# distribution, metadata files, commit retries and manifests, and read splits. Every value of these
+# leaves the table's files where the catalog put them, in formats every engine reads, and expiry,
+# orphan removal and staging in the platform's hands. Anything else is refused (REFUSED_PROPERTIES
+# says why for those that matter).
+SPEC_PROPERTIES: dict[str, PropertyValues] = {
+    **{f"write.{scope}parquet.{name}": _POSITIVE for scope in ("", "delete.")
+       for name in ("row-group-size-bytes", "page-size-bytes", "page-row-limit", "dict-size-bytes")},
+    **{f"write.{scope}parquet.compression-codec": _CODEC for scope in ("", "delete.")},
+    **{f"write.{scope}parquet.compression-level": _LEVEL for scope in ("", "delete.")},
+    "write.parquet.row-group-limit": _POSITIVE,  # rows per row group of the ingest tasks' files (pyiceberg's)
+    "write.parquet.row-group-check-min-record-count": _POSITIVE,
+    "write.parquet.row-group-check-max-record-count": _POSITIVE,
+    "write.parquet.bloom-filter-max-bytes": _POSITIVE,
+    "write.delete.target-file-size-bytes": _POSITIVE,
+    "write.metadata.metrics.default": _METRICS,
+    "write.metadata.metrics.max-inferred-column-defaults": _COUNT,
+    **{f"write.{scope}distribution-mode": _DISTRIBUTION for scope in ("", "delete.", "update.", "merge.")},
+    "write.spark.fanout.enabled": _SWITCH,
+    "write.metadata.delete-after-commit.enabled": _SWITCH,
+    "write.metadata.previous-versions-max": _POSITIVE,
+    "write.metadata.compression-codec": PropertyValues("choice", choices=("none", "gzip")),
+    **{f"commit.{scope}.{name}": _COUNT for scope in ("retry", "status-check")
+       for name in ("num-retries", "min-wait-ms", "max-wait-ms", "total-timeout-ms")},
+    "commit.manifest.target-size-bytes": _POSITIVE,
+    "commit.manifest.min-count-to-merge": _POSITIVE,
+    "commit.manifest-merge.enabled": _SWITCH,
+    "read.split.target-size": _POSITIVE,
+    "read.split.metadata-target-size": _POSITIVE,
+    "read.split.planning-lookback": _POSITIVE,
+    "read.split.open-file-cost": _COUNT,
+    "read.parquet.vectorization.enabled": _SWITCH,
+    "read.parquet.vectorization.batch-size": _POSITIVE,
+}
+# The same per column: the name ends with a column of the table (`...column.customer_id`, `...column.a.b`)
+SPEC_COLUMN_PROPERTIES: dict[str, PropertyValues] = {
+    "write.parquet.bloom-filter-enabled.column.": _SWITCH,
+    "write.parquet.bloom-filter-fpp.column.": PropertyValues("fraction"),
+    "write.metadata.metrics.column.": _METRICS,
+}
+PROPERTY_FAMILIES = ("Parquet layout and compression (write.parquet.*, write.delete.parquet.*, "
+                     "write.delete.target-file-size-bytes), column metrics (write.metadata.metrics.*), write "
+                     "distribution (write.distribution-mode and its .delete/.update/.merge forms, "
+                     "write.spark.fanout.enabled), metadata files (write.metadata.delete-after-commit.enabled, "
+                     "write.metadata.previous-versions-max, write.metadata.compression-codec), commits "
+                     "(commit.retry.*, commit.status-check.*, commit.manifest.*, commit.manifest-merge.enabled) and "
+                     "reads (read.split.*, read.parquet.vectorization.*)")
+_LOCATION_WHY = ("a table's files stay under the location its catalog and warehouse assign it: maintenance deletes "
+                 "what lies there unreferenced, so files written elsewhere could be another table's, or never "
+                 "cleaned up; remove it")
+# Properties refused with the reason (names in lower case; a name ending in "." is a family). Unknown names
+# are refused too; these are the ones that matter, and those a spec might reach for.
+REFUSED_PROPERTIES: dict[str, str] = {
+    "lakehouse.": "properties are the platform's: it records there the pipeline that owns the table and its "
+                  "writer state; remove it",
+    **dict.fromkeys(("uuid", "snapshot-count", "current-snapshot-id", "current-snapshot-summary",
+                     "current-snapshot-timestamp-ms", "current-schema", "default-partition-spec",
+                     "default-sort-order", "write.wap.enabled"),
+                    "is managed by Iceberg or by the platform (write-audit-publish staging) and cannot be set from "
+                    "a spec; remove it"),
+    TARGET_FILE_SIZE_PROPERTY: "is target.target_file_size_mb (the tasks' writes and compaction both use it); "
+                               "set that instead",
+    "location": f"decides where the table's files are written: {_LOCATION_WHY}",
+    "write.data.path": f"decides where the table's data files are written: {_LOCATION_WHY}",
+    "write.metadata.path": f"decides where the table's metadata files are written: {_LOCATION_WHY}",
+    "write.folder-storage.path": f"decides where the table's data files are written: {_LOCATION_WHY}",
+    "write.object-storage.": f"decides where and how the table's data files are laid out: {_LOCATION_WHY}",
+    "write.location-provider.impl": f"names a Java class that decides where the table's files are written: "
+                                    f"{_LOCATION_WHY}",
+    "write.py-location-provider.impl": "names a Python class that pyiceberg imports and runs in every writer "
+                                       "process: a spec cannot bring code into the platform; remove it",
+    "gc.enabled": "would let or stop Iceberg deleting the table's files: the platform's maintenance decides what "
+                  "may be deleted (snapshot expiry, orphan removal) and needs Iceberg's garbage collection on; "
+                  "remove it",
+    "format-version": "is the platform's: it creates its tables at format version 2, which its writers and "
+                      "maintenance are built for; remove it",
+    "history.expire.": "is Iceberg's own snapshot expiry: the platform's maintenance expires snapshots itself, "
+                       "keeping retention.replay_window and what resume and publication need (max-ref-age-ms "
+                       "would let Iceberg drop the published branch); set retention.replay_window instead",
+    "write.merge.mode": "follows target.mode (an upsert table is merge-on-read); remove it",
+    "write.update.mode": "follows target.mode (an upsert table is merge-on-read); remove it",
+    "write.delete.mode": "follows target.mode (an upsert table is merge-on-read); remove it",
+    "write.format.default": "is the platform's: its writers write Parquet; remove it",
+    "write.delete.format.default": "is the platform's: its writers write Parquet; remove it",
+    "write.spark.accept-any-schema": "would let a writer change the table's schema: the contract and "
+                                     "schema_policy decide that; remove it",
+}
+
+
+def refused_property(key: str) -> str | None:
+    """Why `target.properties` may not set `key` (REFUSED_PROPERTIES, in any letter case), or None."""
+    lower = key.lower()
+    for name, why in REFUSED_PROPERTIES.items():
+        if lower == name or (name.endswith(".") and lower.startswith(name)):
+            return why
+    return None
 
 
 class SpecError(ConfigurationError):
@@ -837,14 +1114,18 @@ def _field(r: _Reader, item: dict, where: str, name: str, depth: int) -> FieldSp
         if ftype != "string":
             raise r.fail(f"{where}.pattern", f"patterns apply to string fields, not {ftype}")
         try:
-            re.compile(r.string(pattern, f"{where}.pattern"))
-        except (re.error, RecursionError) as exc:  # deep nesting overflows the regex parser
-            raise r.fail(f"{where}.pattern", f"is not a regular expression: {exc}") from None
+            contract_pattern(r.string(pattern, f"{where}.pattern"))
+        except PatternError as exc:
+            raise r.fail(f"{where}.pattern", str(exc)) from None
     max_length = item.get("max_length")
     if max_length is not None:
         if ftype != "string":
             raise r.fail(f"{where}.max_length", f"applies to string fields, not {ftype}")
         max_length = r.integer(max_length, f"{where}.max_length", 1, CAPS["source.max_value_bytes"])
+        if pattern is not None and max_length > MAX_MATCHED_CHARS:
+            raise r.fail(f"{where}.max_length", f"a field with a pattern holds at most {MAX_MATCHED_CHARS} "
+                                                f"characters (longer values are refused before matching); lower "
+                                                f"max_length or drop the pattern")
     unit = item.get("unit")
     if unit is not None:
         units = {"timestamp": TIMESTAMP_UNITS, "date": DATE_UNITS}.get(ftype)
@@ -915,8 +1196,9 @@ def _fanout(r: _Reader, raw: Any, contract: Contract) -> FanoutSpec:
     return FanoutSpec(field=fo_field, routes=tables)
 
 
-def _properties(r: _Reader, raw: Any) -> dict[str, str]:
-    """Iceberg table properties as strings; raises SpecError for reserved keys and non-scalar values."""
+def _properties(r: _Reader, raw: Any, contract: Contract) -> dict[str, str]:
+    """Iceberg table properties as strings: only those of SPEC_PROPERTIES and SPEC_COLUMN_PROPERTIES (on a
+    column of the table), each with a value it takes; raises SpecError naming why anything else is refused."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -927,15 +1209,23 @@ def _properties(r: _Reader, raw: Any) -> dict[str, str]:
             raise r.fail("target.properties", f"{_shown(key)} is not a property name: use letters, digits, "
                                               f"'.', '_' and '-', e.g. commit.retry.num-retries")
         where = f"target.properties.{key}"
-        if key.lower().startswith(RESERVED_PROPERTY_PREFIX):
-            raise r.fail(where, f"{RESERVED_PROPERTY_PREFIX}* properties are the platform's: it records there the "
-                                f"pipeline that owns the table and its writer state; remove it")
-        if key.lower() in RESERVED_PROPERTIES:
-            raise r.fail(where, "is managed by Iceberg or by the platform (write-audit-publish staging) and "
-                                "cannot be set from a spec; remove it")
-        if key.lower() == TARGET_FILE_SIZE_PROPERTY:  # one knob: the table's writers and compaction read it
-            raise r.fail(where, "is target.target_file_size_mb (the tasks' writes and compaction both use it); "
-                                "set that instead")
+        refused = refused_property(key)
+        if refused is not None:
+            raise r.fail(where, refused)
+        values = SPEC_PROPERTIES.get(key)
+        if values is None:
+            prefix = next((p for p in SPEC_COLUMN_PROPERTIES if key.startswith(p) and len(key) > len(p)), None)
+            if prefix is None:
+                known = [*SPEC_PROPERTIES, *(f"{p}<column>" for p in SPEC_COLUMN_PROPERTIES)]
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise r.fail(where, f"is not a table property a spec may set{hint}. A spec sets Iceberg's tuning: "
+                                    f"{PROPERTY_FAMILIES}; the README's Pipeline spec lists each")
+            column = key[len(prefix):].split(".")[0]
+            if column not in contract.names and column not in RESERVED_COLUMNS:
+                raise r.fail(where, f"{_shown(column)} is not a column of the table: name a contract field "
+                                    f"(or a field nested in one, field.child)")
+            values = SPEC_COLUMN_PROPERTIES[prefix]
         if isinstance(value, bool):
             text = "true" if value else "false"  # Iceberg reads booleans in lower case
         elif (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]) or \
@@ -946,6 +1236,9 @@ def _properties(r: _Reader, raw: Any) -> dict[str, str]:
         else:
             raise r.fail(where, f"must be a string of at most {MAX_PROPERTY_VALUE} characters, a finite (64-bit) "
                                 f"number or a boolean, got {_shown(value)}")
+        why = values.why_not(text)
+        if why is not None:
+            raise r.fail(where, f"{why}, got {_shown(value)}")
         props[key] = text
     return props
 
@@ -1168,7 +1461,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
         table=table, mode=mode, key=tuple(keys), partition_by=partition_by, fanout=fanout,
         target_file_size_bytes=r.integer(tgt.get("target_file_size_mb", 128), "target.target_file_size_mb", 1)
         * 1024 * 1024,
-        properties=_properties(r, tgt.get("properties")),
+        properties=_properties(r, tgt.get("properties"), contract),
     )
 
     dlq = r.mapping(r.required(top, "dead_letter", ""), "dead_letter", {"table"})

@@ -36,7 +36,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Protocol
 import msgspec
 
 from lakehouse.core import errors
-from lakehouse.core.spec import FieldSpec, PipelineSpec
+from lakehouse.core.spec import MAX_MATCHED_CHARS, FieldSpec, PipelineSpec, contract_pattern
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -182,7 +182,8 @@ def _field_checker(f: FieldSpec, path: str | None = None) -> Callable[[Any], Any
     """A function that returns the typed value of field `f` (named `path` in messages, its dotted path when
     nested) in the form Arrow takes it, or raises Rejected."""
     name = path or f.name
-    pattern = re.compile(f.pattern) if f.pattern else None
+    matches = contract_pattern(f.pattern) if f.pattern else None
+    matched: set[str] = set()  # up to 1024 short values that matched (currency codes): no RE2 call for them
     enum = frozenset(f.enum) if f.enum else None
 
     def bounds(number: float) -> None:
@@ -203,8 +204,14 @@ def _field_checker(f: FieldSpec, path: str | None = None) -> Callable[[Any], Any
                 raise Rejected("bad_enum", f"{name} {_show(v)} is not one of {', '.join(sorted(enum))}")
             if f.max_length is not None and len(v) > f.max_length:
                 raise Rejected("too_long", f"{name} has {len(v)} characters, at most {f.max_length} allowed")
-            if pattern is not None and not pattern.fullmatch(v):
-                raise Rejected("pattern_mismatch", f"{name} {_show(v)} does not match {f.pattern}")
+            if matches is not None and v not in matched:
+                if len(v) > MAX_MATCHED_CHARS:  # bounded before matching, whatever the pattern
+                    raise Rejected("too_long", f"{name} has {len(v)} characters; a field with a pattern is "
+                                               f"matched up to {MAX_MATCHED_CHARS}")
+                if not matches(v):
+                    raise Rejected("pattern_mismatch", f"{name} {_show(v)} does not match {f.pattern}")
+                if len(matched) < 1024 and len(v) <= 64:
+                    matched.add(v)
             return v
     elif f.type in ("int", "long"):
         lo, hi = INT32 if f.type == "int" else INT64
@@ -452,12 +459,15 @@ def _fast_type(f: FieldSpec) -> Any:
     and are checked in Python afterwards, like the reference does.
     """
     if f.type == "string":
+        limit = f.max_length
+        if f.pattern:  # the reference matches no longer value
+            limit = MAX_MATCHED_CHARS if limit is None else min(limit, MAX_MATCHED_CHARS)
         if f.enum:
-            pattern = re.compile(f.pattern) if f.pattern else None
-            allowed = tuple(e for e in f.enum if (f.max_length is None or len(e) <= f.max_length)
-                            and (pattern is None or pattern.fullmatch(e)))
+            matches = contract_pattern(f.pattern) if f.pattern else None
+            allowed = tuple(e for e in f.enum if (limit is None or len(e) <= limit)
+                            and (matches is None or matches(e)))
             return Literal[allowed] if allowed else None
-        return str if f.max_length is None else Annotated[str, msgspec.Meta(max_length=f.max_length)]
+        return str if limit is None else Annotated[str, msgspec.Meta(max_length=limit)]
     if f.type in ("int", "long"):
         interval = _number_interval(f, *(INT32 if f.type == "int" else INT64), integral=True)
         if interval is None:
@@ -527,7 +537,7 @@ class JsonFastPath:
         self.decode_row = _compile_decode_row(
             decode=msgspec.json.Decoder(row_type).decode,
             max_bytes=spec.source.max_value_bytes,
-            patterns=[(i, re.compile(f.pattern).fullmatch) for i, f in enumerate(fields)
+            patterns=[(i, contract_pattern(f.pattern)) for i, f in enumerate(fields)
                       if f.type == "string" and f.pattern and not f.enum],
             timestamps=[i for i, f in enumerate(fields) if f.type == "timestamp"],
             dates=[i for i, f in enumerate(fields) if f.type == "date"],
@@ -550,7 +560,7 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
     fromisoformat, date_fromisoformat = datetime.fromisoformat, date.fromisoformat
     converts = bool(timestamps or dates)
     min_us, max_us = MIN_TIMESTAMP_US, MAX_TIMESTAMP_US
-    # Up to 1024 values per field that matched are remembered (e.g. currency codes) to skip the regex.
+    # Up to 1024 short values per field that matched are remembered (e.g. currency codes) to skip the regex.
     matching = [(i, fullmatch, set()) for i, fullmatch in patterns]
     # json turns integer literals longer than Python's digit limit into errors; msgspec does not
     digit_limit = sys.get_int_max_str_digits() or math.inf
@@ -583,9 +593,9 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
         for i, fullmatch, known in matching:
             text = values[i]
             if text is not None and text not in known:
-                if fullmatch(text) is None:
+                if not fullmatch(text):  # at most MAX_MATCHED_CHARS: the decoder's max_length
                     return None
-                if len(known) < 1024:
+                if len(known) < 1024 and len(text) <= 64:
                     known.add(text)
         if not converts:
             return values
