@@ -1,51 +1,70 @@
-"""The "Lakehouse pipelines" page inside the Airflow 3 UI: one card per pipeline, from live reads.
+"""The "Lakehouse pipelines" page inside the Airflow 3 UI: one card per pipeline, behind Airflow's login.
 
 Airflow mounts `app` (FastAPI) under /lakehouse on its API server and shows the page
 in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
 
     GET /lakehouse/                 HTML: lag, freshness, last commit, quality, the last exactly-once
                                     verification, dead letters, the newest event of each kind (with
-                                    who acted), the recent operator actions (who, when, with which
-                                    parameters, the outcome), layout drift between spec and tables,
-                                    a lag/freshness chart, the cost panel (per day), links to each
+                                    who acted), the recent operator actions (who, when, through which
+                                    DAG run, the parameters, the outcome), layout drift between spec and
+                                    tables, a lag/freshness chart, the cost panel (per day), links to each
                                     pipeline's DAGs and the trace forms: one record by partition and
                                     offset, or every record of a Kafka key in a time window
-    GET /lakehouse/api/pipelines    the same numbers as JSON
+    GET /lakehouse/api/pipelines    the same cards as JSON
     GET /lakehouse/trace?pipeline=P&partition=N&offset=O    HTML: where that record is (lakehouse.ops.trace)
     GET /lakehouse/trace?pipeline=P&key=K&since=T[&until=T]  HTML: every record of Kafka key K in that window
     GET /lakehouse/api/trace?...    the same as JSON (the rows of the tables holding the records included)
 
-Every number comes from `lakehouse.ops.history.overview` (the tables' snapshot summaries,
-Kafka and the ops timeline) at request time. A spec file that does not load (or claims a
-table, view or name another spec claims) is shown with its SpecError text next to the
-working pipelines; a pipeline with no commits says so. The trace forms' values are checked before
-anything is read: a pipeline name; a partition and an offset that are whole numbers from 0; or a key
-(1 to 65,536 characters) with `since` and optionally `until`, each an ISO-8601 time or a duration ago
-(`2h`), `until` later than `since` (empty: now). A refused value answers 400 with the reason, a trace
-the pipeline cannot answer 422 (an unknown pipeline or partition, Kafka unreachable, a window holding
-more than PAGE_MAX_KEY_SCAN = 1,000,000 records in Kafka).
+Access. Airflow 3 does not authenticate plugin FastAPI apps (a mounted app inherits none of the API
+server's route dependencies), so every endpoint here does it itself with Airflow's own `get_user`
+(airflow.api_fastapi.core_api.security, through `signed_in_user`): the JWT from an `Authorization:
+Bearer` header (API clients: a token from POST /auth/token) or from the `_token` cookie the Airflow UI
+sets at login (the page embedded in the UI, and its forms). No token answers 401 (the HTML pages say
+where to sign in), a token the auth manager rejects 403. Then the auth manager decides what the user
+sees (`batch_is_authorized_dag`, GET):
 
-Access: Airflow 3 does not authenticate plugin FastAPI apps (a mounted app inherits none of the
-API server's route dependencies), so this app does it itself for the trace endpoints, whose answers
-hold table rows (possibly personal data): /trace and /api/trace depend on Airflow's own
-`get_user` (airflow.api_fastapi.core_api.security, through `signed_in_user`), which takes the JWT from an
-`Authorization: Bearer` header (API clients: a token from POST /auth/token) or from the `_token`
-cookie the Airflow UI sets at login (the page embedded in the UI, and its forms). No token answers
-401 (the HTML page says where to sign in), a token the auth manager rejects 403; then the user must
-be allowed to read every DAG of the pipeline (<pipeline>_ingest, _maintenance, ...; the auth
-manager's `batch_is_authorized_dag`, GET), else 403 naming them. The overview (/ and
-/api/pipelines: counts, positions, events, who acted) stays readable without a login, on the API
-server's address (127.0.0.1 in the embedded stack); put the API server behind your SSO proxy to
-restrict it too.
+- a pipeline's card, and its traces, only when the user may read every DAG of the pipeline
+  (<pipeline>_ingest, _maintenance, ...; `history.pipeline_dags`); a trace of another pipeline is 403
+  naming them, and a user who may read no pipeline gets a page (or list) without cards, not an error;
+- a spec file that does not load, or a pipelines folder that cannot be read, only when the user may
+  read DAGs without naming one (the auth manager's answer for all DAGs: Admin and Viewer roles of the
+  simple auth manager, the global DAG permission of FAB's). Such a file generates no DAGs, so there
+  is no pipeline whose readers it belongs to, and the name it declares is whatever the file says:
+  a file claiming another pipeline's name must not reach that pipeline's readers as if it were theirs.
+
+What a browser receives. The cards carry aggregates, states, positions, counts, the SLOs and who
+acted (`lakehouse.ops.history.public`): never a row value or a Kafka key (quality events' offending
+values, verifications' problems, free-text event messages that quote them), never an action's host,
+OS user or a parameter value that could hold data, never a filesystem path or URI (the spec file is
+named by its file name), never an exception's text: an error is a short category of its type and a
+stable id (`history.public_error`), and the API server's log has the full text under that id. The
+trace endpoints answer a refused value with 400 and the reason, a trace the pipeline cannot answer
+with 422 and the platform's explanation (locations scrubbed: an unknown pipeline or partition, Kafka
+unreachable, a window holding more than PAGE_MAX_KEY_SCAN = 1,000,000 records in Kafka), anything
+else with 500, a category and an id. The trace forms' values are checked before anything is read: a
+pipeline name; a partition and an offset that are whole numbers from 0; or a key (1 to 65,536
+characters) with `since` and optionally `until`, each an ISO-8601 time or a duration ago (`2h`),
+`until` later than `since` (empty: now).
+
+Off the request path. The API server runs sync handlers on one shared pool of 40 threads, which also
+serves the Execution API that running tasks send their heartbeats to; an overview waits on Kafka
+(10-15 s timeouts when it does not answer), the catalog and the ops timeline. So the page and
+/api/pipelines are `async` and only read `lakehouse.ops.overview_cache` (one background thread
+refreshes one pipeline at a time; a pipeline not read yet shows "loading", each card says when it was
+read). Asking the auth manager what a user may see (it may query the metadata DB) and rendering the
+answer run on PAGE_THREADS threads of the page's own, and traces, which read Kafka and the tables for as
+long as they take, on TRACE_THREADS of their own: no number of page loads or traces takes a thread of
+the shared pool, or blocks the event loop.
 """
 
 from __future__ import annotations
 
 import html
 from datetime import datetime, timezone
-
+from functools import partial
 from typing import Annotated
 
+import anyio
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, Request
@@ -54,43 +73,111 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
-from lakehouse.core import config
 from lakehouse.core.errors import LakehouseError
-from lakehouse.core.spec import IDENTIFIER, PipelineSpec, dag_id, load_pipeline, load_specs, parse_moment
+from lakehouse.core.spec import IDENTIFIER, PipelineSpec, load_pipeline, parse_moment
 from lakehouse.ingest.job import STAGES
 from lakehouse.ops import history
 from lakehouse.ops.cost import human_bytes
+from lakehouse.ops.overview_cache import REFRESH_S, Card, OverviewCache
 from lakehouse.ops.status import format_age
 
 app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
 
+CACHE = OverviewCache()  # every card of the pipelines folder, refreshed in the background
+PAGE_THREADS = 4  # threads of the page's own: they ask the auth manager what a user may see and render it
+TRACE_THREADS = 4  # traces under way at once, each on a thread of the traces' own
+_page_threads = anyio.CapacityLimiter(PAGE_THREADS)
+_trace_threads = anyio.CapacityLimiter(TRACE_THREADS)
+STARTING = "the pipelines page is starting: the pipeline specs are being read; try again in a few seconds"
 
-def _entries() -> list[dict]:
-    """One entry per spec file, in path order: the overview, or {"pipeline", "spec_path", "error"} when
-    the file does not load (or overlaps another spec; see lakehouse.spec.load_specs) or its overview fails."""
-    platform = config.load()
+
+def _teams(dags: list[str]) -> dict[str, str | None]:
+    """The team of each DAG in multi-team mode (the auth manager decides per team), else nothing."""
+    from airflow.configuration import conf
+
+    if not dags or not conf.getboolean("core", "multi_team", fallback=False):
+        return {}
+    from airflow.models.dag import DagModel
+
+    return DagModel.get_dag_id_to_team_name_mapping(dags)
+
+
+def _dags_refusal(pipeline: str, dags: tuple[str, ...], user: BaseUser, teams: dict[str, str | None]) -> str | None:
+    """Why `user` may not read pipeline `pipeline` (None when they may): the auth manager must allow them
+    to read (GET) every one of its DAGs."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    requests = [{"method": "GET", "details": DagDetails(id=d, team_name=teams.get(d))} for d in dags]
+    if dags and get_auth_manager().batch_is_authorized_dag(requests, user=user):
+        return None
+    return (f"user {user.get_name()!r} may not read the DAGs of pipeline {pipeline!r} ({', '.join(dags)}), "
+            f"so not its tables' rows either")
+
+
+def _refusal(spec: PipelineSpec, user: BaseUser) -> str | None:
+    """Why `user` may not read the traces of `spec` (None when they may); see _dags_refusal."""
+    dags = history.pipeline_dags(spec)
+    return _dags_refusal(spec.name, dags, user, _teams(list(dags)))
+
+
+def _readable(cards: list[Card], user: BaseUser) -> tuple[list[Card], bool]:
+    """(the cards `user` may see, whether they may read every DAG): a pipeline's card when they may read all
+    its DAGs, a broken file's only when they may read DAGs without naming one (see the module doc)."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    every = bool(get_auth_manager().is_authorized_dag(method="GET", user=user))
+    teams = _teams([d for card in cards for d in card.dags])
+    shown = [card for card in cards
+             if (every if card.state == "broken" else _dags_refusal(card.pipeline, card.dags, user, teams) is None)]
+    return shown, every
+
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+async def signed_in_user(request: Request,
+                         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> BaseUser:
+    """The caller as Airflow's own `get_user` finds it (a Bearer token, else the UI's `_token` cookie; 401 or
+    403 otherwise). Airflow's security module is imported here, at the first request, not with the plugin:
+    importing it costs 0.6 s, which every process that loads plugins (task runners too) would pay."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    return await get_user(request=request, _oauth_token=None, bearer_credentials=bearer)
+
+
+UserDep = Annotated[BaseUser, Depends(signed_in_user)]
+
+
+def _cards_json(user: BaseUser) -> tuple[int, dict | list]:
+    """(HTTP status, body) of /api/pipelines: the cards `user` may see (lakehouse.ops.overview_cache.Card.to_json),
+    from the cache only; 503 while the pipeline specs have not been read yet."""
+    ready, cards, _ = CACHE.cards()
+    if not ready:
+        return 503, {"error": STARTING}
+    shown, _ = _readable(cards, user)
     now = datetime.now(timezone.utc)
-    found = load_specs()
-    entries = [{"pipeline": found.declared[path], "spec_path": path, "error": str(error)}
-               for path, error in found.errors.items()]
-    for spec in found.specs.values():
-        try:
-            entries.append({"spec_path": spec.path, "error": None, **history.overview(spec, platform, now)})
-        except Exception as exc:  # noqa: BLE001 - one unreadable pipeline must not blank the whole page
-            entries.append({"pipeline": spec.name, "spec_path": spec.path,
-                            "error": f"{type(exc).__name__}: {exc}"})
-    return sorted(entries, key=lambda entry: entry["spec_path"])
+    return 200, [card.to_json(now) for card in shown]
+
+
+def _cards_page(user: BaseUser) -> str:
+    """The cards `user` may see as a page, from the cache only."""
+    ready, cards, folder_error = CACHE.cards()
+    shown, every = _readable(cards, user)
+    return _page(shown, datetime.now(timezone.utc), ready, folder_error if every else None)
 
 
 @app.get("/api/pipelines")
-def pipelines_json() -> list[dict]:
-    """Every pipeline's overview (see lakehouse.ops.history.overview), or its spec error."""
-    return _entries()
+async def pipelines_json(user: UserDep) -> JSONResponse:
+    """See _cards_json; on a thread of the page's own (see the module doc)."""
+    status, body = await anyio.to_thread.run_sync(_cards_json, user, limiter=_page_threads)
+    return JSONResponse(body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None)
 
 
 @app.get("/", response_class=HTMLResponse)
-def pipelines_page() -> str:
-    return _page(_entries(), datetime.now(timezone.utc))
+async def pipelines_page(user: UserDep) -> HTMLResponse:
+    """See _cards_page; on a thread of the page's own (see the module doc)."""
+    return HTMLResponse(await anyio.to_thread.run_sync(_cards_page, user, limiter=_page_threads))
 
 
 MAX_PARTITION, MAX_OFFSET = 2 ** 31 - 1, 2 ** 63 - 1
@@ -120,48 +207,12 @@ def _window(key: str, since: str | None, until: str | None) -> tuple[str, dateti
     return key, start, stop
 
 
-_bearer = HTTPBearer(auto_error=False)
-
-
-async def signed_in_user(request: Request,
-                         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> BaseUser:
-    """The caller as Airflow's own `get_user` finds it (a Bearer token, else the UI's `_token` cookie; 401 or
-    403 otherwise). Airflow's security module is imported here, at the first trace, not with the plugin:
-    importing it costs 0.6 s, which every process that loads plugins (task runners too) would pay."""
-    from airflow.api_fastapi.core_api.security import get_user
-
-    return await get_user(request=request, _oauth_token=None, bearer_credentials=bearer)
-
-
-UserDep = Annotated[BaseUser, Depends(signed_in_user)]
-
-
-def _refusal(spec: PipelineSpec, user: BaseUser) -> str | None:
-    """Why `user` may not read the traces of `spec` (None when they may): the auth manager must allow
-    them to read (GET) every DAG generated for the pipeline."""
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
-    from airflow.configuration import conf
-
-    dags = [dag_id(spec.name, kind) for kind in spec.dag_kinds]
-    teams = {}
-    if conf.getboolean("core", "multi_team", fallback=False):
-        from airflow.models.dag import DagModel
-
-        teams = DagModel.get_dag_id_to_team_name_mapping(dags)
-    requests = [{"method": "GET", "details": DagDetails(id=d, team_name=teams.get(d))} for d in dags]
-    if get_auth_manager().batch_is_authorized_dag(requests, user=user):
-        return None
-    return (f"user {user.get_name()!r} may not read the DAGs of pipeline {spec.name!r} ({', '.join(dags)}), "
-            f"so not its tables' rows either")
-
-
 def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | None, key: str | None = None,
            since: str | None = None, until: str | None = None) -> tuple[int, dict]:
     """(HTTP status, body) of one record's trace (partition and offset) or one key's (key, since, until):
     200 and the trace, 400 for a refused value, 403 when `user` may not read the pipeline's DAGs, 422 when
-    the pipeline cannot answer (an unknown pipeline or partition, Kafka unreachable, a window too large),
-    500 for anything else, with the error's text."""
+    the pipeline cannot answer (an unknown pipeline or partition, Kafka unreachable, a window too large;
+    the platform's explanation, locations scrubbed), 500 for anything else, as a category and an error id."""
     from lakehouse.ops.trace import trace_key, trace_record
 
     try:
@@ -190,45 +241,53 @@ def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | N
             return 403, {"pipeline": pipeline, "error": refused}
         return 200, answer(spec)
     except LakehouseError as exc:
-        return 422, {"pipeline": pipeline, "error": str(exc)}
+        return 422, {"pipeline": pipeline, "error": history.scrub(exc, limit=2000)}
     except Exception as exc:  # noqa: BLE001 - a page answers with what failed, not a bare 500
-        return 500, {"pipeline": pipeline, "error": f"{type(exc).__name__}: {exc}"}
+        error = history.public_error(f"trace of pipeline {pipeline}", exc)
+        return 500, {"pipeline": pipeline, "error": f"{error['category']} (error {error['id']}: the API server's "
+                                                    f"log has the full text)", "error_id": error["id"]}
+
+
+async def _traced(user: BaseUser, *asked: str | None) -> tuple[int, dict]:
+    """_trace on a thread of the traces' own pool (see the module doc)."""
+    return await anyio.to_thread.run_sync(partial(_trace, user, *asked), limiter=_trace_threads)
 
 
 @app.get("/api/trace")
-def trace_json(user: UserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
-               key: str | None = None, since: str | None = None, until: str | None = None) -> JSONResponse:
+async def trace_json(user: UserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
+                     key: str | None = None, since: str | None = None, until: str | None = None) -> JSONResponse:
     """Where one record is (lakehouse.ops.trace.trace_record), or every record of a key in a window
-    (trace_key), or {"error"} with 400/401/403/422."""
-    status, body = _trace(user, pipeline, partition, offset, key, since, until)
+    (trace_key), or {"error"} with 400/401/403/422/500."""
+    status, body = await _traced(user, pipeline, partition, offset, key, since, until)
     return JSONResponse(body, status_code=status)
 
 
 @app.get("/trace", response_class=HTMLResponse)
-def trace_page(user: UserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
-               key: str | None = None, since: str | None = None, until: str | None = None) -> HTMLResponse:
+async def trace_page(user: UserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
+                     key: str | None = None, since: str | None = None, until: str | None = None) -> HTMLResponse:
     """The trace forms' answer as a page."""
-    status, body = _trace(user, pipeline, partition, offset, key, since, until)
+    status, body = await _traced(user, pipeline, partition, offset, key, since, until)
     return HTMLResponse(_trace_page(body), status_code=status)
 
 
 @app.exception_handler(HTTPException)
 async def _refused(request: Request, exc: HTTPException):
-    """A login refused (Airflow's get_user: 401 without a token, 403 for one the auth manager rejects):
-    the trace page says so and where to sign in, /api/trace answers {"error"}; any other path as FastAPI does."""
+    """A login refused (Airflow's get_user: 401 without a token, 403 for one the auth manager rejects): the
+    pages say so and where to sign in, the JSON endpoints answer {"error"}; anything else as FastAPI does."""
     path = request.url.path
-    if path.endswith("/api/trace"):
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
-    if not path.endswith("/trace"):
+    if exc.status_code not in (401, 403):
         return await http_exception_handler(request, exc)
+    if "/api/" in path:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
     try:
         from airflow.api_fastapi.app import get_auth_manager
 
         login = get_auth_manager().get_url_login(next_url=str(request.url))
     except Exception:  # noqa: BLE001 - no auth manager to ask (outside the API server): the UI's root signs in
         login = "../"
-    body = {"error": f"{exc.detail}: sign in to Airflow to trace records (their rows may hold personal data)",
-            "login": login}
+    what = "trace records (their rows may hold personal data)" if path.endswith("/trace") else "see the pipelines"
+    body = {"error": f"{exc.detail}: sign in to Airflow to {what}", "login": login,
+            "title": "Trace" if path.endswith("/trace") else "Lakehouse pipelines"}
     return HTMLResponse(_trace_page(body), status_code=exc.status_code, headers=exc.headers)
 
 
@@ -268,23 +327,55 @@ def _chart(title: str, points: list[dict], key: str, limit: float | None, unit: 
             f'<polyline points="{line}" class="series"/></svg></figure>')
 
 
+def _when(at: object) -> str:
+    try:
+        return datetime.fromisoformat(str(at)).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except ValueError:
+        return str(at)
+
+
+def _error(error: dict, name: str = "error") -> str:
+    """An error as the page shows it: its category and its id (the API server's log has the full text)."""
+    return (f'<span class="error" data-field="{_e(name)}">{_e(error["category"])}</span> '
+            f'<span class="muted">(error <span data-field="{_e(name)}_id">{_e(error["id"])}</span>: the API '
+            f"server's log has the full text)</span>")
+
+
+def _numbers(metrics: dict, names: dict[str, str]) -> str:
+    """`metrics` named in `names` (metric -> words after the number), in that order, as `12 rows, 3 ...`."""
+    return ", ".join(f"{metrics[m]:g} {words}" for m, words in names.items() if m in metrics)
+
+
+def _outcome(event: dict, names: dict[str, str], prefix: str) -> str:
+    """An event's status, its numbers and when; a failed one's error id."""
+    numbers = _numbers(event["metrics"], names) if names else ", ".join(
+        f"{k} {v:g}" for k, v in list(event["metrics"].items())[:6])
+    failed = f' {_error(event["error"], f"{prefix}_error")}' if event.get("error") else ""
+    return (_field(prefix, event["status"], f"status-{_e(event['status'])}")
+            + (f' <span class="muted" data-field="{prefix}_numbers">{_e(numbers)}</span>' if numbers else "")
+            + failed + f' <span class="muted">({_e(_when(event["at"]))})</span>')
+
+
+QUALITY_NUMBERS = {"rows": "rows audited", "failed_expectations": "failed expectations",
+                   "unexpected_count": "unexpected values"}
+VERIFY_NUMBERS = {"offsets": "offsets", "rows": "rows", "keys": "keys checked", "missing": "missing",
+                  "duplicated": "duplicated", "foreign": "foreign", "gaps": "gaps"}
+
+
 def _quality(event: dict | None) -> str:
     if event is None:
         return _field("quality", "none yet", "muted")
-    when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return (_field("quality", event["status"], f"status-{_e(event['status'])}")
-            + f' <span class="muted">{_e(event.get("message") or "")} ({_e(when)})</span>')
+    return _outcome(event, QUALITY_NUMBERS, "quality")
 
 
 def _verification(event: dict | None) -> str:
-    """The newest `verify` event: status, what it says and when; what to run when none yet."""
+    """The newest `verify` event: status, its counts and when; what to run when none yet."""
     if event is None:
         return _field("verification", "none yet", "muted") + ' <span class="muted">(run the verify DAG or ' \
                                                               '`lakehouse verify --pipeline NAME`)</span>'
-    when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return (_field("verification", event["status"], f"status-{_e(event['status'])}")
-            + f' <span class="muted" data-field="verification_message">{_e(event.get("message") or "")}</span>'
-            + f' <span class="muted">({_e(when)})</span>')
+    known = set(VERIFY_NUMBERS) | {"seconds", "offsets_per_s"}
+    problems = {k: f"{k}" for k, v in event["metrics"].items() if k not in known and v}
+    return _outcome(event, {**VERIFY_NUMBERS, **problems}, "verification")
 
 
 def _trace_form(name: str) -> str:
@@ -326,7 +417,7 @@ def _trace_page(body: dict) -> str:
     """A trace's answer: one record's (see _record), a key's (each record found, with its coordinates), or
     the error (with where to sign in when the login was refused)."""
     if "error" in body:
-        title = "Trace"
+        title = body.get("title", "Trace")
         content = f'<p class="error" data-field="error">{_e(body["error"])}</p>'
         if body.get("login"):
             content += f'<p><a data-field="login" href="{_e(body["login"])}" target="_top">Sign in to Airflow</a></p>'
@@ -351,29 +442,28 @@ def _trace_page(body: dict) -> str:
 def _timeline(timeline: dict) -> str:
     """The last batch with its stage seconds, throughput over the last minutes, the newest other events."""
     if "error" in timeline:
-        return f'<span class="error">{_e(timeline["error"])}</span>'
+        return _error(timeline["error"], "timeline_error")
     last = timeline.get("last_batch")
     if last is None:  # a writer that never committed: its other events (a retention alert) still show
         rows = [_field("last_batch", "no batch events yet", "muted")]
     else:
         stages = ", ".join(f"{stage} {last[f'{stage}_s']:.2f}s" for stage in STAGES if f"{stage}_s" in last)
         recent = timeline["recent"]
-        rate = f"{recent['records_per_s']:g}"
-        rows = [f'last batch: {_field("last_batch", last["message"])} <span class="muted">({_e(stages)})</span>',
-                f'last {recent["window_s"] / 60:.0f} min: {_field("batches", recent["batches"])} batches, '
-                f'{_field("records_per_s", rate)} records/s, '
-                f'{_field("recent_dead_letters", recent["dead_letters"])} dead letters, '
-                f'{_field("commit_retries", recent["commit_retries"])} commit retries']
-    for kind, event in sorted(timeline["latest"].items()):
-        when = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
-        status = _field(f"latest_{kind}", event["status"], "status-" + _e(event["status"]))
+        count = {k: f"{recent.get(k, 0):g}" for k in ("batches", "records_per_s", "dead_letters", "commit_retries")}
+        rows = [f'last batch: {_field("last_batch", last["summary"])} <span class="muted">({_e(stages)})</span>',
+                f'last {recent.get("window_s", 0) / 60:.0f} min: {_field("batches", count["batches"])} batches, '
+                f'{_field("records_per_s", count["records_per_s"])} records/s, '
+                f'{_field("recent_dead_letters", count["dead_letters"])} dead letters, '
+                f'{_field("commit_retries", count["commit_retries"])} commit retries']
+    for kind, event in timeline["latest"].items():
         by = f' by {_field(f"latest_{kind}_actor", event["actor"])}' if event.get("actor") else ""
-        rows.append(f'{_e(kind)}: {status}{by} <span class="muted">{_e(event["message"] or "")} ({_e(when)})</span>')
+        rows.append(f'{_e(kind)}: {_outcome(event, {}, f"latest_{kind}")}{by}')
     return "<br>".join(rows)
 
 
 def _actions(timeline: dict) -> str:
-    """The newest operator actions people took: when, what, who (and through what), the parameters, the outcome."""
+    """The newest operator actions people took: when, what, who (and through which DAG run), the parameters
+    (values the page may not show say `withheld`), the outcome."""
     if "error" in timeline:
         return '<span class="muted">the timeline cannot be read (see above)</span>'
     actions = timeline.get("actions") or []
@@ -381,15 +471,14 @@ def _actions(timeline: dict) -> str:
         return '<span class="muted">none in the last 7 days</span>'
     rows = []
     for action in actions:
-        when = datetime.fromisoformat(action["at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
-        origin = action["origin"]
-        via = (f'Airflow run {origin.get("dag_id")}/{origin.get("run_id")}' if origin.get("via") == "airflow"
-               else f'command on {origin.get("host")} as {origin.get("os_user")}')
-        parameters = ", ".join(f"{k}={v}" for k, v in sorted(action["parameters"].items())) or "no parameters"
-        rows.append(f'<li data-kind="{_e(action["kind"])}">{_e(when)} {_e(action["kind"])} by '
-                    f'{_field("action_actor", action["actor"])} <span class="muted">({_e(via)})</span>: '
-                    f'{_field("action_status", action["status"], "status-" + _e(action["status"]))} '
-                    f'<span class="muted">{_e(parameters)}; {_e(action["message"] or "")}</span></li>')
+        via = (f'Airflow run {action.get("dag_id")}/{action.get("run_id")}' if action.get("via") == "airflow"
+               else "a command" if action.get("via") == "cli" else "unknown origin")
+        parameters = ", ".join(f"{k}={v}" for k, v in action["parameters"].items()) or "no parameters"
+        failed = f' {_error(action["error"], "action_error")}' if action.get("error") else ""
+        rows.append(f'<li data-kind="{_e(action["kind"])}">{_e(_when(action["at"]))} {_e(action["kind"])} by '
+                    f'{_field("action_actor", action["actor"] or "?")} <span class="muted">({_e(via)})</span>: '
+                    f'{_field("action_status", action["status"], "status-" + _e(action["status"]))}{failed} '
+                    f'<span class="muted" data-field="action_parameters">{_e(parameters)}</span></li>')
     return f'<ul class="actions">{"".join(rows)}</ul>'
 
 
@@ -413,7 +502,7 @@ def _layout(found: dict | None) -> str:
 def _cost(found: dict) -> str:
     """The cost panel: one row per day of what the pipeline used, priced when unit prices are set."""
     if "error" in found:
-        return f'<span class="error" data-field="cost_error">{_e(found["error"])}</span>'
+        return _error(found["error"], "cost_error")
     priced = found["priced"]
     head = ("day", "produced", "Kafka retains", "tables", "files", "PUT", "GET", "ingest s", "maintenance s")
     head += (f'price {found["prices"]["currency"]}'.strip(),) if priced else ()
@@ -431,16 +520,33 @@ def _cost(found: dict) -> str:
         rows.append("<tr>" + "".join(f'<td>{_field(f"cost_{day}_{name}", "-" if v is None else v)}</td>'
                                      for v, name in cells) + "</tr>")
     note = "" if priced else '<p class="muted">no unit prices set (LAKEHOUSE_PRICE_*): quantities only</p>'
-    notes = "".join(f'<p class="muted">{_e(n)}</p>' for n in found["notes"])
+    notes = "".join(f'<p class="muted" data-field="cost_note">{_e(n)}</p>' for n in found["notes"])
     return (f'<table class="cost"><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(rows)}</table>'
             f"{note}{notes}")
 
 
-def _card(entry: dict) -> str:
-    name = entry["pipeline"]
-    if entry.get("error"):
-        return (f'<section class="card broken" data-pipeline="{_e(name)}"><h2>{_e(name)}</h2>'
-                f'<p class="error" data-field="error">{_e(entry["error"])}</p></section>')
+def _read(card: Card, now: datetime) -> str:
+    if card.read_at is None:
+        return ""
+    age = format_age(max(0.0, (now - card.read_at).total_seconds()))
+    return f' <span class="muted read">read {_field("read_age", age)} ago</span>'
+
+
+def _card(card: Card, now: datetime) -> str:
+    name = card.pipeline
+    head = f'<section class="card{" broken" if card.error else ""}" data-pipeline="{_e(name)}" data-state="{_e(card.state)}">'
+    if card.state == "loading":
+        return (f'{head}<h2>{_e(name)}</h2><p>{_field("state", "loading", "muted")}<span class="muted">: the '
+                f'first read of this pipeline is under way (one pipeline at a time, in the background); this '
+                f'page reloads itself</span></p></section>')
+    if card.state == "broken":
+        return (f'{head}<h2>{_e(name)} <small>{_field("file", card.file)}</small>{_read(card, now)}</h2>'
+                f'<p>{_error(card.error)}</p><p class="muted">`lakehouse pipelines` validates the specs and says '
+                f'why this file does not load</p></section>')
+    if card.state == "error":
+        return (f'{head}<h2>{_e(name)}{_read(card, now)}</h2><p>reading it failed: {_error(card.error)}</p>'
+                f'</section>')
+    entry = card.overview
     slo = entry["slo"]
     lag = entry["lag_records"]
     lag_text = "?" if lag is None else lag
@@ -448,22 +554,23 @@ def _card(entry: dict) -> str:
     fresh = entry["freshness_s"]
     fresh_cls = "" if fresh is None else ("bad" if fresh > slo["freshness_s"] else "ok")
     if entry["committed"]:
-        at = datetime.fromisoformat(entry["last_commit_at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
-        commit = (_field("last_commit_at", at) + " (" + format_age(entry["seconds_since_commit"])
-                  + " ago), snapshot " + _field("snapshot_id", entry["snapshot_id"]))
+        commit = (_field("last_commit_at", _when(entry["last_commit_at"])) + " ("
+                  + format_age(entry["seconds_since_commit"]) + " ago), snapshot "
+                  + _field("snapshot_id", entry["snapshot_id"]))
         positions = ", ".join(f'p{p}: {_field(f"position_{p}", o)}' for p, o in entry["positions"].items())
     else:
         commit = _field("last_commit_at", "no commits yet", "muted")
         positions = '<span class="muted">-</span>'
-    kafka = (f'<span class="error">{_e(entry["kafka_error"])}</span>' if entry["kafka_error"] else "")
+    kafka = _error(entry["kafka_error"], "kafka_error") if entry["kafka_error"] else ""
     hist = entry["history"]
     charts = (_chart("freshness at commit", hist["points"], "freshness_s", slo["freshness_s"], " s")
               + (_chart("lag", hist["points"], "lag_records", slo["lag_records"], " records")
                  if hist["source"] == "events" else
                  _chart("committed offsets", hist["points"], "committed", None, "")))
     dags = " ".join(f'<a href="../dags/{_e(d)}" target="_top">{_e(d)}</a>' for d in entry["dags"])
-    return f"""<section class="card" data-pipeline="{_e(name)}">
-<h2>{_e(name)} <small>{_e(entry["topic"])} &rarr; {", ".join(_e(t["table"]) for t in entry["tables"])}</small></h2>
+    timeline = entry["timeline"] or {"latest": {}}
+    return f"""{head}
+<h2>{_e(name)} <small>{_e(entry["topic"])} &rarr; {", ".join(_e(t["table"]) for t in entry["tables"])}</small>{_read(card, now)}</h2>
 <table>
 <tr><th>Kafka lag</th><td class="{lag_cls}">{_field("lag_records", lag_text)} records,
   {_field("lag_s", format_age(entry["lag_s"]))} behind
@@ -475,10 +582,10 @@ def _card(entry: dict) -> str:
 <tr><th>Rows</th><td>{_field("rows", entry["rows"])}</td></tr>
 <tr><th>Dead letters</th><td>{_field("dead_letters", entry["dead_letters"])} rows</td></tr>
 <tr><th>Last quality check</th><td>{_quality(entry["quality"])}</td></tr>
-<tr><th>Exactly once</th><td>{_verification(entry["timeline"].get("latest", {}).get("verify"))}</td></tr>
+<tr><th>Exactly once</th><td>{_verification(timeline.get("latest", {}).get("verify"))}</td></tr>
 <tr><th>Trace records</th><td>{_trace_form(name)}</td></tr>
-<tr><th>Timeline</th><td class="timeline">{_timeline(entry["timeline"])}</td></tr>
-<tr><th>Operator actions</th><td class="operator-actions">{_actions(entry["timeline"])}</td></tr>
+<tr><th>Timeline</th><td class="timeline">{_timeline(timeline)}</td></tr>
+<tr><th>Operator actions</th><td class="operator-actions">{_actions(timeline)}</td></tr>
 <tr><th>Layout</th><td class="layout">{_layout(entry.get("layout"))}</td></tr>
 <tr><th>DAGs</th><td class="dags">{dags}</td></tr>
 </table>
@@ -505,15 +612,24 @@ td{padding:3px 0} .ok{color:#0b7a3b} .bad{color:#c0392b;font-weight:600} .muted{
 """
 
 
-def _page(entries: list[dict], now: datetime) -> str:
-    cards = "\n".join(_card(e) for e in entries) or '<p class="muted">No pipeline specs found.</p>'
+def _page(cards: list[Card], now: datetime, ready: bool = True, folder_error: dict | None = None) -> str:
+    """The cards a user may see; while the specs have not been read yet, a note that reloads sooner."""
+    if not ready:
+        cards_html, reload = f'<p class="muted" data-field="starting">{_e(STARTING)}</p>', 3
+    else:
+        cards_html = "\n".join(_card(c, now) for c in cards) or (
+            '<p class="muted" data-field="no_pipelines">No pipeline to show: no spec declares one, or your '
+            'Airflow user may not read the DAGs of any.</p>')
+        reload = int(REFRESH_S)
+    folder = f'<p>the pipelines folder cannot be read: {_error(folder_error, "folder_error")}</p>' if folder_error else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Lakehouse pipelines</title>
-<meta http-equiv="refresh" content="30"><style>{STYLE}</style></head>
+<meta http-equiv="refresh" content="{reload}"><style>{STYLE}</style></head>
 <body><h1>Lakehouse pipelines</h1>
-<p class="sub">Read live at {_e(now.strftime("%Y-%m-%d %H:%M:%S UTC"))} from {_e(config.pipelines_dir())};
-refreshes every 30 s. <a href="api/pipelines">JSON</a></p>
-{cards}
+<p class="sub">Shown at {_e(now.strftime("%Y-%m-%d %H:%M:%S UTC"))}: each card as read in the background (every
+{REFRESH_S:.0f} s at most, one pipeline at a time; it says when); this page reloads every {reload} s.
+<a href="api/pipelines">JSON</a></p>
+{folder}{cards_html}
 </body></html>"""
 
 

@@ -79,6 +79,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         "AIRFLOW_CONN_SPARK_DEFAULT": spark_connection(),
+        # dag.test() runs are triggered by the user `dag_test`: an operator here (USER and above may trigger),
+        # since the backfill task checks the triggering user with the auth manager when it acts
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,dag_test:op",
     })
 
 
@@ -452,6 +455,33 @@ def airflow_db() -> Path:
     done = subprocess.run([str(airflow), "db", "migrate"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return Path(os.environ["AIRFLOW_HOME"])
+
+
+@pytest.fixture
+def signed_in_page(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """signed_in_page(pipelines_dir) -> (client, headers): the pipelines page's app (Starlette's TestClient)
+    on a cache of `pipelines_dir` read once, now, and the Authorization header of the simple auth manager's
+    `admin` (every DAG readable), with a JWT signed by a test secret."""
+    from airflow.api_fastapi import app as airflow_app
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from starlette.testclient import TestClient
+
+    import lakehouse_ui
+    from lakehouse.ops.overview_cache import OverviewCache
+
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "lakehouse-page-tests-jwt-secret-" + "0123456789abcdef" * 3)
+    airflow_app.purge_cached_app()
+
+    def signed_in(pipelines_dir: Path) -> tuple[Any, dict[str, str]]:
+        cache = OverviewCache(pipelines_dir, refresh_s=3600, rescan_s=3600, autostart=False)
+        while cache.step():
+            pass
+        monkeypatch.setattr(lakehouse_ui, "CACHE", cache)
+        token = airflow_app.create_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+        return TestClient(lakehouse_ui.app), {"Authorization": f"Bearer {token}"}
+
+    yield signed_in
+    airflow_app.purge_cached_app()
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from fastapi.testclient import TestClient
 
 from e2e import pipeline, run_cli, send, table  # noqa: F401 - pipeline is a fixture
 from lakehouse.core import config, events
@@ -89,9 +88,8 @@ def written_by(data, snapshot) -> tuple[int, int]:
 
 @pytest.mark.slow
 def test_cost_counts_what_the_pipeline_produced_stored_requested_and_ran(platform, spark, pipeline, consume_all,
-                                                                         monkeypatch):
+                                                                         monkeypatch, signed_in_page):
     spec = pipeline(partitions=2, trigger={"max_records_per_batch": 40}, maintenance={"min_input_files": 2})
-    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(Path(spec.path).parent))  # for the page
     send(platform, spec.source.topic, [(f"o-{i}".encode(), json.dumps({
         "order_id": f"o-{i}", "customer_id": "c-1", "amount": float(i), "currency": "EUR", "status": "created",
         "event_time": "2026-11-20T12:00:00+00:00"}).encode()) for i in range(90)] + [(b"bad", b"{not json")])
@@ -162,10 +160,9 @@ def test_cost_counts_what_the_pipeline_produced_stored_requested_and_ran(platfor
     monkeypatch.delenv("LAKEHOUSE_PRICE_GET_PER_1000")
 
     # the page's cost panel shows the same day
-    import lakehouse_ui
-
-    body = TestClient(lakehouse_ui.app).get("/").text
-    card = re.search(rf'data-pipeline="{spec.name}">(.*?)</section>', body, re.S).group(1)
+    client, signed_in = signed_in_page(Path(spec.path).parent)
+    body = client.get("/", headers=signed_in).text
+    card = re.search(rf'data-pipeline="{spec.name}"[^>]*>(.*?)</section>', body, re.S).group(1)
 
     def field(name: str) -> str:
         return re.search(rf'data-field="cost_{today["day"]}_{name}"[^>]*>([^<]*)<', card).group(1)

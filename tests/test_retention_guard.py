@@ -150,7 +150,7 @@ def guard_events(platform, spec) -> list[dict]:
 
 @pytest.mark.slow
 def test_the_guard_raises_retention_for_a_stalled_writer_and_restores_the_value_found_once_it_caught_up(
-        platform, spark, make_spec, run_dag, monkeypatch):
+        platform, spark, make_spec, run_dag, monkeypatch, signed_in_page):
     """The spec declares no retention.ms: the guard restores the value the topic had before it raised it,
     which only its raise event on the timeline remembers (each run reads its state from there)."""
     spec = make_spec(partitions=2, retention_ms=None, retention={"max_retention": "3h"},
@@ -175,12 +175,10 @@ def test_the_guard_raises_retention_for_a_stalled_writer_and_restores_the_value_
     assert event["metrics"]["new_retention_ms"] == 101 * MINUTE_MS
 
     # the pipelines page raises the alert with the others
-    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
-    import lakehouse_ui
-
-    [card] = [e for e in lakehouse_ui.pipelines_json() if e["pipeline"] == spec.name]
+    client, signed_in = signed_in_page(make_spec.directory)
+    [card] = [e for e in client.get("/api/pipelines", headers=signed_in).json() if e["pipeline"] == spec.name]
     assert card["timeline"]["latest"]["retention_guard"]["status"] == "warn"
-    assert 'data-field="latest_retention_guard" class="status-warn"' in lakehouse_ui.pipelines_page()
+    assert 'data-field="latest_retention_guard" class="status-warn"' in client.get("/", headers=signed_in).text
 
     # still behind but a full hour from the new horizon: nothing changes, nothing is recorded
     held = run_cli(spec, "retention", "--pipeline", spec.name, "--guard", "--json")

@@ -142,7 +142,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     try:
         state = topic_state_for(platform.kafka(), spec.source.topic, progress.values(), timeout=10.0)
     except SourceError as exc:
-        status["kafka"] = {"error": str(exc)}
+        status["kafka"] = {"error": str(exc), "error_type": type(exc).__name__}
         return status
     partitions = []
     committed = offsets.committed_positions(progress.values(), state.earliest)
