@@ -222,15 +222,26 @@ def cmd_status(args) -> int:
 
 
 def cmd_maintain(args) -> int:
+    """One maintenance run over the pipeline's tables, a receipt per table; exit 1 when a table's maintenance
+    failed (or, with --dry-run, would fail: an orphan removal that would be refused). A dry run lists the data
+    files compaction would rewrite, the snapshots expiry would name and the orphan files removal would delete,
+    and rewrites, expires and deletes nothing (its receipts are recorded as `maintenance` events)."""
     from lakehouse.upkeep import maintenance
 
-    receipt = maintenance.run(load_pipeline(args.pipeline), run_id=args.run_id)
+    receipt = maintenance.run(load_pipeline(args.pipeline), run_id=args.run_id, dry_run=args.dry_run)
     if args.json:
         print(json.dumps(receipt.to_json(), separators=(",", ":"), default=str), flush=True)
     else:
-        for table in receipt.tables:
-            print(f"{table.status:<8} {table.message}")
+        print(maintenance.render(receipt), flush=True)
     return 0 if receipt.ok else EXIT_FAILURE
+
+
+def _maintain_dry_run(text: str) -> bool:
+    """`--dry-run=true|false` (what the maintenance DAG's `dry_run` Param renders to)."""
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value == "true"
 
 
 def cmd_retention(args) -> int:
@@ -564,6 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots and remove orphan files")
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--run-id", help="tag for this run's `maintenance` events (default: random)")
+    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_maintain_dry_run, metavar="true|false",
+                   help="only list what a run would do (files compaction would rewrite, snapshots it would expire, "
+                        "orphan files it would delete); rewrite, expire and delete nothing")
     p.add_argument("--json", action="store_true", help="the receipt as one JSON line")
     p.set_defaults(fn=cmd_maintain)
 
