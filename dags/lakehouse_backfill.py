@@ -7,6 +7,11 @@ tables) or candidate (`candidate_table`, created from the contract if missing). 
 (the default) stops there. Otherwise the replay job inserts only rows whose source
 coordinates are absent, so running a backfill twice writes nothing the second time, and it
 never moves the live pipeline's positions. Each run records a `backfill` event.
+
+The `backfill` task checks again when it is about to write (a cleared task may run days later): the
+user who triggered the run must still be a lakehouse operator allowed to trigger this DAG, and the plan
+in XCom must be what the run's request plans now; otherwise it writes nothing and fails, naming the
+user and the missing permission, or what differs. A run nobody triggered writes nothing.
 """
 
 from __future__ import annotations
@@ -42,4 +47,4 @@ for _spec in pipelines().values():
         },
     ):
         BackfillPlanOperator(task_id="plan", pipeline=_spec.name) >> BackfillSparkSubmitOperator(
-            task_id="backfill", plan_task_id="plan", **submit_kwargs(_spec, "replay"))
+            task_id="backfill", pipeline=_spec.name, plan_task_id="plan", **submit_kwargs(_spec, "replay"))

@@ -6,10 +6,10 @@ suite (a failure stops here: `main` keeps the rows, readers keep the published b
 Data Docs and the offending offsets are in the task log and the `quality` event).
 `verify` proves the audited snapshots hold every offset exactly once (incrementally, since the
 last verification; a failure lists the missing, duplicated and foreign coordinates and stops
-here, and `publish` refuses any snapshot no passing verification covers). `freshness` and
-`lag` wait (deferred) until the pipeline is inside its SLOs. `publish`
-fast-forwards the readers' branch to exactly the audited snapshots and emits an asset
-event per table, which downstream DAGs can schedule on.
+here, and `publish` refuses unless one passing verification verified exactly the snapshots it
+publishes, all together). `freshness` and `lag` wait (deferred) until the pipeline is inside
+its SLOs. `publish` fast-forwards the readers' branch to exactly the audited snapshots and
+emits an asset event per table, which downstream DAGs can schedule on.
 
 A failed audit blocks every later publication too (each audit covers everything since the
 last publication): fix or delete the offending rows on `main` (the `quality` event names

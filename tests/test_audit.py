@@ -7,7 +7,8 @@ and LAKEHOUSE_OPERATORS refuses anyone else under any auth manager.
 
 With the FAB auth manager (apache-airflow-providers-fab, in requirements.txt), the restriction is also
 checked against real users and roles in a throwaway Airflow: FAB's own authorization lets an operator
-trigger these DAGs and refuses a viewer.
+trigger these DAGs and refuses a viewer, and the backfill task, which asks again when it acts, sees a
+role taken away since (and, in an Airflow 3 worker, that FAB cannot be asked from there).
 
 (The audit of write-audit-publish, the quality gate, is tests/test_audit_lineage.py.)
 Airflow's `dag.test()` runs record the user Airflow gives them, `dag_test`.
@@ -187,8 +188,25 @@ with get_application_builder() as appbuilder:
                 "pause": auth.is_authorized_dag(method="PUT", user=user, details=dag),
                 "clear": auth.is_authorized_dag(method="POST", user=user,
                                                 access_entity=DagAccessEntity.TASK_INSTANCE, details=dag)}
+
+# who may still trigger the backfill DAG when its task acts, asked as the task asks (lakehouse_airflow.audit)
+from dataclasses import asdict
+from lakehouse_airflow import audit
+from airflow.sdk.execution_time.supervisor import block_orm_access
+
+backfill = sys.argv[3] + "_backfill"
+now = {name: asdict(audit.trigger_authority(name, backfill)) for name in ("alice", "bob", "carol", "dave")}
+with get_application_builder() as appbuilder:  # alice loses the operator role after triggering
+    sm = appbuilder.sm
+    alice = sm.find_user(username="alice")
+    alice.roles = [sm.find_role("Viewer")]
+    sm.update_user(alice)
+later = asdict(audit.trigger_authority("alice", backfill))
+block_orm_access()  # what an Airflow 3 worker does before it runs a task
+in_worker = asdict(audit.trigger_authority("carol", backfill))
 with open(found, "w") as out:
-    json.dump({"errors": errors, "stored": stored, "may": may}, out)
+    json.dump({"errors": errors, "stored": stored, "may": may,
+               "authority": {"now": now, "later": later, "in_worker": in_worker}}, out)
 """
 
 
@@ -207,8 +225,8 @@ def test_with_the_fab_auth_manager_only_the_operator_role_may_trigger_the_dags_t
     migrated = subprocess.run([str(airflow), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
     assert migrated.returncode == 0, migrated.stderr[-3000:]
     found = tmp_path / "found.json"
-    done = subprocess.run([sys.executable, "-c", FAB_SETUP, str(found), "data_ops"], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", FAB_SETUP, str(found), "data_ops", spec.name], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(found.read_text())
 
@@ -228,6 +246,20 @@ def test_with_the_fab_auth_manager_only_the_operator_role_may_trigger_the_dags_t
     assert all(can == {"see": True, "trigger": False, "pause": False, "clear": False} for can in may["bob"].values())
     # access_control only adds: carol's User role triggers every DAG (hence: Viewer for everybody else)
     assert all(can["trigger"] for can in may["carol"].values())
+
+    # when the backfill's task acts it asks FAB again, as the REST API asks for a trigger: alice may, bob may not
+    # (named with what he lacks), carol may (her User role), dave is nobody; alice, her role taken away, no more
+    authority, backfill = result["authority"], f"{spec.name}_backfill"
+    assert {name: found["allowed"] for name, found in authority["now"].items()} == \
+        {"alice": True, "bob": False, "carol": True, "dave": False}
+    assert authority["now"]["bob"]["reason"] == (
+        f"FAB does not let 'bob' (roles Viewer) trigger (create runs of) {backfill}: that takes can_create on DAG "
+        f"Runs and can_edit on the DAG, which the role data_ops has on it")
+    assert authority["now"]["dave"]["reason"] == "'dave' is not a user of the FAB auth manager (any more)"
+    assert authority["later"]["allowed"] is False and "'alice' (roles Viewer)" in authority["later"]["reason"]
+    # in an Airflow 3 worker task code cannot reach FAB's users: nobody is vouched for (LAKEHOUSE_OPERATORS decides)
+    assert authority["in_worker"]["allowed"] is None
+    assert "an Airflow 3 worker keeps task code away from" in authority["in_worker"]["reason"]
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -313,11 +345,26 @@ def test_a_forced_publication_passes_the_slo_gates_and_shows_on_the_page_as_forc
 
     monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
     import lakehouse_ui
+    from airflow.api_fastapi import app as airflow_app
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
-    [card] = [e for e in lakehouse_ui.pipelines_json() if e["pipeline"] == spec.name]
+    from lakehouse.ops.overview_cache import OverviewCache
+
+    # the page as a signed-in admin sees it, from its cache read once (tests/test_ui_access.py drives the app)
+    cache = OverviewCache(make_spec.directory, refresh_s=3600, rescan_s=3600, autostart=False)
+    while cache.step():
+        pass
+    monkeypatch.setattr(lakehouse_ui, "CACHE", cache)
+    airflow_app.purge_cached_app()
+    airflow_app.create_auth_manager()
+    admin = SimpleAuthManagerUser(username="admin", role="admin")
+    status, cards = lakehouse_ui._cards_json(admin)
+    assert status == 200
+    [card] = [e for e in cards if e["pipeline"] == spec.name]
     [shown] = [a for a in card["timeline"]["actions"] if a["kind"] == "publish"]
     assert (shown["actor"], shown["status"], shown["parameters"]["forced"]) == ("dag_test", "ok", True)
-    assert shown["origin"]["dag_id"] == f"{spec.name}_publish"
-    page = lakehouse_ui.pipelines_page()
+    assert (shown["via"], shown["dag_id"]) == ("airflow", f"{spec.name}_publish")
+    page = lakehouse_ui._cards_page(admin)
+    airflow_app.purge_cached_app()
     assert '<li data-kind="publish">' in page and 'data-field="action_actor" class="">dag_test<' in page
     assert 'data-field="latest_publish_actor" class="">dag_test<' in page

@@ -1,6 +1,8 @@
 """Backfills from the UI: the form is validated with clear messages, a dry run only plans, an in-place
 backfill restores lost rows exactly once, a candidate backfill fills a separate table with exactly the
-range, both are idempotent and neither moves the live pipeline's positions."""
+range, both are idempotent and neither moves the live pipeline's positions. The task that writes checks
+again, when it writes, that the user who triggered the run may still trigger it and that the plan it got
+through XCom is its run's."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 from pyiceberg.expressions import EqualTo
 
 from conftest import DAGS_FOLDER
-from e2e import assert_exactly_once, lakehouse, pipeline, rows, summaries, table  # noqa: F401 (fixture)
+from e2e import assert_exactly_once, lakehouse, pipeline, rows, summaries, table, xcom  # noqa: F401 (fixture)
 from lakehouse.core import events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.recovery import backfill
@@ -156,3 +158,75 @@ def test_a_candidate_backfill_fills_a_separate_table_with_exactly_the_range_idem
     assert len(summaries(platform, spec, spec.target.table)) == live_snapshots
     assert positions(platform, spec) == live_positions
     assert assert_exactly_once(platform, spec) == 120
+
+
+def run_task_again(run, task_id: str, monkeypatch) -> str:
+    """Run task `task_id` of DAG run `run` once more, as the scheduler does with a cleared task, with
+    `airflow tasks test DAG TASK RUN_ID` (in this process: the run's XComs and the metadata DB as they are);
+    the task instance's state afterwards."""
+    from airflow.cli import cli_parser
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    monkeypatch.setenv("AIRFLOW_TEST_MODE", "True")  # `tasks test` sets it; restored after the test
+    args = cli_parser.get_parser().parse_args(["tasks", "test", run.dag_id, task_id, run.run_id])
+    args.func(args)
+    with create_session() as session:
+        return session.query(TaskInstance).filter_by(dag_id=run.dag_id, run_id=run.run_id,
+                                                     task_id=task_id).one().state
+
+
+def edit_xcom(run, task_id: str, value) -> None:
+    """Replace the return value task `task_id` pushed in `run`, as Airflow's REST API does for a user allowed to
+    edit XComs (PATCH /api/v2/dags/{dag}/dagRuns/{run}/taskInstances/{task}/xcomEntries/return_value)."""
+    from airflow.api_fastapi.core_api.datamodels.xcom import XComUpdateBody
+    from airflow.api_fastapi.core_api.routes.public.xcom import update_xcom_entry
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        update_xcom_entry(run.dag_id, task_id, run.run_id, "return_value", XComUpdateBody(value=value),
+                          session=session)
+
+
+def test_the_backfill_task_writes_only_for_a_user_who_may_still_trigger_it_and_only_the_plan_of_its_run(
+        platform, pipeline, run_dag, monkeypatch):
+    """The job runs after its plan, and a cleared task runs again any time later: the `backfill` task itself
+    checks, when it is about to write, that the user who triggered the run may still trigger the DAG and that
+    the plan it got through XCom is what the run's request plans. dag.test() runs are triggered by `dag_test`
+    (an OP of the simple auth manager in tests/conftest.py; the other tests here write as it). Every case is
+    refused before spark-submit; the answers of each layer are unit-tested in tests/test_operator_authority.py."""
+    spec = pipeline(partitions=1, partition_by=[])
+    produce.produce(spec, 40, seed=9)
+    ingest(spec)
+    candidate = f"{spec.target.table.split('.')[0]}.cand_{spec.name}"
+
+    def refusal() -> str:
+        newest = backfill_events(platform, spec)[-1]
+        assert (newest["status"], newest["actor"]) == ("failed", "dag_test"), newest
+        assert newest["details"]["parameters"]["offsets"] == "0:10-20"
+        return newest["message"]
+
+    # dag_test is a viewer now: the plan is made (the form is valid), the task that writes refuses
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,dag_test:viewer")
+    run = run_dag(f"{spec.name}_backfill", Path(spec.path).parent,
+                  conf={"offsets": "0:10-20", "target": "candidate", "candidate_table": candidate, "dry_run": False})
+    assert (run.get_task_instance("plan").state, run.get_task_instance("backfill").state) == ("success", "failed")
+    assert f"'dag_test' triggered {spec.name}_backfill but may not trigger (create runs of) it now: the simple " \
+           f"auth manager gives 'dag_test' the role VIEWER" in refusal()
+    assert not open_catalog(platform, spec.catalog).table_exists(candidate)  # nothing written, nothing created
+
+    # an operator again, but the plan in XCom was edited (as the REST API lets users allowed to edit XComs):
+    # a wider range, or the job's arguments pointed at another table; the cleared task writes neither
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,dag_test:op")
+    planned = xcom(run, "plan")
+    wider = backfill.BackfillPlan(planned["pipeline"], planned["target_table"], candidate, {0: (0, 40)},
+                                  False).to_json()
+    for edited, why in ((wider, "offsets 0:0-40 instead of 0:10-20"),
+                        ({**planned, "job_args": [*planned["job_args"][:-2], "--into-table", "raw.elsewhere"]},
+                         "the plan's job_args do not follow from its ranges and tables")):
+        edit_xcom(run, "plan", edited)
+        assert xcom(run, "plan") == edited
+        assert run_task_again(run, "backfill", monkeypatch) == "failed"
+        assert why in refusal() and "Nothing was written" in refusal()
+        assert not open_catalog(platform, spec.catalog).table_exists(candidate)
+        assert not open_catalog(platform, spec.catalog).table_exists("raw.elsewhere")

@@ -1,5 +1,6 @@
 """Write-audit-publish: new rows reach readers only after the expectation suite passes and the
-freshness/lag SLOs hold; a failing batch stays on `main`, named down to its Kafka offsets."""
+freshness/lag SLOs hold; a failing batch stays on `main`, named down to its Kafka offsets. The DAG's
+`verify` task verifies together the snapshots it audited, so that the gate can require that."""
 
 import asyncio
 import json
@@ -320,3 +321,51 @@ def test_the_view_shows_columns_the_table_gained_once_they_are_published(platfor
 
     channels = [r.channel for r in spark.table(view).collect()]
     assert channels.count("app") == 3 and channels.count(None) == 5
+
+
+def test_the_publish_dags_verify_task_verifies_in_full_snapshots_verified_only_beside_others(
+        platform, pipeline, make_spec, run_dag, spark):
+    """Exactly once holds across a fan-out pipeline's tables, and the gate wants one verification of exactly
+    the snapshots it publishes (tests/test_operator_authority.py). Here each table's head was verified
+    beside an older snapshot of the other, and both such verifications passed, though an offset the default
+    table holds was copied into the route table: an incremental run finds nothing new, so the DAG's `verify`
+    task verifies the two heads together in full, finds the copy, and nothing is published."""
+    from pyiceberg.expressions import And, EqualTo
+
+    from lakehouse.ops import verify
+
+    spec = pipeline(partitions=1, partition_by=[], fanout={"field": "currency",
+                                                           "routes": {"USD": "raw.orders_{suffix}_usd"}})
+    default, usd = spec.target.tables
+    job, quiet = IngestJob(spec, platform, spark), (lambda line: None)
+
+    def heads_now() -> dict[str, int]:
+        return {name: table(platform, spec, name).current_snapshot().snapshot_id for name in (default, usd)}
+
+    def ingest(batch: range) -> None:
+        send(platform, spec.source.topic, [order(i, currency=("EUR", "USD")[i % 2]) for i in batch], partition=0)
+        job.run_once()
+
+    ingest(range(0, 10))
+    assert verify.verify(spec, platform, progress=quiet).ok
+    first = heads_now()
+    ingest(range(10, 20))
+    # offset 12 (EUR: the default table's) copied into the USD table by a careless hand
+    copied = table(platform, spec, default).scan(row_filter=And(EqualTo("_kafka.partition", 0),
+                                                                EqualTo("_kafka.offset", 12))).to_arrow()
+    assert copied.num_rows == 1
+    table(platform, spec, usd).append(copied)
+    heads = heads_now()
+    mixed = [verify.verify(spec, platform, upto={default: heads[default], usd: first[usd]}, progress=quiet),
+             verify.verify(spec, platform, upto={default: first[default], usd: heads[usd]}, progress=quiet)]
+    assert all(v.status == "ok" for v in mixed), [v.summary() for v in mixed]
+
+    run = run_dag(f"{spec.name}_publish", make_spec.directory)
+    states = task_states(run)
+    assert (states["quality"], states["verify"], states["publish"]) == ("success", "failed", "upstream_failed")
+    together = events.recent(spec.name, kind="verify", platform=platform)[0]
+    assert (together["status"], together["details"]["mode"]) == ("failed", "full")
+    assert {t: together["details"]["snapshots"][t] for t in heads} == heads
+    assert {(p["kind"], p["partition"], p["offset"]) for p in together["details"]["problems"]} == \
+        {("duplicated", 0, 12)}
+    assert (head(platform, spec, default), head(platform, spec, usd)) == (None, None)  # readers see nothing

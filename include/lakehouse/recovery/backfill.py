@@ -6,6 +6,13 @@ moving the pipeline's positions) or into a candidate table. `parse_request` chec
 the form's values alone; `plan` checks them against Kafka and the tables (partitions
 exist, offsets still in Kafka, nothing past the pipeline's committed position) and
 resolves times to offsets. The plan's `job_args()` are the replay job's arguments.
+
+The plan travels from the DAG's `plan` task to its `backfill` task through XCom, which Airflow users
+with XCom edit rights can change. So the job never runs what XCom says on trust: `confirm` re-plans
+the run's own request (its params, fixed when it was triggered) when the job is about to start and
+accepts only a plan that request yields: the same table, dry run flag and, for offsets, the same
+ranges; for a time window, ranges inside the window as cut now (the cut only moves up as ingestion
+commits). The job's arguments are rebuilt from the confirmed ranges.
 """
 
 from __future__ import annotations
@@ -27,6 +34,14 @@ TARGETS = ("in_place", "candidate")
 
 class BackfillError(ConfigurationError):
     """The backfill request is invalid or cannot be served; the message says which field and why."""
+
+
+class PlanMismatchError(BackfillError):
+    """The plan about to run is not a plan of the run's request (changed after it was made, or missing)."""
+
+
+_CHANGED = ("It was changed after the plan task made it (XCom can be edited). Nothing was written; trigger a new "
+            "run, and find out who changed it")
 
 
 @dataclass(frozen=True)
@@ -192,3 +207,63 @@ def plan(spec: PipelineSpec, request: BackfillRequest, platform: config.Platform
     return BackfillPlan(pipeline=spec.name, target_table=spec.qualified(target),
                         candidate_table=request.candidate_table, ranges=ranges, dry_run=request.dry_run,
                         notes=tuple(notes))
+
+
+def plan_from_json(planned: Any) -> BackfillPlan:
+    """The BackfillPlan whose `to_json()` is exactly `planned`; PlanMismatchError for anything else (a
+    missing plan, a field of the wrong type, job arguments or counts that do not follow from its ranges)."""
+    if not isinstance(planned, dict):
+        raise PlanMismatchError(f"no backfill plan: got {type(planned).__name__}. Nothing was written; trigger a "
+                                f"new run")
+    try:
+        ranges: dict[int, tuple[int, int]] = {}
+        for p, bounds in planned["ranges"].items():
+            start, end = bounds
+            if any(isinstance(b, bool) or not isinstance(b, int) for b in (start, end)):
+                raise TypeError(f"partition {p}: bounds {bounds!r} are not offsets")
+            if not 0 <= start < end:
+                raise ValueError(f"partition {p}: need 0 <= START < END, got [{start}, {end})")
+            ranges[int(p)] = (start, end)
+        parsed = BackfillPlan(pipeline=planned["pipeline"], target_table=planned["target_table"],
+                              candidate_table=planned["candidate_table"], ranges=ranges,
+                              dry_run=planned["dry_run"], notes=tuple(planned["notes"]))
+        rebuilt = parsed.to_json()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PlanMismatchError(f"not a backfill plan ({type(exc).__name__}: {exc}). {_CHANGED}") from None
+    if rebuilt != planned:
+        differing = sorted(k for k in set(planned) | set(rebuilt) if planned.get(k) != rebuilt.get(k))
+        raise PlanMismatchError(f"the plan's {', '.join(differing)} do not follow from its ranges and tables. "
+                                f"{_CHANGED}")
+    return parsed
+
+
+def confirm(spec: PipelineSpec, request: BackfillRequest, planned: Any,
+            platform: config.PlatformConfig | None = None) -> BackfillPlan:
+    """The plan `planned` (a `to_json()`, as the plan task pushed it), confirmed to be a plan of `request`
+    now (`check_plan` against `plan(spec, request)`, which re-checks the request against Kafka and the
+    tables), or PlanMismatchError naming what differs; BackfillError when the request cannot be served
+    any more (records aged out of Kafka since, a candidate table became live)."""
+    return check_plan(plan_from_json(planned), plan(spec, request, platform), request.mode)
+
+
+def check_plan(given: BackfillPlan, now: BackfillPlan, mode: str) -> BackfillPlan:
+    """`given` when it is a plan of the request that plans to `now` in `mode`, else PlanMismatchError
+    naming each difference. Same pipeline, target and candidate table and dry run flag; in mode offsets
+    the same ranges (the request's own); in mode time each range inside the window's range now (a window
+    is cut at the committed position, which only moves up, so a plan made earlier holds the same or less)."""
+    differences = [f"{name} {getattr(given, name)!r} instead of {getattr(now, name)!r}"
+                   for name in ("pipeline", "target_table", "candidate_table", "dry_run")
+                   if getattr(given, name) != getattr(now, name)]
+    if mode == "offsets":
+        if given.ranges != now.ranges:
+            differences.append(f"offsets {given.offsets or 'none'} instead of {now.offsets or 'none'}")
+    else:
+        for p, (start, end) in sorted(given.ranges.items()):
+            low, high = now.ranges.get(p, (0, 0))
+            if not low <= start < end <= high:
+                window = f"[{low}, {high})" if high else "committed records (there are none)"
+                differences.append(f"partition {p}: [{start}, {end}) is not inside the window's {window}")
+    if differences:
+        raise PlanMismatchError(
+            f"the plan to run is not what this run's request plans: {'; '.join(differences)}. {_CHANGED}")
+    return given

@@ -20,9 +20,14 @@ publication creates the branch and the view; a fan-out table `ns.t` gets the vie
 `<view namespace>.t`.
 
 With `require_verified` (the publish DAG's PublishOperator sets it) publishing is also gated on
-exactly-once: every snapshot must have been verified by a passing verification of the chain
-(lakehouse.ops.verify; the DAG's `verify` task verifies the audited snapshots), else
-`verify.UnverifiedError` names the snapshots and what to run, and no branch moves.
+exactly-once (`require_verification`): one verification of the chain (lakehouse.ops.verify, incremental
+or full; the DAG's `verify` task verifies the audited snapshots) must have verified exactly the
+snapshots published, every table at exactly its snapshot id, and the newest such verification must
+have passed. Verifications of other snapshots do not count, not even passing ones of each table's
+snapshot taken with another snapshot of a sibling table: exactly once holds across the tables of a
+pipeline, so each table verified alongside another state of the others proves nothing about the
+combination readers would see. Else `verify.UnverifiedError` names the snapshots and what to run,
+and no branch moves.
 """
 
 from __future__ import annotations
@@ -147,6 +152,49 @@ def _check(spec: PipelineSpec, table: Table, name: str, snapshot_id: int) -> int
     return head
 
 
+def verification_of(spec: PipelineSpec, snapshots: dict[str, int],
+                    platform: config.PlatformConfig | None = None) -> dict | None:
+    """The newest `verify` event of the chain (an incremental or full run that passed or failed) that
+    verified exactly `snapshots` (table -> snapshot id): each of those tables at exactly that snapshot.
+    (Other tables it covers, such as the dead letters, may be at any snapshot.) None when there is none.
+    `skipped` runs verified nothing themselves and on-demand ranges (`since`, `snapshots`) never prove a
+    whole state, so neither counts."""
+    wanted = {table: int(sid) for table, sid in snapshots.items()}
+    for event in events.recent(spec.name, kind="verify", limit=verify.HISTORY_EVENTS, platform=platform,
+                               catalog=spec.catalog):
+        details = event["details"] or {}
+        if event["status"] not in ("ok", "failed") or details.get("mode") not in verify.CHAIN_MODES:
+            continue
+        verified = details.get("snapshots") or {}
+        try:
+            if all(table in verified and int(verified[table]) == sid for table, sid in wanted.items()):
+                return event
+        except (TypeError, ValueError):  # not a verification's record: it proves nothing
+            continue
+    return None
+
+
+def require_verification(spec: PipelineSpec, snapshots: dict[str, int],
+                         platform: config.PlatformConfig | None = None) -> dict:
+    """The passing verification of exactly `snapshots` (`verification_of`), or verify.UnverifiedError: none
+    verified them all at once, or the newest that did failed. The error names the snapshots and what to run."""
+    listed = ", ".join(f"{table} snapshot {sid}" for table, sid in snapshots.items())
+    found = verification_of(spec, snapshots, platform) if snapshots else None
+    if found is not None and found["status"] == "ok":
+        return found
+    if found is not None:
+        raise verify.UnverifiedError(
+            f"{spec.name}: the newest verification of exactly {listed} failed ({found['ts']}): "
+            f"{(found['message'] or '')[:500]} Fix what it lists, then audit and verify again "
+            f"(the DAG {spec.name}_publish does both).")
+    raise verify.UnverifiedError(
+        f"{spec.name}: no verification verified exactly {listed} together: publishing requires a passing "
+        f"verification of the very snapshots it publishes (one of other snapshots, or of each table with "
+        f"other snapshots of the others, does not count). Run the DAG {spec.name}_publish again (its `verify` "
+        f"task verifies exactly the snapshots it audits), or, when they are still the tables' heads, "
+        f"`lakehouse verify --pipeline {spec.name} --full`; if verification fails, fix what it lists first.")
+
+
 def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.PlatformConfig | None = None,
             spark_factory: Callable[[], object] | None = None, record_event: bool = True,
             actor: events.Actor | None = None, forced: bool = False,
@@ -162,7 +210,8 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
     not write, or another publisher moved a branch meanwhile; NotADescendantError
     when a snapshot may not be published over the current head;
     quality.LineageBrokenError when expired snapshots leave its ancestry unprovable;
-    verify.UnverifiedError, with `require_verified`, when a snapshot was not verified exactly once.
+    verify.UnverifiedError, with `require_verified`, when no passing verification verified exactly
+    `snapshots` (`require_verification`).
     """
     platform = platform or config.load()
     if not record_event:
@@ -193,7 +242,7 @@ def _publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Pla
     loaded = {name: catalog.load_table(name) for name in snapshots}
     heads = {name: _check(spec, loaded[name], name, int(sid)) for name, sid in snapshots.items()}
     if require_verified:  # after the lineage checks: a broken lineage is the first thing to fix
-        verify.require_verified(spec, {name: int(sid) for name, sid in snapshots.items()}, platform)
+        require_verification(spec, {name: int(sid) for name, sid in snapshots.items()}, platform)
     done = []
     for name, sid in snapshots.items():
         sid = int(sid)

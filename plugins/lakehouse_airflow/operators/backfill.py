@@ -6,12 +6,12 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from lakehouse.core import events
 from lakehouse.core import spec as spec_module
 from lakehouse.recovery import backfill
-from lakehouse_airflow.audit import actor_of, require_operator
+from lakehouse_airflow.audit import actor_of, require_authority, require_operator
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, connection_environment
 from lakehouse_airflow.spark import connection_submit_environment
 
@@ -62,29 +62,52 @@ class BackfillPlanOperator(BaseOperator):
 
 
 class BackfillSparkSubmitOperator(SparkSubmitOperator):
-    """Runs the replay job with the arguments of the plan that task `plan_task_id` pushed.
+    """Runs the replay job for the plan that task `plan_task_id` pushed, once it is sure of two things at
+    the moment the job would start (which can be long after the plan: a cleared task runs again days later):
 
-    Skipped for a dry run and for an empty plan. The job inserts only absent rows and records a
-    `backfill` event with what it inserted, naming the DAG run's actor (passed to the job in its
-    environment, `Actor.environment()`). Kafka settings: the environment's, overridden by
-    the Kafka connection `kafka_conn_id` (default `lakehouse_kafka`, if it exists), given to
-    the job through its process environment. Templated fields: those of SparkSubmitOperator.
-    XCom: none.
+    - the user who triggered the run may still trigger it (lakehouse_airflow.audit.require_authority:
+      LAKEHOUSE_OPERATORS when set, and the auth manager's permission to trigger the DAG; a run nobody
+      triggered is refused);
+    - the plan in XCom is what the run's request plans (lakehouse.recovery.backfill.confirm: re-planned
+      from the run's params, which nobody can change after the trigger, unlike XCom).
+
+    Otherwise fails without retry, writes nothing and records a `failed` `backfill` event naming the
+    run's actor and what is missing or different. Skipped for a dry run (the run's `dry_run` param) and
+    for an empty plan. The job's arguments are rebuilt from the confirmed plan; it inserts only absent
+    rows and records a `backfill` event with what it inserted, naming the DAG run's actor (passed to
+    the job in its environment, `Actor.environment()`). Kafka settings: the environment's, overridden by
+    the Kafka connection `kafka_conn_id` (default `lakehouse_kafka`, if it exists), given to the job
+    through its process environment. Templated fields: those of SparkSubmitOperator. XCom: none.
     """
 
-    def __init__(self, *, plan_task_id: str = "plan", kafka_conn_id: str | None = KAFKA_CONN_ID, **kwargs: Any):
+    def __init__(self, *, pipeline: str, plan_task_id: str = "plan", kafka_conn_id: str | None = KAFKA_CONN_ID,
+                 **kwargs: Any):
         super().__init__(**kwargs)
+        self.pipeline = pipeline
         self.plan_task_id = plan_task_id
         self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context: Any) -> None:
+        hook = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
+        actor, parameters = actor_of(context), dict(context["params"])
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
-        if planned["dry_run"]:
-            raise AirflowSkipException(f"dry run: would write {planned['records']} records to "
-                                       f"{planned['target_table']} ({planned['offsets'] or 'no ranges'})")
-        if not planned["job_args"]:
-            raise AirflowSkipException("nothing to backfill: " + "; ".join(planned["notes"]))
-        self.application_args = [*(self.application_args or []), *planned["job_args"]]
-        self.env_vars = {**(self.env_vars or {}), **actor_of(context).environment()}
+        if parameters.get("dry_run", True) is not False:  # the run's request, not what XCom says
+            shown = planned if isinstance(planned, dict) else {}
+            raise AirflowSkipException(f"dry run: would write {shown.get('records')} records to "
+                                       f"{shown.get('target_table')} ({shown.get('offsets') or 'no ranges'})")
+        require_authority(actor, "backfill", parameters, hook)
+        try:
+            request = backfill.parse_request(parameters, backfill.live_tables(spec_module.load_all()))
+            confirmed = backfill.confirm(hook.spec, request, planned, hook.platform)
+        except backfill.BackfillError as exc:
+            events.record(events.Event(self.pipeline, "backfill", "failed", f"backfill refused: {exc}",
+                                       details={"parameters": parameters}, actor=actor),
+                          platform=hook.platform, catalog=hook.spec.catalog)
+            raise AirflowFailException(f"backfill refused: {exc}") from None
+        if not confirmed.ranges:
+            raise AirflowSkipException("nothing to backfill: " + "; ".join(confirmed.notes))
+        self.log.info("backfill plan confirmed for %s: %s", actor.user, confirmed.to_json())
+        self.application_args = [*(self.application_args or []), *confirmed.job_args()]
+        self.env_vars = {**(self.env_vars or {}), **actor.environment()}
         with connection_submit_environment(self, connection_environment(self.kafka_conn_id)):
             super().execute(context)

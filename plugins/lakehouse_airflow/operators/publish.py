@@ -31,8 +31,8 @@ class PublishOperator(BaseOperator):
     """Fast-forward the readers' branch of every data table to the snapshots `quality_task_id` audited.
 
     Skips when no table holds data yet. Refuses (fails without retry) when there is no
-    audit result, when the audit did not pass, when an audited snapshot was not verified exactly
-    once by a passing verification (the publish DAG's `verify` task; lakehouse.ops.verify),
+    audit result, when the audit did not pass, when no passing verification verified exactly the
+    audited snapshots, all together (the publish DAG's `verify` task; lakehouse.wap.publish.require_verification),
     when an audited snapshot does not descend from the current published head, and a run
     triggered by a user who is not a lakehouse operator (lakehouse_airflow.audit.require_operator).
     The first publication creates the branch and the readers' view. Records a `publish`

@@ -8,6 +8,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from lakehouse.ops import verify
+from lakehouse.wap import publish
 from lakehouse_airflow.hooks import LakehouseHook
 
 
@@ -22,7 +23,10 @@ class VerifyOperator(BaseOperator):
 
     With `snapshots_task_id` (the publish DAG's `quality` task), the data tables are verified up to
     exactly the snapshots that task audited (its ``result`` XCom), so that `publish` can require a
-    passing verification of the snapshots it publishes; skipped when nothing was audited.
+    passing verification of exactly the snapshots it publishes (lakehouse.wap.publish.require_verification);
+    skipped when nothing was audited. When every audited snapshot was verified before, but never all
+    together (each table alongside other snapshots of the others), the incremental run has nothing new
+    to check; their combination is then verified in full.
 
     :param pipeline: the pipeline name. Templated.
     :param snapshots_task_id: the QualityOperator task whose audited snapshots to verify, or None
@@ -51,8 +55,15 @@ class VerifyOperator(BaseOperator):
                                            f"nothing to verify")
             upto = {table: int(snapshot) for table, snapshot in audited["snapshots"].items()}
         hook = LakehouseHook(self.pipeline)
-        result = verify.verify(hook.spec, hook.platform, upto=upto, progress=self.log.info,
-                               spark_factory=lambda: hook.spark(f"lakehouse-verify-{self.pipeline}"))
+
+        def spark():
+            return hook.spark(f"lakehouse-verify-{self.pipeline}")
+
+        result = verify.verify(hook.spec, hook.platform, upto=upto, progress=self.log.info, spark_factory=spark)
+        if upto and result.nothing_new and publish.verification_of(hook.spec, upto, hook.platform) is None:
+            self.log.info("every audited snapshot was verified, but not all together: verifying them in full")
+            result = verify.verify(hook.spec, hook.platform, upto=upto, full=True, progress=self.log.info,
+                                   spark_factory=spark)
         payload = result.to_json()
         if not result.ok:
             context["ti"].xcom_push(key="result", value=payload)
