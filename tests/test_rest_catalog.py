@@ -32,7 +32,6 @@ from e2e import (
 from lakehouse.core import config, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.topics import ensure_topics
-from lakehouse.ingest.committer import WRITER_ID
 from lakehouse_dev import object_store, produce
 from lakehouse_dev import stack as stack_module
 from polling import wait_until, while_running

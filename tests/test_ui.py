@@ -201,15 +201,6 @@ def airflow(stack, api_server):
     return api_server
 
 
-def sign_in(started: dict) -> str:
-    """A JWT of the stack's admin user from Airflow's POST /auth/token."""
-    token_request = urllib.request.Request(
-        f"{started['url']}/auth/token", method="POST", headers={"Content-Type": "application/json"},
-        data=json.dumps({"username": started["user"], "password": started["password"]}).encode())
-    with urllib.request.urlopen(token_request, timeout=30) as response:
-        return json.load(response)["access_token"]
-
-
 def read_cards(url: str, token: str, timeout: float = 240.0) -> dict[str, dict]:
     """The cards of /lakehouse/api/pipelines by pipeline, once the background refresher read every one."""
     def read():
@@ -259,7 +250,7 @@ def test_pipelines_page_shows_live_numbers_in_a_browser(pipeline, make_spec, pla
     assert spec.name not in body.decode()
     assert get(f"{url}/lakehouse/api/pipelines") == (401, b'{"error":"Not authenticated"}')
     assert get(f"{url}/api/v2/plugins")[0] == 401
-    token = sign_in(started)
+    token = page_loads.sign_in(started)
     status, body = get(f"{url}/api/v2/plugins", token)
     assert status == 200
     plugin = next(p for p in json.loads(body)["plugins"] if p["name"] == "lakehouse_ui")
@@ -384,7 +375,7 @@ def test_fifty_concurrent_page_loads_leave_heartbeats_and_threads_alone(api_serv
     monkeypatch.setenv("LAKEHOUSE_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")  # nobody listens: reads time out
     started = api_server()
     url, pid = started["url"], started["running"]["api-server"]
-    token = sign_in(started)
+    token = page_loads.sign_in(started)
     wait_until(lambda: get(f"{url}/lakehouse/api/pipelines", token)[0] == 200, 60, "the pipeline specs read")
 
     found = page_loads.measure(url, pid, token, loads=page_loads.LOADS, seconds=5.0)
