@@ -467,16 +467,13 @@ def signed_in_page(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> Callabl
     from starlette.testclient import TestClient
 
     import lakehouse_ui
-    from lakehouse.ops.overview_cache import OverviewCache
+    from e2e import page_reads
 
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "lakehouse-page-tests-jwt-secret-" + "0123456789abcdef" * 3)
     airflow_app.purge_cached_app()
 
     def signed_in(pipelines_dir: Path) -> tuple[Any, dict[str, str]]:
-        cache = OverviewCache(pipelines_dir, refresh_s=3600, rescan_s=3600, autostart=False)
-        while cache.step():
-            pass
-        monkeypatch.setattr(lakehouse_ui, "CACHE", cache)
+        page_reads(monkeypatch, pipelines_dir)
         token = airflow_app.create_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
         return TestClient(lakehouse_ui.app), {"Authorization": f"Bearer {token}"}
 

@@ -233,3 +233,15 @@ def pipeline(make_spec, platform):
         return spec
 
     return factory
+
+
+def page_reads(monkeypatch: pytest.MonkeyPatch, pipelines_dir: Path) -> None:
+    """The pipelines page (lakehouse_ui, in this process) serves the cards of `pipelines_dir` as they are now:
+    its background cache replaced by one that read the folder and every pipeline once."""
+    import lakehouse_ui
+    from lakehouse.ops.overview_cache import OverviewCache
+
+    cache = OverviewCache(pipelines_dir, refresh_s=3600, rescan_s=3600, autostart=False)
+    while cache.step():
+        pass
+    monkeypatch.setattr(lakehouse_ui, "CACHE", cache)

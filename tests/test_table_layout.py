@@ -15,7 +15,6 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import yaml
-from fastapi.testclient import TestClient
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import EqualTo
@@ -264,21 +263,21 @@ class Producer(threading.Thread):
         return self.sent
 
 
-def page_card(spec: PipelineSpec) -> str:
-    """The pipeline's card on the pipelines page, rendered by the plugin's app in this process."""
+def page_card(signed_in_page, spec: PipelineSpec) -> str:
+    """The pipeline's card on the pipelines page, rendered by the plugin's app in this process for a signed-in
+    admin."""
     import re
 
-    import lakehouse_ui
-
-    body = TestClient(lakehouse_ui.app).get("/").text
-    match = re.search(rf'<section class="card[^"]*" data-pipeline="{spec.name}">(.*?)</section>', body, re.S)
+    client, headers = signed_in_page(Path(spec.path).parent)
+    body = client.get("/", headers=headers).text
+    match = re.search(rf'<section class="card[^"]*" data-pipeline="{spec.name}"[^>]*>(.*?)</section>', body, re.S)
     assert match, body[:2000]
     return match.group(1)
 
 
 @pytest.mark.slow
 def test_partitioning_changes_mid_stream_under_continuous_ingestion_exactly_once(platform, spark, pipeline,
-                                                                                 monkeypatch):
+                                                                                 monkeypatch, signed_in_page):
     """day(event_time) -> hour(event_time) (with a new file size and a property) -> hour plus bucket(4,
     order_id) (the property removed), each edit picked up by the running job between batches."""
     from pyspark.sql import functions as F
@@ -366,7 +365,7 @@ def test_partitioning_changes_mid_stream_under_continuous_ingestion_exactly_once
         "write.parquet.compression-codec": {"table": "snappy", "spec": "zstd"}}
     human = run_cli(spec, "status", "--pipeline", spec.name).stdout
     assert f"layout drift of {qualified}, applied when the ingest job next starts" in human
-    card = page_card(spec)
+    card = page_card(signed_in_page, spec)
     assert 'data-field="layout" class="">drift<' in card
     assert "property write.parquet.compression-codec: &#x27;snappy&#x27; -&gt; &#x27;zstd&#x27;" in card
 
