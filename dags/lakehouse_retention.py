@@ -17,19 +17,27 @@ once the writer has caught up. Each change is a `retention_guard` event (status 
 raised). A task fails, as an alert, when records will age out and the guard could not prevent it:
 no `max_retention`, the cap reached, or the broker refused (the message names the missing
 permission, ALTER_CONFIGS on the topic).
+
+Trigger either with `dry_run` on to preview: alignment then counts the rows data retention would delete
+per table, the guard says which retention.ms it would set, and nothing is deleted, altered or recorded.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 
 from lakehouse.core.spec import RETENTION_DAG_ID, RETENTION_GUARD_DAG_ID
 from lakehouse_airflow.dag_defaults import START_DATE, default_args, pipelines
 from lakehouse_airflow.operators.retention import RetentionAlignmentOperator, RetentionGuardOperator
 
 GUARD_SCHEDULE = "*/5 * * * *"  # the guard must act well within any threshold; a run reads metadata only
+
+
+def _dry_run_param(what: str) -> dict:
+    return {"dry_run": Param(False, type="boolean", description=f"only say {what}; change nothing")}
+
 
 _specs = pipelines()
 
@@ -50,6 +58,7 @@ with DAG(
     max_active_runs=1,
     default_args=default_args(),
     tags=["lakehouse", "retention", *(f"pipeline:{name}" for name in _specs)],
+    params=_dry_run_param("how many rows data retention would delete per table"),
     doc_md=__doc__ + "\n" + "".join(
         f"- `{s.name}`: topic `{s.source.topic}`, outage budget {s.retention.outage_budget_s / 3600:g}h, "
         f"replay window {s.retention.replay_window_s / 3600:g}h\n" for s in _specs.values()),
@@ -66,6 +75,7 @@ with DAG(
     dagrun_timeout=timedelta(minutes=10),
     default_args=default_args(retries=0),  # the next run, five minutes later, is the retry
     tags=["lakehouse", "retention", *(f"pipeline:{name}" for name in _specs)],
+    params=_dry_run_param("which retention.ms the guard would set"),
     doc_md=__doc__ + "\n" + "".join(_guard_line(s) for s in _specs.values()),
 ):
     for _spec in _specs.values():

@@ -6,6 +6,10 @@
     lakehouse produce --pipeline NAME --count N  synthetic records in the spec's formats (Debezium change
                                                  events for target.mode cdc), some of them bad
     lakehouse airflow up|down|status [--json]    Airflow 3 (API server, scheduler, ...) for the embedded stack
+
+`stack status` exits 1 when the broker does not run (or does not answer), and `airflow status` exits 1
+when none of Airflow's components runs, after printing what they found: a script or a health check can
+tell "nothing runs" from "runs" by the exit code alone.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 
 from lakehouse.cli import _at_least, _pipeline_name, _port, _print_json, _rate, _ratio, _seed
 from lakehouse.core import config
+from lakehouse.core.errors import EXIT_FAILURE
 from lakehouse.core.spec import load_pipeline
 
 
@@ -68,6 +73,8 @@ def cmd_stack(args) -> int:
                 print(f"spark      {config.load().spark_master}")
             for topic in result.get("topics") or []:
                 print(f"topic      {topic['name']} ({topic['partitions']} partitions)")
+    if args.action == "status" and not result.get("broker", {}).get("running"):
+        return EXIT_FAILURE  # nothing to use: the broker, the one piece every command needs, is not running
     return 0
 
 
@@ -124,6 +131,8 @@ def cmd_airflow(args) -> int:
         print_airflow_login(result)
         for component, pid in result["running"].items():
             print(f"{component:<14} {'pid ' + str(pid) if pid else 'NOT running'}  log {result['logs'][component]}")
+    if args.action == "status" and not any(result["running"].values()):
+        return EXIT_FAILURE  # no component runs
     return 0
 
 

@@ -1,13 +1,16 @@
 """`lakehouse`: the platform's command line.
 
     lakehouse pipelines [--json]                 validate and list the pipeline specs (exit 2: a file is broken)
-    lakehouse topics [--pipeline NAME]           create the pipelines' source topics
+    lakehouse topics [--pipeline NAME]           create the pipelines' source topics (--dry-run: say which)
     lakehouse ingest --pipeline NAME --once      Kafka -> Iceberg, exactly once
-    lakehouse replay --pipeline NAME ...         re-ingest offsets, a time range or dead letters
+    lakehouse replay --pipeline NAME ...         re-ingest offsets, a time range or dead letters (--dry-run: the
+                                                 ranges, records and tables it would write)
     lakehouse status [--pipeline NAME] [--json]  lag, recovery points, row and dead-letter counts
     lakehouse maintain --pipeline NAME           compact, expire snapshots, remove orphans (receipt per table)
     lakehouse retention --pipeline NAME          check topic retention against lag + outage + replay window
     lakehouse retention --pipeline NAME --guard  extend retention.ms while the writer is behind, restore it after
+                                                 (--dry-run: the rows data retention would delete per table, or
+                                                 the retention.ms the guard would set; nothing changes)
     lakehouse schemas --pipeline NAME [--pull]   writer schemas (folder, registry) and whether the contract takes each
     lakehouse trace --pipeline NAME --partition N --offset O   where one record is (or --key K --since T)
     lakehouse verify --pipeline NAME             prove every offset exactly once across the tables (exit 3: not)
@@ -20,8 +23,16 @@ airflow` and `lakehouse produce` (lakehouse_dev.cli).
 
 Exit codes (lakehouse.core.errors): 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the
 source or a table needs attention (offset gap, topic recreated, topic missing, retention too
-short, positions lost, records about to age out that the retention guard could not protect), 4 fenced
-(another ingest job of the pipeline took over its tables).
+short, positions lost, records about to age out that the retention guard could not protect; Kafka
+unreachable), 4 fenced (another ingest job of the pipeline took over its tables). `lakehouse stack status`
+exits 1 when the broker does not run, `lakehouse airflow status` when no Airflow component runs.
+
+`topics`, `replay`, `status`, `retention` and `trace` first ask Kafka for metadata (a few seconds at
+most): with nothing answering they exit 3 with one line naming the bootstrap servers and the setting to
+check (LAKEHOUSE_BOOTSTRAP_SERVERS), before anything is opened or created. A catalog that does not answer
+exits 1 with one line naming the catalog, its URI and the setting it came from (LAKEHOUSE_CATALOG_URI or
+the pyiceberg configuration). librdkafka's own log lines (connection attempts, retries) are shown only
+with --verbose.
 
 Replays, backfills and maintenance runs are audited on the ops timeline: their events name the OS user
 the command runs as (or the Airflow user whose DAG run started it), the arguments and the outcome.
@@ -105,10 +116,30 @@ def _specs(name: str | None) -> tuple[list[PipelineSpec], bool]:
 
 
 def cmd_topics(args) -> int:
+    """Creates the missing source topics, or with --dry-run says which it would create (partitions,
+    replication, retention.ms) and which existing ones disagree with their spec; nothing is ever altered."""
     from lakehouse.core import topics
 
     specs, broken = _specs(args.pipeline)
+    topics.require_broker()
+    if args.dry_run:
+        plan = topics.plan_topics(specs)
+        if args.json:
+            _print_json({**plan.to_json(), "dry_run": True})
+        else:
+            for c in plan.create:
+                retention = c["config"].get("retention.ms")
+                print(f"would create topic {c['topic']} ({c['partitions']} partitions, replication factor "
+                      f"{c['replication_factor']}" + (f", retention.ms {retention}" if retention else "") + ")")
+            for message in plan.mismatches:
+                print(f"would leave as it is: {message}")
+            if not plan.create:
+                print("dry run: every topic exists; nothing would be created")
+        return EXIT_CONFIG if broken else 0
     created = topics.ensure_topics(specs)
+    if args.json:
+        _print_json({"created": created})
+        return EXIT_CONFIG if broken else 0
     for topic in created:
         print(f"created topic {topic}")
     if not created:
@@ -172,13 +203,27 @@ def _replay_parameters(args) -> dict:
 
 
 def cmd_replay(args) -> int:
-    """A replay (a backfill with --backfill): one audited `replay` or `backfill` event, whatever the outcome."""
-    from lakehouse.core import events
-    from lakehouse.ingest.job import IngestJob
-    from lakehouse.recovery.replay import Replay
+    """A replay (a backfill with --backfill): one audited `replay` or `backfill` event, whatever the outcome.
+    With --dry-run: the offset ranges it would read (a time range resolved), their record count (or the dead
+    letters it would decode again) and the tables it would write; no Spark session, no table, no event."""
+    from lakehouse.core import events, topics
 
     spec = load_pipeline(args.pipeline)
     platform = config.load()
+    topics.require_broker(platform)
+    if args.dry_run:
+        from lakehouse.recovery.replay import preview
+
+        found = preview(spec, platform, ranges=args.offsets, from_ms=args.from_time, to_ms=args.to_time,
+                        dead_letters=args.dead_letters, error_kind=args.error_kind, into_table=args.into_table)
+        if args.json:
+            _print_json(found.to_json())
+        else:
+            print(found.render())
+        return 0
+    from lakehouse.ingest.job import IngestJob
+    from lakehouse.recovery.replay import Replay
+
     with events.audited(spec.name, "backfill" if args.backfill else "replay", events.Actor.of_process(),
                         _replay_parameters(args), platform, spec.catalog) as audit:
         replay = Replay(IngestJob(spec, platform))
@@ -210,9 +255,13 @@ def cmd_replay(args) -> int:
 
 
 def cmd_status(args) -> int:
+    """Each pipeline's status; Kafka must answer first (a catalog is opened only then, so a status with the
+    broker down creates none)."""
+    from lakehouse.core import topics
     from lakehouse.ops.status import pipeline_status, render
 
     specs, broken = _specs(args.pipeline)
+    topics.require_broker()
     statuses = [pipeline_status(s) for s in specs]
     if args.json:
         _print_json(statuses if not args.pipeline else statuses[0])
@@ -236,8 +285,8 @@ def cmd_maintain(args) -> int:
     return 0 if receipt.ok else EXIT_FAILURE
 
 
-def _maintain_dry_run(text: str) -> bool:
-    """`--dry-run=true|false` (what the maintenance DAG's `dry_run` Param renders to)."""
+def _dry_run(text: str) -> bool:
+    """`--dry-run=true|false` (what a DAG's `dry_run` Param renders to)."""
     value = text.strip().lower()
     if value not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
@@ -246,11 +295,16 @@ def _maintain_dry_run(text: str) -> bool:
 
 def cmd_retention(args) -> int:
     """The alignment check (and data retention), or with --guard one run of the retention guard; exit 3
-    when the topic's retention is too short, or when records will age out and the guard could not help."""
+    when the topic's retention is too short, or when records will age out and the guard could not help
+    (with --dry-run: would). A dry run deletes no row, changes no topic config and records no event: it
+    says per table how many rows the delete would remove, or which retention.ms the guard would set."""
+    from lakehouse.core import topics
     from lakehouse.upkeep import retention
 
     spec = load_pipeline(args.pipeline)
-    report = retention.guard(spec) if args.guard else retention.align(spec)
+    topics.require_broker()
+    report = (retention.guard(spec, dry_run=args.dry_run) if args.guard
+              else retention.align(spec, dry_run=args.dry_run))
     if args.json:
         print(json.dumps(report.to_json(), separators=(",", ":"), default=str), flush=True)
     else:
@@ -295,9 +349,11 @@ def cmd_schemas(args) -> int:
 def cmd_trace(args) -> int:
     """One record's (or one key's records') whereabouts; exits 3 when a record is missing, duplicated or
     foreign."""
+    from lakehouse.core import topics
     from lakehouse.ops import trace
 
     spec = load_pipeline(args.pipeline)
+    topics.require_broker()
     if args.key is not None:
         found = trace.trace_key(spec, args.key, args.since, args.until,
                                 progress=None if args.json else lambda line: print(line, file=sys.stderr, flush=True))
@@ -535,6 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("topics", help="create the source topics of the pipelines")
     p.add_argument("--pipeline", type=_pipeline_name)
+    p.add_argument("--dry-run", action="store_true",
+                   help="only say which topics would be created (and which existing ones differ from their spec)")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_topics)
 
     p = sub.add_parser("ingest", help="ingest a pipeline's topic into its tables")
@@ -564,6 +623,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "the pipeline's tables (created from the contract if missing)")
     p.add_argument("--backfill", action="store_true",
                    help="record the run as a `backfill` event on the ops timeline (default: a `replay` event)")
+    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_dry_run, metavar="true|false",
+                   help="only say which offset ranges (how many records) it would read and which tables it would "
+                        "write; write nothing, record nothing")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_replay)
 
@@ -575,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots and remove orphan files")
     p.add_argument("--pipeline", type=_pipeline_name, required=True)
     p.add_argument("--run-id", help="tag for this run's `maintenance` events (default: random)")
-    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_maintain_dry_run, metavar="true|false",
+    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_dry_run, metavar="true|false",
                    help="only list what a run would do (files compaction would rewrite, snapshots it would expire, "
                         "orphan files it would delete); rewrite, expire and delete nothing")
     p.add_argument("--json", action="store_true", help="the receipt as one JSON line")
@@ -587,6 +649,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guard", action="store_true",
                    help="instead: run the retention guard once (extend the topic's retention.ms while the writer "
                         "is behind, restore it once caught up)")
+    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_dry_run, metavar="true|false",
+                   help="only say what it would do: the rows data retention would delete per table, or with "
+                        "--guard the retention.ms it would set; delete, alter and record nothing")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_retention)
     p = sub.add_parser("schemas", help="list a pipeline's writer schemas (folder and registry) and whether the "
@@ -635,10 +700,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # librdkafka's own lines (connection attempts, retries) are details: every failure they explain reaches
+    # the user as one error naming what to check
+    logging.getLogger("lakehouse.kafka").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
     try:
         return args.fn(args)
     except errors.LakehouseError as exc:  # every error raised on purpose knows its exit code
-        print(f"error: {exc}", file=sys.stderr)
+        # an outage is one line (a driver's message may span several): what is unreachable and what to check
+        shown = " ".join(str(exc).split()) if isinstance(exc, errors.RetryableError) else exc
+        print(f"error: {shown}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -2,7 +2,10 @@
 
 `ensure_topics(specs)` creates what is missing and warns (`TopicMismatchWarning`)
 about existing topics that disagree with their spec; it never deletes or
-shrinks anything, because a topic is the system of record. `describe_retention` reads a
+shrinks anything, because a topic is the system of record. `plan_topics(specs)` says what
+it would do (`lakehouse topics --dry-run`) and changes nothing. `require_broker` answers
+within seconds whether Kafka answers at all, so a command fails fast with one line naming
+the setting to check instead of waiting out each client's timeout. `describe_retention` reads a
 topic's `retention.ms`; `record_timestamps` the Kafka timestamps of given records (how old
 the oldest record not yet ingested is).
 """
@@ -10,15 +13,17 @@ the oldest record not yet ingested is).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
+from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from lakehouse.core import config, kafka_security
-from lakehouse.core.errors import LakehouseError
+from lakehouse.core.errors import BrokerUnavailableError, LakehouseError
 from lakehouse.core.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,38 @@ INTERNAL_PREFIX = "__"
 
 class TopicError(LakehouseError, RuntimeError):
     """Kafka refused or could not answer a topic operation; the message says which and why."""
+
+
+class BrokerUnreachableError(BrokerUnavailableError):
+    """Nothing answered at the platform's bootstrap servers within the check's few seconds; the message names
+    the servers and the setting to check."""
+
+
+BROKER_CHECK_S = 4.0  # how long `require_broker` waits for a metadata answer
+
+
+def require_broker(platform: config.PlatformConfig | None = None, timeout: float | None = None) -> None:
+    """Raise BrokerUnreachableError unless the platform's Kafka answers a metadata request within `timeout`
+    seconds (default BROKER_CHECK_S; kafka_security.KafkaAuthError at once when it refuses the credentials or
+    the TLS handshake).
+
+    A command calls it before anything else touches Kafka or the catalog: with the broker down it fails
+    within seconds and has created nothing, rather than waiting out every client's own timeout (and
+    printing librdkafka's reconnect attempts) before reporting a half-answer.
+    """
+    platform = platform or config.load()
+    timeout = BROKER_CHECK_S if timeout is None else timeout
+    conf, watch = kafka_security.watched(platform.kafka(logger=logging.getLogger("lakehouse.kafka")))
+    admin = AdminClient(conf)
+    try:
+        kafka_security.list_topics(admin, watch, timeout)
+    except KafkaException:
+        setting = ("LAKEHOUSE_BOOTSTRAP_SERVERS" if "LAKEHOUSE_BOOTSTRAP_SERVERS" in os.environ else
+                   "LAKEHOUSE_BOOTSTRAP_SERVERS (unset: the embedded broker of LAKEHOUSE_HOME; start it with "
+                   "`lakehouse stack up`)")
+        raise BrokerUnreachableError(
+            f"Kafka is unreachable: nothing answered at {kafka_security.describe(platform.kafka())} within "
+            f"{timeout:g}s; check {setting} and that the broker runs") from None
 
 
 class TopicMismatchWarning(UserWarning):
@@ -99,8 +136,8 @@ def record_timestamps(kafka_conf: dict, topic: str, starts: dict[int, int], time
     within `timeout` seconds are left out."""
     if not starts:
         return {}
-    consumer = Consumer({**kafka_conf, "group.id": "lakehouse-status", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    consumer = Consumer({"logger": logging.getLogger("lakehouse.kafka"), **kafka_conf, "group.id": "lakehouse-status",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
     found: dict[int, int] = {}
     try:
         consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
@@ -119,6 +156,57 @@ def record_timestamps(kafka_conf: dict, topic: str, starts: dict[int, int], time
     return found
 
 
+@dataclass
+class TopicPlan:
+    """What `ensure_topics` does to the specs' topics: `create` (topic, partitions, replication_factor, config
+    of each missing one, in spec order), `mismatches` (why an existing topic disagrees with its spec: left as
+    it is, since growing partitions moves keys), `unchanged` (existing topics that match)."""
+
+    create: list[dict] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def plan_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig | None = None,
+                timeout: float = 15.0) -> TopicPlan:
+    """What `ensure_topics(specs)` would create and which existing topics disagree with their spec; reads
+    metadata and topic configs only. Raises as `ensure_topics`."""
+    platform = platform or config.load()
+    existing = topic_partitions(platform, timeout=timeout, include_internal=True)
+    wanted: dict[str, PipelineSpec] = {}
+    for spec in specs:
+        wanted.setdefault(spec.source.topic, spec)  # the first spec of a shared topic decides
+
+    plan = TopicPlan()
+    for topic, spec in wanted.items():
+        src = spec.source
+        if topic not in existing:
+            plan.create.append({"topic": topic, "partitions": src.partitions,
+                                "replication_factor": src.replication_factor,
+                                "config": {} if src.retention_ms is None else {"retention.ms": str(src.retention_ms)}})
+            continue
+        found = len(plan.mismatches)
+        if existing[topic] < src.partitions:
+            plan.mismatches.append(
+                f"topic {topic!r} has {existing[topic]} partition(s) but pipeline {spec.name!r} declares "
+                f"{src.partitions} in {spec.path}; it is left as it is. Increase them on the broker "
+                f"(kafka-topics --alter --partitions {src.partitions}) knowing that keys then move to "
+                f"other partitions, or lower source.partitions in the spec.")
+        if src.retention_ms is not None and src.retention_ms >= 0:
+            actual = describe_retention(topic, platform, timeout=timeout)
+            if actual is not None and 0 <= actual < src.retention_ms:
+                plan.mismatches.append(
+                    f"topic {topic!r} keeps records for retention.ms={actual} but pipeline {spec.name!r} "
+                    f"declares {src.retention_ms} in {spec.path}; records may age out before they are "
+                    f"ingested or replayed.")
+        if len(plan.mismatches) == found:
+            plan.unchanged.append(topic)
+    return plan
+
+
 def ensure_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig | None = None,
                   timeout: float = 15.0) -> list[str]:
     """Create every spec's source topic that does not exist yet.
@@ -131,34 +219,14 @@ def ensure_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig
     kafka_security.KafkaAuthError when it refuses the credentials.
     """
     platform = platform or config.load()
-    admin, watch = _watched_admin(platform)
-    existing = topic_partitions(platform, timeout=timeout, include_internal=True)
-    wanted: dict[str, PipelineSpec] = {}
-    for spec in specs:
-        wanted.setdefault(spec.source.topic, spec)  # the first spec of a shared topic decides
-
-    missing: list[NewTopic] = []
-    for topic, spec in wanted.items():
-        src = spec.source
-        if topic not in existing:
-            topic_config = {} if src.retention_ms is None else {"retention.ms": str(src.retention_ms)}
-            missing.append(NewTopic(topic, num_partitions=src.partitions,
-                                    replication_factor=src.replication_factor, config=topic_config))
-            continue
-        if existing[topic] < src.partitions:
-            _warn(f"topic {topic!r} has {existing[topic]} partition(s) but pipeline {spec.name!r} declares "
-                  f"{src.partitions} in {spec.path}; it is left as it is. Increase them on the broker "
-                  f"(kafka-topics --alter --partitions {src.partitions}) knowing that keys then move to "
-                  f"other partitions, or lower source.partitions in the spec.")
-        if src.retention_ms is not None and src.retention_ms >= 0:
-            actual = describe_retention(topic, platform, timeout=timeout)
-            if actual is not None and 0 <= actual < src.retention_ms:
-                _warn(f"topic {topic!r} keeps records for retention.ms={actual} but pipeline {spec.name!r} "
-                      f"declares {src.retention_ms} in {spec.path}; records may age out before they are "
-                      f"ingested or replayed.")
-
+    plan = plan_topics(specs, platform, timeout)
+    for message in plan.mismatches:
+        _warn(message)
+    missing = [NewTopic(c["topic"], num_partitions=c["partitions"], replication_factor=c["replication_factor"],
+                        config=c["config"]) for c in plan.create]
     created: list[str] = []
     if missing:
+        admin, watch = _watched_admin(platform)
         futures = admin.create_topics(missing, request_timeout=timeout)
         for new in missing:
             try:

@@ -12,6 +12,7 @@ for a CLI, a sensor or a UI page.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 
 from pyiceberg.exceptions import NoSuchTableError
@@ -133,6 +134,8 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
         "timeline": timeline(spec, platform, now) if with_timeline else None,
         "layout": layout(spec, catalog) if with_timeline else None,
     }
+    # librdkafka's lines go to the `lakehouse.kafka` logger (shown by `lakehouse --verbose`), not to stderr
+    kafka_conf = platform.kafka(logger=logging.getLogger("lakehouse.kafka"))
     commits = [tp.committed_at for tp in data if tp.committed_at]
     events = [tp.max_event_time for tp in data if tp.max_event_time]
     status["last_commit_at"] = _iso(max(commits)) if commits else None
@@ -140,7 +143,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     status["seconds_since_commit"] = round((now - max(commits)).total_seconds(), 1) if commits else None
     status["freshness_s"] = round((now - max(events)).total_seconds(), 1) if events else None
     try:
-        state = topic_state_for(platform.kafka(), spec.source.topic, progress.values(), timeout=10.0)
+        state = topic_state_for(kafka_conf, spec.source.topic, progress.values(), timeout=10.0)
     except SourceError as exc:
         status["kafka"] = {"error": str(exc), "error_type": type(exc).__name__}
         return status
@@ -149,7 +152,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     for p, ps in sorted(state.partitions.items()):
         partitions.append({"partition": p, "earliest": ps.earliest, "end": ps.end, "committed": committed[p],
                            "lag": max(0, ps.end - committed[p])})
-    oldest = topics.record_timestamps(platform.kafka(), spec.source.topic,
+    oldest = topics.record_timestamps(kafka_conf, spec.source.topic,
                                 {p["partition"]: max(p["committed"], p["earliest"]) for p in partitions if p["lag"]})
     for p in partitions:
         ts = oldest.get(p["partition"])

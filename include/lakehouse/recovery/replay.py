@@ -13,14 +13,15 @@ every snapshot since the published head).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from lakehouse.core import offsets, sparkenv
+from lakehouse.core import config, offsets, sparkenv
 from lakehouse.core.errors import ConfigurationError
 from lakehouse.core.offsets import OffsetRange, TableProgress
-from lakehouse.core.spec import is_table_name
+from lakehouse.core.spec import PipelineSpec, is_table_name
 from lakehouse.ingest import tables
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.plan import BatchPlan, offsets_for_time
@@ -71,6 +72,103 @@ def parse_offset_ranges(text: str) -> dict[int, tuple[int, int]]:
     if not ranges:
         raise ReplayError("no offset ranges given")
     return ranges
+
+
+def plan_ranges(spec: PipelineSpec, ranges: dict[int, tuple[int, int]], progress: list[TableProgress], state) -> BatchPlan:
+    """The read plan of `ranges` given the tables' `progress` and the topic's `state`; raises ReplayError for
+    a partition the topic lacks, offsets that aged out of Kafka, or a range past the committed position."""
+    committed = offsets.committed_positions(progress, state.earliest)
+    for p, (s, e) in sorted(ranges.items()):
+        if p not in state.partitions:
+            raise ReplayError(f"topic {spec.source.topic!r} has no partition {p}")
+        ps = state.partitions[p]
+        if s < ps.earliest:
+            raise ReplayError(f"partition {p}: offsets before {ps.earliest} are no longer in Kafka "
+                              f"(asked from {s})")
+        if e > committed[p]:
+            raise ReplayError(
+                f"partition {p}: range [{s}, {e}) goes past the pipeline's committed position {committed[p]}; "
+                f"records from there on are the live ingestion's to write (run `lakehouse ingest --pipeline {spec.name} --once`)")
+    return BatchPlan(topic=spec.source.topic, topic_id=state.topic_id,
+                     ranges=tuple(OffsetRange(spec.source.topic, p, s, e) for p, (s, e) in sorted(ranges.items())),
+                     ends={p: ps.end for p, ps in state.partitions.items()})
+
+
+@dataclass
+class ReplayPreview:
+    """What a replay would do, read without Spark and without writing: the offset ranges it would read (after
+    a time range is resolved), how many records they hold (or how many dead letters it would decode again),
+    the tables it would write and whether `--into-table` would create its table."""
+
+    pipeline: str
+    kind: str  # replay | dead-letter-replay
+    ranges: dict[int, tuple[int, int]]
+    records: int
+    tables: list[str]
+    creates_table: bool = False
+
+    def to_json(self) -> dict:
+        return {"pipeline": self.pipeline, "kind": self.kind, "dry_run": True,
+                "ranges": {str(p): list(r) for p, r in self.ranges.items()}, "records": self.records,
+                "tables": self.tables, "creates_table": self.creates_table}
+
+    def render(self) -> str:
+        if self.kind == "dead-letter-replay":
+            what = f"would decode {self.records} dead letters again"
+        else:
+            shown = " ".join(f"p{p}:[{s},{e})" for p, (s, e) in sorted(self.ranges.items())) or "no ranges"
+            what = f"would replay {self.records} records ({shown})"
+        return (f"dry run: {what} into {', '.join(self.tables)}"
+                + (" (created from the contract: it does not exist)" if self.creates_table else "")
+                + "; nothing written")
+
+
+def preview(spec: PipelineSpec, platform: config.PlatformConfig, ranges: dict[int, tuple[int, int]] | None = None, from_ms: int | None = None,
+            to_ms: int | None = None, dead_letters: bool = False, error_kind: str | None = None,
+            into_table: str | None = None) -> ReplayPreview:
+    """What `lakehouse replay` with these arguments would read and write; reads the catalog and Kafka, starts no
+    Spark session and creates nothing. Raises ReplayError for what the replay itself would refuse."""
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.expressions import And, EqualTo
+
+    from lakehouse.core.catalog import open_catalog
+    from lakehouse.ingest.plan import topic_state_for
+
+    catalog = open_catalog(platform, spec.catalog)
+    if dead_letters:
+        try:
+            table = catalog.load_table(spec.dead_letter_table)
+        except NoSuchTableError:
+            count = 0
+        else:
+            row_filter = EqualTo("pipeline", spec.name)
+            if error_kind:
+                row_filter = And(row_filter, EqualTo("error_kind", error_kind))
+            count = table.scan(row_filter=row_filter, selected_fields=("pipeline",)).to_arrow().num_rows
+        return ReplayPreview(spec.name, "dead-letter-replay", {}, count,  # valid ones move out of the DLQ
+                             [spec.qualified(t) for t in (*spec.target.tables, spec.dead_letter_table)])
+    if into_table and into_table in spec.owned_tables:
+        raise ReplayError(f"{into_table} is a table of pipeline {spec.name}; replay in place instead")
+    progress = [offsets.read_progress(catalog, t, spec.name) for t in spec.positioned_tables]
+    kafka_conf = platform.kafka(logger=logging.getLogger("lakehouse.kafka"))
+    state = topic_state_for(kafka_conf, spec.source.topic, progress)
+    if ranges is None:
+        ends = {p: ps.end for p, ps in state.partitions.items()}
+        starts = offsets_for_time(kafka_conf, spec.source.topic, ends, from_ms, ends)
+        stops = ends if to_ms is None else offsets_for_time(kafka_conf, spec.source.topic, ends, to_ms, ends)
+        ranges = {p: (starts[p], stops[p]) for p in ends if stops[p] > starts[p]}
+    plan = plan_ranges(spec, ranges, progress, state) if ranges else None
+    if into_table:
+        try:
+            catalog.load_table(into_table)
+            creates = False
+        except NoSuchTableError:
+            creates = True
+        written = [spec.qualified(into_table)]
+    else:
+        creates, written = False, [spec.qualified(t) for t in (*spec.target.tables, spec.dead_letter_table)]
+    return ReplayPreview(spec.name, "replay", plan.range_map() if plan else {},
+                         plan.record_count if plan else 0, written, creates)
 
 
 class Replay:
@@ -141,22 +239,7 @@ class Replay:
         """The read plan of `ranges`; raises ReplayError for a partition the topic lacks, offsets that
         aged out of Kafka, or a range past the pipeline's committed position."""
         progress = self.job.progress()
-        state = self.job.topic_state(progress)
-        committed = offsets.committed_positions(progress, state.earliest)
-        for p, (s, e) in sorted(ranges.items()):
-            if p not in state.partitions:
-                raise ReplayError(f"topic {self.spec.source.topic!r} has no partition {p}")
-            ps = state.partitions[p]
-            if s < ps.earliest:
-                raise ReplayError(f"partition {p}: offsets before {ps.earliest} are no longer in Kafka "
-                                  f"(asked from {s})")
-            if e > committed[p]:
-                raise ReplayError(
-                    f"partition {p}: range [{s}, {e}) goes past the pipeline's committed position {committed[p]}; "
-                    f"records from there on are the live ingestion's to write (run `lakehouse ingest --pipeline {self.spec.name} --once`)")
-        return BatchPlan(topic=self.spec.source.topic, topic_id=state.topic_id,
-                         ranges=tuple(OffsetRange(self.spec.source.topic, p, s, e) for p, (s, e) in
-                                      sorted(ranges.items())), ends={p: ps.end for p, ps in state.partitions.items()})
+        return plan_ranges(self.spec, ranges, progress, self.job.topic_state(progress))
 
     def dead_letters(self, error_kind: str | None = None) -> ReplayReceipt:
         """Decode dead letters again with the current contract; those now valid move to their table."""

@@ -19,6 +19,11 @@ back as Kafka replay. Where `retention.delete_after` is set, rows whose event ti
 (`spec.event_time_field`) is older than now minus it are deleted from each data table's `main`.
 `align()` records one `retention` event per pipeline on the ops timeline.
 
+A dry run (`align(dry_run=True)`, `guard(dry_run=True)`, `lakehouse retention --dry-run`) reads what the
+real run reads and says what it would do: per table the rows the data-retention DELETE would remove
+(counted with pyiceberg, no Spark session), or the retention.ms the guard would set. It deletes,
+alters and records nothing.
+
 The retention guard (`guard()`) acts on the lag now rather than on the lag seen so far. When the
 oldest record not yet ingested (the record at the committed position of a partition) gets within
 `retention.guard_threshold` (default half the declared retention) of the topic's retention horizon,
@@ -84,7 +89,8 @@ class RetentionReport:
     message: str
     suggestion: str | None = None
     delete_cutoff: str | None = None
-    deleted_rows: dict[str, int] = field(default_factory=dict)
+    deleted_rows: dict[str, int] = field(default_factory=dict)  # with dry_run: the rows a delete would remove
+    dry_run: bool = False
 
     def metrics(self) -> dict[str, float | None]:
         return {"retention_ms": None if self.retention_ms is None else float(self.retention_ms),
@@ -192,18 +198,59 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
     return deleted
 
 
+def expired_rows(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime) -> dict[str, int]:
+    """Per qualified data table, the rows of its main that `delete_expired` would delete now (event time before
+    now minus `retention.delete_after`); read with pyiceberg, nothing is written."""
+    from pyiceberg.expressions import LessThan, LessThanOrEqual
+    from pyiceberg.types import DateType, TimestampType
+
+    cutoff = (now - timedelta(seconds=spec.retention.delete_after_s)).astimezone(timezone.utc)
+    catalog = open_catalog(platform, spec.catalog)
+    column = spec.event_time_field
+    found: dict[str, int] = {}
+    for name in spec.target.tables:
+        try:
+            table = catalog.load_table(name)
+        except NoSuchTableError:
+            continue
+        kind = table.schema().find_field(column).field_type
+        if isinstance(kind, DateType):  # Spark compares a date as its midnight: the cutoff's own day goes too
+            midnight = cutoff.replace(hour=0, minute=0, second=0, microsecond=0) == cutoff
+            row_filter = (LessThan if midnight else LessThanOrEqual)(column, cutoff.date().isoformat())
+        elif isinstance(kind, TimestampType):  # without a zone: UTC wall time, as the session time zone is UTC
+            row_filter = LessThan(column, cutoff.replace(tzinfo=None).isoformat())
+        else:
+            row_filter = LessThan(column, cutoff.isoformat())
+        scan = table.scan(row_filter=row_filter, selected_fields=(column,))
+        found[spec.qualified(name)] = scan.to_arrow().num_rows
+    return found
+
+
 def align(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark=None,
-          now: datetime | None = None) -> RetentionReport:
+          now: datetime | None = None, dry_run: bool = False) -> RetentionReport:
     """Check the topic's retention, apply data retention where configured, record a `retention` event.
 
     Returns the report (status `failed` when the topic's retention is too short: call
     `raise_for_status()` to turn that into RetentionMisalignedError). The data-retention delete
     runs either way, since it does not depend on Kafka. Raises topics.TopicError when the topic
-    is missing or Kafka does not answer.
+    is missing or Kafka does not answer. With `dry_run`, `deleted_rows` holds the rows the delete would
+    remove, and nothing is deleted or recorded.
     """
     platform = platform or config.load()
     now = now or datetime.now(timezone.utc)
     report = check(spec, platform)
+    report.dry_run = dry_run
+    if dry_run:
+        if spec.retention.delete_after_s is not None:
+            report.delete_cutoff = (now - timedelta(seconds=spec.retention.delete_after_s)).isoformat()
+            report.deleted_rows = expired_rows(spec, platform, now)
+            report.message += ("; dry run: data retention would delete "
+                               + (", ".join(f"{n} rows from {t}" for t, n in report.deleted_rows.items())
+                                  or "nothing (no data table yet)")
+                               + f" with {spec.event_time_field} before {report.delete_cutoff}")
+        else:
+            report.message += "; dry run: no retention.delete_after, so data retention would delete nothing"
+        return report
     if spec.retention.delete_after_s is not None:
         spark = spark or sparkenv.session(platform, [spec.catalog], f"lakehouse-retention-{spec.name}")
         report.delete_cutoff = (now - timedelta(seconds=spec.retention.delete_after_s)).isoformat()
@@ -264,6 +311,7 @@ class GuardReport:
     message: str = ""
     missing_permission: str | None = None
     state: GuardState = field(default_factory=GuardState)  # the guard's state after this run
+    dry_run: bool = False  # only said what it would do: nothing altered, nothing recorded
 
     @property
     def recorded(self) -> bool:
@@ -417,14 +465,15 @@ def refusal(err: KafkaError, topic: str, retention_ms: int,
 
 
 def guard(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now: datetime | None = None,
-          actor: events.Actor | None = None) -> GuardReport:
+          actor: events.Actor | None = None, dry_run: bool = False) -> GuardReport:
     """Check how close the oldest record not yet ingested is to the topic's retention horizon; raise or
     restore the topic's retention.ms as `decide` says, and record a `retention_guard` event (naming
     `actor`, default this process's) when something changed or an alert is due.
 
     Returns the report; `raise_for_status()` turns a failed one into RetentionAtRiskError or
     RetentionChangeRefusedError. Raises topics.TopicError when the topic is missing or Kafka does not
-    answer, SourceError when Kafka cannot be read.
+    answer, SourceError when Kafka cannot be read. With `dry_run` the report says what the guard would do
+    (`action`, `new_retention_ms`) and the topic's config and the timeline are left as they are.
     """
     platform = platform or config.load()
     now = now or datetime.now(timezone.utc)
@@ -440,6 +489,14 @@ def guard(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
         pipeline=spec.name, topic=topic, retention_ms=current, declared_ms=declared,
         threshold_ms=None if declared is None or declared < 0 else spec.retention.guard_threshold_ms(declared),
         max_retention_ms=spec.retention.max_retention_ms, oldest_age_ms=age, partitions=partitions), state)
+    report.dry_run = dry_run
+    if dry_run:
+        if report.new_retention_ms is not None:
+            report.message = (f"dry run: would set retention.ms of topic {topic!r} from {_duration(current)} to "
+                              f"{_duration(report.new_retention_ms)} ({report.action}); {report.message}")
+        else:
+            report.message = f"dry run: would change no topic config; {report.message}"
+        return report
     if report.new_retention_ms is not None:
         try:
             alter_retention(spec.name, topic, report.new_retention_ms, platform)

@@ -19,7 +19,8 @@ class RetentionAlignmentOperator(BaseOperator):
     maintenance uses (the replay window), applies `retention.delete_after` (a Spark DELETE in this
     process, only when set) and records a `retention` event (lakehouse.upkeep.retention.align).
 
-    A topic whose retention is too short fails the task without retries (waiting does not fix a
+    With the DAG run's `dry_run` Param on, the delete is only counted (rows per table in `deleted_rows`)
+    and no event is recorded. A topic whose retention is too short fails the task without retries (waiting does not fix a
     configuration) with the explanation and the `kafka-configs --alter ... retention.ms=N` to run.
 
     Templated fields: pipeline.
@@ -37,8 +38,10 @@ class RetentionAlignmentOperator(BaseOperator):
     def execute(self, context: Any) -> dict:
         lakehouse = LakehouseHook(self.pipeline)
         spec = lakehouse.spec
-        spark = lakehouse.spark(f"lakehouse-retention-{spec.name}") if spec.retention.delete_after_s else None
-        report = retention.align(spec, lakehouse.platform, spark=spark)
+        dry_run = bool((context.get("params") or {}).get("dry_run", False))  # the DAG run's `dry_run` Param
+        spark = (lakehouse.spark(f"lakehouse-retention-{spec.name}")
+                 if spec.retention.delete_after_s and not dry_run else None)
+        report = retention.align(spec, lakehouse.platform, spark=spark, dry_run=dry_run)
         try:
             report.raise_for_status()
         except retention.RetentionMisalignedError as exc:
@@ -52,7 +55,8 @@ class RetentionGuardOperator(BaseOperator):
     oldest record not yet ingested gets within `retention.guard_threshold` of the topic's retention
     horizon it raises the topic's retention.ms (at most `retention.max_retention`), and restores the
     declared value once the writer has caught up; each change is a `retention_guard` event naming the
-    DAG run's actor.
+    DAG run's actor. With the DAG run's `dry_run` Param on, the report says what it would set and the
+    topic and the timeline are left as they are.
 
     Fails without retries (the alert; waiting for the next run is the retry) when records not yet
     ingested will age out and the guard could not prevent it: no `max_retention`, the cap reached, or
@@ -75,7 +79,8 @@ class RetentionGuardOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict:
         lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
-        report = retention.guard(lakehouse.spec, lakehouse.platform, actor=actor_of(context))
+        report = retention.guard(lakehouse.spec, lakehouse.platform, actor=actor_of(context),
+                                 dry_run=bool((context.get("params") or {}).get("dry_run", False)))
         self.log.info("%s: %s", report.action, report.message)
         try:
             report.raise_for_status()
