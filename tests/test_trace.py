@@ -322,7 +322,7 @@ def test_trace_says_where_each_record_is(platform, orders, spark, make_spec, sig
     # the pipelines page: the last verification, and the trace form's answers
     assert run_cli(spec, "verify", "--pipeline", spec.name).returncode == 3
     monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
-    page_reads(monkeypatch, make_spec.directory)
+    page_reads(monkeypatch, make_spec.directory, lakehouse_ui)
     client = signed_in("viewer")
     html = card(client.get("/").text, spec.name)
     assert field(html, "verification") == "failed" and 'name="partition"' in html
