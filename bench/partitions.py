@@ -198,6 +198,7 @@ def measure(stack: BenchStack, spark, platform: config.PlatformConfig, partition
                             max_records_per_batch=max(100_000, 2 * per_batch), trigger_interval="5s")
     started = time.monotonic()
     topics.ensure_topics([spec], platform, timeout=60)
+    produce.accept_any_timestamp(spec.source.topic, platform)  # as workloads.create_topic
     create_s = time.monotonic() - started
     producer = Producer({**produce.producer_config(spec, platform), "linger.ms": 20,
                          "queue.buffering.max.messages": 1_000_000})

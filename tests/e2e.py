@@ -176,18 +176,6 @@ def committed_group_offsets(platform: PlatformConfig, spec: PipelineSpec) -> dic
         consumer.close()
 
 
-def accept_any_timestamp(platform: PlatformConfig, topic: str) -> None:
-    """Let `topic` keep producers' timestamps however far ahead (message.timestamp.after.max.ms at its maximum,
-    Apache Kafka's default before 4.0; 4.x refuses a batch more than an hour ahead): what a cluster configured
-    so delivers, for tests of the reader's own checks of Kafka timestamps."""
-    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
-
-    admin = AdminClient(platform.kafka())
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[ConfigEntry(
-        "message.timestamp.after.max.ms", str(2 ** 63 - 1), incremental_operation=AlterConfigOpType.SET)])
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
-
-
 def send(platform: PlatformConfig, topic: str, records: list[tuple[bytes | None, bytes | None]],
          partition: int | None = None, **conf) -> None:
     """Produce (key, value) pairs and wait for every delivery."""

@@ -16,7 +16,6 @@ from polling import wait_until
 from test_poison_records import KEYS_AND_VALUES, MAX_KAFKA_TIMESTAMP_MS
 
 from e2e import (  # noqa: F401 (fixture)
-    accept_any_timestamp,
     assert_exactly_once,
     pipeline,
     rows,
@@ -51,7 +50,7 @@ def encode(record: dict) -> tuple[bytes, bytes]:
 
 def test_every_kind_of_bad_record_lands_in_the_dead_letter_table_with_its_reason(platform, pipeline, spark):
     spec = pipeline()
-    accept_any_timestamp(platform, spec.source.topic)  # a producer with its clock in microseconds gets through
+    produce.accept_any_timestamp(spec.source.topic, platform)  # a producer with its clock in microseconds gets through
     report = produce.produce(spec, 600, bad_ratio=0.5, seed=11)
     IngestJob(spec, platform, spark).run_once()
     assert assert_exactly_once(platform, spec) == 600
@@ -342,7 +341,7 @@ def test_hostile_records_land_exactly_once_in_the_table_or_the_dead_letter_table
                      fanout={"field": "size", "routes": {"S": "raw.orders_{suffix}_small"}},
                      source={"max_value_bytes": 20_000})
     ensure_topics([spec], platform)
-    accept_any_timestamp(platform, spec.source.topic)  # the far-future timestamps too
+    produce.accept_any_timestamp(spec.source.topic, platform)  # the far-future timestamps too
     producer = Producer(platform.kafka(**{"linger.ms": 5}))
     for ts_ms, (key, value), partition in records:
         producer.produce(spec.source.topic, key=key, value=value, partition=partition,

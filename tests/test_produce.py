@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError
 
-from e2e import accept_any_timestamp, pipeline  # noqa: F401 (pipeline: a fixture)
+from e2e import pipeline  # noqa: F401 (pipeline: a fixture)
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, BatchBuilder
 from lakehouse.ingest.records import ERROR_KINDS, RecordValidator
 from lakehouse_dev import produce as producer_module
@@ -69,7 +69,7 @@ def orders_topic(pipeline):
 def sent(platform, orders_topic, consume_all):
     """600 orders, about 20% broken, and every record read back from the topic (which keeps producers'
     timestamps however far ahead, so the Kafka timestamp defect gets through too)."""
-    accept_any_timestamp(platform, orders_topic.source.topic)
+    producer_module.accept_any_timestamp(orders_topic.source.topic, platform)
     report = produce(orders_topic, 600, bad_ratio=0.2, seed=42, platform=platform)
     return orders_topic, report, consume_all(orders_topic.source.topic, platform)
 

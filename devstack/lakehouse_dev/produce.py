@@ -1070,6 +1070,19 @@ def producer_config(spec: PipelineSpec, platform: config.PlatformConfig) -> dict
     return {**defaults, **platform.kafka()}
 
 
+def accept_any_timestamp(topic: str, platform: config.PlatformConfig) -> None:
+    """Let `topic` keep producers' timestamps however far ahead (message.timestamp.after.max.ms at its maximum,
+    Apache Kafka's default before 4.0; 4.x refuses a whole batch holding a record more than an hour ahead):
+    what a cluster configured so delivers, for the benchmark's and the tests' `bad_kafka_timestamp` records
+    (the reader's own checks of Kafka timestamps)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient(platform.kafka())
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[ConfigEntry(
+        "message.timestamp.after.max.ms", str(2 ** 63 - 1), incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+
+
 def _takes_future_timestamps(topic: str, platform: config.PlatformConfig) -> bool:
     """Whether `topic` keeps a producer's timestamp years ahead (CreateTime, no bound on how far ahead)."""
     from lakehouse.core import topics
