@@ -21,9 +21,9 @@ demo: setup
 # `make test` runs both layers; `make test-unit` only the tests not marked slow (no Spark, broker,
 # Airflow or `lakehouse` process: tests/conftest.py fails a test that starts one), `make test-e2e`
 # only the end-to-end tests marked slow. pytest exits 5 when it collects no tests: that is a
-# failure, said plainly.
+# failure, said plainly. Every test's time is in reports/tests.xml (JUnit XML, as CI servers read it).
 define pytest
-	@rc=0; $(PYTHON) -m pytest -q --durations=30 $(1) tests || rc=$$?; \
+	@rc=0; $(PYTHON) -m pytest -q --durations=30 --junitxml=reports/tests.xml $(1) tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make $@: FAILED: pytest collected no tests (exit code 5)" >&2; fi; \
 	exit $$rc
 endef

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -121,10 +122,14 @@ def assert_exactly_once(platform: PlatformConfig, spec: PipelineSpec) -> int:
 # Where a kill -9 of `lakehouse ingest` can land in a batch (tests/faults.py): reading, files written but not
 # committed, one table committed but not the other or the group offsets, all committed but the group's.
 KILL_POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit")
+# The points where a record's format makes a difference (decoding it, writing files from its rows): the commit
+# points run the same code whatever the format, and test_exactly_once and test_cdc_ingest kill at each of them.
+FORMAT_KILL_POINTS = KILL_POINTS[:2]
 
 
-def killed_at_every_point_then_resumed(platform: PlatformConfig, spec: PipelineSpec, in_process: bool = True) -> None:
-    """`lakehouse ingest --once` killed (kill -9) at each of KILL_POINTS in turn, each run starting from what
+def killed_at_every_point_then_resumed(platform: PlatformConfig, spec: PipelineSpec, in_process: bool = True,
+                                       points: Sequence[str] = KILL_POINTS) -> None:
+    """`lakehouse ingest --once` killed (kill -9) at each of `points` in turn, each run starting from what
     the one before left, then run to the end (in this process's Spark session, or with `in_process` False as
     a process of its own: a home other than the session's). Each point fires in the first batch that reaches
     it: a spec whose `trigger.max_records_per_batch` is below the backlog leaves records for every run. The
@@ -137,7 +142,7 @@ def killed_at_every_point_then_resumed(platform: PlatformConfig, spec: PipelineS
     # where the catalog commits a batch's tables together, no kill lands between two of them: the last run
     # goes through with that point armed
     together = committer.commits_together(open_catalog(platform, spec.catalog))
-    for point in KILL_POINTS:
+    for point in points:
         if together and point == "after_table_commit":
             continue
         crashed = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once", "--json", fault=point)

@@ -14,6 +14,7 @@ from test_formats import ORDER_SCHEMA, ORDER_SCHEMA_V2
 
 from e2e import (  # noqa: F401 (fixture)
     assert_exactly_once,
+    FORMAT_KILL_POINTS,
     killed_at_every_point_then_resumed,
     pipeline,
     rows,
@@ -73,12 +74,12 @@ def test_an_avro_topic_lands_typed_with_its_broken_values_dead_lettered_by_kind(
     assert all(r["value"] for r in letters), "a dead letter keeps the raw value"
 
 
-def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_duplicates_an_avro_record(platform, pipeline, make_spec,
+def test_kill_9_while_decoding_or_writing_a_batch_neither_loses_nor_duplicates_an_avro_record(platform, pipeline, make_spec,
                                                                                         spark):
     spec = avro_pipeline(pipeline, make_spec, trigger={"max_records_per_batch": 150})
     records, _ = orders(1000)
     send(platform, spec.source.topic, records)
-    killed_at_every_point_then_resumed(platform, spec)
+    killed_at_every_point_then_resumed(platform, spec, points=FORMAT_KILL_POINTS)
     assert assert_exactly_once(platform, spec) == 1000
 
 

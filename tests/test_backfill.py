@@ -13,7 +13,7 @@ import pytest
 from pyiceberg.expressions import EqualTo
 
 from conftest import DAGS_FOLDER
-from e2e import assert_exactly_once, lakehouse, pipeline, rows, summaries, table, xcom  # noqa: F401 (fixture)
+from e2e import assert_exactly_once, pipeline, rows, run_cli, summaries, table, xcom  # noqa: F401 (fixture)
 from lakehouse.core import events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.recovery import backfill
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def ingest(spec) -> None:
-    run = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert run.returncode == 0, run.stderr[-3000:]
 
 

@@ -14,6 +14,7 @@ import pytest
 from test_cdc import FIELDS, avro_cdc_spec, avro_change, event, key, row
 
 from e2e import (  # noqa: F401 (fixture)
+    FORMAT_KILL_POINTS,
     KILL_POINTS,
     killed_at_every_point_then_resumed,
     lakehouse,
@@ -184,9 +185,11 @@ def test_an_avro_change_stream_with_a_derived_contract_lands_in_the_final_state(
     assert rows(platform, spec, spec.dead_letter_table) == []
 
 
-def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_reapplies_an_avro_change(platform, make_spec, spark):
+def test_kill_9_while_decoding_or_writing_a_batch_neither_loses_nor_reapplies_an_avro_change(platform, make_spec,
+                                                                                             spark):
     """An Avro change stream (snapshot, then creates, updates and deletes with their tombstones, each key on
-    its partition) through a kill -9 at each point of a batch in turn, then the rest: the source's final state."""
+    its partition) through a kill -9 while decoding, one after writing files, then the rest: the source's
+    final state."""
     from lakehouse.core.topics import ensure_topics
 
     spec = avro_cdc_spec(make_spec, source={"partitions": 2}, trigger={"max_records_per_batch": 40})
@@ -217,7 +220,7 @@ def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_reapplies_an_avro_ch
             change(i, "u", f"user{i}-{n}@x")
     for p, records in by_partition.items():
         send(platform, spec.source.topic, records, partition=p)
-    killed_at_every_point_then_resumed(platform, spec)
+    killed_at_every_point_then_resumed(platform, spec, points=FORMAT_KILL_POINTS)
     assert {r["id"]: r["email"] for r in rows(platform, spec, spec.target.table)} == state
     assert rows(platform, spec, spec.dead_letter_table) == []
     ends = log_ends(platform, spec.source.topic)

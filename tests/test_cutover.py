@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from e2e import lakehouse, pipeline  # noqa: F401 (fixture)
+from e2e import pipeline, run_cli  # noqa: F401 (fixture)
 from lakehouse.core import config, events
 from lakehouse.wap import cutover, publish, quality
 from lakehouse_dev import produce
@@ -23,7 +23,7 @@ INJECTION = "SELECT * FROM lake.ops.pipeline_events; DROP TABLE lake.raw.orders"
 
 
 def ingest(spec):
-    done = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    done = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert done.returncode == 0, done.stderr[-3000:]
 
 

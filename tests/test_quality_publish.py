@@ -14,7 +14,7 @@ import yaml
 from airflow.sdk.exceptions import AirflowSensorTimeout
 from confluent_kafka import Producer
 
-from e2e import lakehouse, pipeline, rows, send, table, task_states, xcom  # noqa: F401 (fixture)
+from e2e import pipeline, rows, run_cli, send, table, task_states, xcom  # noqa: F401 (fixture)
 from lakehouse.core import events
 from lakehouse.core.spec import load_spec
 from lakehouse.ingest.job import IngestJob
@@ -52,7 +52,7 @@ def asset_events(name: str) -> list:
 def test_a_good_batch_is_published_to_readers_through_the_view(platform, pipeline, make_spec, run_dag, spark):
     spec = pipeline(partitions=2, slo={"freshness": "1h"})
     produce.produce(spec, 200, seed=1)
-    done = lakehouse(spec, "ingest", "--pipeline", spec.name, "--once")
+    done = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert done.returncode == 0, done.stderr[-3000:]
     audited = main_snapshot(platform, spec)
     assert head(platform, spec) is None, "nothing is published before the first audit"

@@ -14,6 +14,7 @@ from test_wire_formats import EVENT_TIME, ORDER_PROTO, proto_order
 
 from e2e import (  # noqa: F401 (fixture)
     assert_exactly_once,
+    FORMAT_KILL_POINTS,
     killed_at_every_point_then_resumed,
     pipeline,
     rows,
@@ -62,12 +63,12 @@ def test_a_protobuf_topic_lands_typed_with_broken_values_dead_lettered_by_kind(p
     assert {k: sum(1 for r in letters if r["error_kind"] == k) for k in broken} == broken
 
 
-def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_duplicates_a_protobuf_record(platform, pipeline,
+def test_kill_9_while_decoding_or_writing_a_batch_neither_loses_nor_duplicates_a_protobuf_record(platform, pipeline,
                                                                                          make_spec, spark):
     spec = protobuf_pipeline(pipeline, make_spec, trigger={"max_records_per_batch": 80})
     records, _ = protobuf_orders(500)
     send(platform, spec.source.topic, records)
-    killed_at_every_point_then_resumed(platform, spec)
+    killed_at_every_point_then_resumed(platform, spec, points=FORMAT_KILL_POINTS)
     assert assert_exactly_once(platform, spec) == 500
 
 
@@ -136,7 +137,7 @@ def test_a_new_writer_schema_file_in_the_folder_evolves_the_table_at_the_next_ru
 
 
 
-def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_duplicates_a_json_schema_record(platform, pipeline,
+def test_kill_9_while_decoding_or_writing_a_batch_neither_loses_nor_duplicates_a_json_schema_record(platform, pipeline,
                                                                                             make_spec, spark):
     folder = make_spec.directory / "schemas"
     folder.mkdir()
@@ -151,7 +152,7 @@ def test_kill_9_at_every_point_of_a_batch_neither_loses_nor_duplicates_a_json_sc
         value = formats.wire_json(2, {**document, "coupon": "X"}) if i % 2 else formats.wire_json(1, document)
         records.append((f"ord-{i}".encode(), value[:-2] if i % 25 == 24 else value))  # truncated: a dead letter
     send(platform, spec.source.topic, records)
-    killed_at_every_point_then_resumed(platform, spec)
+    killed_at_every_point_then_resumed(platform, spec, points=FORMAT_KILL_POINTS)
     assert assert_exactly_once(platform, spec) == 500
     assert len(rows(platform, spec, spec.dead_letter_table)) == 20
 
