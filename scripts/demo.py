@@ -270,7 +270,7 @@ def main() -> int:
     else:
         print("  .venv/bin/lakehouse ingest --pipeline orders --trigger-interval 5s   keep ingesting")
     print("  .venv/bin/lakehouse replay --pipeline orders --dead-letters          after fixing a contract")
-    print("  make stack-down     stop Airflow and the broker (topics are in memory and go with it)")
+    print("  make stack-down     stop Airflow and the broker (its log stays on disk: the topics are there at the next stack up)")
     print("  make clean          stop it and delete tables, catalog and warehouse (.lakehouse/)")
     return 0
 
