@@ -72,14 +72,23 @@ def test_only_the_driver_maps_the_archive_and_only_once_it_is_made(spark_home, m
 
 
 def test_airflow_submits_drivers_with_the_same_flags(spark_home, monkeypatch, make_spec):
+    """The archive for the driver, and on an S3-compatible store its checksum settings for both sides, as the
+    CLI's jobs get them."""
     from lakehouse_airflow.spark import submit_kwargs
 
     archive = spark_home / "made.jsa"
     archive.write_bytes(b"")
     monkeypatch.setattr(sparkenv, "class_archive", lambda: archive)
-    conf = submit_kwargs(make_spec(), "ingest", "--once")["conf"]
-    assert conf["spark.driver.extraJavaOptions"] == sparkenv.java_options_of("driver")
-    assert conf["spark.executor.extraJavaOptions"] == sparkenv.java_options_of("executor")
+    monkeypatch.setenv("LAKEHOUSE_WAREHOUSE", "s3://lakehouse/warehouse")
+    monkeypatch.setenv("LAKEHOUSE_S3_ENDPOINT", "http://127.0.0.1:9300")
+    spec = make_spec()
+    conf = submit_kwargs(spec, "ingest", "--once")["conf"]
+    cli = sparkenv.spark_conf(config.load(fresh=True), [spec.catalog], "app")
+    for side in ("driver", "executor"):
+        assert conf[f"spark.{side}.extraJavaOptions"] == cli[f"spark.{side}.extraJavaOptions"]
+        assert "-Daws.requestChecksumCalculation=when_required" in conf[f"spark.{side}.extraJavaOptions"]
+    assert f"-XX:SharedArchiveFile={archive}" in conf["spark.driver.extraJavaOptions"]
+    assert "SharedArchiveFile" not in conf["spark.executor.extraJavaOptions"]
 
 
 @pytest.mark.slow

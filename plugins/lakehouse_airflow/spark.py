@@ -79,19 +79,23 @@ def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_
                PYSPARK_DRIVER_PYTHON=env.get("PYSPARK_DRIVER_PYTHON", python),
                LAKEHOUSE_PIPELINES_DIR=str(Path(spec.path).parent))
     platform = config.load()
+    name = f"lakehouse-{job}-{spec.name}"
+    # spark-submit starts the driver's JVM (in client mode, on this worker) with the flags the CLI's jobs get:
+    # logging, LAKEHOUSE_SPARK_JAVA_OPTIONS, the class archive, an S3-compatible store's checksum settings
+    jvm = sparkenv.spark_conf(platform, [spec.catalog], name)
     return dict(
         conn_id=conn_id,
         application=str(SPARK_JOBS / f"{job}.py"),
         application_args=["--pipeline", spec.name, *args],
         packages=",".join(platform.spark_packages),
         jars=",".join(platform.jars) or None,
-        name=f"lakehouse-{job}-{spec.name}",
+        name=name,
         env_vars=env,
         conf={"spark.pyspark.python": env["PYSPARK_PYTHON"],
               "spark.pyspark.driver.python": env["PYSPARK_DRIVER_PYTHON"],
-              # spark-submit starts the driver's JVM with these (in client mode, on this worker)
-              "spark.driver.extraJavaOptions": sparkenv.java_options_of("driver"),
-              "spark.executor.extraJavaOptions": sparkenv.java_options_of("executor"), **platform.spark_conf},
+              **{f"spark.{side}.extraJavaOptions": jvm[f"spark.{side}.extraJavaOptions"]
+                 for side in ("driver", "executor")},
+              **platform.spark_conf},
     )
 
 
