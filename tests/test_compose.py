@@ -16,6 +16,7 @@ object_store), but for the deliberate differences listed there, each with its re
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import importlib.util
@@ -986,6 +987,8 @@ REST_DIFFERENT = {
     "uri": "the JdbcCatalog's SQLite file: in the image's home folder (a volume), not the stack's home",
     "s3.endpoint": "the object store's address: its service name on the compose network, not 127.0.0.1",
     "rest.port": "the port: the image's 8181, not the stack's 18181 (or the next free one)",
+    "jdbc.init-catalog-tables": "false once the database has the catalog's tables (rest_catalog.environment): "
+                                "the image's fixed environment leaves Iceberg's default, true",
 }
 
 
@@ -1016,6 +1019,29 @@ def test_the_rest_catalog_runs_with_the_stacks_settings(stack_servers):
         name, value = option.removeprefix("-D").split("=")
         variable = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name.replace(".", "_")).upper()  # AWS_REQUEST_CHECKSUM_...
         assert compose_env.get(variable) == value, f"{option}: {variable}={compose_env.get(variable)!r}"
+
+
+def test_the_rest_catalog_creates_its_tables_only_in_a_database_without_them(tmp_path: Path):
+    """A restarted server must not run Iceberg's table check, which leaves a SQLite lock behind (see
+    rest_catalog.environment; the restart itself: tests/test_rest_catalog.py)."""
+    layout = rest_catalog.Layout(tmp_path)
+    variable = rest_catalog.env_name("jdbc.init-catalog-tables")
+
+    def initializes() -> str:
+        return rest_catalog.environment(layout, 18181, "file:///warehouse", base={})[variable]
+
+    assert initializes() == "true"  # the first start
+    layout.folder.mkdir(parents=True)
+    sqlite3.connect(layout.database).close()
+    assert initializes() == "true"  # a first start that died before creating the tables
+    with contextlib.closing(sqlite3.connect(layout.database)) as db, db:
+        db.execute(f"CREATE TABLE {rest_catalog.JDBC_TABLES[0]} (catalog_name VARCHAR(255))")
+    assert initializes() == "true"  # one table of two
+    with contextlib.closing(sqlite3.connect(layout.database)) as db, db:
+        db.execute(f"CREATE TABLE {rest_catalog.JDBC_TABLES[1]} (catalog_name VARCHAR(255))")
+    assert initializes() == "false"
+    layout.database.write_bytes(b"not a database" * 100)
+    assert initializes() == "true"  # unreadable: the server says what is wrong with it
 
 
 # Properties of the stack's registry (registry.application_properties) that compose sets otherwise, and why.

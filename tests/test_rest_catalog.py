@@ -18,6 +18,7 @@ import json
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -295,6 +296,11 @@ def test_the_catalog_restarted_mid_stream_loses_and_duplicates_nothing(on_servic
     assert assert_exactly_once(platform, spec) == 300
     retries = [e for e in events.recent(spec.name, "retry", platform=platform, catalog=spec.catalog)]
     assert retries, "the outage was retried (a retry event on the timeline)"
+    # the restarted server takes concurrent writes: each of its database connections writes
+    names = [f"{spec.name}_after_restart_{i}" for i in range(6)]
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda name: open_catalog(platform, spec.catalog).create_namespace(name), names))
+    assert set(names) <= {ns[0] for ns in open_catalog(platform, spec.catalog).list_namespaces()}
 
 
 def test_a_rest_catalog_that_refuses_or_is_not_there_fails_at_once_naming_the_setting(

@@ -32,9 +32,11 @@ check; the caller (lakehouse_dev.services) spawns and stops the process (SIGTERM
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
+import sqlite3
 import time
 import urllib.error
 import urllib.request
@@ -57,7 +59,8 @@ CONFIG = jvm.JVM_DIR / PART / "loopback.xml"
 # recognises it, so that a server started by an older checkout can be stopped.
 FIXTURE_MAIN = "org.apache.iceberg.rest.RESTCatalogServer"
 CATALOG_IMPL = "org.apache.iceberg.jdbc.JdbcCatalog"
-CATALOG_NAME = "rest_backend"  # the server's default name of its backend catalog
+CATALOG_NAME = "rest_backend"
+JDBC_TABLES = ("iceberg_tables", "iceberg_namespace_properties")  # what the JdbcCatalog creates in its database  # the server's default name of its backend catalog
 # Names the process on its command line (is_server_process): the server itself reads no system property.
 HOME_PROPERTY = "lakehouse.rest-catalog.home"
 # Small and few threads: two cores are shared with Spark, the Python workers and Airflow. The server keeps
@@ -111,7 +114,16 @@ class Layout:
 
     @property
     def initialized(self) -> bool:
-        return self.database.exists()
+        """Whether the database holds the JdbcCatalog's tables (a server ran on it before). Read while no server
+        runs on it; a database that cannot be read counts as not initialized (the server then says why)."""
+        if not self.database.is_file():
+            return False
+        try:
+            with contextlib.closing(sqlite3.connect(f"{self.database.as_uri()}?mode=ro", uri=True, timeout=10)) as db:
+                found = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.Error:
+            return False
+        return set(JDBC_TABLES) <= found
 
 
 def env_name(prop: str) -> str:
@@ -148,6 +160,13 @@ def environment(layout: Layout, port: int, warehouse: str, properties: Mapping[s
         "rest.port": str(port),
         "jdbc.schema-version": "V1",  # views too (the server's default, stated here)
         "jdbc.strict-mode": "true",  # a table only in an existing namespace (as the fixture image)
+        # Only on a new database. JdbcCatalog.initializeCatalogTables asks SQLite whether each of its tables
+        # exists with DatabaseMetaData.getTables and never closes the answer (Iceberg 1.10.1): when the table
+        # is there, that statement stays active and keeps SQLite's shared lock on one of the pool's two
+        # connections, so every write through the other fails after busy_timeout (a 500 "UncheckedSQLException:
+        # Unknown failure"): a restarted catalog refused about every other commit until the JVM's garbage
+        # collector happened to finalize the statement.
+        "jdbc.init-catalog-tables": "false" if layout.initialized else "true",
     }
     catalog.update(properties or {})
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("CATALOG_")}
