@@ -22,6 +22,10 @@ demo: setup
 # Airflow or `lakehouse` process: tests/conftest.py fails a test that starts one), `make test-e2e`
 # only the end-to-end tests marked slow. pytest exits 5 when it collects no tests: that is a
 # failure, said plainly. Every test's time is in reports/tests.xml (JUnit XML, as CI servers read it).
+# `make test` and `make test-e2e` run in XDIST's pytest-xdist workers (each file in one worker, each worker
+# with a stack of its own); `make test XDIST=` runs in one process.
+XDIST ?= -n 2 --dist loadfile
+
 define pytest
 	@rc=0; $(PYTHON) -m pytest -q --durations=30 --junitxml=reports/tests.xml $(1) tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make $@: FAILED: pytest collected no tests (exit code 5)" >&2; fi; \
@@ -29,13 +33,13 @@ define pytest
 endef
 
 test: setup
-	$(call pytest,)
+	$(call pytest,$(XDIST))
 
 test-unit: setup
 	$(call pytest,-m "not slow")
 
 test-e2e: setup
-	$(call pytest,-m slow)
+	$(call pytest,$(XDIST) -m slow)
 
 # The benchmark against the machine's ceilings (about 8 min on 2 cores): its own scratch stack on
 # broker port 19192, report in reports/bench/report.md. Knobs: BENCH_SCALE, BENCH_RECORDS, BENCH_REPEATS,

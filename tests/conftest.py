@@ -42,6 +42,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+import hypothesis
 import pytest
 import yaml
 from polling import wait_until
@@ -49,6 +50,7 @@ from polling import wait_until
 from lakehouse.core import config
 from lakehouse.core import spec as spec_module
 from lakehouse_airflow.spark import spark_connection
+from lakehouse_dev import services as services_module
 from lakehouse_dev import stack as stack_module
 
 config_module = config
@@ -58,6 +60,11 @@ DAGS_FOLDER = config.REPO_ROOT / "dags"
 _ISOLATED_PREFIXES = ("LAKEHOUSE_BOOTSTRAP_SERVERS", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE",
                       "LAKEHOUSE_KAFKA_", "LAKEHOUSE_S3_", "LAKEHOUSE_FAULT")
 TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
+
+# Property tests judge outcomes, not speed: the suite runs in two processes on two cores beside JVMs, where
+# one example may take longer than hypothesis's default 200 ms deadline without anything being wrong.
+hypothesis.settings.register_profile("lakehouse", deadline=None)
+hypothesis.settings.load_profile("lakehouse")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,8 +92,32 @@ def pytest_configure(config: pytest.Config) -> None:
     })
 
 
+# Ports of the servers tests start: blocks of PORT_BLOCK from a range of this pytest process's own, below the
+# OS's ephemeral ports (32768 and up on Linux), so that two pytest-xdist workers starting servers at the same
+# moment never pick the same port (a broker takes its PLAINTEXT port and the next free ones for its other
+# listeners: all inside its block).
+PORT_BLOCK = 8
+PORTS_PER_WORKER = 2400
+
+
+def _worker_index() -> int:
+    """This process's place among pytest-xdist's workers (gw0 -> 0, gw1 -> 1, ...); 0 without xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    return int(name) if name.isdigit() else 0
+
+
+_PORT_START = 22000 + _worker_index() * PORTS_PER_WORKER
+_next_ports = iter(range(_PORT_START, _PORT_START + PORTS_PER_WORKER, PORT_BLOCK))
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
+    """A TCP port nobody listens on right now, with the next PORT_BLOCK - 1 free too, from this process's own
+    range (see PORT_BLOCK); once that is used up, any port the OS picks."""
+    from lakehouse_dev.processes import port_free
+
+    for port in _next_ports:
+        if all(port_free(p) for p in range(port, port + PORT_BLOCK)):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -176,6 +207,11 @@ def lakehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 mp.delenv(name)
         mp.setenv("LAKEHOUSE_HOME", str(home))
         mp.setenv("LAKEHOUSE_BROKER_PORT", str(free_port()))
+        # the stack's other servers, and Airflow's log servers, on this process's ports too (see PORT_BLOCK)
+        for name in services_module.DEFAULT_PORTS:
+            mp.setitem(services_module.DEFAULT_PORTS, name, free_port())
+        mp.setenv("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", str(free_port()))
+        mp.setenv("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", str(free_port()))
         # the tests' JVMs handle little data and start often: quick start-up over peak speed
         mp.setenv("LAKEHOUSE_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         yield home
@@ -253,7 +289,6 @@ def services(stack: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
 def registry_url(services: dict) -> str:
     """The `services` home's schema registry (Apicurio, Confluent-compatible API) as LAKEHOUSE_SCHEMA_REGISTRY_URL
     takes it: with its user's credentials, which config turns into basic auth."""
-    from lakehouse_dev import services as services_module
     from lakehouse_dev import settings
 
     state = settings.read_state_file(services["home"], stack_module.STATE_FILE)
@@ -470,7 +505,7 @@ def signed_in_page(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> Callabl
     from e2e import page_reads
 
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "lakehouse-page-tests-jwt-secret-" + "0123456789abcdef" * 3)
-    airflow_app.purge_cached_app()
+    forget_auth_manager()
 
     def signed_in(pipelines_dir: Path) -> tuple[Any, dict[str, str]]:
         page_reads(monkeypatch, pipelines_dir)
@@ -478,7 +513,20 @@ def signed_in_page(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> Callabl
         return TestClient(lakehouse_ui.app), {"Authorization": f"Bearer {token}"}
 
     yield signed_in
+    forget_auth_manager()
+
+
+def forget_auth_manager() -> None:
+    """Airflow's auth manager is built again from the configuration at its next use. purge_cached_app forgets
+    the app and the manager, but not the JWT signer and validator, which BaseAuthManager caches per manager
+    class for the process: a test that sets its own secret would otherwise sign with one secret and validate
+    with another (403 "Invalid JWT token"), depending on which test ran first."""
+    from airflow.api_fastapi import app as airflow_app
+    from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
+
     airflow_app.purge_cached_app()
+    BaseAuthManager._get_token_signer.cache_clear()
+    BaseAuthManager._get_token_validator.cache_clear()
 
 
 @pytest.fixture

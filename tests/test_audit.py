@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import forget_auth_manager
 from confluent_kafka import Producer
 from pyiceberg.schema import Schema
 
@@ -355,7 +356,7 @@ def test_a_forced_publication_passes_the_slo_gates_and_shows_on_the_page_as_forc
     while cache.step():
         pass
     monkeypatch.setattr(lakehouse_ui, "CACHE", cache)
-    airflow_app.purge_cached_app()
+    forget_auth_manager()
     airflow_app.create_auth_manager()
     admin = SimpleAuthManagerUser(username="admin", role="admin")
     status, cards = lakehouse_ui._cards_json(admin)
@@ -365,6 +366,6 @@ def test_a_forced_publication_passes_the_slo_gates_and_shows_on_the_page_as_forc
     assert (shown["actor"], shown["status"], shown["parameters"]["forced"]) == ("dag_test", "ok", True)
     assert (shown["via"], shown["dag_id"]) == ("airflow", f"{spec.name}_publish")
     page = lakehouse_ui._cards_page(admin)
-    airflow_app.purge_cached_app()
+    forget_auth_manager()
     assert '<li data-kind="publish">' in page and 'data-field="action_actor" class="">dag_test<' in page
     assert 'data-field="latest_publish_actor" class="">dag_test<' in page

@@ -23,8 +23,8 @@ from lakehouse.core import config, kafka_security, topics
 from lakehouse.core.spec import PipelineSpec, load_spec
 from lakehouse.ops.status import pipeline_status
 from lakehouse_dev import produce, stack
-from tests.conftest import TEMPLATE_SPEC, consume_everything, free_port
-from tests.e2e import LAKEHOUSE, assert_exactly_once, coordinates, lakehouse, log_ends, rows
+from conftest import TEMPLATE_SPEC, consume_everything, free_port
+from e2e import LAKEHOUSE, assert_exactly_once, coordinates, lakehouse, log_ends, rows
 
 pytestmark = pytest.mark.slow
 

@@ -16,6 +16,7 @@ import re
 
 import jwt
 import pytest
+from conftest import forget_auth_manager
 from starlette.testclient import TestClient
 
 import lakehouse_ui
@@ -50,7 +51,7 @@ def page(airflow_db, platform, make_spec, monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", f"{__name__}.DagReadersAuthManager")
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", SECRET)
     monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
-    airflow_app.purge_cached_app()
+    forget_auth_manager()
     manager = airflow_app.create_auth_manager()
     assert isinstance(manager, DagReadersAuthManager)
     cache = OverviewCache(make_spec.directory, refresh_s=3600, rescan_s=3600, autostart=False)
@@ -62,7 +63,7 @@ def page(airflow_db, platform, make_spec, monkeypatch):
 
     with TestClient(lakehouse_ui.app) as client:
         yield client, cache, token
-    airflow_app.purge_cached_app()
+    forget_auth_manager()
 
 
 def settle(cache: OverviewCache) -> None:
