@@ -125,20 +125,22 @@ def publish_now(specs, timeout: float = 300.0) -> None:
     runs = {}
     for s in specs:
         runs[s.name] = f"demo__{time.strftime('%Y%m%dT%H%M%S')}"
+        # a run of a paused DAG stays queued: the scheduled pipelines' DAGs are still paused here
+        airflow("dags", "unpause", f"{s.name}_publish")
         airflow("dags", "trigger", f"{s.name}_publish", "--run-id", runs[s.name])
     deadline = time.monotonic() + timeout
-    pending = dict(runs)
+    pending = {name: "queued" for name in runs}
     while pending and time.monotonic() < deadline:
         time.sleep(5)
-        for name, run_id in list(pending.items()):
+        for name in list(pending):
             out = airflow("dags", "list-runs", f"{name}_publish", "--output", "json")
             listed = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("[")))
-            state = next((r["state"] for r in listed if r["run_id"] == run_id), "queued")
-            if state in ("success", "failed"):
-                print(f"{name}_publish: {state}")
+            pending[name] = next((r["state"] for r in listed if r["run_id"] == runs[name]), "queued")
+            if pending[name] in ("success", "failed"):
+                print(f"{name}_publish: {pending[name]}")
                 del pending[name]
-    for name in pending:
-        print(f"{name}_publish: still running after {timeout:.0f}s; follow it in the Airflow UI")
+    for name, state in pending.items():
+        print(f"{name}_publish: still {state} after {timeout:.0f}s; follow it in the Airflow UI")
 
 
 def main() -> int:
