@@ -501,14 +501,17 @@ def signed_in_page(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> Callabl
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
     from starlette.testclient import TestClient
 
-    import lakehouse_ui
     from e2e import page_reads
 
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "lakehouse-page-tests-jwt-secret-" + "0123456789abcdef" * 3)
     forget_auth_manager()
 
     def signed_in(pipelines_dir: Path) -> tuple[Any, dict[str, str]]:
-        page_reads(monkeypatch, pipelines_dir)
+        # the plugin module as imported now: Airflow's plugin loading (a DAG run since the fixture started)
+        # imports it again, and the app serves its own module's cache
+        import lakehouse_ui
+
+        page_reads(monkeypatch, pipelines_dir, ui=lakehouse_ui)
         token = airflow_app.create_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
         return TestClient(lakehouse_ui.app), {"Authorization": f"Bearer {token}"}
 
