@@ -122,7 +122,7 @@ def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = No
     try:
         earliest, probe_from, past_watermark = {}, {}, set()
         for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            low, high = _watermarks(consumer, topic, p, timeout)
             earliest[p] = low
             probe_from[p] = max(high, starts.get(p, 0), low)
             if starts.get(p, 0) > high:
@@ -143,6 +143,28 @@ def topic_state_for(kafka_conf: dict, topic: str, progress: Iterable[TableProgre
             starts[p] = max(starts.get(p, 0), pos)
     expected = next((tp.topic_id for tp in progress if tp.topic_id), None)
     return topic_state(kafka_conf, topic, starts, timeout=timeout, expected_id=expected)
+
+
+# Errors of a partition the broker just described that say the client does not know where it lives yet: a
+# broker back from a freeze or a restart, fenced until the controller unfences it, or a leader moving. They
+# pass once the client's metadata catches up.
+NOT_YET_KNOWN = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                           KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                           KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT})
+
+
+def _watermarks(consumer: Consumer, topic: str, partition: int, timeout: float) -> tuple[int, int]:
+    """The low and high watermark of a partition the broker described just before. A broker that cannot tell
+    them now raises BrokerUnavailableError (the batch is retried), anything else SourceError."""
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.code() in NOT_YET_KNOWN or err.retriable():
+            raise BrokerUnavailableError(f"topic {topic!r} partition {partition}: no watermarks yet "
+                                         f"({err.str()}); is the broker healthy?") from None
+        raise SourceError(f"topic {topic!r} partition {partition}: cannot read its watermarks: {err.str()}") \
+            from None
 
 
 def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], timeout: float,
@@ -175,6 +197,8 @@ def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], time
             elif err.code() == KafkaError._PARTITION_EOF:
                 ends[p] = max(ends[p], msg.offset())
                 pending.discard(p)
+            elif err.code() in NOT_YET_KNOWN or err.retriable():
+                continue  # the client finds the partition again, or the deadline says the broker is not healthy
             elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
                 raise TopicRecreatedError(
                     f"topic {topic!r} partition {p}: the committed position {probe_from[p]} is beyond the "

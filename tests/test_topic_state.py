@@ -1,0 +1,118 @@
+"""How the planner reads a topic's state (lakehouse.ingest.plan.topic_state) from a broker that is not well: no
+broker, the client library's answers played by fakes.
+
+Right after Apache Kafka comes back from a freeze or a restart it is fenced until its controller unfences it:
+the admin client describes the topic, while the consumer's metadata does not know where a partition lives yet
+("Local: Unknown partition"). That is the broker not answering yet, retried by the job within its budget
+(BrokerUnavailableError), never the end of the job; a refusal stays an error of the source.
+(The broker actually frozen and thawed under a running job: tests/test_transient_faults.py.)
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from lakehouse.core import errors
+from lakehouse.ingest import plan
+
+TOPIC = "orders"
+
+
+class Message:
+    def __init__(self, partition: int, offset: int, code: int | None = None):
+        self._partition, self._offset = partition, offset
+        self._error = None if code is None else KafkaError(code, "from the fake")
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def error(self):
+        return self._error
+
+
+class Consumer:
+    """Watermarks (low, high) per partition, or the KafkaError code get_watermark_offsets raises; consume()
+    hands out `batches` one call at a time."""
+
+    def __init__(self, watermarks: dict[int, tuple[int, int] | int], batches: list[list[Message]] = ()):
+        self.watermarks, self.batches, self.closed = watermarks, list(batches), False
+
+    def get_watermark_offsets(self, tp, timeout):
+        found = self.watermarks[tp.partition]
+        if isinstance(found, int):
+            raise KafkaException(KafkaError(found, "Failed to get watermark offsets"))
+        return found
+
+    def assign(self, partitions):
+        self.assigned = {tp.partition: tp.offset for tp in partitions}
+
+    def consume(self, num_messages, timeout):
+        return self.batches.pop(0) if self.batches else []
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def broker(monkeypatch):
+    """broker(consumer): topic_state asks the described two-partition TOPIC, and reads with `consumer`."""
+    described = types.SimpleNamespace(topic_id=None, partitions=[types.SimpleNamespace(id=0),
+                                                                 types.SimpleNamespace(id=1)])
+
+    class Admin:
+        def __init__(self, conf):
+            pass
+
+        def describe_topics(self, topics, request_timeout):
+            return {TOPIC: None}
+
+    monkeypatch.setattr(plan, "AdminClient", Admin)
+    monkeypatch.setattr(plan.kafka_security, "wait_future", lambda future, admin, watch, timeout: described)
+
+    def use(consumer: Consumer) -> Consumer:
+        monkeypatch.setattr(plan, "kafka_consumer", lambda *args, **kwargs: consumer)
+        return consumer
+
+    return use
+
+
+@pytest.mark.parametrize("code", [KafkaError._UNKNOWN_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                                  KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TIMED_OUT,
+                                  KafkaError._ALL_BROKERS_DOWN])
+def test_watermarks_the_client_cannot_tell_yet_are_retried(broker, code):
+    consumer = broker(Consumer({0: (0, 10), 1: code}))
+    with pytest.raises(errors.BrokerUnavailableError) as info:
+        plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=0.2)
+    assert isinstance(info.value, errors.RetryableError)
+    assert f"topic {TOPIC!r} partition 1: no watermarks yet" in str(info.value)
+    assert consumer.closed
+
+
+def test_watermarks_refused_end_the_job_as_a_source_error(broker):
+    consumer = broker(Consumer({0: KafkaError.TOPIC_AUTHORIZATION_FAILED, 1: (0, 10)}))
+    with pytest.raises(errors.SourceError) as info:
+        plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=0.2)
+    assert not isinstance(info.value, errors.RetryableError)
+    assert "partition 0: cannot read its watermarks" in str(info.value) and consumer.closed
+
+
+def test_a_partition_lost_for_a_moment_while_probing_its_end_is_probed_until_it_answers(broker):
+    broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[
+        [Message(1, 7, KafkaError._UNKNOWN_PARTITION), Message(0, 10, KafkaError._PARTITION_EOF)],
+        [Message(1, 7, KafkaError._TRANSPORT)],
+        [Message(1, 7), Message(1, 8, KafkaError._PARTITION_EOF)],  # a record written meanwhile
+    ]))
+    state = plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=5)
+    assert {p: (s.earliest, s.end) for p, s in state.partitions.items()} == {0: (0, 10), 1: (5, 8)}
+
+
+def test_a_partition_that_never_answers_while_probing_is_a_broker_not_answering(broker):
+    broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[[Message(1, 7, KafkaError._UNKNOWN_PARTITION)]] * 3))
+    with pytest.raises(errors.BrokerUnavailableError, match=r"no end-of-partition from partitions \[0, 1\]"):
+        plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=0.3)
