@@ -29,6 +29,7 @@ from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import load_all
 from lakehouse.ops.status import pipeline_status, render
+from lakehouse.ops.supervision import JobAlreadyRunningError, JobLock
 from lakehouse_dev import airflow_stack
 from lakehouse_dev.cli import print_airflow_login
 
@@ -99,11 +100,37 @@ def hand_to_airflow(specs) -> None:
     print("unpaused: " + ", ".join([*dag_ids, "retention_alignment"]))
 
 
+def dags_of(specs) -> str:
+    """The regular expression of the ingest, publish and maintenance DAGs of `specs`."""
+    return f"^({'|'.join(s.name for s in specs)})_(ingest|publish|maintenance)$"
+
+
+def wait_for_running_job(spec, timeout: float = 600.0) -> bool:
+    """Wait until no ingest job of `spec` runs (an `_ingest` DAG run still on its way when the demo paused the
+    DAG); False after `timeout` seconds."""
+    lock = JobLock(config.load(), spec.name)
+    deadline, told = time.monotonic() + timeout, False
+    while True:
+        try:
+            lock.acquire().release()
+            return True
+        except JobAlreadyRunningError as exc:
+            if time.monotonic() > deadline:
+                print(f"{spec.name}: {exc}")
+                return False
+            if not told:
+                print(f"{spec.name}: waiting for the ingest job already running to finish ({exc})", flush=True)
+                told = True
+            time.sleep(5)
+
+
 def catch_up(specs, logs: Path) -> bool:
     """A `--once` job per scheduled pipeline, one after the other (two cores: side by side, or beside the
     publish DAGs, they only slow each other down), as their `_ingest` DAGs run on schedule; False when one
     fails (its log says why)."""
     for s in specs:
+        if not wait_for_running_job(s):
+            return False
         started = time.monotonic()
         job = start("ingest", "--pipeline", s.name, "--once", log=logs / f"ingest-{s.name}.log")
         if job.wait() != 0:
@@ -165,6 +192,8 @@ def main() -> int:
     jobs = []
     if airflow_started:
         say("handing the pipelines to Airflow: the ingest DAGs submit the continuous jobs with spark-submit")
+        if scheduled:  # a demo run before this one left them unpaused: they catch up below, then are unpaused
+            airflow("dags", "pause", "--treat-dag-id-as-regex", "-y", dags_of(scheduled))
         hand_to_airflow(continuous)
     else:
         say(f"continuous ingestion (5 s trigger); logs in {logs}")
@@ -228,9 +257,8 @@ def main() -> int:
             for p in trickle:
                 p.send_signal(signal.SIGTERM)
     if scheduled and airflow_started:  # from now on Airflow runs them on their schedules
-        pattern = f"^({'|'.join(s.name for s in scheduled)})_(ingest|publish|maintenance)$"
-        airflow("dags", "unpause", "--treat-dag-id-as-regex", "-y", pattern)
-        print(f"unpaused the DAGs of {', '.join(s.name for s in scheduled)} (matching {pattern})")
+        airflow("dags", "unpause", "--treat-dag-id-as-regex", "-y", dags_of(scheduled))
+        print(f"unpaused the DAGs of {', '.join(s.name for s in scheduled)} (matching {dags_of(scheduled)})")
 
     say("status")
     print(render([pipeline_status(s) for s in specs]))

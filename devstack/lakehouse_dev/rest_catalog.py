@@ -59,8 +59,8 @@ CONFIG = jvm.JVM_DIR / PART / "loopback.xml"
 # recognises it, so that a server started by an older checkout can be stopped.
 FIXTURE_MAIN = "org.apache.iceberg.rest.RESTCatalogServer"
 CATALOG_IMPL = "org.apache.iceberg.jdbc.JdbcCatalog"
-CATALOG_NAME = "rest_backend"
-JDBC_TABLES = ("iceberg_tables", "iceberg_namespace_properties")  # what the JdbcCatalog creates in its database  # the server's default name of its backend catalog
+CATALOG_NAME = "rest_backend"  # the server's default name of its backend catalog
+JDBC_TABLES = ("iceberg_tables", "iceberg_namespace_properties")  # what the JdbcCatalog creates in its database
 # Names the process on its command line (is_server_process): the server itself reads no system property.
 HOME_PROPERTY = "lakehouse.rest-catalog.home"
 # Small and few threads: two cores are shared with Spark, the Python workers and Airflow. The server keeps

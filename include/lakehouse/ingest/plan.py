@@ -147,10 +147,13 @@ def topic_state_for(kafka_conf: dict, topic: str, progress: Iterable[TableProgre
 
 # Errors of a partition the broker just described that say the client does not know where it lives yet: a
 # broker back from a freeze or a restart, fenced until the controller unfences it, or a leader moving. They
-# pass once the client's metadata catches up.
+# pass once the client's metadata catches up, as the transient ones (errors.transient_cause) do.
 NOT_YET_KNOWN = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                           KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
-                           KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT})
+                           KafkaError.NOT_LEADER_FOR_PARTITION})
+
+
+def _not_answering_yet(err: KafkaError) -> bool:
+    return err.code() in NOT_YET_KNOWN or errors.transient_cause(KafkaException(err)) is not None
 
 
 def _watermarks(consumer: Consumer, topic: str, partition: int, timeout: float) -> tuple[int, int]:
@@ -160,7 +163,7 @@ def _watermarks(consumer: Consumer, topic: str, partition: int, timeout: float) 
         return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
     except KafkaException as exc:
         err = exc.args[0]
-        if err.code() in NOT_YET_KNOWN or err.retriable():
+        if _not_answering_yet(err):
             raise BrokerUnavailableError(f"topic {topic!r} partition {partition}: no watermarks yet "
                                          f"({err.str()}); is the broker healthy?") from None
         raise SourceError(f"topic {topic!r} partition {partition}: cannot read its watermarks: {err.str()}") \
@@ -197,7 +200,7 @@ def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], time
             elif err.code() == KafkaError._PARTITION_EOF:
                 ends[p] = max(ends[p], msg.offset())
                 pending.discard(p)
-            elif err.code() in NOT_YET_KNOWN or err.retriable():
+            elif _not_answering_yet(err):
                 continue  # the client finds the partition again, or the deadline says the broker is not healthy
             elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
                 raise TopicRecreatedError(
