@@ -14,6 +14,7 @@ import types
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from test_poison_records import FakeMessage
 
 from lakehouse.core import errors
 from lakehouse.ingest import plan
@@ -21,26 +22,15 @@ from lakehouse.ingest import plan
 TOPIC = "orders"
 
 
-class Message:
-    def __init__(self, partition: int, offset: int, code: int | None = None):
-        self._partition, self._offset = partition, offset
-        self._error = None if code is None else KafkaError(code, "from the fake")
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def error(self):
-        return self._error
+def message(partition: int, offset: int, code: int | None = None) -> FakeMessage:
+    return FakeMessage(offset, partition=partition, error=None if code is None else KafkaError(code, "from the fake"))
 
 
 class Consumer:
     """Watermarks (low, high) per partition, or the KafkaError code get_watermark_offsets raises; consume()
     hands out `batches` one call at a time."""
 
-    def __init__(self, watermarks: dict[int, tuple[int, int] | int], batches: list[list[Message]] = ()):
+    def __init__(self, watermarks: dict[int, tuple[int, int] | int], batches: list[list[FakeMessage]] = ()):
         self.watermarks, self.batches, self.closed = watermarks, list(batches), False
 
     def get_watermark_offsets(self, tp, timeout):
@@ -104,15 +94,15 @@ def test_watermarks_refused_end_the_job_as_a_source_error(broker):
 
 def test_a_partition_lost_for_a_moment_while_probing_its_end_is_probed_until_it_answers(broker):
     broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[
-        [Message(1, 7, KafkaError._UNKNOWN_PARTITION), Message(0, 10, KafkaError._PARTITION_EOF)],
-        [Message(1, 7, KafkaError._TRANSPORT)],
-        [Message(1, 7), Message(1, 8, KafkaError._PARTITION_EOF)],  # a record written meanwhile
+        [message(1, 7, KafkaError._UNKNOWN_PARTITION), message(0, 10, KafkaError._PARTITION_EOF)],
+        [message(1, 7, KafkaError._TRANSPORT)],
+        [message(1, 7), message(1, 8, KafkaError._PARTITION_EOF)],  # a record written meanwhile
     ]))
     state = plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=5)
     assert {p: (s.earliest, s.end) for p, s in state.partitions.items()} == {0: (0, 10), 1: (5, 8)}
 
 
 def test_a_partition_that_never_answers_while_probing_is_a_broker_not_answering(broker):
-    broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[[Message(1, 7, KafkaError._UNKNOWN_PARTITION)]] * 3))
+    broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[[message(1, 7, KafkaError._UNKNOWN_PARTITION)]] * 3))
     with pytest.raises(errors.BrokerUnavailableError, match=r"no end-of-partition from partitions \[0, 1\]"):
         plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=0.3)
