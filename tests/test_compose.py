@@ -269,11 +269,14 @@ def test_the_project_image_builds_from_a_pinned_python_with_the_locked_requireme
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", froms[1])
     assert ("WORKDIR", APP_ROOT) in dockerfile_instructions()
     runs = " ".join(args for name, args in dockerfile_instructions() if name == "RUN")
-    assert "pip install --no-cache-dir -r requirements.txt -c requirements.lock" in runs
+    # every download hash-checked from the lock, as set-up installs it (the rest offline)
+    pip_installs = re.findall(r"pip install [^&]*", runs)
+    assert pip_installs and all("--require-hashes" in c or "--no-index" in c for c in pip_installs), pip_installs
+    assert "pip install --no-cache-dir --require-hashes --no-build-isolation -r requirements.lock" in runs
     # editable, as scripts/setup.sh installs it: lakehouse.core.config.REPO_ROOT is then APP_ROOT; and the
     # development stack's package, whose S3 server the object-store service runs
-    assert "pip install --no-cache-dir --no-deps -e ." in runs
-    assert "pip install --no-cache-dir --no-deps -e devstack" in runs
+    assert "pip install --no-cache-dir --no-deps --no-index --no-build-isolation -e ." in runs
+    assert "pip install --no-cache-dir --no-deps --no-index --no-build-isolation -e devstack" in runs
     assert "-e devstack" in (REPO / "scripts/setup.sh").read_text()
     setup_pip = re.search(r'^PIP_VERSION="([^"]+)"', (REPO / "scripts/setup.sh").read_text(), re.M).group(1)
     assert dockerfile_pairs("ARG")["PIP_VERSION"] == setup_pip
