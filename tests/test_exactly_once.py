@@ -8,6 +8,7 @@ on its Spark session.
 """
 
 import json
+import os
 import signal
 from pathlib import Path
 from urllib.parse import urlparse
@@ -111,10 +112,17 @@ def test_kill_9_at_any_point_neither_loses_nor_duplicates(platform, pipeline, po
         assert data_positions == ends and dlq_positions == ends
         assert all(o < 0 for o in committed_group_offsets(platform, spec).values())
 
+    scratch = Path(platform.home) / "spark-local"
+    killed_copies = {p.relative_to(scratch).parts[0] for p in scratch.rglob("*.jar")
+                     if not p.relative_to(scratch).parts[0].startswith(f"{os.getpid()}-")}  # not this process's
+    assert killed_copies, "the killed driver should have left its copy of the Spark packages"
+
     resumed = ingest_once(spec)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert assert_exactly_once(platform, spec) == 3000
     assert committed_group_offsets(platform, spec) == ends
+    # the next start removed what the killed driver left of Spark's local files
+    assert not killed_copies & {p.name for p in scratch.iterdir()}
 
 
 def test_a_failed_task_is_retried_and_reads_exactly_the_same_range(platform, pipeline):

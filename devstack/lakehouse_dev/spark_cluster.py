@@ -103,7 +103,9 @@ def status() -> dict:
 def _launch(home: Path, name: str, args: list[str]) -> subprocess.Popen:
     log = home / "logs" / f"spark-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    # the executors' local files (shuffle blocks, fetched jars) under the stack's home, not /tmp
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(log.parent),
+               SPARK_LOCAL_DIRS=str(home / "spark" / "local"),
                PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
     env.pop("SPARK_HOME", None)  # spark-class finds the pip package's own home
     with open(log, "ab") as handle:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -177,6 +178,75 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
     return conf
 
 
+# This process's claims on folders of Spark's local files, by root: the folder (its lock stays open, held, for the
+# process's life: a JVM keeps the local folders it started with even after its session stops)
+_scratch_claims: dict[Path, Path] = {}
+
+
+def scratch_dir(platform: PlatformConfig) -> Path | None:
+    """The folder this process gives its driver as spark.local.dir, under the stack's home, or None when the
+    user chose Spark's local folders (spark.local.dir in LAKEHOUSE_SPARK_CONF, or SPARK_LOCAL_DIRS).
+
+    Spark keeps a driver's files under spark.local.dir (default /tmp): shuffle blocks and, for a Python
+    application, a copy of every spark.jars.packages jar (Iceberg's runtime and AWS bundle, ~120 MB). The
+    JVM deletes them when it shuts down, but not when it is killed (kill -9, a supervisor's restart, an
+    out-of-memory kill), and each such restart would leave its copy in /tmp. So each process claims its own
+    folder under <home>/spark-local, held by an exclusive lock on `<folder>.lock` for the process's life, and
+    each call removes the folders whose lock nobody holds (their process has ended).
+    """
+    if "spark.local.dir" in platform.spark_conf or os.environ.get("SPARK_LOCAL_DIRS"):
+        return None
+    root = Path(platform.home) / "spark-local"
+    if root in _scratch_claims:
+        sweep_scratch(root)
+        return _scratch_claims[root]
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    lock_path = folder.with_name(folder.name + ".lock")
+    while True:  # the lock is held before the folder exists: a folder without a held lock is stale
+        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock_path).st_ino == os.fstat(lock).st_ino:
+                break  # not swept away between its creation and the lock (as a lock without its folder)
+        os.close(lock)
+    folder.mkdir(mode=0o700)
+    _scratch_claims[root] = folder
+    sweep_scratch(root)
+    return folder
+
+
+def sweep_scratch(root: Path) -> list[Path]:
+    """Remove the folders under `root` (scratch_dir's) whose process has ended; returns them."""
+    removed = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.endswith(".lock"):
+            entry, lock_path = entry.with_name(entry.name.removesuffix(".lock")), entry
+            if entry.exists() or entry.is_symlink():
+                continue  # the folder's own turn
+        elif entry.is_dir() and not entry.is_symlink():
+            lock_path = entry.with_name(entry.name + ".lock")
+        else:
+            continue
+        try:
+            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            continue  # its process still runs
+        try:
+            if entry.exists():
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+            lock_path.unlink(missing_ok=True)
+        finally:
+            os.close(lock)
+    return removed
+
+
 def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
     """Get or create the SparkSession, with the Python workers on this interpreter.
 
@@ -201,6 +271,9 @@ def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
         for variable, value in platform.catalog(name).object_store.aws_environment().items():
             os.environ.setdefault(variable, value)
     builder = SparkSession.builder
+    local_dir = scratch_dir(platform)
+    if local_dir is not None:
+        builder = builder.config("spark.local.dir", str(local_dir))
     for key, value in spark_conf(platform, catalogs, app_name).items():
         builder = builder.config(key, value)
     with _jvm_output_to_stderr():
