@@ -103,3 +103,11 @@ def test_the_users_own_local_folders_win(home, monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_DIRS", "/data/spark")
     assert sparkenv.scratch_dir(platform_of(home)) is None
     assert not (home / "spark-local").exists()
+
+
+def test_a_home_it_cannot_write_leaves_sparks_default_with_a_warning(home, capsys):
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "spark-local").write_text("a file where the folder should be")
+
+    assert sparkenv.scratch_dir(platform_of(home)) is None
+    assert "Spark's local files stay in its default folder" in capsys.readouterr().err

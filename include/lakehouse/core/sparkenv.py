@@ -192,14 +192,25 @@ def scratch_dir(platform: PlatformConfig) -> Path | None:
     JVM deletes them when it shuts down, but not when it is killed (kill -9, a supervisor's restart, an
     out-of-memory kill), and each such restart would leave its copy in /tmp. So each process claims its own
     folder under <home>/spark-local, held by an exclusive lock on `<folder>.lock` for the process's life, and
-    each call removes the folders whose lock nobody holds (their process has ended).
+    each call removes the folders whose lock nobody holds (their process has ended). A home this process
+    cannot write to leaves Spark's default, with a warning.
     """
     if "spark.local.dir" in platform.spark_conf or os.environ.get("SPARK_LOCAL_DIRS"):
         return None
     root = Path(platform.home) / "spark-local"
-    if root in _scratch_claims:
+    try:
+        if root not in _scratch_claims:
+            _scratch_claims[root] = _claim(root)
         sweep_scratch(root)
-        return _scratch_claims[root]
+    except OSError as exc:
+        print(f"warning: Spark's local files stay in its default folder: cannot use {root} ({exc.strerror})",
+              file=sys.stderr)
+        return None
+    return _scratch_claims[root]
+
+
+def _claim(root: Path) -> Path:
+    """A new folder under `root`, locked for the life of this process (the lock file stays open)."""
     root.mkdir(parents=True, exist_ok=True)
     folder = root / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     lock_path = folder.with_name(folder.name + ".lock")
@@ -211,8 +222,6 @@ def scratch_dir(platform: PlatformConfig) -> Path | None:
                 break  # not swept away between its creation and the lock (as a lock without its folder)
         os.close(lock)
     folder.mkdir(mode=0o700)
-    _scratch_claims[root] = folder
-    sweep_scratch(root)
     return folder
 
 
