@@ -12,7 +12,9 @@ publishes every pipeline (the change stream's verification and publication inclu
 lag is 0, then prints the status, samples of raw.orders, raw.payments
 and raw.inventory (against what the change stream says the table must hold), the dead
 letters by reason and the readers' view. Without Airflow (it did not start) the demo runs
-the ingest jobs itself. DEMO_SECONDS sets how long the producers run (default 60).
+the ingest jobs itself. DEMO_SECONDS sets how long rows land live (default 60): the live phase starts
+once every continuous job has landed its first batch (spark-submit under Airflow takes a while on two
+cores), at most STARTUP_S after the producers started.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ LAKEHOUSE = str(Path(sys.executable).with_name("lakehouse"))
 SECONDS = int(os.environ.get("DEMO_SECONDS", "60"))
 RATES = {"orders": 500, "customers": 20, "payments": 100, "inventory": 40}
 TRICKLE_RATE = 5  # records/s per pipeline while the publish DAGs run
+STARTUP_S = 180  # at most this long for the continuous jobs' first batch before the live phase counts
 
 
 def say(text: str) -> None:
@@ -63,6 +66,11 @@ def reset_if_the_log_is_new(specs) -> None:
               f"previous run: {', '.join(sorted(existing))}")
         for t in sorted(existing):
             catalog.purge_table(t)
+
+
+def landed(status: dict) -> int:
+    """Rows and dead letters a pipeline's tables hold (`pipeline_status`)."""
+    return (status["rows"] or 0) + (status["dead_letters"] or 0)
 
 
 def wait_until_ready(specs, jobs, timeout: float = 300.0) -> bool:
@@ -204,25 +212,45 @@ def main() -> int:
               f"in Airflow or {logs}")
         return 1
 
-    say(f"live producers for {SECONDS}s; logs in {logs}")
-    producers = [start("produce", "--pipeline", s.name, "--count", str(RATES.get(s.name, 100) * SECONDS),
+    say(f"producers started, logs in {logs}; rows land live for {SECONDS}s once every continuous ingest job "
+        f"has landed its first batch")
+    # the continuous pipelines' producers run until the live phase ends (they are stopped then); the scheduled
+    # pipelines' produce a fixed count, whose change-stream summary the demo shows at the end
+    producers = [start("produce", "--pipeline", s.name, "--count",
+                       str(RATES.get(s.name, 100) * (SECONDS + (STARTUP_S if s in continuous else 0))),
                        "--rate", str(RATES.get(s.name, 100)), "--bad-ratio", "0.02", "--quiet",
                        log=logs / f"produce-{s.name}.log") for s in specs]
     try:
         started = time.monotonic()
-        while any(p.poll() is None for p in producers) or time.monotonic() - started < SECONDS:
+        landed_before = {s.name: landed(pipeline_status(s, with_timeline=False)) for s in continuous}
+        live_from, told = None, None
+        while live_from is None or time.monotonic() - live_from < SECONDS \
+                or any(p.poll() is None for p, s in zip(producers, specs) if s not in continuous):
             time.sleep(5)
-            line = []
-            for s in specs:
-                st = pipeline_status(s, with_timeline=False)
-                line.append(f"{s.name}: {st['rows']} rows, {st['dead_letters']} dead letters, "
-                            f"lag {st['lag_records'] if st['lag_records'] is not None else '?'}")
+            statuses = {s.name: pipeline_status(s, with_timeline=False) for s in specs}
+            line = [f"{name}: {st['rows']} rows, {st['dead_letters']} dead letters, "
+                    f"lag {st['lag_records'] if st['lag_records'] is not None else '?'}" for name, st in statuses.items()]
             print(f"[{time.monotonic() - started:5.0f}s] " + " | ".join(line), flush=True)
+            if live_from is None:
+                starting = [s.name for s in continuous if landed(statuses[s.name]) == landed_before[s.name]]
+                if not starting or time.monotonic() - started > STARTUP_S:
+                    live_from = time.monotonic()
+                    print(f"{', '.join(starting)}: no batch landed within {STARTUP_S}s; see the <pipeline>_ingest "
+                          f"task logs in Airflow or {logs}" if starting else
+                          f"every continuous ingest job landed its first batch after {live_from - started:.0f}s "
+                          f"(Spark starting); rows now land live for {SECONDS}s", flush=True)
+                elif starting != told:
+                    print(f"        waiting for the first batch of {', '.join(starting)} (the job is starting)",
+                          flush=True)
+                    told = starting
             for job, s in zip(jobs, continuous):
                 if job.poll() is not None:
                     print(f"ingest job of {s.name} stopped (exit {job.returncode}); see {logs}/ingest-{s.name}.log")
                     return 1
-        say("producers done; waiting for the last batches to land")
+        for p in producers:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        say("producers stopped; waiting for the last batches to land")
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             lags = [pipeline_status(s, with_timeline=False)["lag_records"] for s in continuous]
