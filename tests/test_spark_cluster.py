@@ -69,6 +69,8 @@ def test_airflow_runs_ingest_and_maintenance_on_the_cluster_exactly_once_when_an
     assert app["state"] == "FINISHED"
     # two executors at a core each, plus the one the master launched to replace the killed one
     assert executors_launched(cluster, app["id"]) >= 3
+    # their local files (shuffle blocks, fetched jars) went under the stack's home, where the worker keeps them
+    assert (platform.home / "spark" / "local").is_dir()
     assert assert_exactly_once(platform, spec) == 12_000
     assert len(rows(platform, spec, spec.dead_letter_table)) == sent.bad > 0
 

@@ -225,9 +225,8 @@ def _claim(root: Path) -> Path:
     return folder
 
 
-def sweep_scratch(root: Path) -> list[Path]:
-    """Remove the folders under `root` (scratch_dir's) whose process has ended; returns them."""
-    removed = []
+def sweep_scratch(root: Path) -> None:
+    """Remove the folders under `root` (scratch_dir's) whose process has ended, and their locks."""
     for entry in sorted(root.iterdir()):
         if entry.name.endswith(".lock"):
             entry, lock_path = entry.with_name(entry.name.removesuffix(".lock")), entry
@@ -247,13 +246,10 @@ def sweep_scratch(root: Path) -> list[Path]:
             os.close(lock)
             continue  # its process still runs
         try:
-            if entry.exists():
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry)
+            shutil.rmtree(entry, ignore_errors=True)
             lock_path.unlink(missing_ok=True)
         finally:
             os.close(lock)
-    return removed
 
 
 def session(platform: PlatformConfig, catalogs: Iterable[str], app_name: str):
