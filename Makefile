@@ -44,7 +44,8 @@ test-e2e: setup
 # The benchmark against the machine's ceilings (about 8 min on 2 cores): its own scratch stack on
 # broker port 19192, report in reports/bench/report.md. Knobs: BENCH_SCALE, BENCH_RECORDS, BENCH_REPEATS,
 # BENCH_PIPELINE_REPEATS, BENCH_PHASE_SECONDS, BENCH_DRAIN_SECONDS (see bench/run.py).
-bench: setup
+bench:
+	@bash scripts/setup.sh --bench
 	$(PYTHON) -m bench.run
 
 stack-up: setup

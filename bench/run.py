@@ -4,7 +4,8 @@ Order of work, all on the same synthetic records:
   1. a scratch stack (reports/bench/stack, wiped) on its own broker port;
   2. generate the records once; load them into topics of 3 and 12 partitions, and the first
      `batch size` of them into a third topic for the memory check;
-  3. ceilings: raw consume (per topic), the pipeline's decoder on one core, raw Parquet write;
+  3. ceilings: raw consume (per topic: one consumer, and as many consumer processes as task slots),
+     the pipeline's decoder on one core, raw Parquet write;
   4. the pipeline: `lakehouse ingest --once` over each topic, repeated, plus the 1x-backlog run;
   5. scaling: the same `--once` run on the 3-partition topic under local[1], beside local[2], with the
      CPU seconds each part of the machine used (driver, JVM, Python workers, broker);
@@ -14,7 +15,10 @@ Order of work, all on the same synthetic records:
   9. maintenance on the table the 1 s-trigger job left;
  10. proof: `lakehouse trace` latency on a table of BENCH_TRACE_ROWS rows, `lakehouse verify`
      throughput (offsets proven exactly once per second) on a pipeline `--once` filled;
- 11. stop the stack; write results.json, the PNG plots and report.md.
+ 11. peers: the Iceberg Kafka Connect sink, Spark Structured Streaming, the hand-written loop and
+     `lakehouse ingest` over the same clean backlog, then each peer's freshness per trigger, one
+     kill -9 each, and what each does with the broken records (bench/peers.py);
+ 12. stop the stack; write results.json, the PNG plots and report.md.
 
 A section that fails is reported (with its error) and the others still run; the exit code
 is then 1. Targets that do not hold do not change the exit code: they are findings.
@@ -28,7 +32,8 @@ Knobs (flags, or environment variables for `make bench`):
   --phase-seconds / BENCH_PHASE_SECONDS          seconds per produce rate (default 15)
   --drain-seconds / BENCH_DRAIN_SECONDS          bound on the drain after the last phase (default 30)
   --trace-rows / BENCH_TRACE_ROWS    rows of the table the trace latency is measured on (default 10,000,000)
-  --rates, --triggers, --port, --out, --sections
+  --rates, --triggers, --port, --out, --sections   (e.g. --sections ceilings,pipeline skips the peers)
+  --peer-triggers, --peer-rates      the peers' freshness runs (default 1,10 s and 10k,50k msg/s)
 """
 
 from __future__ import annotations
@@ -46,14 +51,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import machine, proof, report, stats, workloads
+from bench import machine, peers, proof, report, stats, workloads
 from bench.env import DEFAULT_BROKER_PORT, BenchError, BenchStack
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import load_spec
 
 DEFAULT_RECORDS = 300_000
-SECTIONS = ("ceilings", "pipeline", "scaling", "small_batches", "baseline", "freshness", "maintenance", "proof")
+SECTIONS = ("ceilings", "pipeline", "scaling", "small_batches", "baseline", "freshness", "maintenance", "proof",
+            "peers")
 TRACE_ROWS = 10_000_000
 TRACE_LOOKUPS = 20
 BASELINE_EVERY = (10_000, 50_000)
@@ -104,8 +110,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="`lakehouse ingest --once` runs per topic; medians are reported")
     parser.add_argument("--rates", type=_int_list, default=[1_000, 10_000, 50_000],
                         help="produce rates of the freshness phases, msg/s, comma-separated")
-    parser.add_argument("--triggers", type=_float_list, default=[1.0, 5.0],
+    parser.add_argument("--triggers", type=_float_list, default=[1.0, 10.0],
                         help="trigger intervals of the continuous jobs, seconds, comma-separated")
+    parser.add_argument("--peer-triggers", type=_float_list, default=[1.0, 10.0],
+                        help="trigger (commit interval) of the peers' freshness runs, seconds, comma-separated")
+    parser.add_argument("--peer-rates", type=_int_list, default=[10_000, 50_000],
+                        help="produce rates of the peers' freshness phases, msg/s, comma-separated")
     parser.add_argument("--phase-seconds", type=float, default=_env_number("BENCH_PHASE_SECONDS", 15.0))
     parser.add_argument("--drain-seconds", type=float, default=_env_number("BENCH_DRAIN_SECONDS", 30.0))
     parser.add_argument("--bad-ratio", type=float, default=0.01, help="share of records broken on purpose")
@@ -216,6 +226,18 @@ class Bench:
                      f"{_fmt(consume[key].get('median_after_first_records_per_s'))} records/s after the first fetch "
                      f"({consume[key]['median_mb_per_s']:.1f} MB/s end to end)")
         self.results.setdefault("ceilings", {})["consume"] = consume
+        # the true ceiling: as many reader processes as the pipeline has task slots, disjoint partitions
+        slots = workloads.task_slots()
+        parallel: dict[str, Any] = {"processes": slots}
+        for key in ("p3", "p12"):
+            spec = self.specs[key]
+            runs = [workloads.parallel_consume_ceiling(kafka, spec.source.topic, range(spec.source.partitions), slots)
+                    for _ in range(self.args.repeats)]
+            parallel[key] = _medians(runs)
+            self.say(f"parallel consume ceiling {key} ({slots} processes): "
+                     f"{parallel[key]['median_records_per_s']:,.0f} records/s "
+                     f"({parallel[key]['median_mb_per_s']:.1f} MB/s)")
+        self.results["ceilings"]["parallel_consume"] = parallel
 
         spec = self.specs["p3"]
         raw = workloads.read_topic(kafka, spec.source.topic, range(spec.source.partitions), self.args.records)
@@ -385,6 +407,92 @@ class Bench:
                  f"{_fmt(throughput['local_median_offsets_per_s'])} offsets/s in process, "
                  f"{_fmt(throughput['spark']['offsets_per_s'])} offsets/s as a Spark job")
         self.results["proof"] = {"trace_table": built, "trace": latency, "verify": throughput}
+
+    def peers(self) -> None:
+        """The Kafka Connect sink, Structured Streaming, the hand-written loop and this pipeline, one after
+        another over the same clean backlog (the Connect sink's task dies on the first broken record, so
+        broken records are a finding apart), then freshness per trigger, one kill -9 each, broken records."""
+        assert self.backlog is not None
+        platform = self.stack.platform()
+        catalog = open_catalog(platform, "lake")
+        n = self.args.records
+        clean = workloads.generate(self.specs["p3"], n, 0.0, self.args.seed)
+        spec = self.stack.write_spec("bench_clean", "bench-clean", 3, self.batch_size)
+        delivery = workloads.load_topic(spec, platform, clean.records)
+        self.say(f"loaded {delivery.sent:,} clean records into {spec.source.topic}")
+        per_record = clean.value_bytes / n
+        work = self.stack.home / "peers"
+        running = {"connect": peers.ConnectPeer("connect", self.stack, work / "connect"),
+                   "sss": peers.StructuredStreamingPeer("sss", self.stack, work / "sss")}
+        out: dict[str, Any] = {"records": n, "topic": spec.source.topic, "value_bytes": clean.value_bytes,
+                               "backlog": {}, "freshness": [], "kill": {}, "broken": {}}
+        self.results["peers"] = out
+
+        def record(run: peers.BacklogRun) -> None:
+            found = out["backlog"][run.system] = run.to_json()
+            self.say(f"{found['label']}: {n:,} records in {found['wall_s']:.1f}s from start "
+                     f"({_fmt(found['wall_records_per_s'])} rec/s), steady {_fmt(found['steady_records_per_s'])} "
+                     f"rec/s over {found['commits']} commits, {_fmt(found['cpu_s_per_100k'], 1)} CPU s per 100k, "
+                     f"peak {found['peak_mb']:,.0f} MB, {found['files']} files")
+
+        once = workloads.run_once(self.stack, spec, n, per_record)
+        table = catalog.load_table(spec.target.table)
+        record(peers.BacklogRun("pipeline", n, peers.landed(table).rows, once.wall_s, clean.value_bytes,
+                                once.memory["cpu_by_role_s"], once.memory.get("steady_cpu_by_role_s", {}),
+                                once.memory["peak_mb"], once.memory["peak_by_role_mb"], peers.landed(table).files,
+                                peers.commit_rate(table, per_record),
+                                {"max_records_per_batch": self.batch_size, "mode": "--once"}))
+        for system, peer in running.items():
+            name = f"{system}_backlog"
+            target = peers.create_table(catalog, name)
+            extra = {"max_offsets": self.batch_size} if system == "sss" else {}
+            proc = peer.start(spec.source.topic, name, 1.0, name, backlog=True, **extra)
+            record(peers.measure_process(
+                system, proc, target, n, clean.value_bytes, self.stack.broker_pid(), 600, peers.LABELS[system],
+                {"trigger_s": 1.0, **({"available_now": True, "max_offsets_per_trigger": self.batch_size}
+                                      if system == "sss" else {"commit_interval_s": 1.0})},
+                per_record, lambda: peer.log_tail(name)))
+        record(peers.baseline_backlog(self.stack, spec.source.topic, 3, n, clean.value_bytes, self.batch_size,
+                                      per_record))
+
+        for trigger in self.args.peer_triggers:
+            for system, peer in running.items():
+                run = peers.peer_freshness(peer, self.stack, spec, clean.records, trigger, self.args.peer_rates,
+                                           self.args.phase_seconds, self.args.drain_seconds, progress=self.say)
+                out["freshness"].append(run.to_json())
+                for p in run.phases:
+                    self.say(f"  {peers.LABELS[system]}, trigger {trigger:g}s, {p.rate:,}/s: p50 {_fmt(p.p50, 2)}s "
+                             f"p95 {_fmt(p.p95, 2)}s, censored {p.censored:,}, kept up: {p.kept_up}; "
+                             f"{run.files} files")
+
+        # kill -9: a backlog of one batch size on its own topic is enough to be killed mid-stream
+        kill_spec = self.stack.write_spec("bench_kill", "bench-kill", 3, max(1_000, self.batch_size // 4))
+        ends = workloads.load_topic(kill_spec, platform, clean.head(self.batch_size)).ends
+        out["kill"]["pipeline"] = peers.kill_and_resume(
+            lambda: self.stack.spawn("ingest", "--pipeline", kill_spec.name, "--once", log_name="ingest-kill"),
+            lambda: peers.load_or_none(catalog, kill_spec.target.table), ends, "lakehouse ingest --once",
+            lambda: self.stack.stderr_tail("ingest-kill"))
+        for system, peer in running.items():
+            name = f"{system}_kill"
+            peers.create_table(catalog, name)
+            extra = {"max_offsets": kill_spec.trigger.max_records_per_batch} if system == "sss" else {}
+            out["kill"][system] = peers.kill_and_resume(
+                lambda: peer.start(kill_spec.source.topic, name, 1.0, name, backlog=True, **extra),
+                lambda: peers.load_or_none(catalog, f"{peers.NAMESPACE}.{name}"), ends, peers.LABELS[system],
+                lambda: peer.log_tail(name))
+        out["kill"]["baseline"] = {"exactly_once": None, "note": "keeps no position: a restart reads its "
+                                   "assignment from the start again (every committed record duplicated)"}
+        for system, found in out["kill"].items():
+            self.say(f"kill -9 {peers.LABELS[system]}: {found}")
+
+        out["broken"] = peers.broken_records(running, self.stack, catalog, self.specs["p3"], self.backlog,
+                                             self.results.get("baseline"), progress=self.say)
+        ingested = self.stack.pipelines_dir / f"{self.specs['p3'].name}_r1.yaml"
+        if ingested.exists():  # the pipeline section's run over the same topic
+            first = load_spec(ingested)
+            out["broken"]["pipeline"] = {
+                "rows": peers.rows_of(catalog.load_table(first.target.table)),
+                "dead_letters": peers.rows_of(catalog.load_table(first.dead_letter_table))}
 
     # -- the run -------------------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import queue
+import re
 import subprocess
 import tempfile
 import threading
@@ -22,7 +24,8 @@ import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import stats
 from bench.env import BenchError, BenchStack, stop_process_group, tail
@@ -82,7 +85,7 @@ class Delivery:
     seconds: float
 
 
-class _DeliveryCounter:
+class DeliveryCounter:
     """librdkafka delivery callback: counts deliveries and failures, tracks each partition's log end."""
 
     def __init__(self) -> None:
@@ -101,7 +104,7 @@ class _DeliveryCounter:
             self.ends[p] = end
 
 
-def _producer(spec: PipelineSpec, platform: config.PlatformConfig) -> Producer:
+def make_producer(spec: PipelineSpec, platform: config.PlatformConfig) -> Producer:
     # the platform's producer settings (murmur2, idempotent, acks=all) with larger batches for bulk loads
     return Producer({**produce.producer_config(spec, platform), "linger.ms": 20,
                      "queue.buffering.max.messages": 1_000_000})
@@ -115,6 +118,20 @@ def create_topic(spec: PipelineSpec, platform: config.PlatformConfig, timeout: f
     produce.accept_any_timestamp(spec.source.topic, platform)
 
 
+def ensure_topic(platform: config.PlatformConfig, name: str, partitions: int, timeout: float = 30) -> None:
+    """Topic `name` with `partitions` on the scratch broker (replication 1), created when missing."""
+    admin = AdminClient(platform.kafka())
+    if name in admin.list_topics(timeout=timeout).topics:
+        return
+    futures = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=timeout)
+    for future in futures.values():
+        try:
+            future.result(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise BenchError(f"creating topic {name}: {exc}") from exc
+
+
 def load_topic(spec: PipelineSpec, platform: config.PlatformConfig,
                records: Sequence[produce.SyntheticRecord]) -> Delivery:
     """Create the spec's topic and produce `records` to it as fast as possible; waits for every ack.
@@ -122,16 +139,16 @@ def load_topic(spec: PipelineSpec, platform: config.PlatformConfig,
     Raises BenchError when any record is not delivered.
     """
     create_topic(spec, platform)
-    producer = _producer(spec, platform)
-    counter = _DeliveryCounter()
+    producer = make_producer(spec, platform)
+    counter = DeliveryCounter()
     started = time.monotonic()
     for rec in records:
-        _send(producer, spec.source.topic, rec, counter)
-    _flush(producer, counter, spec.source.topic)
+        send(producer, spec.source.topic, rec, counter)
+    flush(producer, counter, spec.source.topic)
     return Delivery(counter.delivered, dict(sorted(counter.ends.items())), time.monotonic() - started)
 
 
-def _send(producer: Producer, topic: str, rec: produce.SyntheticRecord, counter: _DeliveryCounter,
+def send(producer: Producer, topic: str, rec: produce.SyntheticRecord, counter: DeliveryCounter,
           timestamp_ms: int | None = None) -> None:
     """Send `rec` stamped `timestamp_ms` (default: the producer's clock), unless the record brings its
     own Kafka timestamp (a `bad_kafka_timestamp` defect)."""
@@ -146,7 +163,7 @@ def _send(producer: Producer, topic: str, rec: produce.SyntheticRecord, counter:
             producer.poll(0.05)
 
 
-def _flush(producer: Producer, counter: _DeliveryCounter, topic: str) -> None:
+def flush(producer: Producer, counter: DeliveryCounter, topic: str) -> None:
     remaining = producer.flush(120)
     if counter.errors or remaining:
         raise BenchError(f"producing to {topic}: {len(counter.errors)} delivery errors, {remaining} unacknowledged; "
@@ -226,6 +243,71 @@ def consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[int], exp
     finally:
         consumer.close()
     return Throughput(count, size, seconds, first_record_s=first, first_fetch=first_fetch)
+
+
+def _parallel_reader(kafka_conf: dict, topic: str, partitions: list[int], barrier, results) -> None:
+    """One process of the parallel ceiling: its partitions from the start to their high watermarks, every
+    value touched; (records, bytes, start, end) in wall-clock seconds, timed from the common barrier."""
+    consumer = _assigned_consumer(kafka_conf, topic, partitions, "bench-parallel-ceiling")
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    expected = sum(ends.values())
+    barrier.wait(60)
+    started = time.time()
+    count = size = 0
+    last = time.monotonic()
+    try:
+        while count < expected:
+            msgs = consumer.consume(num_messages=10_000, timeout=0.1)
+            if msgs:
+                last = time.monotonic()
+            elif time.monotonic() - last > STALL_S:
+                results.put(("error", f"{count} of {expected} records of {topic}{partitions}, then nothing"))
+                return
+            for msg in msgs:
+                if msg.error() is None:
+                    count += 1
+                    value = msg.value()
+                    size += len(value) if value is not None else 0
+        results.put(("ok", count, size, started, time.time()))
+    finally:
+        consumer.close()
+
+
+def task_slots(master: str | None = None) -> int:
+    """The Spark task slots of a local master, local[N] (local[*]: the cores); 2 for anything else."""
+    master = master if master is not None else config.load().spark_master
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master.strip())
+    if not match:
+        return 2
+    return os.cpu_count() or 2 if match.group(1) == "*" else int(match.group(1))
+
+
+def parallel_consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[int], processes: int) -> Throughput:
+    """`processes` consumer processes over disjoint partitions (round robin), started together: the rate
+    the machine can read the topic at with as many readers as the pipeline has task slots (records of
+    all / from the first start to the last finish). Raises BenchError when one of them stalls."""
+    import multiprocessing
+
+    groups = [list(partitions)[i::processes] for i in range(processes)]
+    groups = [g for g in groups if g]
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding librdkafka threads
+    barrier, results = context.Barrier(len(groups)), context.Queue()
+    workers = [context.Process(target=_parallel_reader, args=(kafka_conf, topic, g, barrier, results))
+               for g in groups]
+    for worker in workers:
+        worker.start()
+    try:
+        found = [results.get(timeout=STALL_S * 4) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
+    errors = [f[1] for f in found if f[0] == "error"]
+    if errors:
+        raise BenchError(f"parallel consume ceiling: {'; '.join(errors)}")
+    start, end = min(f[3] for f in found), max(f[4] for f in found)
+    return Throughput(sum(f[1] for f in found), sum(f[2] for f in found), end - start)
 
 
 @dataclass
@@ -579,7 +661,7 @@ class _LineReader:
 
 
 def paced_phase(producer: Producer, topic: str, source: Iterator[produce.SyntheticRecord], rate: int,
-                seconds: float, counter: _DeliveryCounter, not_before_ms: int) -> stats.Phase:
+                seconds: float, counter: DeliveryCounter, not_before_ms: int) -> stats.Phase:
     """Produce at `rate` msg/s for `seconds`, every record stamped (CreateTime) at its produce call.
 
     The phase's `produced` leaves out records that bring their own Kafka timestamp (the
@@ -595,7 +677,7 @@ def paced_phase(producer: Producer, topic: str, source: Iterator[produce.Synthet
         while sent < due:
             rec = next(source)
             own_stamps += rec.timestamp is not None
-            _send(producer, topic, rec, counter, max(int(time.time() * 1000), start_ms))
+            send(producer, topic, rec, counter, max(int(time.time() * 1000), start_ms))
             sent += 1
         producer.poll(0)
         if sent >= due:
@@ -664,9 +746,9 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
     """
     platform = stack.platform()
     create_topic(spec, platform)
-    producer = _producer(spec, platform)
+    producer = make_producer(spec, platform)
     producer.poll(0)
-    counter = _DeliveryCounter()
+    counter = DeliveryCounter()
     source = itertools.cycle(records)
     log_name = f"ingest-continuous-{spec.name}"
     proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
@@ -687,7 +769,7 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
             if proc.poll() is not None:
                 raise BenchError(f"the continuous job of {spec.name} exited with {proc.returncode}: "
                                  f"{stack.stderr_tail(log_name)}")
-        _flush(producer, counter, spec.source.topic)
+        flush(producer, counter, spec.source.topic)
         drain_started = time.monotonic()
         drained = False
         while time.monotonic() - drain_started < drain_s:
@@ -718,13 +800,13 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
 
 
 def _feed_batch(stack: BenchStack, spec: PipelineSpec, proc: subprocess.Popen, lines: _LineReader,
-                producer: Producer, source: Iterator[produce.SyntheticRecord], counter: _DeliveryCounter, count: int,
+                producer: Producer, source: Iterator[produce.SyntheticRecord], counter: DeliveryCounter, count: int,
                 log_name: str, what: str) -> None:
     """Produce `count` records and wait for the continuous job's next receipt; BenchError naming `what`
     when none comes within 180 s or the job exits."""
     for _ in range(count):
-        _send(producer, spec.source.topic, next(source), counter)
-    _flush(producer, counter, spec.source.topic)
+        send(producer, spec.source.topic, next(source), counter)
+    flush(producer, counter, spec.source.topic)
     if not lines.wait_for_receipt(timeout=180, proc=proc):
         raise BenchError(f"the continuous job of {spec.name} committed no {what} "
                          f"({'exit code ' + str(proc.returncode) if proc.poll() is not None else 'within 180s'}): "
@@ -756,8 +838,8 @@ def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[p
     """
     platform = stack.platform()
     create_topic(spec, platform)
-    producer = _producer(spec, platform)
-    counter = _DeliveryCounter()
+    producer = make_producer(spec, platform)
+    counter = DeliveryCounter()
     source = itertools.cycle(records)
     log_name = f"ingest-small-{spec.name}"
     proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
@@ -811,6 +893,21 @@ _BASELINE_ARROW = pa.schema([
 ])
 
 
+def create_orders_table(catalog, name: str):
+    """An empty table `name` (namespace created when missing) with the orders' columns and a `_kafka` struct
+    of each row's coordinates, partitioned by day(event_time), zstd Parquet: what the hand-written loop and
+    the peers (bench.peers) write."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform
+
+    catalog.create_namespace_if_not_exists(name.rsplit(".", 1)[0])
+    return catalog.create_table(
+        name, schema=_baseline_schema(),
+        partition_spec=PartitionSpec(PartitionField(source_id=6, field_id=1000, transform=DayTransform(),
+                                                    name="event_time_day")),
+        properties={"format-version": "2", "write.parquet.compression-codec": "zstd"})
+
+
 @dataclass
 class BaselineRun:
     every: int
@@ -848,25 +945,12 @@ def hand_written_baseline(platform: config.PlatformConfig, topic: str, partition
     It does less than the pipeline: no contract validation, no dead letters, no offsets in the
     commits (a crash loses or duplicates records). Timed from the first fetch to the last commit.
     """
-    from pyiceberg.exceptions import NamespaceAlreadyExistsError
-    from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.transforms import DayTransform
-
-    catalog = open_catalog(platform, "lake")
-    try:
-        catalog.create_namespace("bench")
-    except NamespaceAlreadyExistsError:
-        pass
-    table = catalog.create_table(
-        table_name, schema=_baseline_schema(),
-        partition_spec=PartitionSpec(PartitionField(source_id=6, field_id=1000, transform=DayTransform(),
-                                                    name="event_time_day")),
-        properties={"format-version": "2", "write.parquet.compression-codec": "zstd"})
+    table = create_orders_table(open_catalog(platform, "lake"), table_name)
     names = _BASELINE_ARROW.names
     columns: dict[str, list] = {n: [] for n in names}
     consumed = appended = skipped = commits = size = 0
 
-    def flush() -> None:
+    def append_pending() -> None:
         nonlocal appended, commits
         if not columns["order_id"]:
             return
@@ -914,8 +998,8 @@ def hand_written_baseline(platform: config.PlatformConfig, topic: str, partition
                                           "timestamp": _kafka_time(msg.timestamp()[1]),
                                           "key": key.decode("utf-8", "replace") if key is not None else None})
                 if len(columns["order_id"]) >= every:
-                    flush()
-        flush()
+                    append_pending()
+        append_pending()
         seconds = time.monotonic() - started
     finally:
         consumer.close()

@@ -9,10 +9,21 @@
 # before it is marked done. Idempotent: when the inputs are unchanged since the last successful
 # run, it only re-checks the results (< 2 s); later runs need no network.
 # Force a full re-install with: rm .venv/.setup-stamp (Python) or rm devstack/jvm/*/lib/.stamp (Maven)
+#
+# Usage: scripts/setup.sh [--bench]
+#   --bench   also the benchmark's peers (bench/jvm/<part>/pom.xml into bench/jvm/<part>/lib: the Iceberg
+#             Kafka Connect sink, Spark's Kafka source), which `make bench` runs beside the pipeline
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+BENCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) BENCH=1 ;;
+    *) echo "setup: ERROR: unknown argument $arg (usage: scripts/setup.sh [--bench])" >&2; exit 2 ;;
+  esac
+done
 
 VENV="$ROOT/.venv"
 STAMP="$VENV/.setup-stamp"
@@ -154,8 +165,11 @@ if [ ! -f "$PACKAGES_STAMP" ] || [ "$(cat "$PACKAGES_STAMP")" != "$PACKAGES $PIN
     || die "the Spark packages in ~/.m2 are not the files pinned in $PINS (above): not marked done"
   echo "$PACKAGES $PINS_KEY" >"$PACKAGES_STAMP"
 fi
-# Each JVM part of the development stack: its runtime dependencies into devstack/jvm/<part>/lib.
-for pom in "$JVM_DIR"/*/pom.xml; do
+# Each JVM part of the development stack (and with --bench, of the benchmark's peers): its runtime
+# dependencies into <folder>/<part>/lib.
+POMS=("$JVM_DIR"/*/pom.xml)
+[ "$BENCH" = 1 ] && POMS+=("$ROOT"/bench/jvm/*/pom.xml)
+for pom in "${POMS[@]}"; do
   part="$(dirname "$pom")"
   key="$(cat "$pom" "$PINS" | sha256sum | cut -d' ' -f1)"
   if [ -f "$part/lib/.stamp" ] && [ "$(cat "$part/lib/.stamp")" = "$key" ]; then

@@ -6,6 +6,7 @@ scripts/artifacts.sha256 (committed, one `<sha256>  <path>` line per file), and 
 hash differs, a fetched file with no pin, and a pinned file that is missing. Paths are those set-up uses:
 
     devstack/jvm/<part>/lib/<file>      a JVM part of the development stack (mvn dependency:copy-dependencies)
+    bench/jvm/<part>/lib/<file>         a peer of the benchmark (the same, `scripts/setup.sh --bench`)
     ~/.m2/repository/<group>/...        a Spark package or its runtime dependencies (mvn dependency:get),
                                         where Spark's Ivy resolves spark.jars.packages from
 
@@ -154,6 +155,12 @@ def _mvn(*args: str) -> None:
     subprocess.run(["mvn", "-B", "-q", "-s", str(settings), f"-Dmaven.repo.local={m2_root()}", *args], check=True)
 
 
+def jvm_poms() -> list[Path]:
+    """The pom.xml of each JVM part set-up resolves into <folder>/<part>/lib: the development stack's, and
+    the benchmark's peers (`scripts/setup.sh --bench`)."""
+    return sorted([*(ROOT / "devstack" / "jvm").glob("*/pom.xml"), *(ROOT / "bench" / "jvm").glob("*/pom.xml")])
+
+
 def pin() -> str:
     """The pins file's text for what set-up fetches today (runs mvn; Maven Central's checksums are checked)."""
     sys.path.insert(0, str(ROOT / "include"))
@@ -161,7 +168,7 @@ def pin() -> str:
 
     lines = [line for line in PINS.read_text().splitlines() if line.startswith("#")] if PINS.exists() else []
     with tempfile.TemporaryDirectory() as scratch:
-        for pom in sorted((ROOT / "devstack" / "jvm").glob("*/pom.xml")):
+        for pom in jvm_poms():
             out = Path(scratch) / pom.parent.name
             _mvn("-C", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
                  f"-DoutputDirectory={out}")

@@ -219,13 +219,15 @@ def test_stage_breakdown_takes_the_coarse_stages_of_older_events():
 
 def test_targets_pass_and_fail_on_the_measured_numbers():
     targets = stats.evaluate_targets(stats.TargetInputs(
-        pipeline_rate=60_000, consume_ceiling=100_000, baseline_rate=40_000, batch_fixed_s=0.4, small_batch_s=1.2,
+        pipeline_rate=85_000, consume_ceiling=100_000, baseline_rate=60_000, batch_fixed_s=0.4, small_batch_s=1.2,
         freshness_p95={(50_000, 1.0): 4.0, (10_000, 1.0): 3.5}, one_core_rate=40_000, two_core_rate=60_000,
         memory_small_mb=1_000, memory_large_mb=1_200))
     verdicts = {t.name: t.passed for t in targets}
     assert verdicts == {
-        stats.T_CEILING: True,    # 60 % >= 50 %
-        stats.T_BASELINE: False,  # 1.5x < 2x
+        stats.T_CEILING: True,    # 85 % >= 80 %
+        stats.T_VS_CONNECT: None,  # no peers measured
+        stats.T_VS_SSS: None,
+        stats.T_BASELINE: False,  # 1.42x < 2x
         stats.T_FIXED: True,      # 0.4 s <= 0.5 s
         stats.T_SMALL: False,     # 1.2 s >= 1 s
         stats.T_FRESH_50K: True,  # 4 s <= 5 s
@@ -233,7 +235,7 @@ def test_targets_pass_and_fail_on_the_measured_numbers():
         stats.T_SCALING: False,   # 1.5x < 1.6x
         stats.T_MEMORY: True,     # +20 % <= +25 %
     }
-    assert targets[0].measured.startswith("60.0 %")
+    assert targets[0].measured.startswith("85.0 %")
 
 
 def test_censored_freshness_fails_and_unmeasured_targets_say_so():
@@ -288,7 +290,7 @@ RESULTS = {
 def test_the_report_shows_every_target_with_its_measurement_and_explains_failures():
     text = report.render(RESULTS)
     # the consume ceiling the pipeline is held against is the after-first-fetch one: 12k of 200k
-    assert "| sustained ingest vs raw consume ceiling | >= 50 % of the ceiling | 6.0 % (12,000 of 200,000 " \
+    assert "| steady JSON ingest vs parallel consume ceiling | >= 80 % of the ceiling | 6.0 % (12,000 of 200,000 " \
            "records/s) | **FAIL** |" in text
     assert "| freshness p95 at 10k msg/s, 1 s trigger | <= 3 s | 14.00 s | **FAIL** |" in text
     assert "| freshness p95 at 50k msg/s, 1 s trigger | <= 5 s | not measured | not measured |" in text
@@ -304,7 +306,7 @@ def test_the_report_shows_every_target_with_its_measurement_and_explains_failure
     assert "at least 40.0 % of those stages is Spark work around the tasks" in why
     assert "writing and committing took 1.50 s per batch of 50,000 records" in why
     assert "80,000 records/s on 2 cores at best (40.0 % of the consume ceiling), so Python decoding alone " \
-           "keeps the pipeline below the 50 % target" in why
+           "keeps the pipeline below the 80 % target" in why
     assert "whose median took 9.00 s" in why
     assert "a batch costs 6.00 s plus one second per 25,000 records, so at 10,000 msg/s with a 1 s trigger it " \
            "settles at batches of about 100,000 records every 10.00 s" in why
@@ -365,3 +367,123 @@ def test_the_report_shows_trace_latency_and_verification_throughput():
     assert "| in process (median) | 190,000 | 1.58 s |" in text
     assert "| Spark job (one run, session start included) | 22,000 | 13.30 s |" in text
     assert "Proving the contract" not in report.render(RESULTS)  # a run without the section shows none
+
+
+# ---------------------------------------------------------------------------------------------- the peers
+
+PEERS = {
+    "records": 300_000, "topic": "bench-clean", "value_bytes": 54_000_000,
+    "backlog": {
+        "pipeline": {"label": "this pipeline", "wall_records_per_s": 20_000.0, "steady_records_per_s": 90_000.0,
+                     "steady_mb_per_s": 16.2, "steady_cpu_s_per_100k": 2.0, "steady_records_per_cpu_s": 50_000.0,
+                     "cpu_s_per_100k": 9.0, "steady_cpu_by_role_s": {"spark_jvm": 2.0, "python_workers": 3.0,
+                                                                       "broker": 1.0}, "peak_mb": 1_400.0,
+                     "files": 12, "commits": 3},
+        "connect": {"label": "Kafka Connect sink", "wall_records_per_s": 10_000.0, "steady_records_per_s": 30_000.0,
+                    "steady_mb_per_s": 5.4, "steady_cpu_s_per_100k": 5.0, "steady_records_per_cpu_s": 20_000.0,
+                    "cpu_s_per_100k": 12.0, "steady_cpu_by_role_s": {"connect_jvm": 4.0, "broker": 1.0},
+                    "peak_mb": 900.0, "files": 30, "commits": 10},
+        "sss": {"label": "Structured Streaming", "wall_records_per_s": 12_000.0, "steady_records_per_s": 40_000.0,
+                "steady_mb_per_s": 7.2, "steady_cpu_s_per_100k": 3.0, "steady_records_per_cpu_s": 40_000.0,
+                "cpu_s_per_100k": 11.0, "steady_cpu_by_role_s": {"spark_jvm": 3.0}, "peak_mb": 800.0,
+                "files": 16, "commits": 4},
+    },
+    "freshness": [
+        {"system": "connect", "label": "Kafka Connect sink", "trigger_s": 1.0, "files": 40, "files_per_hour": 4_800,
+         "phases": [{"rate": 10_000, "p50": 1.3, "p95": 2.3, "censored": 0, "kept_up": True}]},
+        {"system": "sss", "label": "Structured Streaming", "trigger_s": 1.0, "files": 24, "files_per_hour": 2_880,
+         "phases": [{"rate": 10_000, "p50": 2.8, "p95": 20.0, "censored": 0, "kept_up": False}]},
+    ],
+    "kill": {"pipeline": {"killed_after_rows": 5_000, "rows": 300_000, "duplicates": 0, "missing": 0,
+                          "exactly_once": True},
+             "connect": {"killed_after_rows": 1_000, "rows": 300_010, "duplicates": 10, "missing": 0,
+                         "exactly_once": False}},
+    "broken": {"records": 300_000, "broken": 2_700,
+               "connect": {"rows": 1_000, "dead_letter_topic_records": 900, "stopped": "DataException: bad time"},
+               "sss": {"rows": 300_000, "rows_all_null": 1_500, "rows_null_event_time": 2_100, "stopped": None},
+               "pipeline": {"rows": 297_300, "dead_letters": 2_700}},
+}
+
+
+def test_the_peer_targets_compare_records_per_cpu_second_and_freshness_at_the_same_trigger():
+    inputs = report.target_inputs({**RESULTS, "peers": PEERS})
+    by_name = {t.name: t for t in stats.evaluate_targets(inputs)}
+    # 50k vs 20k records per CPU s is 2.5x; the pipeline's 14 s p95 at 10k/s, 1 s is worse than Connect's 2.3 s
+    connect = by_name[stats.T_VS_CONNECT]
+    assert connect.passed is False
+    assert connect.measured.startswith("2.50x (50,000 vs 20,000 records per CPU s)")
+    assert "worse at 10k/s at 1 s: 14.00 s vs 2.30 s" in connect.measured
+    # 1.25x < 1.5x, though its freshness (14 s against 20 s) is no worse
+    sss = by_name[stats.T_VS_SSS]
+    assert sss.passed is False and sss.measured.startswith("1.25x") and "no worse in 1 comparisons" in sss.measured
+    faster = {**PEERS, "backlog": {**PEERS["backlog"], "sss": {**PEERS["backlog"]["sss"],
+                                                                "steady_records_per_cpu_s": 25_000.0}}}
+    by_name = {t.name: t for t in stats.evaluate_targets(report.target_inputs({**RESULTS, "peers": faster}))}
+    assert by_name[stats.T_VS_SSS].passed is True  # 2x >= 1.5x and no worse freshness
+
+
+def test_a_censored_p95_is_worse_than_any_measured_one():
+    t = stats.TargetInputs(pipeline_rate=None, consume_ceiling=None,
+                           freshness_p95={(50_000, 1.0): None, (10_000, 1.0): 1.0},
+                           records_per_cpu_s={"pipeline": 30_000.0, "connect": 10_000.0},
+                           peer_p95={("connect", 50_000, 1.0): 4.0, ("connect", 10_000, 1.0): None})
+    target = {x.name: x for x in stats.evaluate_targets(t)}[stats.T_VS_CONNECT]
+    assert target.passed is False
+    assert "50k/s at 1 s: censored vs 4.00 s" in target.measured and "10k/s" not in target.measured
+
+
+def test_the_ceiling_is_the_parallel_consumers_when_measured():
+    results = {**RESULTS, "ceilings": {**RESULTS["ceilings"], "parallel_consume": {
+        "processes": 2, "p3": {"median_records_per_s": 300_000.0, "median_mb_per_s": 60.0}}}}
+    assert report.headline(results)["consume_ceiling"] == 300_000.0
+    text = report.render(results)
+    assert "| 4.0 % (12,000 of 300,000 records/s) | **FAIL** |" in text
+    assert "| parallel consume ceiling (p3) | 2 consumer processes (one per task slot)" in text
+
+
+def test_the_report_puts_the_peers_side_by_side_with_their_findings(tmp_path):
+    text = report.render({**RESULTS, "peers": PEERS})
+    section = text.split("## Beside the peers", 1)[1]
+    assert "| this pipeline | 20,000 | 90,000 | 16.2 | 2.0 | 50,000 | 9.0 | python_workers 50 %, spark_jvm 33 %, " \
+           "broker 17 % | 1,400 | 12 | 3 |" in section
+    assert "| Kafka Connect sink | 1 s | 10,000 | 1.30 s | 2.30 s | 0 | yes | 4,800 |" in section
+    assert "| this pipeline | 1 s | 10,000 | 9.00 s | 14.00 s | 0 | yes | – |" in section
+    assert "| Kafka Connect sink | 1,000 | 300,010 | 10 | 0 | **no** |" in section
+    assert "the task stopped and does not recover without a restart: `DataException: bad time`" in section
+    assert "1,500 are all-null rows" in section and "2,700 records in the dead-letter table" in section
+    written = report.plot({**RESULTS, "peers": PEERS}, tmp_path)
+    assert {"peers.png", "peers_freshness.png"} <= set(written)
+
+
+def test_exactly_once_counts_duplicates_losses_and_strays_per_offset():
+    from bench.peers import Landed
+
+    parts = np.array([0, 0, 0, 1, 1, 1, 1])
+    offs = np.array([0, 1, 1, 0, 1, 2, 9])  # offset 1 of partition 0 twice, 2 of partition 0 missing, 9 beyond
+    found = Landed(parts, offs, np.zeros(7), np.zeros(7), files=2).exactly_once({0: 3, 1: 3})
+    assert found == {"rows": 7, "expected": 6, "duplicates": 1, "missing": 1, "outside": 1, "exactly_once": False}
+    clean = Landed(np.array([0, 0, 1]), np.array([0, 1, 0]), np.zeros(3), np.zeros(3), files=1)
+    assert clean.exactly_once({0: 2, 1: 1})["exactly_once"] is True
+
+
+@pytest.mark.parametrize(("master", "slots"), [("local[2]", 2), ("local[4]", 4), ("local[3,2]", 3),
+                                                ("spark://host:7077", 2)])
+def test_task_slots_of_a_local_master(master, slots):
+    from bench import workloads
+
+    assert workloads.task_slots(master) == slots
+
+
+def test_the_first_java_exception_of_a_log_names_the_frame_that_read_the_record():
+    from bench.peers import first_exception
+
+    log = """11:19:29 INFO Executor: Running task 0.0
+11:19:29 ERROR Executor: Exception in task 0.0 in stage 0.0 (TID 0)
+java.lang.ArithmeticException: long overflow
+	at java.lang.Math.multiplyExact(Math.java:1004) ~[?:?]
+	at org.apache.spark.sql.catalyst.util.DateTimeUtils$.millisToMicros(DateTimeUtils.scala:40) ~[spark.jar:3.5.9]
+	at org.apache.spark.sql.kafka010.KafkaRecordToRowConverter.next(KafkaRecordToRowConverter.scala:42) ~[x.jar:3.5.7]
+"""
+    assert first_exception(log) == ("java.lang.ArithmeticException: long overflow (at org.apache.spark.sql.kafka010."
+                                    "KafkaRecordToRowConverter.next(KafkaRecordToRowConverter.scala:42))")
+    assert first_exception("11:19:29 INFO all is well\n") is None

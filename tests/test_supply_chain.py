@@ -153,10 +153,10 @@ def pom_files(pom: Path) -> list[str]:
 
 def test_every_artifact_setup_fetches_has_a_pinned_sha256():
     pins = verify.Pins.load()
-    poms = sorted((REPO / "devstack" / "jvm").glob("*/pom.xml"))
-    assert {p.parent.name for p in poms} >= {"kafka", "iceberg-rest", "registry"}
+    poms = verify.jvm_poms()
+    assert {p.parent.name for p in poms} >= {"kafka", "iceberg-rest", "registry", "connect-iceberg", "spark-kafka"}
     for pom in poms:
-        prefix = f"devstack/jvm/{pom.parent.name}/lib/"
+        prefix = f"{pom.parent.relative_to(REPO).as_posix()}/lib/"
         pinned = {key.removeprefix(prefix) for key in pins.under(prefix)}
         missing = [name for name in pom_files(pom) if name not in pinned]
         assert missing == [], f"{pom}: declared but not pinned in scripts/artifacts.sha256: {missing}"
@@ -164,8 +164,9 @@ def test_every_artifact_setup_fetches_has_a_pinned_sha256():
     for coordinate in config.SPARK_PACKAGES:
         assert verify.m2_key(coordinate) in pins.digests, f"Spark package {coordinate} has no pinned sha256"
     # every pin names a place set-up fills, and set-up checks both kinds before marking them done
-    assert all(key.startswith(("devstack/jvm/", verify.M2)) for key in pins.digests)
+    assert all(key.startswith(("devstack/jvm/", "bench/jvm/", verify.M2)) for key in pins.digests)
     assert 'check-m2 $PACKAGES' in SETUP and 'check-dir "$part/lib"' in SETUP
+    assert 'POMS+=("$ROOT"/bench/jvm/*/pom.xml)' in SETUP  # the peers only with --bench
 
 
 def pinned_dir(root: Path, files: dict[str, bytes]) -> tuple[Path, Path]:
