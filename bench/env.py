@@ -29,6 +29,7 @@ from lakehouse_dev.settings import read_state_file
 
 DEFAULT_BROKER_PORT = 19192
 TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
+SCHEMA_FILE_SUFFIX = {"avro": "avsc", "protobuf": "proto", "json_schema": "json"}
 # Variables that would point the benchmark at a real cluster, catalog or warehouse, or inject faults.
 _FOREIGN_PREFIXES = ("LAKEHOUSE_BOOTSTRAP_SERVERS", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE",
                      "LAKEHOUSE_KAFKA_", "LAKEHOUSE_FAULT", "LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_SUPERVISED")
@@ -135,8 +136,9 @@ class BenchStack:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def up(self) -> dict:
-        """Stop a leftover stack of this home, wipe the home, start a fresh one; returns its status.
+    def up(self, *options: str) -> dict:
+        """Stop a leftover stack of this home, wipe the home, start a fresh one (`lakehouse stack up
+        OPTIONS`, e.g. --object-store); returns its status.
 
         Raises BenchError when the broker cannot start (e.g. the port is taken).
         """
@@ -146,7 +148,7 @@ class BenchStack:
             shutil.rmtree(self.home)
         self.home.mkdir(parents=True)
         self.pipelines_dir.mkdir()
-        return json.loads(self.cli("stack", "up", "--json", timeout=120))
+        return json.loads(self.cli("stack", "up", *options, "--json", timeout=180))
 
     def down(self) -> None:
         """Stop the scratch broker (tables stay on disk for inspection until the next run wipes them)."""
@@ -155,11 +157,22 @@ class BenchStack:
     # -- pipeline specs --------------------------------------------------------------------
 
     def write_spec(self, name: str, topic: str, partitions: int, max_records_per_batch: int,
-                   trigger_interval: str = "5s") -> PipelineSpec:
+                   trigger_interval: str = "5s", value_format: str = "json") -> PipelineSpec:
         """A pipeline spec derived from include/pipelines/orders.yaml (append, day(event_time), its
-        contract) with its own topic and tables, written to the scratch pipelines folder."""
+        contract) with its own topic and tables, written to the scratch pipelines folder. A wire
+        `value_format` (avro, protobuf, json_schema) gets the contract's writer schema as schema 1 of
+        its schema folder (`schemas/<name>` beside the spec), as `lakehouse produce` writes it."""
         raw = derive_spec(yaml.safe_load(TEMPLATE_SPEC.read_text()), name, topic, partitions,
                           max_records_per_batch, trigger_interval)
+        if value_format != "json":
+            from lakehouse_dev import record_formats
+
+            contract = load_spec(TEMPLATE_SPEC).contract.fields
+            folder = self.pipelines_dir / "schemas" / name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"1.{SCHEMA_FILE_SUFFIX[value_format]}").write_text(
+                record_formats.contract_schema(value_format, contract, name))
+            raw["source"].update({"value_format": value_format, "schemas": f"schemas/{name}"})
         path = self.pipelines_dir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         return load_spec(path)

@@ -104,6 +104,12 @@ def target_inputs(results: Mapping[str, Any]) -> stats.TargetInputs:
         two_core_rate=((results.get("pipeline") or {}).get("p3") or {}).get("median_steady_records_per_s"),
         memory_small_mb=(memory.get("small") or {}).get("peak_mb"),
         memory_large_mb=(memory.get("large") or {}).get("peak_mb"),
+        wide_batch_s=(results.get("partitions") or {}).get("median_s"),
+        s3_batch_s=(results.get("s3") or {}).get("median_s"),
+        s3_requests_per_batch=((results.get("s3") or {}).get("requests_per_batch") or {}).get("all"),
+        format_rates={"json": ((results.get("pipeline") or {}).get("p3") or {}).get("median_steady_records_per_s"),
+                      **{fmt: entry.get("median_steady_records_per_s")
+                         for fmt, entry in (results.get("formats") or {}).items()}},
         records_per_cpu_s={system: entry.get("steady_records_per_cpu_s") or entry.get("records_per_cpu_s")
                            for system, entry in ((results.get("peers") or {}).get("backlog") or {}).items()},
         peer_p95={(run["system"], phase.get("rate"), float(run.get("trigger_s", 0))): phase.get("p95")
@@ -331,6 +337,8 @@ def render(results: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
     out += _stages(results)
     out += _scaling(results)
     out += _small_batches(results)
+    out += _wide(results)
+    out += _s3(results)
     out += _memory(results)
     out += _freshness(results)
     out += _peers(results)
@@ -414,6 +422,11 @@ def _throughput_table(results: Mapping[str, Any]) -> str:
                      num(entry.get("median_steady_records_per_s")), num(entry.get("median_steady_mb_per_s"), 1)))
         rows.append((f"pipeline {key}, end to end", "same runs, process wall time incl. JVM start",
                      num(entry.get("median_wall_records_per_s")), num(entry.get("median_wall_mb_per_s"), 1)))
+    for fmt, entry in (results.get("formats") or {}).items():
+        rows.append((f"pipeline p3 in {fmt}, steady", f"`lakehouse ingest --once`, the same records as {fmt} values "
+                     f"(Confluent framing, {num(entry.get('value_bytes_per_record'))} bytes each), batches 2..n; "
+                     f"{num(entry.get('median_steady_records_per_cpu_s'))} records per CPU s",
+                     num(entry.get("median_steady_records_per_s")), num(entry.get("median_steady_mb_per_s"), 1)))
     for every, entry in (results.get("baseline") or {}).items():
         rows.append((f"hand-written baseline, N={num(int(every))}", "confluent-kafka + json + pyiceberg append",
                      num(entry.get("median_records_per_s")), num(entry.get("median_mb_per_s"), 1)))
@@ -465,6 +478,36 @@ def _stages(results: Mapping[str, Any]) -> list[str]:
     return ["## Where a batch spends its time", "",
             "From the per-stage seconds the `batch` events carry (`lakehouse.core.events`, kind `batch`).", "",
             table(["run", "share of batch time per stage", "batch seconds summed"], rows), ""]
+
+
+def _wide(results: Mapping[str, Any]) -> list[str]:
+    found = results.get("partitions") or {}
+    if not found:
+        return []
+    return ["## 1,000 partitions", "",
+            f"A continuous job (1 s trigger) over a topic of {num(found.get('partitions'))} partitions, each batch "
+            f"{num(found.get('per_partition'))} records from every partition ({num(found.get('records_per_batch'))} "
+            f"records in {num(found.get('partitions'))} short ranges): median {secs(found.get('median_s'))}, max "
+            f"{secs(found.get('max_s'))} over {found.get('batches')} batches after the warm-up one "
+            f"({_stage_summary(found.get('stages_s') or {})}). `python -m bench.partitions` breaks such a batch "
+            f"down further (topic metadata, offset summaries, metadata.json growth).", ""]
+
+
+def _s3(results: Mapping[str, Any]) -> list[str]:
+    found = results.get("s3") or {}
+    if not found:
+        return []
+    per_batch = found.get("requests_per_batch") or {}
+    operations = found.get("requests_per_batch_by_operation") or {}
+    return ["## On the S3 warehouse", "",
+            f"The {found.get('records_per_batch')}-record batches again, on a second scratch stack whose warehouse "
+            f"is the stack's S3 server (`lakehouse stack up --object-store`, `{found.get('warehouse') or 's3://'}`): "
+            f"median {secs(found.get('median_s'))}, p95 {secs(found.get('p95_s'))}, max {secs(found.get('max_s'))} "
+            f"over {found.get('batches')} batches ({_stage_summary(found.get('stages_s') or {})}). Requests per batch, "
+            f"from the server's own counts after the warm-up batch: {num(per_batch.get('all'), 1)} in all, "
+            f"{num(per_batch.get('put'), 1)} billed as PUT/LIST, {num(per_batch.get('get'), 1)} as GET/HEAD, "
+            f"{num(per_batch.get('free'), 1)} free.", "",
+            table(["operation", "requests per batch"], ((op, num(n, 1)) for op, n in operations.items())), ""]
 
 
 def _memory(results: Mapping[str, Any]) -> list[str]:

@@ -52,14 +52,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench import machine, peers, proof, report, stats, workloads
-from bench.env import DEFAULT_BROKER_PORT, BenchError, BenchStack
+from bench.env import DEFAULT_BROKER_PORT, SCHEMA_FILE_SUFFIX, BenchError, BenchStack
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import load_spec
 
 DEFAULT_RECORDS = 300_000
-SECTIONS = ("ceilings", "pipeline", "scaling", "small_batches", "baseline", "freshness", "maintenance", "proof",
-            "peers")
+SECTIONS = ("ceilings", "pipeline", "formats", "scaling", "small_batches", "baseline", "freshness", "maintenance",
+            "proof", "s3", "partitions", "peers")
+WIDE_PARTITIONS, WIDE_PER_PARTITION = 1_000, 20  # the partitions section: 1,000 partitions, 20 records each
+WIRE_FORMATS = ("avro", "protobuf")  # end to end beside JSON (the formats section)
 TRACE_ROWS = 10_000_000
 TRACE_LOOKUPS = 20
 BASELINE_EVERY = (10_000, 50_000)
@@ -253,7 +255,7 @@ class Bench:
         by_format: dict[str, Any] = {"json": decode}
         directory = workloads.scratch_dir()
         try:  # the same records in each value format the platform reads
-            for fmt in workloads.SCHEMA_FILES:
+            for fmt in SCHEMA_FILE_SUFFIX:
                 wire_spec, wire_sample = workloads.as_format(spec, sample, directory / fmt, fmt)
                 wire_bytes = sum(len(r.value or b"") for r in wire_sample)
                 runs = [workloads.Throughput(len(wire_sample), wire_bytes,
@@ -317,6 +319,31 @@ class Bench:
                       "peak_mb": stats.median(r.memory["peak_mb"] for r in runs["p3"])},
         }
 
+    def formats(self) -> None:
+        """`lakehouse ingest --once` over the same records in each wire format (Confluent framing, the
+        contract's writer schema from the spec's schema folder; the broken values as they are), beside
+        the pipeline section's JSON runs of the 3-partition topic."""
+        assert self.backlog is not None
+        platform = self.stack.platform()
+        out: dict[str, Any] = {}
+        for fmt in WIRE_FORMATS:
+            topic = f"bench-{fmt.replace('_', '-')}"
+            runs = []
+            for repeat in range(1, self.args.pipeline_repeats + 1):
+                spec = self.stack.write_spec(f"bench_{fmt}_r{repeat}", topic, 3, self.batch_size, value_format=fmt)
+                if repeat == 1:
+                    wire = workloads.encode_backlog(spec, self.backlog.records)
+                    loaded = workloads.load_topic(spec, platform, wire)
+                    per_record = sum(len(r.value or b"") for r in wire) / len(wire)
+                    self.say(f"loaded {loaded.sent:,} {fmt} records into {topic} in {loaded.seconds:.1f}s "
+                             f"({per_record:.0f} bytes per value)")
+                run = workloads.run_once(self.stack, spec, self.args.records, per_record)
+                runs.append(run)
+                self.say(f"{spec.name}: steady {_fmt(run.rate.steady_rate)} rec/s, end to end "
+                         f"{_fmt(run.rate.wall_rate)} rec/s, CPU s by role {run.memory.get('steady_cpu_by_role_s')}")
+            out[fmt] = {**_pipeline_summary(runs), "value_bytes_per_record": per_record}
+        self.results["formats"] = out
+
     def scaling(self) -> None:
         """The p3 `--once` run again on one core (local[1]); the pipeline section's local[2] runs are the
         other half of the ratio. CPU seconds per role say where the second core went."""
@@ -339,6 +366,56 @@ class Bench:
         self.results["small_batches"] = run.to_json()
         self.say(f"{SMALL_BATCH}-record batches: median {_fmt(run.to_json()['median_s'], 3)}s, "
                  f"max {_fmt(run.to_json()['max_s'], 3)}s over {len(run.batches)} batches")
+
+    def s3(self) -> None:
+        """The small-batch measurement again on a second scratch stack whose warehouse is on the stack's S3
+        server (`lakehouse stack up --object-store`): what a batch costs when every file and metadata
+        write is an object-store request, and how many requests of each kind a batch makes (the server's
+        own counts, reset after the warm-up batch)."""
+        assert self.backlog is not None
+        from lakehouse_dev import object_store
+
+        stack = BenchStack(self.out / "stack-s3", self.args.port + 11)
+        try:
+            status = stack.up("--object-store")
+            stack.activate()
+            endpoint = ((status.get("services") or {}).get("object_store") or {}).get("endpoint")
+            if not endpoint:
+                raise BenchError(f"`lakehouse stack up --object-store` named no object-store endpoint: {status}")
+            spec = stack.write_spec("bench_s3", "bench-s3", 3, FRESHNESS_BATCH, trigger_interval="1s")
+            run = workloads.run_small_batches(stack, spec, self.backlog.records, per_batch=SMALL_BATCH,
+                                              warm=lambda: object_store.request_counts(endpoint, reset=True))
+            counts = object_store.request_counts(endpoint)
+        finally:
+            with contextlib.suppress(Exception):
+                stack.down()
+            self.stack.activate()
+        found = run.to_json()
+        batches = max(1, found["batches"])
+        per_batch = {"all": round(counts.get("total", 0) / batches, 1),
+                     **{key: round(value / batches, 1) for key, value in (counts.get("classes") or {}).items()}}
+        operations: dict[str, int] = {}
+        for bucket in (counts.get("buckets") or {}).values():
+            for operation, count in (bucket.get("operations") or {}).items():
+                operations[operation] = operations.get(operation, 0) + count
+        by_operation = {key: round(value / batches, 1) for key, value in sorted(operations.items())}
+        self.results["s3"] = {**found, "warehouse": status.get("warehouse"), "requests_per_batch": per_batch,
+                              "requests_per_batch_by_operation": by_operation, "request_counts": counts}
+        self.say(f"S3 warehouse, {SMALL_BATCH}-record batches: median {_fmt(found['median_s'], 3)}s, "
+                 f"max {_fmt(found['max_s'], 3)}s over {found['batches']} batches; requests per batch {per_batch}")
+
+    def partitions(self) -> None:
+        """A continuous job over 1,000 partitions, each batch 20 records from every partition: the batch's
+        cost when it holds 1,000 short ranges (bench/partitions.py measures where such a batch's time goes)."""
+        assert self.backlog is not None
+        spec = self.stack.write_spec("bench_wide", "bench-wide", WIDE_PARTITIONS, FRESHNESS_BATCH,
+                                     trigger_interval="1s")
+        run = workloads.run_wide_batches(self.stack, spec, self.backlog.records, per_partition=WIDE_PER_PARTITION)
+        found = self.results["partitions"] = {**run.to_json(), "partitions": WIDE_PARTITIONS,
+                                              "per_partition": WIDE_PER_PARTITION}
+        self.say(f"{WIDE_PARTITIONS:,} partitions x {WIDE_PER_PARTITION} records: median batch "
+                 f"{_fmt(found['median_s'], 2)}s, max {_fmt(found['max_s'], 2)}s over {found['batches']} batches "
+                 f"({found['stages_s']})")
 
     def baseline(self) -> None:
         platform = self.stack.platform()
@@ -560,11 +637,19 @@ def _median_run(runs: list[workloads.OnceRun], key: Callable[[workloads.OnceRun]
     return ordered[(len(ordered) - 1) // 2]
 
 
+def _per_cpu_second(run: dict[str, Any]) -> float | None:
+    """Steady records per CPU second of every process of a `--once` run (broker included)."""
+    memory = run.get("memory") or {}
+    cpu = sum((memory.get("steady_cpu_by_role_s") or {}).values())
+    return round(memory["steady_records"] / cpu, 1) if cpu > 0 and memory.get("steady_records") else None
+
+
 def _pipeline_summary(runs: list[workloads.OnceRun]) -> dict[str, Any]:
     as_json = [r.to_json() for r in runs]
     typical = _median_run(runs, key=lambda r: r.rate.steady_rate or 0.0)
     steady = typical.batches[1:] or typical.batches
     return {
+        "median_steady_records_per_cpu_s": stats.median(_per_cpu_second(j) for j in as_json),
         "runs": as_json,
         "median_steady_records_per_s": stats.median(j["steady_records_per_s"] for j in as_json),
         "median_steady_mb_per_s": stats.median(j["steady_mb_per_s"] for j in as_json),

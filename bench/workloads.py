@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import psutil
@@ -28,7 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import stats
-from bench.env import BenchError, BenchStack, stop_process_group, tail
+from bench.env import SCHEMA_FILE_SUFFIX, BenchError, BenchStack, stop_process_group, tail
 from lakehouse.core import config, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec, read_schema_folder
@@ -359,9 +359,6 @@ def decode(spec: PipelineSpec, topic: str, records: Sequence[RawRecord]) -> tupl
     return valid.select([*spec.contract.names, "_kafka", "_ingested_at"]), seconds
 
 
-SCHEMA_FILES = {"avro": "avsc", "protobuf": "proto", "json_schema": "json"}
-
-
 def as_format(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
               fmt: str) -> tuple[PipelineSpec, list[RawRecord]]:
     """The same records as a pipeline in wire format `fmt` (avro, protobuf, json_schema) would get them:
@@ -371,7 +368,7 @@ def as_format(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
     from dataclasses import replace
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"1.{SCHEMA_FILES[fmt]}").write_text(record_formats.contract_schema(fmt, spec.contract.fields, spec.name))
+    (folder / f"1.{SCHEMA_FILE_SUFFIX[fmt]}").write_text(record_formats.contract_schema(fmt, spec.contract.fields, spec.name))
     wire_spec = replace(spec, source=replace(spec.source, value_format=fmt, schemas=read_schema_folder(folder)))
     writer = record_formats.value_writer(wire_spec, config.load())
     out = []
@@ -382,6 +379,22 @@ def as_format(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
             value = r.value
         out.append(RawRecord(r.partition, r.offset, r.timestamp_ms, r.key, value, r.headers))
     return wire_spec, out
+
+
+def encode_backlog(spec: PipelineSpec, records: Sequence[produce.SyntheticRecord]) -> list[produce.SyntheticRecord]:
+    """`records` as the spec's wire format carries them (`lakehouse produce`'s writer, the spec's schema 1):
+    each valid JSON object value re-encoded, the broken values left as they are (they stay broken)."""
+    from dataclasses import replace
+
+    writer = record_formats.value_writer(spec, config.load())
+    out = []
+    for r in records:
+        try:
+            value = writer.encode(json.loads(r.value)) if r.kind is None else r.value
+        except Exception:  # noqa: BLE001 - a value the writer refuses is sent as it was: a dead letter either way
+            value = r.value
+        out.append(replace(r, value=value))
+    return out
 
 
 def as_change_events(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
@@ -829,10 +842,11 @@ class SmallBatchRun:
 
 
 def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
-                      per_batch: int = 10, rounds: int = 8) -> SmallBatchRun:
+                      per_batch: int = 10, rounds: int = 8, warm: Callable[[], None] | None = None) -> SmallBatchRun:
     """A warm continuous `lakehouse ingest` job fed `per_batch` records at a time, each round waiting for
     its receipt: what one small batch costs end to end (plan, Spark job, commits, group commit), from
-    the batch events. The first batch (JVM and Python workers starting) is left out.
+    the batch events. The first batch (JVM and Python workers starting) is left out; `warm` is called
+    once it committed.
 
     Raises BenchError when the job dies or a round's batch does not come within a minute.
     """
@@ -845,13 +859,44 @@ def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[p
     proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
     lines = _LineReader(proc.stdout)
     try:
-        for _ in range(rounds + 1):
+        for round_ in range(rounds + 1):
             _feed_batch(stack, spec, proc, lines, producer, source, counter, per_batch, log_name,
                         f"batch of {per_batch} records")
+            if round_ == 0 and warm is not None:
+                warm()
     finally:
         stop_process_group(proc, timeout=90)
     batches = batch_metrics(spec.name, platform)
     return SmallBatchRun(spec.name, per_batch, batches[1:])
+
+
+def run_wide_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
+                     per_partition: int = 20, rounds: int = 3) -> SmallBatchRun:
+    """A warm continuous `lakehouse ingest` job over a topic of many partitions, fed `per_partition` records
+    to every partition per round (explicit partition numbers), each round waiting for its receipt: what a
+    batch costs when it holds one short range per partition. The warm-up batch is left out.
+
+    Raises BenchError when the job dies or a round's batch does not come within 180 s.
+    """
+    from bench.partitions import produce_round
+
+    platform = stack.platform()
+    create_topic(spec, platform)
+    producer = make_producer(spec, platform)
+    source = itertools.cycle(records)
+    log_name = f"ingest-wide-{spec.name}"
+    proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
+    lines = _LineReader(proc.stdout)
+    try:
+        for round_ in range(rounds + 1):
+            produce_round(producer, spec.source.topic, source, spec.source.partitions, per_partition)
+            if not lines.wait_for_receipt(timeout=180, proc=proc):
+                raise BenchError(f"the continuous job of {spec.name} committed no batch for round {round_} "
+                                 f"({'exit code ' + str(proc.returncode) if proc.poll() is not None else 'in 180s'})"
+                                 f": {stack.stderr_tail(log_name)}")
+    finally:
+        stop_process_group(proc, timeout=90)
+    return SmallBatchRun(spec.name, per_partition * spec.source.partitions, batch_metrics(spec.name, platform)[1:])
 
 
 def batch_timings(batches: Sequence[dict]) -> list[stats.BatchTiming]:

@@ -221,10 +221,15 @@ def test_targets_pass_and_fail_on_the_measured_numbers():
     targets = stats.evaluate_targets(stats.TargetInputs(
         pipeline_rate=85_000, consume_ceiling=100_000, baseline_rate=60_000, batch_fixed_s=0.4, small_batch_s=1.2,
         freshness_p95={(50_000, 1.0): 4.0, (10_000, 1.0): 3.5}, one_core_rate=40_000, two_core_rate=60_000,
-        memory_small_mb=1_000, memory_large_mb=1_200))
+        memory_small_mb=1_000, memory_large_mb=1_200,
+        format_rates={"json": 100_000, "avro": 80_000, "protobuf": 79_000}))
     verdicts = {t.name: t.passed for t in targets}
     assert verdicts == {
         stats.T_CEILING: True,    # 85 % >= 80 %
+        stats.T_WIDE: None,       # not measured
+        stats.T_S3: None,
+        stats.T_AVRO: True,       # 80 % of JSON's rate
+        stats.T_PROTOBUF: False,  # 79 %
         stats.T_VS_CONNECT: None,  # no peers measured
         stats.T_VS_SSS: None,
         stats.T_BASELINE: False,  # 1.42x < 2x
@@ -236,6 +241,7 @@ def test_targets_pass_and_fail_on_the_measured_numbers():
         stats.T_MEMORY: True,     # +20 % <= +25 %
     }
     assert targets[0].measured.startswith("85.0 %")
+    assert {t.name: t.measured for t in targets}[stats.T_PROTOBUF] == "79.0 % (79,000 vs 100,000 records/s)"
 
 
 def test_censored_freshness_fails_and_unmeasured_targets_say_so():
@@ -432,6 +438,18 @@ def test_a_censored_p95_is_worse_than_any_measured_one():
     assert "50k/s at 1 s: censored vs 4.00 s" in target.measured and "10k/s" not in target.measured
 
 
+def test_the_formats_are_held_against_the_json_run_of_the_same_topic():
+    results = {**RESULTS, "formats": {"avro": {"median_steady_records_per_s": 11_000.0, "median_steady_mb_per_s": 1.1,
+                                               "median_steady_records_per_cpu_s": 9_000.0,
+                                               "value_bytes_per_record": 60.0}}}
+    by_name = {t.name: t for t in stats.evaluate_targets(report.target_inputs(results))}
+    assert by_name[stats.T_AVRO].passed is True  # 11k of the p3 JSON run's 12k: 91.7 %
+    assert by_name[stats.T_AVRO].measured == "91.7 % (11,000 vs 12,000 records/s)"
+    assert by_name[stats.T_PROTOBUF].passed is None
+    assert "| pipeline p3 in avro, steady | `lakehouse ingest --once`, the same records as avro values (Confluent " \
+           "framing, 60 bytes each), batches 2..n; 9,000 records per CPU s | 11,000 | 1.1 |" in report.render(results)
+
+
 def test_the_ceiling_is_the_parallel_consumers_when_measured():
     results = {**RESULTS, "ceilings": {**RESULTS["ceilings"], "parallel_consume": {
         "processes": 2, "p3": {"median_records_per_s": 300_000.0, "median_mb_per_s": 60.0}}}}
@@ -487,3 +505,24 @@ java.lang.ArithmeticException: long overflow
     assert first_exception(log) == ("java.lang.ArithmeticException: long overflow (at org.apache.spark.sql.kafka010."
                                     "KafkaRecordToRowConverter.next(KafkaRecordToRowConverter.scala:42))")
     assert first_exception("11:19:29 INFO all is well\n") is None
+
+
+def test_the_s3_batches_are_a_target_with_their_requests_per_batch():
+    results = {**RESULTS, "s3": {"records_per_batch": 10, "batches": 8, "median_s": 0.7, "p95_s": 0.9, "max_s": 1.0,
+                                 "warehouse": "s3://lakehouse/warehouse", "stages_s": {"write_s": 0.3},
+                                 "requests_per_batch": {"all": 24.5, "put": 10.0, "get": 14.0, "free": 0.5},
+                                 "requests_per_batch_by_operation": {"PutObject": 9.0, "GetObject": 12.0}}}
+    target = {t.name: t for t in stats.evaluate_targets(report.target_inputs(results))}[stats.T_S3]
+    assert target.passed is False and target.measured == "0.70 s median, 24.5 requests per batch"
+    text = report.render(results)
+    assert "24.5 in all, 10.0 billed as PUT/LIST, 14.0 as GET/HEAD, 0.5 free" in text
+    assert "| PutObject | 9.0 |" in text
+
+
+def test_the_wide_batch_target_holds_a_batch_of_1000_partitions_to_one_second():
+    results = {**RESULTS, "partitions": {"partitions": 1_000, "per_partition": 20, "records_per_batch": 20_000,
+                                         "batches": 3, "median_s": 0.9, "max_s": 1.4, "stages_s": {"read_s": 0.4}}}
+    target = {t.name: t for t in stats.evaluate_targets(report.target_inputs(results))}[stats.T_WIDE]
+    assert target.passed is True and target.measured == "0.90 s median"
+    assert "each batch 20 records from every partition (20,000 records in 1,000 short ranges): median 0.90 s" \
+        in report.render(results)
