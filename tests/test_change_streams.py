@@ -212,3 +212,40 @@ def test_a_change_stream_without_writer_schemas_is_refused_naming_both_sources(m
     spec = cdc_spec(make_spec, "avro")
     with pytest.raises(ProduceError, match="source.schemas.*LAKEHOUSE_SCHEMA_REGISTRY_URL"):
         synthesize(spec, 1, platform=config.load(fresh=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=200), st.integers(0, 2**32))
+def test_keyed_rows_are_a_dict_that_draws_any_present_key(steps, seed):
+    """KeyedRows behaves as a dict under sets and pops, and its draw is always a present key (each of them
+    reachable): the stream's O(1) pick of the row an update or delete changes."""
+    rng = __import__("random").Random(seed)
+    rows, reference = change_streams.KeyedRows(), {}
+    for add, key in steps:
+        if add or not reference:
+            rows[key] = reference[key] = (key, len(reference))
+        else:
+            drawn = rows.choice(rng)
+            assert drawn in reference
+            assert rows.pop(drawn) == reference.pop(drawn)
+        assert dict(rows) == reference
+    if reference:
+        drawn = {rows.choice(rng) for _ in range(50 * len(reference))}
+        assert drawn == set(reference)
+    copy = change_streams.KeyedRows(rows)
+    assert dict(copy) == reference and (not reference or copy.choice(rng) in reference)
+
+
+def test_the_share_of_updates_and_deletes_is_the_streams_setting(make_spec):
+    spec = cdc_spec(make_spec)
+    stream = change_streams.ChangeStream(spec, __import__("random").Random(5), config.load(), updates=0.2,
+                                         deletes=0.05)
+    records = list(stream.records(6_000, bad_ratio=0.0))
+    ops = stream.by_op
+    streamed = ops.get("c", 0) + ops.get("u", 0) + ops.get("d", 0)
+    assert len(records) == 6_000 and ops.get("tombstone") == ops.get("d")
+    assert abs(ops["u"] / streamed - 0.2) < 0.03 and abs(ops["d"] / streamed - 0.05) < 0.015
+    summary = stream.summary()
+    assert len(summary.final_rows) == ops.get("r", 0) + ops["c"] - ops["d"]  # every delete removed a live row
+    with pytest.raises(ValueError, match="must be shares"):
+        change_streams.ChangeStream(spec, __import__("random").Random(5), config.load(), updates=0.9, deletes=0.2)

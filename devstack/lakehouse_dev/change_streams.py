@@ -224,6 +224,41 @@ def _source_names(spec: PipelineSpec) -> tuple[str, str, str]:
 
 # ------------------------------------------------------------------------------------------ the stream
 
+class KeyedRows(dict):
+    """Rows by primary key that also give a random key in constant time: the keys in a list, each key's
+    place in it, a removed key's place taken by the last one. A stream of hundreds of thousands of changes
+    picks a row per update or delete; `random.choice(list(rows))` made that quadratic."""
+
+    def __init__(self, rows: dict | None = None):
+        super().__init__()
+        self._keys: list = []
+        self._at: dict = {}
+        for key, row in (rows or {}).items():
+            self[key] = row
+
+    def __setitem__(self, key, row) -> None:
+        if key not in self._at:
+            self._at[key] = len(self._keys)
+            self._keys.append(key)
+        super().__setitem__(key, row)
+
+    def __delitem__(self, key) -> None:
+        self.pop(key)
+
+    def pop(self, key, *default):
+        place = self._at.pop(key, None)
+        if place is not None:
+            last = self._keys.pop()
+            if place < len(self._keys):
+                self._keys[place] = last
+                self._at[last] = place
+        return super().pop(key, *default)
+
+    def choice(self, rng: Random):
+        """A key drawn uniformly by `rng`; IndexError when there is none."""
+        return rng.choice(self._keys)
+
+
 class ChangeStream:
     """The records of a change stream (see the module's docstring), reproducible from `rng`.
 
@@ -233,7 +268,13 @@ class ChangeStream:
     """
 
     def __init__(self, spec: PipelineSpec, rng: Random, platform: config.PlatformConfig | None = None,
-                 now: Callable[[], datetime] | None = None, connect_schemas: bool = False):
+                 now: Callable[[], datetime] | None = None, connect_schemas: bool = False,
+                 updates: float = 0.45, deletes: float = 0.20):
+        """`updates` and `deletes`: the shares of streamed changes that update or delete a row (the rest
+        create one); each delete is followed by its tombstone."""
+        if not (0 <= updates and 0 <= deletes and updates + deletes <= 1):
+            raise ValueError(f"updates ({updates}) and deletes ({deletes}) must be shares adding up to at most 1")
+        self.creates_below, self.updates_below = 1 - updates - deletes, 1 - deletes
         if connect_schemas and spec.source.value_format != "json":
             raise errors.ConfigurationError(
                 f"Connect schemas (schemas.enable=true) are Kafka Connect's JSON converter's; pipeline {spec.name!r} "
@@ -256,9 +297,9 @@ class ChangeStream:
         self.validator = reader_validator(spec, platform)
         self.content_type = CONTENT_TYPES[fmt]
         # the source database: rows by primary key; the table as the valid changes leave it
-        self.source: dict[tuple, dict] = {}
+        self.source = KeyedRows()
         self.table_rows: dict[tuple, dict] = {}
-        self.deleted: dict[tuple, dict] = {}  # primary key -> the row a valid delete or tombstone removed
+        self.deleted = KeyedRows()  # primary key -> the row a valid delete or tombstone removed
         self.lsn = rng.randrange(20_000_000, 40_000_000)
         self.last_commit_lsn: int | None = None
         self.tx_id = rng.randrange(500, 5_000)
@@ -336,12 +377,12 @@ class ChangeStream:
             self.source[self._pk(row)] = row
             return ("r" if snapshot else "c"), None, row
         choice = self.rng.random()
-        if choice < 0.35:
+        if choice < self.creates_below:
             row = self._new_row()
             self.source[self._pk(row)] = row
             return "c", None, row
-        pk = self.rng.choice(list(self.source))
-        if choice < 0.8 or remaining < 2:  # a delete needs room for its tombstone
+        pk = self.source.choice(self.rng)
+        if choice < self.updates_below or remaining < 2:  # a delete needs room for its tombstone
             before = self.source[pk]
             after = self.factory.changed(before)
             self.source[pk] = after
@@ -352,7 +393,7 @@ class ChangeStream:
         """A new row: most get a new primary key, some re-create a deleted one."""
         row = self.factory.row()
         if self.deleted and self.rng.random() < 0.1:
-            pk = self.rng.choice(list(self.deleted))
+            pk = self.deleted.choice(self.rng)
             if pk not in self.source:
                 row.update(zip(self.pk, pk))
         while self._pk(row) in self.source:  # ids from a pool (not the sequence) may repeat
@@ -483,7 +524,7 @@ class ChangeStream:
         """Check valid events and each defect kind against the reader on a copy of the state; returns the
         kinds this spec can carry."""
         state = self.factory.state()
-        saved = (dict(self.source), self.lsn, self.tx_id)
+        saved = (KeyedRows(self.source), self.lsn, self.tx_id)
         source = self._source("false", self._now_ms(), self.tx_id)
         try:
             for _ in range(SELF_TEST_RECORDS):
