@@ -15,6 +15,7 @@ so that the driver can dead-letter that record and read the batch again.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from datetime import datetime, timedelta, timezone
 from operator import itemgetter
@@ -425,81 +426,194 @@ def _task_failure(exc: Exception, rng: OffsetRange, offset: int) -> errors.Lakeh
                               f"at offset {offset}: {_describe(exc)}")
 
 
-def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batch_rows: int,
-               stall_timeout: float, fault=None, clock: StageClock | None = None,
-               watch: kafka_security.ErrorWatch | None = None,
-               poisoned: Mapping[int, str] | None = None) -> Iterator[pa.RecordBatch]:
-    """Decoded Arrow batches of exactly the records in `rng`.
+class _PartitionRead:
+    """A task's ranges of one partition, read in offset order from the one fetch position the
+    consumer holds for the partition.
 
-    `clock` adds up the seconds spent in `consumer.consume` and in decoding and
-    building batches, per consume() call and per chunk of records; the time this
-    generator is suspended at `yield` counts as neither. `watch`, the consumer's
-    error_cb, turns a refused login into KafkaAuthError when no records come.
-    `poisoned` maps offsets of the range to a reason: those records are dead-lettered
-    as `reader_failure` with that reason as the detail, without being decoded.
-
-    Errors: Kafka's own keep their types (OffsetGapError, SourceError, KafkaAuthError);
-    planned records that do not come for `stall_timeout` raise BrokerStalledError; any
-    other error is raised as RecordFailureError naming the offset it happened at.
+    `position` is the next offset of the range being read (`ranges[index]`): a record below it
+    was read already, or lies between two ranges of the task, or was fetched before a seek. The
+    records of a partition come in offset order, so a record (or the end of the partition) at an
+    offset says that no record below it is still to come: the ranges that end there are complete,
+    whatever offsets they hold that deliver no record (transaction markers, aborted records,
+    compacted ones).
     """
-    if rng.count <= 0:
+
+    __slots__ = ("partition", "ranges", "index", "position", "poison", "since")
+
+    def __init__(self, partition: int, ranges: list[OffsetRange], poison: dict[int, str], now: float):
+        self.partition, self.ranges, self.index = partition, ranges, 0
+        self.position = ranges[0].start
+        self.poison = poison
+        self.since = now  # when a record of this partition last came (or the read began)
+
+    @property
+    def range(self) -> OffsetRange:
+        return self.ranges[min(self.index, len(self.ranges) - 1)]
+
+    @property
+    def halfway(self) -> int:
+        """The offset half way through the range being read, where the `during_read` fault fires."""
+        rng = self.range
+        return rng.start + rng.count // 2
+
+    def reach(self, offset: int) -> bool:
+        """No record below `offset` is still to come: completes the ranges ending there and moves to the
+        start of the next one. True when every range of the partition is complete."""
+        ranges = self.ranges
+        while self.index < len(ranges) and ranges[self.index].end <= offset:
+            self.index += 1
+        if self.index == len(ranges):
+            return True
+        self.position = max(self.position, ranges[self.index].start)
+        return False
+
+
+def _partition_reads(ranges: list[OffsetRange], poisoned: Mapping[tuple[int, int], str],
+                     now: float) -> dict[int, _PartitionRead]:
+    """The non-empty `ranges` grouped by partition (in partition order), each partition's in offset order.
+
+    Raises ValueError for ranges of several topics or ranges of one partition that overlap: a plan
+    that would read a record twice is a bug of the planner, never something to read.
+    """
+    by_partition: dict[int, list[OffsetRange]] = {}
+    for rng in ranges:
+        if rng.count > 0:
+            by_partition.setdefault(rng.partition, []).append(rng)
+    topics = sorted({rng.topic for pieces in by_partition.values() for rng in pieces})
+    if len(topics) > 1:
+        raise ValueError(f"a task reads the ranges of one topic, got ranges of {topics}")
+    reads = {}
+    for partition in sorted(by_partition):
+        pieces = sorted(by_partition[partition], key=lambda r: r.start)
+        for before, after in itertools.pairwise(pieces):
+            if after.start < before.end:
+                raise ValueError(f"ranges {before} and {after} overlap: their common offsets would be read twice")
+        poison = {o: why for (p, o), why in poisoned.items()
+                  if p == partition and any(r.start <= o < r.end for r in pieces)}
+        reads[partition] = _PartitionRead(partition, pieces, poison, now)
+    return reads
+
+
+def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBuilder, batch_rows: int,
+                stall_timeout: float, fault=None, clock: StageClock | None = None,
+                watch: kafka_security.ErrorWatch | None = None,
+                poisoned: Mapping[tuple[int, int], str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Decoded Arrow batches (at most `batch_rows` rows each) of exactly the records in `ranges`.
+
+    All the ranges (of one topic) are read with one assignment: every partition from its first
+    range's start at once, each record routed to its range by partition and offset, a partition
+    paused once its last range is complete, and the read done when every range is. A task of
+    1,000 quiet partitions then costs a few fetches, not 1,000 assignments that each restart
+    fetching (measured: 7.5 s for 1,000 ranges of 20 records one after another). Several ranges
+    of one partition (pieces of a split partition) are read in offset order; between two that are
+    not contiguous the consumer seeks to the next one's start.
+
+    The rows of a partition come in offset order; those of different partitions interleave.
+
+    `clock` adds up the seconds spent in `consumer.consume` and in decoding and building
+    batches, per consume() call and per chunk of records; the time this generator is suspended
+    at `yield` counts as neither. `watch`, the consumer's error_cb, turns a refused login into
+    KafkaAuthError when no records come. `poisoned` maps (partition, offset) to a reason: those
+    records are dead-lettered as `reader_failure` with that reason as the detail, without being
+    decoded. `fault` is called with `task_failure` before the read of each range and with
+    `during_read` at the record half way through each range.
+
+    Errors: Kafka's own keep their types (OffsetGapError, SourceError, KafkaAuthError), named
+    after the range they hit; when no planned record comes for `stall_timeout`, BrokerStalledError
+    names the partition and offset that waited longest; any other error is raised as
+    RecordFailureError naming the record (or the position) it happened at. Ranges of several
+    topics, or overlapping ranges of one partition, raise ValueError before anything is read.
+    """
+    reads = _partition_reads(list(ranges), poisoned or {}, time.monotonic())
+    if not reads:
         return
     clock = clock if clock is not None else StageClock()
-    poison = dict(poisoned or {})
-    topic, partition, end = rng.topic, rng.partition, rng.end
-    at = position = rng.start
+    topic = next(iter(reads.values())).range.topic
+    current = next(iter(reads.values()))  # the partition whose range a failure is named after
+    at_range, at = current.range, current.position
     try:
         if fault is not None:
-            fault("task_failure")
-        consumer.assign([TopicPartition(topic, partition, position)])
-        halfway = rng.start + rng.count // 2
+            for read in reads.values():
+                for at_range in read.ranges:
+                    at = at_range.start
+                    fault("task_failure")
+        consumer.assign([TopicPartition(topic, p, read.position) for p, read in reads.items()])
+        waiting = dict(reads)  # partitions with a range still incomplete
         consume, add, reject = consumer.consume, builder.add, builder.reject
+        chunk = min(CONSUME_CHUNK, batch_rows)
         pending = builder.size
         last_progress = time.monotonic()
-        while position < end:
-            at = position
-            # never more than the range still holds: consume() waits out its timeout for a count it cannot fill
-            want = min(CONSUME_CHUNK, batch_rows, end - position)
+        while waiting:
+            if current.partition not in waiting:
+                current = next(iter(waiting.values()))
+            at_range, at = current.range, current.position
             started = time.perf_counter()
-            msgs = consume(num_messages=want, timeout=0.5)
+            # what has come, then (only when nothing has) a wait for the next record: consume() waits out its
+            # timeout for a count it cannot fill, and offsets that deliver no record (transaction markers,
+            # aborted or compacted records) make any count of what the ranges still hold an overcount
+            msgs = consume(num_messages=chunk, timeout=0)
+            if not msgs:
+                msgs = consume(num_messages=1, timeout=0.5)
             decoding = time.perf_counter()
             clock.read_s += decoding - started
+            moment = time.monotonic()
             if not msgs and watch is not None:
                 watch.check()
-            if not msgs and time.monotonic() - last_progress > stall_timeout:
-                marker = errors.task_marker("retryable", why="broker-stalled", topic=topic, partition=partition,
-                                            offset=position)
-                raise BrokerStalledError(f"{rng}: no records past offset {position} for {stall_timeout:.0f}s "
-                                         f"although they were planned; broker stalled? {marker}")
-            chunk_start = position
+            progressed = False
+            finished: list[_PartitionRead] = []
             for msg in msgs:
-                if msg.partition() != partition:  # left over from the task's previous range
+                # None for a partition done (fetched before its pause took hold) or not the task's, and for
+                # an error of no partition (a broker connection lost: a stall, if it lasts)
+                read = waiting.get(msg.partition())
+                if read is None:
                     continue
+                current = read
+                at_range, at = read.range, read.position
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= end:  # the range ends in control records (transactions)
-                            position = end
+                        eof = msg.offset()
+                        if eof >= read.range.end:  # the range ends in offsets that deliver no record (transactions)
+                            progressed, read.since = True, moment
+                            if read.reach(eof):
+                                finished.append(waiting.pop(read.partition))
                         continue
-                    if err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        raise OffsetGapError(f"{rng}: offset {position} was deleted from Kafka while the batch "
-                                             f"was being read (retention); rerun to plan again")
-                    raise SourceError(f"{rng}: {err.str()}")
+                    # the consumer resets no offset (auto.offset.reset=error): a position the log no longer
+                    # holds comes as _AUTO_OFFSET_RESET, the broker's OFFSET_OUT_OF_RANGE in its text
+                    if err.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+                        raise OffsetGapError(f"{read.range}: offset {read.position} was deleted from Kafka while the "
+                                             f"batch was being read (retention); rerun to plan again")
+                    raise SourceError(f"{read.range}: {err.str()}")
                 at = offset = msg.offset()
-                if offset < position:  # fetched for an earlier assignment of this partition
+                if offset < read.position:  # read already, or fetched before a seek
                     continue
-                if offset >= end:
-                    position = end
-                    break
+                if offset >= read.range.end:  # its range is complete: the record is the next range's, or none's
+                    progressed, read.since = True, moment
+                    if read.reach(offset):
+                        finished.append(waiting.pop(read.partition))
+                        continue
+                    at_range = read.range
+                    if offset < read.position:  # between two ranges of the task: on to the next one's start
+                        if offset + 1 < read.position:
+                            consumer.seek(TopicPartition(topic, read.partition, read.position))
+                        continue
                 ts_type, ts = msg.timestamp()
+                poison = read.poison
                 if poison and offset in poison:
-                    reject(topic, partition, offset, ts if ts_type != 0 else None, msg.key(), msg.value(),
+                    reject(topic, read.partition, offset, ts if ts_type != 0 else None, msg.key(), msg.value(),
                            msg.headers, "reader_failure", poison[offset])
                 else:
-                    add(topic, partition, offset, ts if ts_type != 0 else None, msg.key(), msg.value(), msg.headers)
-                position = offset + 1
-                if offset == halfway and fault is not None and offset not in poison:  # where a record is decoded
+                    add(topic, read.partition, offset, ts if ts_type != 0 else None, msg.key(), msg.value(),
+                        msg.headers)
+                read.position = offset + 1
+                progressed, read.since = True, moment
+                if fault is not None and offset == read.halfway and offset not in poison:  # where a record is decoded
                     fault("during_read")
+                if offset + 1 >= read.range.end:  # the range's last offset: complete
+                    if read.reach(offset + 1):
+                        finished.append(waiting.pop(read.partition))
+                    elif offset + 1 < read.position:  # the partition's next range starts further on
+                        consumer.seek(TopicPartition(topic, read.partition, read.position))
                 pending += 1
                 if pending >= batch_rows:
                     batch = builder.flush()
@@ -508,8 +622,17 @@ def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batc
                     yield batch
                     decoding = time.perf_counter()
             clock.decode_s += time.perf_counter() - decoding
-            if position > chunk_start:
-                last_progress = time.monotonic()
+            if progressed:
+                last_progress = moment
+            if finished and waiting:  # the last partitions need no pause: the consumer closes with the task
+                consumer.pause([TopicPartition(topic, read.partition) for read in finished])
+            if not progressed and time.monotonic() - last_progress > stall_timeout:
+                stalled = min(waiting.values(), key=lambda r: (r.since, r.partition))
+                others = f" (and {len(waiting) - 1} more partitions of this task)" if len(waiting) > 1 else ""
+                marker = errors.task_marker("retryable", why="broker-stalled", topic=topic,
+                                            partition=stalled.partition, offset=stalled.position)
+                raise BrokerStalledError(f"{stalled.range}: no records past offset {stalled.position}{others} for "
+                                         f"{stall_timeout:.0f}s although they were planned; broker stalled? {marker}")
         if builder.size:
             flushing = time.perf_counter()
             batch = builder.flush()
@@ -518,7 +641,16 @@ def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batc
     except (errors.LakehouseError, config.ConfigError):  # Kafka's own, already named; KafkaAuthError
         raise
     except Exception as exc:  # noqa: BLE001 - named for the driver, which dead-letters the record and reruns
-        raise _task_failure(exc, rng, at if type(at) is int else position) from exc
+        raise _task_failure(exc, at_range, at if type(at) is int else at_range.start) from exc
+
+
+def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batch_rows: int,
+               stall_timeout: float, fault=None, clock: StageClock | None = None,
+               watch: kafka_security.ErrorWatch | None = None,
+               poisoned: Mapping[int, str] | None = None) -> Iterator[pa.RecordBatch]:
+    """`read_ranges` of the one range `rng`; `poisoned` maps offsets of `rng` to a reason."""
+    yield from read_ranges(consumer, [rng], builder, batch_rows, stall_timeout, fault, clock, watch=watch,
+                           poisoned={(rng.partition, o): why for o, why in (poisoned or {}).items()})
 
 
 # librdkafka settings of the consumers in reader tasks: large fetches, a deep prefetch queue, and no
@@ -566,7 +698,7 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
     dead-lettered as `reader_failure` with the reason as its detail, without being
     decoded. The driver fills it from the marker of a failed task: an error a task
     does not expect is raised with `errors.task_marker("record-failure", topic=...,
-    partition=..., offset=...)` in its message (see `read_range`).
+    partition=..., offset=...)` in its message (see `read_ranges`).
 
     `writer_schemas` is what the driver says about writer schemas beyond those shipped with `spec`
     (records.WriterSchemas): tasks never talk to a schema registry; an id they were not shipped stops
@@ -580,14 +712,11 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
         validator = RecordValidator(spec, quarantined, writer_schemas=writer_schemas)
         builder = BatchBuilder(spec, validator, ingested_at_us)
         try:
+            ranges = [OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
+                      for plan in plan_batches for row in plan.to_pylist()]
             with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
-                for plan in plan_batches:
-                    for row in plan.to_pylist():
-                        rng = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-                        poison = {o: why for (p, o), why in poisoned.items()
-                                  if p == rng.partition and rng.start <= o < rng.end}
-                        yield from read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock,
-                                              watch=watch, poisoned=poison)
+                yield from read_ranges(consumer, ranges, builder, batch_rows, stall_timeout, fault, clock,
+                                       watch=watch, poisoned=poisoned)
         finally:
             clock.report(timers)
 

@@ -4,8 +4,8 @@ Iceberg data files itself; only descriptions of the files travel back to the dri
 This is the Iceberg Kafka Connect sink's shape on Spark: workers write, one committer
 commits. A task
 
-1. reads each of its offset ranges with confluent-kafka and decodes every record into
-   Arrow (`kafka_source.read_range`: table rows and dead letters, never failing on a record);
+1. reads all of its offset ranges with one confluent-kafka consumer assignment and decodes every
+   record into Arrow (`reader.read_ranges`: table rows and dead letters, never failing on a record);
 2. routes the rows: each data table gets its rows (minus offsets the table already holds,
    after a crash between two tables' commits), cast to the table's Iceberg schema, and
    the dead-letter table gets the rejected records;
@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from lakehouse.core import errors, sparkenv
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest.reader import DEAD_LETTER_TABLE, BatchBuilder, StageClock, read_range, reader_consumer
+from lakehouse.ingest.reader import DEAD_LETTER_TABLE, BatchBuilder, StageClock, read_ranges, reader_consumer
 from lakehouse.ingest.records import RecordValidator, WriterSchemas
 
 # Arrow columns of a decoded batch that become a dead-letter row, in the dead-letter table's names
@@ -252,11 +252,8 @@ def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozense
         batches: list[pa.RecordBatch] = []
         try:
             with reader_consumer(kafka_conf, spec.name) as (consumer, watch):
-                for rng in ranges:
-                    poison = {o: why for (p, o), why in poisoned.items()
-                              if p == rng.partition and rng.start <= o < rng.end}
-                    batches.extend(read_range(consumer, rng, builder, batch_rows, stall_timeout, fault, clock,
-                                              watch=watch, poisoned=poison))
+                batches.extend(read_ranges(consumer, list(ranges), builder, batch_rows, stall_timeout, fault, clock,
+                                           watch=watch, poisoned=poisoned))
         except (errors.SchemaUnknownError, errors.SchemaChangeError, errors.WriterSchemaIncompatibleError) as exc:
             yield TaskResult(read_s=clock.read_s, decode_s=clock.decode_s, started=began, ended=time.time(),
                              schema_event=str(exc))
