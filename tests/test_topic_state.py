@@ -10,6 +10,7 @@ the admin client describes the topic, while the consumer's metadata does not kno
 
 from __future__ import annotations
 
+import concurrent.futures
 import types
 
 import pytest
@@ -27,17 +28,28 @@ def message(partition: int, offset: int, code: int | None = None) -> FakeMessage
 
 
 class Consumer:
-    """Watermarks (low, high) per partition, or the KafkaError code get_watermark_offsets raises; consume()
-    hands out `batches` one call at a time."""
+    """Watermarks (low, high) per partition, or the KafkaError code the admin client's ListOffsets answers for
+    it; consume() hands out `batches` one call at a time."""
 
     def __init__(self, watermarks: dict[int, tuple[int, int] | int], batches: list[list[FakeMessage]] = ()):
-        self.watermarks, self.batches, self.closed = watermarks, list(batches), False
+        self.watermarks, self.batches, self.closed, self.created = watermarks, list(batches), False, False
 
-    def get_watermark_offsets(self, tp, timeout):
-        found = self.watermarks[tp.partition]
-        if isinstance(found, int):
-            raise KafkaException(KafkaError(found, "Failed to get watermark offsets"))
-        return found
+    def list_offsets(self, asked: dict, isolation_level, request_timeout) -> dict:
+        """The admin client's answer: a future per partition, its offset the low (earliest) or high (latest)
+        watermark, or its error."""
+        from confluent_kafka.admin import OffsetSpec
+
+        futures = {}
+        for tp, spec in asked.items():
+            future = concurrent.futures.Future()
+            found = self.watermarks[tp.partition]
+            if isinstance(found, int):
+                future.set_exception(KafkaException(KafkaError(found, "Failed to list offsets")))
+            else:
+                latest = spec.__class__ is OffsetSpec.latest().__class__
+                future.set_result(types.SimpleNamespace(offset=found[1] if latest else found[0]))
+            futures[tp] = future
+        return futures
 
     def assign(self, partitions):
         self.assigned = {tp.partition: tp.offset for tp in partitions}
@@ -55,6 +67,8 @@ def broker(monkeypatch):
     described = types.SimpleNamespace(topic_id=None, partitions=[types.SimpleNamespace(id=0),
                                                                  types.SimpleNamespace(id=1)])
 
+    answering: list[Consumer] = []
+
     class Admin:
         def __init__(self, conf):
             pass
@@ -62,11 +76,20 @@ def broker(monkeypatch):
         def describe_topics(self, topics, request_timeout):
             return {TOPIC: None}
 
+        def list_offsets(self, asked, isolation_level, request_timeout):
+            return answering[0].list_offsets(asked, isolation_level, request_timeout)
+
     monkeypatch.setattr(plan, "AdminClient", Admin)
-    monkeypatch.setattr(plan.kafka_security, "wait_future", lambda future, admin, watch, timeout: described)
+    monkeypatch.setattr(plan.kafka_security, "wait_future", lambda future, admin, watch, timeout:
+                        future.result() if isinstance(future, concurrent.futures.Future) else described)
+
+    def created(consumer: Consumer) -> Consumer:
+        consumer.created = True
+        return consumer
 
     def use(consumer: Consumer) -> Consumer:
-        monkeypatch.setattr(plan, "kafka_consumer", lambda *args, **kwargs: consumer)
+        answering[:] = [consumer]
+        monkeypatch.setattr(plan, "kafka_consumer", lambda *args, **kwargs: created(consumer))
         return consumer
 
     return use
@@ -81,7 +104,7 @@ def test_watermarks_the_client_cannot_tell_yet_are_retried(broker, code):
         plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=0.2)
     assert isinstance(info.value, errors.RetryableError)
     assert f"topic {TOPIC!r} partition 1: no watermarks yet" in str(info.value)
-    assert consumer.closed
+    assert consumer.closed or not consumer.created  # no consumer left open
 
 
 def test_watermarks_refused_end_the_job_as_a_source_error(broker):
@@ -89,7 +112,7 @@ def test_watermarks_refused_end_the_job_as_a_source_error(broker):
     with pytest.raises(errors.SourceError) as info:
         plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=0.2)
     assert not isinstance(info.value, errors.RetryableError)
-    assert "partition 0: cannot read its watermarks" in str(info.value) and consumer.closed
+    assert "partition 0: cannot read its watermarks" in str(info.value) and (consumer.closed or not consumer.created)
 
 
 def test_a_partition_lost_for_a_moment_while_probing_its_end_is_probed_until_it_answers(broker):
@@ -106,3 +129,13 @@ def test_a_partition_that_never_answers_while_probing_is_a_broker_not_answering(
     broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[[message(1, 7, KafkaError._UNKNOWN_PARTITION)]] * 3))
     with pytest.raises(errors.BrokerUnavailableError, match=r"no end-of-partition from partitions \[0, 1\]"):
         plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=0.3)
+
+
+@pytest.mark.parametrize("code", [KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET])
+def test_a_probe_start_beyond_the_log_is_a_recreated_topic(broker, code):
+    """The tables stand past the log's end: the broker answers the probe's fetch with OFFSET_OUT_OF_RANGE, which
+    librdkafka hands a consumer with auto.offset.reset=error as _AUTO_OFFSET_RESET."""
+    broker(Consumer({0: (0, 10), 1: (0, 4)}, batches=[[message(0, 10, KafkaError._PARTITION_EOF),
+                                                       message(1, 9, code)]]))
+    with pytest.raises(errors.TopicRecreatedError, match="partition 1: the committed position 9 is beyond"):
+        plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, starts={1: 9}, timeout=2)
