@@ -305,6 +305,7 @@ CAPS = {
     "target.target_file_size_mb": 16 * 1024,
     "trigger.max_records_per_batch": 100_000_000,
     "slo.lag_records": 10 ** 12,
+    "publish.spark_audit_rows": 10 ** 12,
     "supervision.hung_after_triggers": 10_000,
     "supervision.max_restarts": 100,
     "maintenance.min_input_files": 10_000,
@@ -794,6 +795,9 @@ class PublishSpec:
     view: str | None = None  # namespace.view readers query; it selects from the published branch
     schedule: str = "*/10 * * * *"
     suite: str | None = None  # include/expectations/<suite>.json; None = the pipeline name
+    # an audit window (a table's new rows, counted from its manifests) of at least this many rows is
+    # validated in Spark, where the data is, instead of in pandas on the worker (lakehouse.wap.quality)
+    spark_audit_rows: int = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -1475,7 +1479,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
     mnt = r.mapping(top.get("maintenance"), "maintenance", {"schedule", "min_input_files", "orphan_safety_window"})
     ret = r.mapping(top.get("retention"), "retention",
                     {"outage_budget", "replay_window", "delete_after", "guard_threshold", "max_retention"})
-    pub = r.mapping(top.get("publish"), "publish", {"branch", "view", "schedule", "suite"})
+    pub = r.mapping(top.get("publish"), "publish", {"branch", "view", "schedule", "suite", "spark_audit_rows"})
     ver = r.mapping(top.get("verify"), "verify", {"schedule"})
     interval_s = r.duration(trig.get("interval", "5s"), "trigger.interval", positive=True)
     orphan_window = r.duration(mnt.get("orphan_safety_window", "3d"), "maintenance.orphan_safety_window")
@@ -1545,6 +1549,7 @@ def _parse(path: Path, raw: Any) -> PipelineSpec:
             view=view,
             schedule=r.schedule(pub.get("schedule", "*/10 * * * *"), "publish.schedule"),
             suite=None if pub.get("suite") is None else r.identifier(pub["suite"], "publish.suite"),
+            spark_audit_rows=r.integer(pub.get("spark_audit_rows", 1_000_000), "publish.spark_audit_rows"),
         ),
         verify=VerifySpec(schedule=r.schedule(ver.get("schedule", "@hourly"), "verify.schedule")),
         candidate_for=candidate_for,

@@ -23,12 +23,24 @@ under `LAKEHOUSE_HOME/quality/<pipeline>/`, which also renders the Data Docs
 site there. The returned `AuditResult` names the snapshot audited per table, the
 lineage it covered, the Kafka offsets of the audited rows, the per-expectation
 results and the Kafka coordinates of failing rows.
+
+Where the rows are validated depends on how many there are, counted from the manifests
+(the record counts of the data files planned, nothing read): a table's window of fewer
+than `spec.publish.spark_audit_rows` rows (default 1,000,000) is read into pandas on
+this process, as GE's pandas datasource needs; a larger one is validated by GE's Spark
+datasource on a DataFrame of the same rows read through the Iceberg catalog at the same
+snapshot, with the offsets audited computed by Spark aggregates. Only aggregates and at
+most MAX_OFFENDING failing rows per expectation reach this process then, so its memory
+does not grow with the window. Both give the same verdict, counts and offsets; the
+Spark path lists a sample of at most MAX_OFFENDING failing rows per expectation (which
+ones is Spark's choice), while `offending_total` still counts them all.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -36,6 +48,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
+from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import (
     AlwaysFalse,
@@ -48,8 +61,8 @@ from pyiceberg.expressions import (
     Or,
 )
 from pyiceberg.io.pyarrow import ArrowScan
-from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
-from pyiceberg.table import Table
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
+from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_between_ids, is_ancestor_of
 
 from lakehouse.core import config, events
@@ -62,6 +75,7 @@ CLOCK_SKEW = timedelta(minutes=5)  # producers' clocks may run this far ahead of
 MAX_OFFENDING = 100  # offending offsets kept in a result (and the ops event)
 MAX_EXAMPLES = 10  # unexpected values quoted per expectation
 COORDINATES = ("_kafka_partition", "_kafka_offset")  # flattened `_kafka`, how GE points at failing rows
+_FILE = "__lakehouse_file"  # the Spark path's column of each row's data file (Iceberg's `_file`), dropped before GE
 
 
 class QualityConfigError(ConfigurationError):
@@ -95,6 +109,7 @@ class TableAudit:
     rows: int = 0
     success: bool = True
     docs_page: str | None = None
+    engine: str | None = None  # where the rows were validated: "pandas" (on this process) or "spark"; None: no data
 
 
 @dataclass(frozen=True)
@@ -249,15 +264,44 @@ def _broken_message(spec: PipelineSpec, table: Table, name: str, since_id: int, 
 
 def added_files(table: Table, snapshots: list[Snapshot]) -> set[str]:
     """Paths of the data files each of `snapshots` added (its manifest entries with status ADDED)."""
-    paths: set[str] = set()
+    return {data_file.file_path for data_file in _added_data_files(table, snapshots)}
+
+
+def _added_data_files(table: Table, snapshots: list[Snapshot]) -> list[DataFile]:
+    """The data files each of `snapshots` added (its manifest entries with status ADDED), with their metrics."""
+    found: list[DataFile] = []
     for snapshot in snapshots:
         for manifest in snapshot.manifests(table.io):
             # a snapshot's added entries are in the manifests it wrote; delete files add no rows
             if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
                 continue
-            paths.update(entry.data_file.file_path for entry in manifest.fetch_manifest_entry(table.io)
-                         if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id)
-    return paths
+            found += [entry.data_file for entry in manifest.fetch_manifest_entry(table.io)
+                      if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id]
+    return found
+
+
+def _coordinate_bounds(table: Table, data_files: list[DataFile]) -> dict[int, tuple[int, int]] | None:
+    """Per Kafka partition, the lowest and highest offset the rows of `data_files` can hold, from the
+    files' column bounds (nothing read); None when a file's bounds do not pin it to one partition or do
+    not bound its offsets (then they cannot narrow a scan)."""
+    schema = table.schema()
+    try:
+        partition_field, offset_field = (schema.find_field(f"_kafka.{name}") for name in ("partition", "offset"))
+    except ValueError:
+        return None
+    bounds: dict[int, tuple[int, int]] = {}
+    for data_file in data_files:
+        lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
+        ids = (partition_field.field_id, offset_field.field_id)
+        if not all(i in lower and i in upper for i in ids):
+            return None
+        partition = from_bytes(partition_field.field_type, lower[ids[0]])
+        if partition != from_bytes(partition_field.field_type, upper[ids[0]]):
+            return None
+        low, high = (from_bytes(offset_field.field_type, found[ids[1]]) for found in (lower, upper))
+        known = bounds.get(partition)
+        bounds[partition] = (low, high) if known is None else (min(known[0], low), max(known[1], high))
+    return bounds
 
 
 def _window_filter(window: dict[int, tuple[int, int]]) -> BooleanExpression:
@@ -269,15 +313,24 @@ def _window_filter(window: dict[int, tuple[int, int]]) -> BooleanExpression:
     return condition
 
 
+def _planned(table: Table, snapshot_id: int, row_filter: BooleanExpression,
+             files: set[str] | None) -> list[FileScanTask]:
+    """The scan tasks holding the rows `rows_for_audit` reads, planned from the manifests only."""
+    scan = table.scan(snapshot_id=snapshot_id, row_filter=row_filter)
+    return [task for task in scan.plan_files() if files is None or task.file.file_path in files]
+
+
 def rows_for_audit(table: Table, snapshot_id: int, row_filter: BooleanExpression = AlwaysTrue(),
-                   files: set[str] | None = None) -> pa.Table:
+                   files: set[str] | None = None, tasks: list[FileScanTask] | None = None) -> pa.Table:
     """Rows of `snapshot_id` matching `row_filter`, with `_kafka` flattened into `_kafka_*` columns.
 
     With `files`, only rows of those data files. Either way the files are read as of
     `snapshot_id` with the delete files that apply to them there, so deleted rows are left out.
+    `tasks`, when given, are `_planned`'s for the same arguments (not planned again).
     """
     scan = table.scan(snapshot_id=snapshot_id, row_filter=row_filter)
-    tasks = [task for task in scan.plan_files() if files is None or task.file.file_path in files]
+    if tasks is None:
+        tasks = _planned(table, snapshot_id, row_filter, files)
     data = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter,
                      scan.case_sensitive).to_table(tasks)
     kafka = data.column("_kafka")
@@ -317,11 +370,15 @@ def _context(pipeline: str, home: Path):
     return context
 
 
-def _checkpoint(context, suite_json: dict, table: str):
-    """Data source, asset, batch definition, suite, validation definition and checkpoint for one table."""
+def _checkpoint(context, suite_json: dict, table: str, in_spark: bool = False):
+    """Data source, asset, batch definition, suite, validation definition and checkpoint for one table:
+    on a pandas DataFrame, or (`in_spark`) on a Spark DataFrame, GE's Spark datasource then neither
+    caching it (that would hold the window in the JVM) nor collecting more than MAX_OFFENDING failing
+    rows per expectation (result format SUMMARY; COMPLETE collects every failing row's coordinates)."""
     import great_expectations as gx
 
-    source = context.data_sources.add_or_update_pandas("lakehouse")
+    source = (context.data_sources.add_or_update_spark("lakehouse_spark", persist=False) if in_spark
+              else context.data_sources.add_or_update_pandas("lakehouse"))
     try:
         asset = source.get_asset(table)
     except LookupError:
@@ -336,8 +393,10 @@ def _checkpoint(context, suite_json: dict, table: str):
     return context.checkpoints.add_or_update(gx.Checkpoint(
         name=table, validation_definitions=[validation],
         actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")],
-        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": list(COORDINATES),
-                       "partial_unexpected_count": MAX_EXAMPLES}))
+        result_format={"result_format": "SUMMARY", "unexpected_index_column_names": list(COORDINATES),
+                       "partial_unexpected_count": MAX_OFFENDING} if in_spark else
+        {"result_format": "COMPLETE", "unexpected_index_column_names": list(COORDINATES),
+         "partial_unexpected_count": MAX_EXAMPLES}))
 
 
 def _plain(value):
@@ -355,9 +414,11 @@ def _plain(value):
     return str(value)
 
 
-def _expectation_results(table: str, validation) -> tuple[list[dict], list[dict]]:
-    """Readable per-expectation results, and the failing rows' coordinates, of one validation result."""
-    results, offending = [], []
+def _expectation_results(table: str, validation) -> tuple[list[dict], list[dict], int]:
+    """Readable per-expectation results, the failing rows' coordinates, and how many failing rows have
+    coordinates, of one validation result. A COMPLETE result lists every failing row; a SUMMARY result
+    (the Spark path) a sample of them, counted in full by the expectation's unexpected count."""
+    results, offending, total = [], [], 0
     for res in validation.results:
         cfg = res.expectation_config
         kwargs = cfg.kwargs
@@ -365,29 +426,123 @@ def _expectation_results(table: str, validation) -> tuple[list[dict], list[dict]
         result = res.result or {}
         exc = res.exception_info or {}
         raised = exc.get("raised_exception") and (exc.get("exception_message") or "exception")
+        counted, unexpected = _plain(result.get("element_count")), _plain(result.get("unexpected_count"))
+        if counted == 0 and unexpected is None:  # an empty batch: GE's pandas engine says None, its Spark one 0
+            unexpected = 0
         results.append({
             "table": table, "expectation": cfg.type, "column": column or None, "success": bool(res.success),
-            "element_count": _plain(result.get("element_count")),
-            "unexpected_count": _plain(result.get("unexpected_count")),
+            "element_count": counted, "unexpected_count": unexpected,
             "examples": _plain(list(result.get("partial_unexpected_list") or [])[:MAX_EXAMPLES]),
             "exception": raised or None,
         })
         if res.success:
             continue
-        for row in result.get("unexpected_index_list") or []:
-            if isinstance(row, dict) and all(c in row for c in COORDINATES):
-                value = _plain({k: v for k, v in row.items() if k not in COORDINATES})
-                offending.append({"table": table, "partition": int(row["_kafka_partition"]),
-                                  "offset": int(row["_kafka_offset"]), "expectation": cfg.type,
-                                  "column": column or None, "value": value})
-    return results, offending
+        complete = result.get("unexpected_index_list")
+        listed = [row for row in (complete if complete is not None else result.get("partial_unexpected_index_list")
+                                  or []) if isinstance(row, dict) and _has_coordinates(row)]
+        for row in listed:
+            value = _plain({k: v for k, v in row.items() if k not in COORDINATES})
+            offending.append({"table": table, "partition": int(row["_kafka_partition"]),
+                              "offset": int(row["_kafka_offset"]), "expectation": cfg.type,
+                              "column": column or None, "value": value})
+        # a sample: every failing row has its coordinates unless the sample shows one without
+        sampled = complete is None and listed and len(listed) == len(result.get("partial_unexpected_index_list"))
+        total += int(result.get("unexpected_count") or 0) if sampled else len(listed)
+    return results, offending, total
+
+
+def _has_coordinates(row: dict) -> bool:
+    """Whether a failing row's index entry holds a Kafka partition and offset (rows written by something
+    other than the pipeline have none: null in Spark, NaN in pandas)."""
+    for name in COORDINATES:
+        value = row.get(name)
+        if value is None or value != value:  # NaN
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The rows one table's audit validates, planned from the manifests but not read: the rows of
+    main's snapshot `snapshot_id` in the data files `tasks` (those matching `window`'s offsets in
+    window mode; in lineage mode, `by_file`, the files the lineage added that the snapshot still
+    has), read as of that snapshot with the delete files that apply there."""
+
+    table: Table
+    name: str
+    snapshot_id: int
+    tasks: list[FileScanTask]
+    window: dict[int, tuple[int, int]] | None = None
+    by_file: bool = False  # lineage mode: only the rows of `tasks`' files (the lineage added them)
+
+    @property
+    def planned_rows(self) -> int:
+        """The rows the planned data files hold (their manifests' record counts), rows deleted as of the
+        snapshot (upsert tables' position deletes) included: the size that decides where to validate."""
+        return sum(task.file.record_count for task in self.tasks)
+
+    @property
+    def row_filter(self) -> BooleanExpression:
+        return AlwaysTrue() if self.window is None else _window_filter(self.window)
+
+    def rows(self) -> pa.Table:
+        """The rows, read into this process (`rows_for_audit`)."""
+        return rows_for_audit(self.table, self.snapshot_id, self.row_filter, tasks=self.tasks)
+
+    def spark_rows(self, spark, spec: PipelineSpec):
+        """The same rows as a Spark DataFrame read through the catalog at the same snapshot, with `_kafka`
+        flattened the same way; nothing is read until Spark runs a job on it."""
+        from pyspark.sql import functions as F
+
+        data = spark.sql(f"SELECT *, _file AS {_FILE} FROM {spec.qualified(self.name)} "
+                         f"VERSION AS OF {int(self.snapshot_id)}")
+        partition, offset = F.col("_kafka.partition"), F.col("_kafka.offset")
+        if self.window is not None:
+            data = data.where(_spark_window(self.window, partition, offset))
+        if self.by_file:
+            files = [task.file for task in self.tasks]
+            paths = sorted({f.file_path for f in files})
+            bounds = _coordinate_bounds(self.table, files)
+            if bounds is not None:  # prunes, at planning, the files that cannot hold the added rows
+                data = data.where(_spark_window({p: (lo, hi + 1) for p, (lo, hi) in bounds.items()}, partition,
+                                                offset) | partition.isNull() | offset.isNull())
+            # a set literal (Spark's InSet): no shuffle, and no Python worker to turn a local list into rows
+            data = data.where(F.col(_FILE).isin(paths))
+        kept = [F.col(f"`{c}`") for c in data.columns if c not in ("_kafka", _FILE)]
+        return data.select(*kept, *(F.col(f"_kafka.{n}").alias(f"_kafka_{n}") for n in ("topic", "partition",
+                                                                                          "offset")))
+
+
+def _spark_window(window: dict[int, tuple[int, int]], partition, offset):
+    """`_window_filter` as a Spark Column: rows whose offset lies in [start, end) of their partition's entry."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    return reduce(lambda a, b: a | b, ((partition == p) & (offset >= start) & (offset < end)
+                                       for p, (start, end) in sorted(window.items())), F.lit(False))
+
+
+def spark_offsets_audited(rows) -> tuple[dict[int, tuple[int, int]], int]:
+    """`offsets_audited` of a Spark DataFrame of `_Window.spark_rows`, and its row count, by Spark aggregates:
+    one row per Kafka partition reaches this process, whatever the number of rows."""
+    from pyspark.sql import functions as F
+
+    grouped = rows.groupBy("_kafka_partition").agg(F.min("_kafka_offset").alias("lo"),
+                                                   F.max("_kafka_offset").alias("hi"), F.count(F.lit(1)).alias("n"))
+    found, count = {}, 0
+    for row in grouped.collect():
+        count += row["n"]
+        if row["_kafka_partition"] is not None and row["lo"] is not None:
+            found[int(row["_kafka_partition"])] = (int(row["lo"]), int(row["hi"]))
+    return found, count
 
 
 def _scope(spec: PipelineSpec, catalog: Catalog, name: str,
-           window: dict[int, tuple[int, int]] | None) -> tuple[TableAudit, pa.Table | None]:
-    """What the audit of table `name` covers (success not yet known), and the rows it validates:
-    None when the table has no data yet. Raises LineageBrokenError or LineageDivergedError when
-    the rows added since the published head cannot be known (not in window mode)."""
+           window: dict[int, tuple[int, int]] | None) -> tuple[TableAudit, _Window | None]:
+    """What the audit of table `name` covers (offsets, rows and success not yet known), and the rows it
+    validates, planned but not read: None when the table has no data yet. Raises LineageBrokenError or
+    LineageDivergedError when the rows added since the published head cannot be known (not in window mode)."""
     try:
         table = catalog.load_table(name)
     except NoSuchTableError:  # the pipeline has not run yet
@@ -399,16 +554,19 @@ def _scope(spec: PipelineSpec, catalog: Catalog, name: str,
         return TableAudit(name, None, published), None
     covered: list[int] = []
     if window is not None:
-        rows = rows_for_audit(table, current.snapshot_id, _window_filter(window))
+        planned = _Window(table, name, current.snapshot_id,
+                          _planned(table, current.snapshot_id, _window_filter(window), None), window=window)
     elif published is None:
-        rows = rows_for_audit(table, current.snapshot_id)
+        planned = _Window(table, name, current.snapshot_id, _planned(table, current.snapshot_id, AlwaysTrue(), None))
     else:
         snapshots = lineage(spec, table, name, published, current.snapshot_id)
         if snapshots is None:
             raise LineageDivergedError(_diverged_message(spec, name, published, current.snapshot_id))
         covered = [s.snapshot_id for s in snapshots]
-        rows = rows_for_audit(table, current.snapshot_id, files=added_files(table, snapshots))
-    return TableAudit(name, current.snapshot_id, published, covered, offsets_audited(rows), rows.num_rows), rows
+        planned = _Window(table, name, current.snapshot_id,
+                          _planned(table, current.snapshot_id, AlwaysTrue(), added_files(table, snapshots)),
+                          by_file=True)
+    return TableAudit(name, current.snapshot_id, published, covered), planned
 
 
 def _diverged_message(spec: PipelineSpec, name: str, published: int, snapshot_id: int) -> str:
@@ -424,12 +582,17 @@ def _diverged_message(spec: PipelineSpec, name: str, published: int, snapshot_id
 
 def audit(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now: datetime | None = None,
           expectations_dir: Path | None = None, record_event: bool = True,
-          window: dict[int, tuple[int, int]] | None = None) -> AuditResult:
+          window: dict[int, tuple[int, int]] | None = None,
+          spark_factory: Callable[[], object] | None = None) -> AuditResult:
     """Validate every data table's rows added since the published branch head; see the module doc.
 
     With `window` (partition -> [start, end) offsets) the rows of that offset window in
     main's snapshot are validated instead, e.g. the overlap of a candidate pipeline with
     the live one; the lineage is not looked at then.
+
+    A table whose rows number `spec.publish.spark_audit_rows` or more (by its manifests) is
+    validated in Spark: `spark_factory()`, default an in-process session with the pipeline's
+    catalog, asked only then.
 
     Records a `quality` event on the ops timeline unless `record_event` is False, a
     failed one when the lineage cannot be audited. Raises QualityConfigError for a
@@ -453,19 +616,33 @@ def audit(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
     tables: dict[str, TableAudit] = {}
     expectations: list[dict] = []
     offending: list[dict] = []
-    for scope, rows in scopes:
-        if rows is None:
+    offending_total = 0
+    spark = None
+    for scope, planned in scopes:
+        if planned is None:
             tables[scope.table] = scope
             continue
-        checkpoint = _checkpoint(context, suite_json, scope.table)
-        run = checkpoint.run(batch_parameters={"dataframe": rows.to_pandas()}, expectation_parameters=parameters)
+        in_spark = planned.planned_rows >= spec.publish.spark_audit_rows
+        if in_spark:
+            spark = spark or (spark_factory or (lambda: _session(spec, platform)))()
+            data = planned.spark_rows(spark, spec)
+            offsets, count = spark_offsets_audited(data)
+        else:
+            rows = planned.rows()
+            offsets, count, data = offsets_audited(rows), rows.num_rows, rows.to_pandas()
+            del rows
+        checkpoint = _checkpoint(context, suite_json, scope.table, in_spark)
+        run = checkpoint.run(batch_parameters={"dataframe": data}, expectation_parameters=parameters)
+        del data
         identifier, validation = next(iter(run.run_results.items()))
-        found, bad = _expectation_results(scope.table, validation)
+        found, bad, total = _expectation_results(scope.table, validation)
         expectations += found
         offending += bad
+        offending_total += total
         pages = context.get_docs_sites_urls(resource_identifier=identifier)
         page = next((p["site_url"] for p in pages if p.get("site_url")), None)
-        tables[scope.table] = replace(scope, success=bool(validation.success), docs_page=page)
+        tables[scope.table] = replace(scope, offsets=offsets, rows=count, success=bool(validation.success),
+                                      docs_page=page, engine="spark" if in_spark else "pandas")
     for item in offending:
         item["topic"] = spec.source.topic
     offending.sort(key=lambda o: (o["table"], o["partition"], o["offset"]))
@@ -473,7 +650,7 @@ def audit(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
     result = AuditResult(
         pipeline=spec.name, suite=suite_json["name"], success=all(a.success for a in tables.values()),
         rows=sum(a.rows for a in tables.values()), tables=tables, expectations=expectations,
-        offending_offsets=offending[:MAX_OFFENDING], offending_total=len(offending),
+        offending_offsets=offending[:MAX_OFFENDING], offending_total=offending_total,
         docs=str(docs / "index.html"), audited_at=now.isoformat())
     if record_event:
         covered = {t: {"published_snapshot_id": a.published_snapshot_id, "lineage": a.lineage,
@@ -486,3 +663,9 @@ def audit(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
                      "offending_total": result.offending_total, "docs": result.docs, "suite": result.suite}),
             platform=platform, catalog=spec.catalog)
     return result
+
+
+def _session(spec: PipelineSpec, platform: config.PlatformConfig):
+    from lakehouse.core import sparkenv
+
+    return sparkenv.session(platform, [spec.catalog], f"lakehouse-quality-{spec.name}")
