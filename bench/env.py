@@ -29,6 +29,7 @@ from lakehouse_dev.settings import read_state_file
 
 DEFAULT_BROKER_PORT = 19192
 TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
+CDC_TEMPLATE_SPEC = config.REPO_ROOT / "include" / "pipelines" / "inventory.yaml"  # mode cdc, Debezium
 SCHEMA_FILE_SUFFIX = {"avro": "avsc", "protobuf": "proto", "json_schema": "json"}
 # Variables that would point the benchmark at a real cluster, catalog or warehouse, or inject faults.
 _FOREIGN_PREFIXES = ("LAKEHOUSE_BOOTSTRAP_SERVERS", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE",
@@ -177,18 +178,45 @@ class BenchStack:
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         return load_spec(path)
 
+    def write_cdc_spec(self, name: str, topic: str, partitions: int, max_records_per_batch: int,
+                       value_format: str = "json") -> PipelineSpec:
+        """A change-stream pipeline spec derived from include/pipelines/inventory.yaml (mode cdc, Debezium
+        envelopes keyed by product_id, merge-on-read) with its own topic and tables. In Avro, the envelope's
+        and the key's writer schemas (as Confluent's AvroConverter writes them) are schemas 1 and 2 of its
+        schema folder."""
+        from lakehouse_dev import change_streams
+
+        template = yaml.safe_load(CDC_TEMPLATE_SPEC.read_text())
+        raw = derive_spec(template, name, topic, partitions, max_records_per_batch, None)
+        if value_format == "avro":
+            contract = load_spec(CDC_TEMPLATE_SPEC).contract.fields
+            keys = tuple(f for f in contract if f.name in template["target"]["key"])
+            folder = self.pipelines_dir / "schemas" / name
+            folder.mkdir(parents=True, exist_ok=True)
+            prefix = f"{name}.public.{name}"
+            (folder / "1.avsc").write_text(json.dumps(change_streams.connect_avro(
+                change_streams.envelope_connect(contract, prefix, "precise"))))
+            (folder / "2.avsc").write_text(json.dumps(change_streams.connect_avro(
+                change_streams.key_connect(keys, prefix, "precise"))))
+            raw["source"].update({"value_format": "avro", "schemas": f"schemas/{name}"})  # the key: the same format
+        path = self.pipelines_dir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return load_spec(path)
+
 
 def derive_spec(template: dict[str, Any], name: str, topic: str, partitions: int, max_records_per_batch: int,
-                trigger_interval: str) -> dict[str, Any]:
-    """The template spec (as YAML data) renamed to `name`, reading `topic`, writing raw.<name>(_dlq)."""
+                trigger_interval: str | None) -> dict[str, Any]:
+    """The template spec (as YAML data) renamed to `name`, reading `topic`, writing raw.<name>(_dlq); a
+    `trigger_interval` of None keeps the template's trigger (a scheduled one has none)."""
     raw = copy.deepcopy(template)
     raw["name"] = name
     raw["source"]["topic"] = topic
     raw["source"]["partitions"] = partitions
     raw["target"]["table"] = f"raw.{name}"
     raw["dead_letter"]["table"] = f"raw.{name}_dlq"
-    raw.setdefault("trigger", {}).update({"interval": trigger_interval,
-                                          "max_records_per_batch": max_records_per_batch})
+    raw.setdefault("trigger", {})["max_records_per_batch"] = max_records_per_batch
+    if trigger_interval is not None:
+        raw["trigger"]["interval"] = trigger_interval
     if isinstance(raw.get("publish"), dict):
         raw["publish"]["view"] = f"serve.{name}"
         raw["publish"].setdefault("suite", template.get("name"))

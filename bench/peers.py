@@ -32,7 +32,6 @@ import os
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ import pyarrow.parquet as pq
 
 from bench import stats, workloads
 from bench.env import BenchError, BenchStack, stop_process_group, tail
+from bench.partitions import free_port
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
@@ -85,12 +85,6 @@ def plugin_lib(part: str) -> Path:
     return lib
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # ---------------------------------------------------------------------------------------------- the table
 
 def create_table(catalog, name: str):
@@ -120,13 +114,14 @@ class Landed:
     def exactly_once(self, expected: dict[int, int]) -> dict[str, Any]:
         """Duplicates and losses against `expected` (partition -> log end; offsets from 0 are expected;
         a transactional topic's control records are never rows: pass ends of non-transactional topics)."""
-        pairs = self.partitions * (1 << 40) + self.offsets
-        unique = np.unique(pairs)
+        unique = np.unique(self.partitions * (1 << 40) + self.offsets)
         wanted = sum(expected.values())
-        inside = sum(int(((self.partitions == p) & (self.offsets < end)).sum()) for p, end in expected.items())
-        distinct_inside = sum(int(np.unique(self.offsets[self.partitions == p][self.offsets[self.partitions == p]
-                                                                                < end]).size)
-                              for p, end in expected.items())
+        inside = distinct_inside = 0
+        for partition, end in expected.items():
+            offsets = self.offsets[self.partitions == partition]
+            offsets = offsets[(offsets >= 0) & (offsets < end)]
+            inside += len(offsets)
+            distinct_inside += int(np.unique(offsets).size)
         return {"rows": self.rows, "expected": wanted, "duplicates": int(self.rows - unique.size),
                 "missing": int(wanted - distinct_inside), "outside": int(self.rows - inside),
                 "exactly_once": bool(self.rows == unique.size == distinct_inside == wanted)}
@@ -199,7 +194,8 @@ class Peer:
 
 class ConnectPeer(Peer):
     """A Kafka Connect standalone worker running the Iceberg sink; one connector (name, groups, control
-    topic, offsets file) per run, so runs never share state unless a run is resumed on purpose."""
+    topic, offsets file) per run, so runs never share state unless a run is resumed on purpose. The
+    worker always runs until stopped (`backlog` changes nothing): the caller stops it once the rows are in."""
 
     def _write(self, path: Path, props: dict[str, str]) -> Path:
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -225,7 +221,7 @@ class ConnectPeer(Peer):
             "value.converter.schemas.enable": "false",
             "offset.storage.file.filename": str(folder / "connect.offsets"),
             "plugin.path": str(plugins),
-            "listeners": f"http://127.0.0.1:{_free_port()}",
+            "listeners": f"http://127.0.0.1:{free_port()}",
             "consumer.isolation.level": "read_committed",
             "consumer.auto.offset.reset": "earliest",
             "offset.flush.interval.ms": interval_ms,

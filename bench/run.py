@@ -32,6 +32,8 @@ Knobs (flags, or environment variables for `make bench`):
   --phase-seconds / BENCH_PHASE_SECONDS          seconds per produce rate (default 15)
   --drain-seconds / BENCH_DRAIN_SECONDS          bound on the drain after the last phase (default 30)
   --trace-rows / BENCH_TRACE_ROWS    rows of the table the trace latency is measured on (default 10,000,000)
+  --cdc-records / BENCH_CDC_RECORDS  change events per envelope format of the cdc section (default 60,000)
+  --audit-rows / BENCH_AUDIT_ROWS    rows of the publish audit's window in the audit section (default 10,000,000)
   --rates, --triggers, --port, --out, --sections   (e.g. --sections ceilings,pipeline skips the peers)
   --peer-triggers, --peer-rates      the peers' freshness runs (default 1,10 s and 10k,50k msg/s)
 """
@@ -51,18 +53,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import machine, peers, proof, report, stats, workloads
+from bench import audit, machine, peers, proof, report, stats, workloads
 from bench.env import DEFAULT_BROKER_PORT, SCHEMA_FILE_SUFFIX, BenchError, BenchStack
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import load_spec
 
 DEFAULT_RECORDS = 300_000
-SECTIONS = ("ceilings", "pipeline", "formats", "scaling", "small_batches", "baseline", "freshness", "maintenance",
-            "proof", "s3", "partitions", "peers")
+SECTIONS = ("ceilings", "pipeline", "formats", "cdc", "scaling", "small_batches", "baseline", "freshness", "maintenance",
+            "proof", "audit", "s3", "partitions", "peers")
 WIDE_PARTITIONS, WIDE_PER_PARTITION = 1_000, 20  # the partitions section: 1,000 partitions, 20 records each
 WIRE_FORMATS = ("avro", "protobuf")  # end to end beside JSON (the formats section)
+CDC_UPDATES, CDC_DELETES = 0.20, 0.05  # the change streams' shares of updates and deletes (the rest: creates)
+CDC_RECORDS = 60_000  # change events per envelope format (a MERGE per batch: far slower than appends)
 TRACE_ROWS = 10_000_000
+AUDIT_ROWS = 10_000_000  # the publish gate's audit window of the audit section
 TRACE_LOOKUPS = 20
 BASELINE_EVERY = (10_000, 50_000)
 FRESHNESS_BATCH = 200_000  # the orders spec's max_records_per_batch, for the continuous jobs
@@ -123,6 +128,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bad-ratio", type=float, default=0.01, help="share of records broken on purpose")
     parser.add_argument("--trace-rows", type=int, default=int(_env_number("BENCH_TRACE_ROWS", TRACE_ROWS)),
                         help="rows of the table trace latency is measured on (default %(default)s)")
+    parser.add_argument("--audit-rows", type=int, default=int(_env_number("BENCH_AUDIT_ROWS", AUDIT_ROWS)),
+                        help="rows of the publish audit's window in the audit section (default %(default)s)")
+    parser.add_argument("--cdc-records", type=int, default=int(_env_number("BENCH_CDC_RECORDS", CDC_RECORDS)),
+                        help="change events per envelope format of the cdc section (default %(default)s)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--port", type=int, default=int(_env_number("BENCH_BROKER_PORT", DEFAULT_BROKER_PORT)),
                         help="the scratch broker's port")
@@ -136,6 +145,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.records < 3_000:
         parser.error("--records must be at least 3000 (three batches of at least 1000)")
+    if args.audit_rows < 200_000:
+        parser.error("--audit-rows must be at least 200000 (two of the table builder's commits)")
+    if args.cdc_records < 3_000:
+        parser.error("--cdc-records must be at least 3000")
     if args.trace_rows < 3_000:
         parser.error("--trace-rows must be at least 3000")
     if args.repeats < 1 or args.pipeline_repeats < 1:
@@ -344,6 +357,37 @@ class Bench:
             out[fmt] = {**_pipeline_summary(runs), "value_bytes_per_record": per_record}
         self.results["formats"] = out
 
+    def cdc(self) -> None:
+        """A Debezium change stream (JSON and Avro envelopes, a snapshot then 20 % updates and 5 % deletes over
+        a table keyed by product_id) through `lakehouse ingest --once` into a merge-on-read table: its rate
+        beside the append runs, whether the table holds exactly the source's rows, and a full scan before
+        and after maintenance folds the delete files back."""
+        platform = self.stack.platform()
+        catalog = open_catalog(platform, "lake")
+        out: dict[str, Any] = {"updates": CDC_UPDATES, "deletes": CDC_DELETES}
+        for fmt in ("json", "avro"):
+            count = self.args.cdc_records
+            spec = self.stack.write_cdc_spec(f"bench_cdc_{fmt}", f"bench-cdc-{fmt}", 3, max(1_000, count // 3), fmt)
+            records, summary = workloads.change_backlog(spec, count, self.args.seed, CDC_UPDATES, CDC_DELETES)
+            loaded = workloads.load_topic(spec, platform, records)
+            per_record = sum(len(r.value or b"") for r in records) / len(records)
+            self.say(f"loaded {loaded.sent:,} Debezium {fmt} change events into {spec.source.topic} "
+                     f"({dict(sorted(summary.by_op.items()))})")
+            run = workloads.run_once(self.stack, spec, len(records), per_record)
+            rows = catalog.load_table(spec.target.table).scan(selected_fields=tuple(spec.target.key)).to_arrow()
+            keys = set(rows.column(spec.target.key[0]).to_pylist())
+            expected = {pk[0] if isinstance(pk, tuple) else pk for pk in summary.final_rows}
+            maintained = workloads.maintenance_effect(self.stack, spec, self.args.repeats)
+            out[fmt] = {**run.to_json(), "by_op": summary.by_op, "rows": rows.num_rows, "expected_rows": len(expected),
+                        "table_matches_source": rows.num_rows == len(keys) and keys == expected,
+                        "maintenance": maintained}
+            out[fmt].pop("batch_metrics", None)
+            self.say(f"{spec.name}: steady {_fmt(run.rate.steady_rate)} rec/s, {rows.num_rows:,} rows "
+                     f"({'= the source' if out[fmt]['table_matches_source'] else 'NOT the source: ' + str(len(expected))}"
+                     f"), scan {_fmt(maintained['scan_median_before'], 3)}s -> "
+                     f"{_fmt(maintained['scan_median_after'], 3)}s after maintenance")
+        self.results["cdc"] = out
+
     def scaling(self) -> None:
         """The p3 `--once` run again on one core (local[1]); the pipeline section's local[2] runs are the
         other half of the ratio. CPU seconds per role say where the second core went."""
@@ -366,6 +410,17 @@ class Bench:
         self.results["small_batches"] = run.to_json()
         self.say(f"{SMALL_BATCH}-record batches: median {_fmt(run.to_json()['median_s'], 3)}s, "
                  f"max {_fmt(run.to_json()['max_s'], 3)}s over {len(run.batches)} batches")
+
+    def audit(self) -> None:
+        """The publish gate's Great Expectations audit of a window of --audit-rows rows (Spark's datasource at
+        the spec's `publish.spark_audit_rows`), beside 1,000,000 rows on both paths and 500,000 on pandas:
+        each in its own process, as an Airflow worker runs it, its process tree's memory sampled."""
+        spec = self.stack.write_spec("bench_audit", "bench-audit", 3, self.batch_size)
+        found = self.results["audit"] = audit.audit_at_scale(self.stack, spec, self.args.audit_rows,
+                                                              progress=self.say)
+        for run in found["runs"]:
+            self.say(f"audit of {run['rows']:,} rows on {run.get('path')}: {_fmt(run.get('seconds'), 1)}s, worker "
+                     f"peak {_fmt(run['peak_by_role_mb'].get('driver'))} MB, whole tree {_fmt(run['peak_rss_mb'])} MB")
 
     def s3(self) -> None:
         """The small-batch measurement again on a second scratch stack whose warehouse is on the stack's S3

@@ -366,7 +366,10 @@ class Target:
 T_CEILING = "steady JSON ingest vs parallel consume ceiling"
 T_S3 = "a 10-record batch on the S3 warehouse"
 T_WIDE = "a batch of 1,000 partitions x 20 records"
+T_AUDIT = "the audit's worker memory, 10M-row window"
 T_AVRO = "Avro end to end vs JSON"
+T_CDC = "a change stream (20 % updates, 5 % deletes) vs appends"
+T_CDC_READ = "reads of the change table vs after compaction"
 T_PROTOBUF = "Protobuf end to end vs JSON"
 T_VS_CONNECT = "records per CPU second vs the Kafka Connect sink"
 T_VS_SSS = "records per CPU second vs Structured Streaming"
@@ -397,11 +400,17 @@ class TargetInputs:
     memory_large_mb: float | None = None  # peak RSS, backlog several times the batch size
     memory_growth_limit: float = 0.25
     wide_batch_s: float | None = None     # median seconds of a batch of 1,000 partitions x 20 records
+    # peak RSS (MB) of the audit's own process (the Airflow worker's task) per (path, rows of the window)
+    audit_worker_mb: dict[tuple[str, int], float] = field(default_factory=dict)
     s3_batch_s: float | None = None       # median seconds of a 10-record batch on the S3 warehouse
     s3_requests_per_batch: float | None = None
     # steady records/s of `lakehouse ingest --once` per wire format, JSON's from the pipeline section (same topic
     # layout, same cores)
     format_rates: dict[str, float | None] = field(default_factory=dict)
+    # per envelope format (json, avro): the change stream's steady records/s, and full-scan seconds of its
+    # table before and after maintenance
+    cdc_rates: dict[str, float | None] = field(default_factory=dict)
+    cdc_scans: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     # steady records per CPU second (every process, the broker included) per system: pipeline, connect, sss
     records_per_cpu_s: dict[str, float | None] = field(default_factory=dict)
     # freshness p95 in seconds per (system, rate, trigger) of the peers' runs (None: censored records)
@@ -444,6 +453,21 @@ def _peer_target(t: TargetInputs, name: str, system: str, label: str, factor: fl
     return Target(name, goal, measured, speedup >= factor and not worse)
 
 
+def _audit_target(t: TargetInputs) -> Target:
+    """The audit's worker memory is bounded by a constant: on the Spark path the largest window's peak is at
+    most +25 % of the smallest's; the pandas path's growth is reported beside it."""
+    goal = "bounded by a constant (largest window <= +25 % of the smallest on the Spark path)"
+    spark = sorted((rows, mb) for (path, rows), mb in t.audit_worker_mb.items() if path == "spark")
+    if len(spark) < 2 or spark[0][0] == spark[-1][0]:
+        return Target(T_AUDIT, goal, "not measured", None)
+    (small, small_mb), (large, large_mb) = spark[0], spark[-1]
+    pandas = sorted((rows, mb) for (path, rows), mb in t.audit_worker_mb.items() if path == "pandas")
+    measured = f"Spark: {large_mb:,.0f} MB at {large:,} rows, {small_mb:,.0f} MB at {small:,}"
+    if pandas:
+        measured += "; pandas: " + ", ".join(f"{mb:,.0f} MB at {rows:,}" for rows, mb in pandas)
+    return Target(T_AUDIT, goal, measured, large_mb <= small_mb * 1.25)
+
+
 def evaluate_targets(t: TargetInputs) -> list[Target]:
     """The issue's targets, each with its goal, the measured value and pass/fail (None: not measured)."""
     out = []
@@ -454,6 +478,7 @@ def evaluate_targets(t: TargetInputs) -> list[Target]:
                       None if share is None else share >= 0.8))
     out.append(Target(T_WIDE, "<= 1 s", "not measured" if t.wide_batch_s is None else f"{t.wide_batch_s:.2f} s median",
                       None if t.wide_batch_s is None else t.wide_batch_s <= 1.0))
+    out.append(_audit_target(t))
     out.append(Target(T_S3, "<= 0.5 s (the fixed cost), object-store requests per batch reported",
                       "not measured" if t.s3_batch_s is None else
                       f"{t.s3_batch_s:.2f} s median, {t.s3_requests_per_batch or 0:,.1f} requests per batch",
@@ -466,6 +491,18 @@ def evaluate_targets(t: TargetInputs) -> list[Target]:
                           "not measured" if share is None else
                           f"{share * 100:.1f} % ({t.format_rates[fmt]:,.0f} vs {json_rate:,.0f} records/s)",
                           None if share is None else share >= 0.8))
+    shares = {fmt: ratio(rate, t.format_rates.get(fmt)) for fmt, rate in sorted(t.cdc_rates.items())}
+    shares = {fmt: share for fmt, share in shares.items() if share is not None}
+    out.append(Target(T_CDC, ">= 50 % of the append rate of the same format",
+                      "; ".join(f"{fmt} {share * 100:.1f} % ({t.cdc_rates[fmt]:,.0f} vs {t.format_rates[fmt]:,.0f} "
+                                f"records/s)" for fmt, share in shares.items()) or "not measured",
+                      min(shares.values()) >= 0.5 if shares else None))
+    slower = {fmt: ratio(before, after) for fmt, (before, after) in sorted(t.cdc_scans.items())}
+    slower = {fmt: x for fmt, x in slower.items() if x is not None}
+    out.append(Target(T_CDC_READ, "<= 1.5x the scan time after compaction",
+                      "; ".join(f"{fmt} {x:.2f}x ({t.cdc_scans[fmt][0]:.3f} s vs {t.cdc_scans[fmt][1]:.3f} s)"
+                                for fmt, x in slower.items()) or "not measured",
+                      max(slower.values()) <= 1.5 if slower else None))
     out.append(_peer_target(t, T_VS_CONNECT, "connect", "the Kafka Connect sink", 2.0))
     out.append(_peer_target(t, T_VS_SSS, "sss", "Structured Streaming", 1.5))
     speedup = ratio(t.pipeline_rate, t.baseline_rate)

@@ -432,6 +432,19 @@ def as_change_events(spec: PipelineSpec, records: Sequence[RawRecord], folder: P
     return cdc, out
 
 
+def change_backlog(spec: PipelineSpec, count: int, seed: int, updates: float, deletes: float,
+                   bad_ratio: float = 0.0) -> tuple[list[produce.SyntheticRecord], Any]:
+    """`count` Debezium change events of the spec's source table (a snapshot, then creates, `updates` and
+    `deletes` with their tombstones) and the stream's summary: the rows the table holds once all are in."""
+    import random
+
+    from lakehouse_dev import change_streams
+
+    stream = change_streams.ChangeStream(spec, random.Random(seed), config.load(), updates=updates, deletes=deletes)
+    records = list(stream.records(count, bad_ratio))
+    return records, stream.summary()
+
+
 def write_ceiling(rows: pa.Table, value_bytes: int, directory: Path) -> Throughput:
     """pyarrow writing the already decoded rows as one zstd Parquet file (the table's codec)."""
     path = directory / "write-ceiling.parquet"
@@ -873,23 +886,39 @@ def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[p
 def run_wide_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
                      per_partition: int = 20, rounds: int = 3) -> SmallBatchRun:
     """A warm continuous `lakehouse ingest` job over a topic of many partitions, fed `per_partition` records
-    to every partition per round (explicit partition numbers), each round waiting for its receipt: what a
+    to every partition per round (explicit partition numbers), each round in one Kafka transaction so that
+    the job (read_committed) sees a round whole or not at all, each round waiting for its receipt: what a
     batch costs when it holds one short range per partition. The warm-up batch is left out.
 
     Raises BenchError when the job dies or a round's batch does not come within 180 s.
     """
-    from bench.partitions import produce_round
+    import uuid
 
     platform = stack.platform()
     create_topic(spec, platform)
-    producer = make_producer(spec, platform)
-    source = itertools.cycle(records)
+    producer = Producer({**produce.producer_config(spec, platform), "linger.ms": 20,
+                         "queue.buffering.max.messages": 1_000_000, "transactional.id": f"bench-{uuid.uuid4()}"})
+    producer.init_transactions(60)
+    # records that bring their own far-off Kafka timestamp are left out: the broker's acceptance of them
+    # (message.timestamp.after.max.ms) reaches a new topic's 1,000 partitions a while after its creation
+    source = itertools.cycle([r for r in records if r.timestamp is None])
     log_name = f"ingest-wide-{spec.name}"
     proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
     lines = _LineReader(proc.stdout)
     try:
         for round_ in range(rounds + 1):
-            produce_round(producer, spec.source.topic, source, spec.source.partitions, per_partition)
+            producer.begin_transaction()
+            for _ in range(per_partition):
+                for partition in range(spec.source.partitions):
+                    rec = next(source)
+                    while True:
+                        try:
+                            producer.produce(spec.source.topic, value=rec.value, key=rec.key, headers=rec.headers,
+                                             partition=partition)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
+            producer.commit_transaction(120)
             if not lines.wait_for_receipt(timeout=180, proc=proc):
                 raise BenchError(f"the continuous job of {spec.name} committed no batch for round {round_} "
                                  f"({'exit code ' + str(proc.returncode) if proc.poll() is not None else 'in 180s'})"

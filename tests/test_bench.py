@@ -227,9 +227,12 @@ def test_targets_pass_and_fail_on_the_measured_numbers():
     assert verdicts == {
         stats.T_CEILING: True,    # 85 % >= 80 %
         stats.T_WIDE: None,       # not measured
+        stats.T_AUDIT: None,
         stats.T_S3: None,
         stats.T_AVRO: True,       # 80 % of JSON's rate
         stats.T_PROTOBUF: False,  # 79 %
+        stats.T_CDC: None,
+        stats.T_CDC_READ: None,
         stats.T_VS_CONNECT: None,  # no peers measured
         stats.T_VS_SSS: None,
         stats.T_BASELINE: False,  # 1.42x < 2x
@@ -526,3 +529,42 @@ def test_the_wide_batch_target_holds_a_batch_of_1000_partitions_to_one_second():
     assert target.passed is True and target.measured == "0.90 s median"
     assert "each batch 20 records from every partition (20,000 records in 1,000 short ranges): median 0.90 s" \
         in report.render(results)
+
+
+def test_the_change_stream_targets_compare_with_the_same_formats_appends_and_compacted_reads():
+    results = {**RESULTS, "formats": {"avro": {"median_steady_records_per_s": 10_000.0}},
+               "cdc": {"updates": 0.2, "deletes": 0.05,
+                       "json": {"records": 300_000, "steady_records_per_s": 7_000.0, "wall_records_per_s": 5_000.0,
+                                "by_op": {"c": 200_000, "u": 60_000, "d": 15_000, "tombstone": 15_000, "r": 5_000},
+                                "rows": 190_000, "table_matches_source": True,
+                                "maintenance": {"files_before": 40, "files_after": 8, "scan_median_before": 0.6,
+                                                "scan_median_after": 0.5}},
+                       "avro": {"steady_records_per_s": 4_000.0, "rows": 10, "table_matches_source": False,
+                                "maintenance": {"scan_median_before": 0.9, "scan_median_after": 0.5}}}}
+    by_name = {t.name: t for t in stats.evaluate_targets(report.target_inputs(results))}
+    # JSON 7k of the 12k JSON append run, Avro 4k of the 10k Avro append run: Avro misses 50 %
+    assert by_name[stats.T_CDC].measured == "avro 40.0 % (4,000 vs 10,000 records/s); json 58.3 % (7,000 vs 12,000 " \
+                                           "records/s)"
+    assert by_name[stats.T_CDC].passed is False
+    assert by_name[stats.T_CDC_READ].passed is False and "avro 1.80x (0.900 s vs 0.500 s)" in \
+        by_name[stats.T_CDC_READ].measured
+    text = report.render(results)
+    assert "| json | 300,000 | c 200,000, d 15,000, r 5,000, tombstone 15,000, u 60,000 | 7,000 | 5,000 | " \
+           "190,000 (= the source) | 40 -> 8 | 0.60 s -> 0.50 s |" in text
+    assert "10 (**not the source**)" in text
+
+
+def test_the_audit_target_holds_the_worker_to_a_constant_on_the_spark_path():
+    runs = [{"rows": 10_000_000, "path": "spark", "seconds": 60.0, "peak_rss_mb": 1_100.0, "success": True,
+             "peak_by_role_mb": {"driver": 380.0, "jvm": 700.0}},
+            {"rows": 1_000_000, "path": "spark", "seconds": 24.0, "peak_rss_mb": 1_000.0, "success": True,
+             "peak_by_role_mb": {"driver": 376.0, "jvm": 640.0}},
+            {"rows": 1_000_000, "path": "pandas", "seconds": 6.0, "peak_rss_mb": 895.0, "success": True,
+             "peak_by_role_mb": {"driver": 895.0}}]
+    results = {**RESULTS, "audit": {"runs": runs, "build": {"rows": 10_000_000}}}
+    target = {t.name: t for t in stats.evaluate_targets(report.target_inputs(results))}[stats.T_AUDIT]
+    assert target.passed is True
+    assert target.measured == "Spark: 380 MB at 10,000,000 rows, 376 MB at 1,000,000; pandas: 895 MB at 1,000,000"
+    assert "| 10,000,000 | spark | 60.00 s | 380 | 1,100 | yes |" in report.render(results)
+    runs[0]["peak_by_role_mb"]["driver"] = 4_000.0  # grows with the window
+    assert {t.name: t for t in stats.evaluate_targets(report.target_inputs(results))}[stats.T_AUDIT].passed is False
