@@ -14,7 +14,9 @@ delete, the primary key of their key record.
 JSON (and JSON Schema's documents) it first tries `JsonFastPath`, a msgspec decoder
 generated from the contract that accepts only records the reference accepts, with
 the same values, and hands everything else (errors, anything it cannot vouch for)
-to `check`; for Avro and Protobuf a row plan per writer schema leaves out the
+to `check`; for Avro and Protobuf a row compiled per writer schema reads the
+value straight into the row (lakehouse.ingest.formats, "compiled rows") and
+hands anything unusual to a row plan per writer schema, which leaves out the
 checks the writer's types make moot.
 """
 
@@ -729,8 +731,9 @@ def _passes_unchecked(f: FieldSpec, w: FieldSpec, schema_type: str) -> bool:
     if f.enum is not None or f.min is not None or f.max is not None or f.pattern or f.max_length:
         return False
     if (f.type, w.type) in _UNCHECKED:
-        # Avro's long is 64-bit; a Protobuf "long" may be a uint64 beyond it
-        return schema_type == "AVRO" or (f.type, w.type) != ("long", "long")
+        # fastavro reads an Avro int's varint as 64 bits, so a value written by hand may be past 32 (its long's
+        # are never past 64); a Protobuf "long" may be a uint64 beyond a long
+        return (f.type, w.type) != (("int", "int") if schema_type == "AVRO" else ("long", "long"))
     # fastavro decodes Avro strings as strict UTF-8 (proto2 strings can come as bytes)
     return f.type == w.type == "string" and schema_type == "AVRO"
 
@@ -822,13 +825,18 @@ class RecordValidator:
         # Avro and Protobuf: per writer schema, a row plan that skips the checks its types make moot
         self._plans: dict[int, Callable[[dict], tuple] | None] | None = \
             {} if hasattr(self.decoder, "decode_with_writer") and not hasattr(self.decoder, "payload") else None
+        # ... and the compiled rows of those whose values it reads straight into rows, by the bytes their
+        # values start with (a header, Protobuf's message indexes), all of one length (formats.compile_row)
+        self._wire_rows: dict[bytes, Callable[[str | None, bytes], tuple | None]] | None = \
+            None if self._plans is None else {}
+        self._wire_head = 0
         # the JSON fast path: plain JSON values (or JSON Schema's payloads) with text keys, no quarantine
         self._payload = getattr(self.decoder, "payload", None)
         json_values = type(self.decoder) is JsonDecoder or self._payload is not None
         self.fast_path = JsonFastPath.for_spec(spec) \
             if json_values and self.key_decoder is None and not quarantined else None
         self._fast_row = None if self.fast_path is None else self.fast_path.decode_row
-        self.fallbacks = 0  # records check_row left to the reference `check`
+        self.fallbacks = 0  # records check_row's fast paths left to the reference (or a writer schema's row plan)
 
     def _decoder(self, fmt: str, store, gate, what: str) -> Decoder:
         if fmt == "json":
@@ -999,6 +1007,7 @@ class RecordValidator:
         plan = self._plans.get(writer.schema_id, False)
         if plan is False:
             plan = self._plans[writer.schema_id] = self._plan(writer)
+            self._compile_row(writer)
         if plan is None:
             row = self.check_fields(obj)
             values = tuple(row[name] for name in self.names)
@@ -1010,6 +1019,24 @@ class RecordValidator:
             if expected != str(got):
                 raise Rejected("key_mismatch", f"key {_show(expected)} differs from {self.key_field} {_show(got)}")
         return values
+
+    def _compile_row(self, writer) -> None:
+        """Keep the compiled row of admitted writer schema `writer` (lakehouse.ingest.formats: its values read
+        straight into rows, None where it cannot vouch for `check`'s verdict), if the decoder has one."""
+        if self.spec.source.envelope is not None or (self.key_field is not None and self.key_field not in self.names):
+            return
+        from lakehouse.ingest.formats import RowContract
+
+        contract = RowContract(
+            self.spec.contract.fields, tuple(check for _, _, check in self.fields), self.quarantined,
+            None if self.key_field is None else self.names.index(self.key_field),
+            None if self.key_decoder is None else self._key_value, self.max_value_bytes)
+        compile_row = getattr(self.decoder, "compile_row", None)
+        compiled = None if compile_row is None else compile_row(writer, contract)
+        if compiled is not None:
+            head, row = compiled
+            self._wire_head = len(head)
+            self._wire_rows[head] = row
 
     def _plan(self, writer) -> Callable[[dict], tuple] | None:
         """The row plan of writer schema `writer`: `check_fields` as a tuple, with the check of a field left out
@@ -1077,8 +1104,17 @@ class RecordValidator:
         `check` does, with the same kind and detail. Records the fast path vouches
         for never reach `check`; the others do and are counted in `fallbacks`.
         """
-        if self._plans is not None and value is not None and len(value) <= self.max_value_bytes:
-            return self._planned_row(key_text, value)
+        wire_rows = self._wire_rows
+        if wire_rows is not None:  # Avro, Protobuf: the writer schema's compiled row, else its row plan
+            if type(value) is bytes:
+                wire_row = wire_rows.get(value[:self._wire_head])
+                if wire_row is not None:
+                    row = wire_row(key_text, value)
+                    if row is not None:
+                        return row
+            if value is not None and len(value) <= self.max_value_bytes:
+                self.fallbacks += 1
+                return self._planned_row(key_text, value)
         fast_row = self._fast_row
         if fast_row is not None:
             if self._payload is None:
