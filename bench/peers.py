@@ -485,18 +485,10 @@ def peer_freshness(peer: Peer, stack: BenchStack, spec: PipelineSpec, records: S
             wait_rows(table, 100, proc, 240, f"{LABELS[peer.system]} warm-up")
         except BenchError as exc:
             raise BenchError(f"{exc}: {peer.log_tail(run)}") from None
-        phases: list[stats.Phase] = []
-        not_before = 0
         first_start = time.monotonic()
-        for rate in rates:
-            phase = workloads.paced_phase(producer, topic, source, rate, phase_s, counter, not_before)
-            phases.append(phase)
-            not_before = phase.end_ms
-            if progress:
-                progress(f"  {LABELS[peer.system]}, trigger {trigger_s:g}s: {rate:,} msg/s phase produced "
-                         f"{phase.produced:,} ({phase.achieved_rate:,.0f}/s achieved)")
-            if proc.poll() is not None:
-                raise BenchError(f"{LABELS[peer.system]} exited with {proc.returncode}: {peer.log_tail(run)}")
+        phases = workloads.paced_phases(producer, topic, source, rates, phase_s, counter, proc, LABELS[peer.system],
+                                        lambda: peer.log_tail(run), f"{LABELS[peer.system]}, trigger {trigger_s:g}s",
+                                        progress)
         workloads.flush(producer, counter, topic)
         total = counter.delivered
         drained = False

@@ -215,30 +215,37 @@ def _assigned_consumer(kafka_conf: dict, topic: str, partitions: Sequence[int], 
     return consumer
 
 
+def _touch_values(consumer: Consumer, expected: int, what: str, started: float) -> tuple[int, int, float | None, int]:
+    """Consume until `expected` records came, touching every value: (records, value bytes, seconds from
+    `started` to the first fetch, records of that fetch). BenchError naming `what` when nothing comes for
+    STALL_S seconds."""
+    count = size = first_fetch = 0
+    first: float | None = None
+    last = time.monotonic()
+    while count < expected:
+        msgs = consumer.consume(num_messages=10_000, timeout=0.1)
+        if msgs:
+            last = time.monotonic()
+            if first is None:
+                first, first_fetch = last - started, len(msgs)
+        elif time.monotonic() - last > STALL_S:
+            raise BenchError(f"{what}: {count} of {expected} records, then nothing for {STALL_S:.0f}s")
+        for msg in msgs:
+            if msg.error() is None:
+                count += 1
+                value = msg.value()
+                size += len(value) if value is not None else 0
+    return count, size, first, first_fetch
+
+
 def consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[int], expected: int) -> Throughput:
     """One confluent-kafka consumer reading the whole topic with `assign`, touching every value, end to
     end (consumer creation to the last record), with the time to the first record on the side.
     Raises BenchError when the records stop coming."""
     started = time.monotonic()
     consumer = _assigned_consumer(kafka_conf, topic, partitions, "bench-consume-ceiling")
-    count = size = first_fetch = 0
-    first: float | None = None
-    last = time.monotonic()
     try:
-        while count < expected:
-            msgs = consumer.consume(num_messages=10_000, timeout=0.1)
-            if msgs:
-                last = time.monotonic()
-                if first is None:
-                    first, first_fetch = last - started, len(msgs)
-            elif time.monotonic() - last > STALL_S:
-                raise BenchError(f"consume ceiling: {count} of {expected} records of {topic}, then nothing "
-                                 f"for {STALL_S:.0f}s")
-            for msg in msgs:
-                if msg.error() is None:
-                    count += 1
-                    value = msg.value()
-                    size += len(value) if value is not None else 0
+        count, size, first, first_fetch = _touch_values(consumer, expected, f"consume ceiling of {topic}", started)
         seconds = time.monotonic() - started
     finally:
         consumer.close()
@@ -249,26 +256,15 @@ def _parallel_reader(kafka_conf: dict, topic: str, partitions: list[int], barrie
     """One process of the parallel ceiling: its partitions from the start to their high watermarks, every
     value touched; (records, bytes, start, end) in wall-clock seconds, timed from the common barrier."""
     consumer = _assigned_consumer(kafka_conf, topic, partitions, "bench-parallel-ceiling")
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
-    expected = sum(ends.values())
-    barrier.wait(60)
-    started = time.time()
-    count = size = 0
-    last = time.monotonic()
     try:
-        while count < expected:
-            msgs = consumer.consume(num_messages=10_000, timeout=0.1)
-            if msgs:
-                last = time.monotonic()
-            elif time.monotonic() - last > STALL_S:
-                results.put(("error", f"{count} of {expected} records of {topic}{partitions}, then nothing"))
-                return
-            for msg in msgs:
-                if msg.error() is None:
-                    count += 1
-                    value = msg.value()
-                    size += len(value) if value is not None else 0
-        results.put(("ok", count, size, started, time.time()))
+        expected = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions)
+        barrier.wait(60)
+        started = time.time()
+        count, size, first, first_fetch = _touch_values(consumer, expected, f"parallel reader of {topic}{partitions}",
+                                                        time.monotonic())
+        results.put(("ok", count, size, started, time.time(), started + (first or 0.0), first_fetch))
+    except BenchError as exc:
+        results.put(("error", str(exc)))
     finally:
         consumer.close()
 
@@ -285,7 +281,8 @@ def task_slots(master: str | None = None) -> int:
 def parallel_consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[int], processes: int) -> Throughput:
     """`processes` consumer processes over disjoint partitions (round robin), started together: the rate
     the machine can read the topic at with as many readers as the pipeline has task slots (records of
-    all / from the first start to the last finish). Raises BenchError when one of them stalls."""
+    all / from the first start to the last finish; and after the first fetch, from the first process's
+    first records). Raises BenchError when one of them stalls."""
     import multiprocessing
 
     groups = [list(partitions)[i::processes] for i in range(processes)]
@@ -307,7 +304,9 @@ def parallel_consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[
     if errors:
         raise BenchError(f"parallel consume ceiling: {'; '.join(errors)}")
     start, end = min(f[3] for f in found), max(f[4] for f in found)
-    return Throughput(sum(f[1] for f in found), sum(f[2] for f in found), end - start)
+    # after the first fetch, as the single consumer's: from the first process's first records to the last end
+    return Throughput(sum(f[1] for f in found), sum(f[2] for f in found), end - start,
+                      first_record_s=min(f[5] for f in found) - start, first_fetch=sum(f[6] for f in found))
 
 
 @dataclass
@@ -712,6 +711,25 @@ def paced_phase(producer: Producer, topic: str, source: Iterator[produce.Synthet
     return stats.Phase(rate=rate, start_ms=start_ms, end_ms=end_ms, produced=sent - own_stamps)
 
 
+def paced_phases(producer: Producer, topic: str, source: Iterator[produce.SyntheticRecord], rates: Sequence[int],
+                 phase_s: float, counter: DeliveryCounter, proc: subprocess.Popen, what: str,
+                 failure: Callable[[], str], label: str, progress=None) -> list[stats.Phase]:
+    """One paced phase per rate, back to back, while `proc` (named `what`) ingests; BenchError with
+    `failure()` (its log) when it exits meanwhile."""
+    phases: list[stats.Phase] = []
+    not_before = 0
+    for rate in rates:
+        phase = paced_phase(producer, topic, source, rate, phase_s, counter, not_before)
+        phases.append(phase)
+        not_before = phase.end_ms
+        if progress:
+            progress(f"  {label}: {rate:,} msg/s phase produced {phase.produced:,} ({phase.achieved_rate:,.0f}/s "
+                     f"achieved)")
+        if proc.poll() is not None:
+            raise BenchError(f"{what} exited with {proc.returncode}: {failure()}")
+    return phases
+
+
 def ingest_snapshots(table, pipeline: str) -> list[stats.Snapshot]:
     """The table's ingest commits of `pipeline`: commit time and offset ranges from the summaries."""
     return [stats.Snapshot(snap.timestamp_ms,
@@ -783,18 +801,9 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
     try:
         # warm-up: the JVM starts and commits a first small batch before the measured phases
         _feed_batch(stack, spec, proc, lines, producer, source, counter, 100, log_name, "warm-up batch")
-        phases: list[stats.Phase] = []
-        not_before = 0
-        for rate in rates:
-            phase = paced_phase(producer, spec.source.topic, source, rate, phase_s, counter, not_before)
-            phases.append(phase)
-            not_before = phase.end_ms
-            if progress:
-                progress(f"  trigger {spec.trigger.interval_s:g}s: {rate:,} msg/s phase produced {phase.produced:,} "
-                         f"({phase.achieved_rate:,.0f}/s achieved)")
-            if proc.poll() is not None:
-                raise BenchError(f"the continuous job of {spec.name} exited with {proc.returncode}: "
-                                 f"{stack.stderr_tail(log_name)}")
+        phases = paced_phases(producer, spec.source.topic, source, rates, phase_s, counter, proc,
+                              f"the continuous job of {spec.name}", lambda: stack.stderr_tail(log_name),
+                              f"trigger {spec.trigger.interval_s:g}s", progress)
         flush(producer, counter, spec.source.topic)
         drain_started = time.monotonic()
         drained = False

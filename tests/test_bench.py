@@ -459,7 +459,7 @@ def test_the_ceiling_is_the_parallel_consumers_when_measured():
     assert report.headline(results)["consume_ceiling"] == 300_000.0
     text = report.render(results)
     assert "| 4.0 % (12,000 of 300,000 records/s) | **FAIL** |" in text
-    assert "| parallel consume ceiling (p3) | 2 consumer processes (one per task slot)" in text
+    assert "| parallel consume ceiling (p3), after first fetch | 2 consumer processes (one per task slot)" in text
 
 
 def test_the_report_puts_the_peers_side_by_side_with_their_findings(tmp_path):
