@@ -527,3 +527,22 @@ def test_a_truncated_avro_value_gets_the_same_detail_every_time(avro_validator):
     details = {outcome(avro_validator, avro_validator.check, b"ord-1", cut) for _ in range(3)}
     assert details == {("rejected", "malformed_avro", "value does not decode with writer schema 1: EOFError: "
                                                       "cannot read double")}
+
+
+@pytest.mark.parametrize("size", ['4) or __import__("pathlib").Path(MARK).touch() or (4', "4", 4.0, True, -1, 4])
+def test_a_writer_schema_is_never_code_on_the_compiled_row(tmp_path, size):
+    """The compiled row is generated source text; a writer schema (from a registry or a folder: hostile input)
+    whose fixed size is not a plain non-negative int is never written into it: the row plan (fastavro) gives
+    the verdict instead, and nothing of the schema runs."""
+    mark = tmp_path / "ran"
+    fields = [{"name": "order_id", "type": "string"}, {"name": "qty", "type": "long"},
+              {"name": "blob", "type": {"type": "fixed", "name": "F", "size": size}}]
+    text_ = json.dumps({"type": "record", "name": "Item", "fields": fields}).replace("MARK", json.dumps(str(mark))[1:-1])
+    validator = _validator(tmp_path, "avro", {"1.avsc": text_}, [{"name": "order_id", "type": "string",
+                                                                   "required": True}])
+    good = header(1) + text("ord-1") + varint(6) + b"abcd"
+    for _ in range(3):  # the first record admits the writer schema; the later ones would take a compiled row
+        verdict = assert_same_verdict(validator, None, good)
+    assert not mark.exists()
+    if type(size) is int and size == 4:  # a plain size: the record is a row, on the compiled row after the first
+        assert verdict[0] == "row" and validator.fallbacks == 1
