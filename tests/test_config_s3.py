@@ -123,6 +123,7 @@ def test_pyiceberg_reaches_the_same_endpoint_region_and_addressing(environment):
     assert options["endpoint_override"] == "http://minio:9000"
     assert options["region"] == "us-east-1"
     assert options["force_virtual_addressing"] is False
+    assert options["allow_delayed_open"] is True  # small files in one PutObject (lakehouse.core.fileio)
     # credentials are left to the AWS chain (the environment), not passed in
     assert options["access_key"] is None and options["secret_key"] is None
 

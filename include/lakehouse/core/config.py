@@ -278,8 +278,9 @@ class ObjectStoreConfig:
         return props
 
     def pyiceberg_properties(self) -> dict[str, str]:
-        """The same settings as pyiceberg (0.12) names them for its pyarrow S3 FileIO, credentials included."""
-        props = {}
+        """The same settings as pyiceberg (0.12) names them for its pyarrow S3 FileIO, credentials included,
+        and that FileIO writing small files in one request each (lakehouse.core.fileio)."""
+        props = {"py-io-impl": "lakehouse.core.fileio.DelayedOpenFileIO"}
         if self.endpoint:
             props["s3.endpoint"] = self.endpoint
         if self.path_style_access is not None:
