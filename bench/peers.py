@@ -55,7 +55,6 @@ from lakehouse_dev import jvm
 BENCH_JVM = config.REPO_ROOT / "bench" / "jvm"
 SSS_JOB = config.REPO_ROOT / "bench" / "sss_job.py"
 NAMESPACE = "peers"
-SYSTEMS = ("pipeline", "connect", "sss", "baseline")
 LABELS = {"pipeline": "this pipeline", "connect": "Kafka Connect sink", "sss": "Structured Streaming",
           "baseline": "hand-written"}
 # The process that is each system's root, named for the report (MemorySampler calls it `driver`)
