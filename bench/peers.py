@@ -92,8 +92,7 @@ def create_table(catalog, name: str):
 
 
 def _row_count(table) -> int:
-    snap = table.current_snapshot()
-    return int(snap.summary.additional_properties.get("total-records", 0)) if snap else 0
+    return workloads.table_totals(table)[0]
 
 
 @dataclass
@@ -413,9 +412,9 @@ def measure_process(system: str, proc: subprocess.Popen, table, expected: int, v
     steady = {}
     if rate["steady_records"]:
         steady = sampler.cpu_between(rate["first_commit_ms"] / 1000, rate["last_commit_ms"] / 1000 + POLL_S)
-    found = landed(table)
-    return BacklogRun(system, expected, found.rows, done - started, value_bytes, sampler.cpu_by_role_s, steady,
-                      sampler.peak_mb, sampler.peak_by_role, found.files, rate, settings)
+    rows, files = workloads.table_totals(table.refresh())
+    return BacklogRun(system, expected, rows, done - started, value_bytes, sampler.cpu_by_role_s, steady,
+                      sampler.peak_mb, sampler.peak_by_role, files, rate, settings)
 
 
 def baseline_backlog(stack: BenchStack, topic: str, partitions: int, expected: int, value_bytes: int, every: int,
@@ -439,7 +438,7 @@ def baseline_backlog(stack: BenchStack, topic: str, partitions: int, expected: i
     if rate["steady_records"]:
         steady = sampler.cpu_between(rate["first_commit_ms"] / 1000, rate["last_commit_ms"] / 1000 + POLL_S)
     return BacklogRun("baseline", expected, run.appended, wall, value_bytes, cpu, steady, sampler.peak_mb,
-                      sampler.peak_by_role, landed(table).files, rate,
+                      sampler.peak_by_role, workloads.table_totals(table)[1], rate,
                       {"commit_every_records": every, "skipped": run.skipped})
 
 

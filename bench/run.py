@@ -569,9 +569,10 @@ class Bench:
 
         once = workloads.run_once(self.stack, spec, n, per_record)
         table = catalog.load_table(spec.target.table)
-        record(peers.BacklogRun("pipeline", n, peers.landed(table).rows, once.wall_s, clean.value_bytes,
+        rows, files = workloads.table_totals(table)
+        record(peers.BacklogRun("pipeline", n, rows, once.wall_s, clean.value_bytes,
                                 once.memory["cpu_by_role_s"], once.memory.get("steady_cpu_by_role_s", {}),
-                                once.memory["peak_mb"], once.memory["peak_by_role_mb"], peers.landed(table).files,
+                                once.memory["peak_mb"], once.memory["peak_by_role_mb"], files,
                                 peers.commit_rate(table, per_record),
                                 {"max_records_per_batch": self.batch_size, "mode": "--once"}))
         for system, peer in running.items():

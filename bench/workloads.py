@@ -1091,9 +1091,13 @@ def hand_written_baseline(platform: config.PlatformConfig, topic: str, partition
 
 # ---------------------------------------------------------------------------------------------- maintenance
 
-def _data_files(table) -> int:
+def table_totals(table) -> tuple[int, int]:
+    """(rows, data files) of a table, from its current snapshot's summary: nothing read."""
     snap = table.current_snapshot()
-    return int(offsets.summary_properties(snap).get("total-data-files", 0)) if snap else 0
+    if snap is None:
+        return 0, 0
+    found = offsets.summary_properties(snap)
+    return int(found.get("total-records", 0)), int(found.get("total-data-files", 0))
 
 
 def scan_seconds(catalog, table_name: str, repeats: int) -> tuple[list[float], int]:
@@ -1116,7 +1120,7 @@ def maintenance_effect(stack: BenchStack, spec: PipelineSpec, repeats: int) -> d
     platform = stack.platform()
     catalog = open_catalog(platform, spec.catalog)
     table = spec.target.table
-    files_before = _data_files(catalog.load_table(table))
+    files_before = table_totals(catalog.load_table(table))[1]
     scan_before, rows_before = scan_seconds(catalog, table, repeats)
     started = time.monotonic()
     done = stack.run_cli("maintain", "--pipeline", spec.name, "--json", log_name=f"maintain-{spec.name}",
@@ -1127,7 +1131,7 @@ def maintenance_effect(stack: BenchStack, spec: PipelineSpec, repeats: int) -> d
         if line.startswith("{"):
             receipt = json.loads(line)
             break
-    files_after = _data_files(catalog.load_table(table))
+    files_after = table_totals(catalog.load_table(table))[1]
     scan_after, rows_after = scan_seconds(catalog, table, repeats)
     data_receipt = next((t for t in receipt.get("tables", []) if t.get("table") == spec.qualified(table)), {})
     return {
