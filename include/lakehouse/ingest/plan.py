@@ -178,7 +178,9 @@ def _watermarks(admin: AdminClient, watch: kafka_security.ErrorWatch, topic: str
                 found[tp.partition][slot] = kafka_security.wait_future(future, admin, watch, timeout).offset
             except KafkaException as exc:
                 err = exc.args[0]
-                if _not_answering_yet(err):
+                # librdkafka's ListOffsets fails with _NOENT ("Failed to query partition leaders: No leaders
+                # found") while no partition of the request has a known leader, as after a broker's freeze
+                if err.code() == KafkaError._NOENT or _not_answering_yet(err):
                     raise BrokerUnavailableError(f"topic {topic!r} partition {tp.partition}: no watermarks yet "
                                                  f"({err.str()}); is the broker healthy?") from None
                 raise SourceError(f"topic {topic!r} partition {tp.partition}: cannot read its watermarks: "
