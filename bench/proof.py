@@ -5,7 +5,7 @@ per second `lakehouse verify` proves.
   one, but without pushing the records through Kafka: pyiceberg appends of generated Arrow orders,
   one commit per batch of 100,000 rows carrying the batch's offset ranges and positions in its
   summary, one data file per Kafka partition per batch, each with the `_kafka` bounds the task writer
-  records (`taskwriter._with_struct_bounds`). Then `lakehouse.ops.trace.trace_record` looks up random
+  records (`taskwriter.write_data_files`). Then `lakehouse.ops.trace.trace_record` looks up random
   records of it, each call as a fresh CLI call would (loading the table from the catalog), and the
   seconds of each answer are measured, with the data files the lookup's scan planned against the
   table's total.
@@ -70,11 +70,10 @@ def build_table(catalog, spec: PipelineSpec, rows: int, progress=lambda line: No
                 rows_per_commit: int = ROWS_PER_COMMIT) -> dict[str, Any]:
     """The spec's data table, created in `catalog` (pyiceberg) and filled with `rows` orders over PARTITIONS
     partitions, as ingest commits leave it; returns the build's numbers (rows, files, commits, seconds)."""
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files
     from pyiceberg.transforms import DayTransform
 
     from lakehouse.ingest import tables
-    from lakehouse.ingest.taskwriter import _with_struct_bounds  # the bounds ingestion records, for pruning
+    from lakehouse.ingest.taskwriter import write_data_files  # with the bounds ingestion records, for pruning
 
     started = time.monotonic()
     catalog.create_namespace_if_not_exists(spec.target.table.split(".")[0])
@@ -92,8 +91,7 @@ def build_table(catalog, spec: PipelineSpec, rows: int, progress=lambda line: No
         for p, count in shares.items():
             if count:
                 data = _orders(spec, p, positions[p], count, base)
-                written += _with_struct_bounds(table.io, table.metadata, list(_dataframe_to_data_files(
-                    table.metadata, data, table.io, write_uuid=uuid.uuid4(), counter=counter)))
+                written += write_data_files(table.io, table.metadata, data, uuid.uuid4(), counter)
         ranges = {p: (positions[p], positions[p] + n) for p, n in shares.items() if n}
         positions = {p: positions[p] + shares[p] for p in positions}
         summary = {offsets.K_PIPELINE: spec.name, offsets.K_KIND: "ingest", offsets.K_TOPIC: spec.source.topic,

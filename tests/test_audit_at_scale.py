@@ -48,14 +48,11 @@ def orders(spec: PipelineSpec, partition: int, start: int, count: int, bad: dict
 
 def commit(platform, spec: PipelineSpec, data: pa.Table) -> int:
     """Append `data` as one commit, its files with the `_kafka` bounds ingestion records; the new snapshot id."""
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files
-
-    from lakehouse.ingest.taskwriter import _with_struct_bounds
+    from lakehouse.ingest.taskwriter import write_data_files
 
     catalog = open_catalog(platform, spec.catalog)
     table = catalog.load_table(spec.target.table)
-    files = _with_struct_bounds(table.io, table.metadata, list(_dataframe_to_data_files(
-        table.metadata, data, table.io, write_uuid=uuid.uuid4(), counter=itertools.count())))
+    files = write_data_files(table.io, table.metadata, data, uuid.uuid4(), itertools.count())
     with table.transaction() as tx:
         with tx.update_snapshot().fast_append() as append:
             for data_file in files:

@@ -11,8 +11,8 @@ commits. A task
    the dead-letter table gets the rejected records;
 3. writes Parquet through pyiceberg's writer with the table's field ids, partitioned by the
    table's partition spec, cut at its target file size, with column metrics for pruning
-   (`_dataframe_to_data_files`, what pyiceberg's own append runs, plus bounds for the fields
-   nested in `_kafka`, which pyiceberg leaves out and Spark's writer keeps);
+   (`write_data_files`: what pyiceberg's own append runs, plus bounds for the fields nested in
+   `_kafka`, which pyiceberg leaves out and Spark's writer keeps);
 4. returns a `TaskResult`: the DataFiles (metadata only) per table, the per-table counts,
    event-time and Kafka-time bounds, and its stage clock.
 
@@ -24,6 +24,7 @@ merges with Spark's MERGE and deletes once committed.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -151,11 +152,37 @@ def _write(target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: 
     import itertools
 
     from pyiceberg.io import load_file_io
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
     io = load_file_io(target.io_properties, target.metadata.location)
-    return _with_struct_bounds(io, target.metadata, list(_dataframe_to_data_files(
-        target.metadata, rows, io, write_uuid=write_uuid, counter=itertools.count(task_id * 100_000))))
+    return write_data_files(io, target.metadata, rows, write_uuid, itertools.count(task_id * 100_000))
+
+
+_PLAN_LOCK = threading.Lock()
+
+
+def write_data_files(io, metadata, rows: pa.Table, write_uuid: uuid.UUID, counter: Iterator[int]) -> list:
+    """`rows` as the table's data files, by pyiceberg's writer (`_dataframe_to_data_files`, what its own
+    append runs), with lower and upper bounds for the fields nested in structs too, which pyiceberg leaves at
+    counts only (Iceberg's Java writer, Spark's, keeps them): `_kafka.partition`, `_kafka.offset` and
+    `_kafka.timestamp` must prune scans that look for a record by its coordinates.
+
+    The bounds come from the footer the writer holds when it closes a file: pyiceberg asks
+    `compute_statistics_plan` which metrics to take from it, and is handed a plan with the struct leaves
+    upgraded for the length of the call. Reading each footer back instead cost a HeadObject and a GetObject
+    per file on an object store."""
+    import pyiceberg.io.pyarrow as writer
+
+    original = writer.compute_statistics_plan
+
+    def plan(schema, properties):
+        return _with_struct_leaves(original(schema, properties), schema, properties)
+
+    with _PLAN_LOCK:
+        writer.compute_statistics_plan = plan
+        try:
+            return list(writer._dataframe_to_data_files(metadata, rows, io, write_uuid=write_uuid, counter=counter))
+        finally:
+            writer.compute_statistics_plan = original
 
 
 def _struct_leaves(fields, nested: bool = False) -> Iterator[int]:
@@ -169,34 +196,21 @@ def _struct_leaves(fields, nested: bool = False) -> Iterator[int]:
             yield f.field_id
 
 
-def _with_struct_bounds(io, metadata, files: list) -> list:
-    """`files` with lower and upper bounds for the fields nested in structs, which pyiceberg's writer
-    leaves at counts only (Iceberg's Java writer, Spark's, keeps them): `_kafka.partition`, `_kafka.offset`
-    and `_kafka.timestamp` must prune scans that look for a record by its coordinates. Read from each
-    file's Parquet footer, under the table's metrics mode for the column (truncate(16) by default)."""
-    import pyarrow.parquet as pq
-    from pyiceberg.io.pyarrow import (
-        MetricModeTypes,
-        MetricsMode,
-        StatisticsCollector,
-        compute_statistics_plan,
-        data_file_statistics_from_parquet_metadata,
-        match_metrics_mode,
-        parquet_path_to_id_mapping,
-    )
+def _with_struct_leaves(plan: dict, schema, properties) -> dict:
+    """`plan` (pyiceberg's statistics plan) with the fields nested in structs collecting bounds under the
+    table's metrics mode for the column (truncate(16) by default), as for a top-level column."""
+    from pyiceberg.io.pyarrow import MetricModeTypes, MetricsMode, StatisticsCollector, match_metrics_mode
     from pyiceberg.table import TableProperties
     from pyiceberg.types import BinaryType, StringType
 
-    schema = metadata.schema()
-    plan = compute_statistics_plan(schema, metadata.properties)
-    default = metadata.properties.get(TableProperties.DEFAULT_WRITE_METRICS_MODE,
-                                      TableProperties.DEFAULT_WRITE_METRICS_MODE_DEFAULT)
-    ids = set()
+    default = properties.get(TableProperties.DEFAULT_WRITE_METRICS_MODE,
+                             TableProperties.DEFAULT_WRITE_METRICS_MODE_DEFAULT)
+    plan = dict(plan)
     for field_id in _struct_leaves(schema.fields):
         collector = plan.get(field_id)
         if collector is None:
             continue
-        mode = match_metrics_mode(metadata.properties.get(
+        mode = match_metrics_mode(properties.get(
             f"{TableProperties.METRICS_MODE_COLUMN_CONF_PREFIX}.{collector.column_name}", default))
         if mode.type not in (MetricModeTypes.TRUNCATE, MetricModeTypes.FULL):
             continue
@@ -204,18 +218,7 @@ def _with_struct_bounds(io, metadata, files: list) -> list:
             mode = MetricsMode(MetricModeTypes.FULL)
         plan[field_id] = StatisticsCollector(field_id=field_id, iceberg_type=collector.iceberg_type, mode=mode,
                                              column_name=collector.column_name)
-        ids.add(field_id)
-    if not ids:
-        return files
-    mapping = parquet_path_to_id_mapping(schema)
-    for data_file in files:
-        with io.new_input(data_file.file_path).open() as stream:
-            footer = pq.read_metadata(stream)
-        found = data_file_statistics_from_parquet_metadata(footer, plan, mapping).to_serialized_dict()
-        # pyiceberg's writer always gives a DataFile its bounds dicts (read-only properties)
-        data_file.lower_bounds.update((i, v) for i, v in found["lower_bounds"].items() if i in ids)
-        data_file.upper_bounds.update((i, v) for i, v in found["upper_bounds"].items() if i in ids)
-    return files
+    return plan
 
 
 def _stage(target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: int) -> list[str]:
