@@ -441,9 +441,10 @@ class Bench:
             if not endpoint:
                 raise BenchError(f"`lakehouse stack up --object-store` named no object-store endpoint: {status}")
             spec = stack.write_spec("bench_s3", "bench-s3", 3, FRESHNESS_BATCH, trigger_interval="1s")
+            counts: dict[str, Any] = {}  # the batches' requests only, not those of reading their events after
             run = workloads.run_small_batches(stack, spec, self.backlog.records, per_batch=SMALL_BATCH,
-                                              warm=lambda: object_store.request_counts(endpoint, reset=True))
-            counts = object_store.request_counts(endpoint)
+                                              warm=lambda: object_store.request_counts(endpoint, reset=True),
+                                              done=lambda: counts.update(object_store.request_counts(endpoint)))
         finally:
             with contextlib.suppress(Exception):
                 stack.down()

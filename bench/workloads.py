@@ -864,11 +864,12 @@ class SmallBatchRun:
 
 
 def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
-                      per_batch: int = 10, rounds: int = 8, warm: Callable[[], None] | None = None) -> SmallBatchRun:
+                      per_batch: int = 10, rounds: int = 8, warm: Callable[[], None] | None = None,
+                      done: Callable[[], None] | None = None) -> SmallBatchRun:
     """A warm continuous `lakehouse ingest` job fed `per_batch` records at a time, each round waiting for
     its receipt: what one small batch costs end to end (plan, Spark job, commits, group commit), from
     the batch events. The first batch (JVM and Python workers starting) is left out; `warm` is called
-    once it committed.
+    once it committed, `done` once the last one did (before the job stops and its events are read).
 
     Raises BenchError when the job dies or a round's batch does not come within a minute.
     """
@@ -886,6 +887,8 @@ def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[p
                         f"batch of {per_batch} records")
             if round_ == 0 and warm is not None:
                 warm()
+        if done is not None:
+            done()
     finally:
         stop_process_group(proc, timeout=90)
     batches = batch_metrics(spec.name, platform)

@@ -54,7 +54,9 @@ and other errors by status, and bytes in and out. What the clients send differs:
 writes every file as a multipart upload (CreateMultipartUpload, UploadPart, CompleteMultipartUpload: three
 `put` requests) and looks at it with HeadObject before reading; Iceberg's S3FileIO (Spark) sends one
 PutObject per file below its multipart threshold. The counts are served as JSON on the same port, outside
-the S3 namespace (a bucket name cannot start with `_`):
+the S3 namespace (a bucket name cannot start with `_`). With LAKEHOUSE_OBJECT_STORE_TRACE=1 in its environment
+the server also logs every request it serves (operation, method, key, status) to its log, one line each: which
+requests a batch makes, in order.
 
     GET    /_lakehouse/health     {"ok": true, "server": "moto", "version", "pid", "objects", "buckets", ...}
     GET    /_lakehouse/requests   the counts since the server started or since the last reset, by bucket and
@@ -113,6 +115,8 @@ DEFAULT_HOST = "127.0.0.1"  # the stack's: nothing beyond this machine reaches i
 # S3 bucket names (AWS's general-purpose rules, without the rarely used dots next to each other)
 BUCKET_NAME = re.compile(r"^(?!\d+\.\d+\.\d+\.\d+$)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 LOG = logging.getLogger("lakehouse.object_store")
+# every request served, one line each in the server log (which requests a batch makes, in order)
+TRACE = os.environ.get("LAKEHOUSE_OBJECT_STORE_TRACE", "") not in ("", "0")
 # Query parameters naming a bucket's configuration (a GET without one of these lists the bucket's objects)
 BUCKET_SUBRESOURCES = frozenset({
     "accelerate", "acl", "analytics", "cors", "encryption", "intelligent-tiering", "inventory", "lifecycle",
@@ -675,6 +679,9 @@ class CountingMiddleware:
         entry = self.counts.add(bucket, operation, price_class, method, status,
                                 int(environ.get("CONTENT_LENGTH") or 0),
                                 table_location(key if key else (query.get("prefix") or [None])[0]))
+        if TRACE:
+            LOG.info("object store: %s %s %s/%s%s -> %d", operation, method, bucket, key or "",
+                     f"?{environ['QUERY_STRING']}" if environ.get("QUERY_STRING") else "", status)
         start_response(answered["status"], answered["headers"], answered.get("exc_info"))
         return self._counted(result, entry)
 
