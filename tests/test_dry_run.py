@@ -56,7 +56,7 @@ def test_topics_dry_run_lists_what_it_would_create_and_what_it_leaves_and_create
     as_json = json.loads(run_cli(spec, "topics", "--pipeline", spec.name, "--dry-run", "--json").stdout)
     assert as_json == {"create": [{"topic": topic, "partitions": 3, "replication_factor": 1,
                                    "config": {"retention.ms": str(WEEK_MS)}}],
-                       "mismatches": [], "unchanged": [], "dry_run": True}
+                       "mismatches": [], "unchanged": [], "created": [], "dry_run": True}
     assert topic not in topics.topic_partitions(platform)
 
     real = run_cli(spec, "topics", "--pipeline", spec.name)  # what the dry run said, no more
@@ -99,7 +99,8 @@ def test_retention_and_replay_dry_runs_name_the_rows_ranges_and_tables_and_write
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout) == {"pipeline": spec.name, "kind": "replay", "dry_run": True,
                                         "ranges": {"0": [2, 9]}, "records": 7, "tables": [data, dead],
-                                        "creates_table": False}
+                                        "creates_table": False, "inserted_by_table": None,
+                                        "dead_letters_resolved": None, "dead_letters_added": None, "seconds": None}
     human = run_cli(spec, "replay", "--pipeline", spec.name, "--offsets", "0:2-9", "--dry-run")
     assert human.stdout == f"dry run: would replay 7 records (p0:[2,9)) into {data}, {dead}; nothing written\n"
     window = run_cli(spec, "replay", "--pipeline", spec.name, "--dry-run", "--json",

@@ -157,7 +157,7 @@ def test_resume_stops_when_the_history_holding_the_positions_was_expired(platfor
                       platform)
     run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")
     assert run.returncode == 3 and "was expired" in run.stderr, run.stderr[-2000:]
-    status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    [status] = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)  # a list, one item
     assert any("was expired" in (t["lost"] or "") for t in status["tables"])
 
 

@@ -91,9 +91,9 @@ def test_committed_transactions_land_once_and_aborted_ones_and_markers_never(pla
     assert "8 where it delivers no record" in first.summary()
     for offset in (10, 13, 16):  # a commit marker, an aborted record, an abort marker
         done = run_cli(spec, "trace", "--pipeline", spec.name, "--partition", "0", "--offset", str(offset), "--json")
-        assert done.returncode == 0 and json.loads(done.stdout)["verdict"] == "no-record", done.stdout
+        assert done.returncode == 0 and json.loads(done.stdout)["records"][0]["verdict"] == "no-record", done.stdout
     pending = run_cli(spec, "trace", "--pipeline", spec.name, "--partition", "0", "--offset", "24", "--json")
-    assert json.loads(pending.stdout)["verdict"] == "beyond-log-end"  # not readable until its transaction ends
+    assert json.loads(pending.stdout)["records"][0]["verdict"] == "beyond-log-end"  # not readable until its transaction ends
 
     producer.commit_transaction(30)  # the open transaction commits: its records become readable
     IngestJob(spec, platform, spark).run_once()

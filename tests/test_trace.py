@@ -266,6 +266,18 @@ def test_a_pipeline_the_specs_do_not_declare_cannot_be_traced(make_spec, signed_
 # ---------------------------------------------------------------------------- end to end
 
 
+def traced(found: dict, args: tuple[str, ...]) -> dict:
+    """What `trace --json ARGS` answered: for --partition/--offset the one record it traced (the answer's
+    `records` holds exactly that record), else the whole answer (a key's records)."""
+    if "--partition" not in args:
+        return found
+    [record] = found["records"]
+    partition, offset = (int(args[args.index(flag) + 1]) for flag in ("--partition", "--offset"))
+    assert (found["partition"], found["offset"], found["key"]) == (partition, offset, None)
+    assert (record["partition"], record["offset"]) == (partition, offset)
+    return record
+
+
 @pytest.mark.slow
 def test_trace_says_where_each_record_is(platform, orders, spark, make_spec, signed_in, monkeypatch):
     spec = orders
@@ -274,7 +286,7 @@ def test_trace_says_where_each_record_is(platform, orders, spark, make_spec, sig
     def trace(*args: str) -> tuple[int, dict]:
         done = run_cli(spec, "trace", "--pipeline", spec.name, "--json", *args)
         assert done.returncode in (0, 3), done.stderr[-3000:]
-        return done.returncode, json.loads(done.stdout)
+        return done.returncode, traced(json.loads(done.stdout), args)
 
     code, row = trace("--partition", "1", "--offset", "4")
     assert code == 0 and row["verdict"] == "in-table"
@@ -375,7 +387,7 @@ def test_a_recorded_gap_is_traced_as_aged_out_before_ingestion(platform, pipelin
     def trace(*args: str) -> dict:
         done = run_cli(spec, "trace", "--pipeline", spec.name, "--json", *args)
         assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout)
+        return traced(json.loads(done.stdout), args)
 
     gap = trace("--partition", "0", "--offset", "15")
     assert gap["verdict"] == "gap" and gap["sightings"] == []

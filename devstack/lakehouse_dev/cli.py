@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lakehouse.cli import _at_least, _pipeline_name, _port, _print_json, _rate, _ratio, _seed
+from lakehouse.cli import print_json
 from lakehouse.core import config
+from lakehouse.core.cli_types import at_least, pipeline_name, port, rate, ratio, seed
 from lakehouse.core.errors import EXIT_FAILURE
 from lakehouse.core.spec import load_pipeline
 
@@ -38,7 +39,7 @@ def cmd_stack(args) -> int:
     if args.action != "down":
         result["spark_cluster"] = spark_cluster.status()
     if args.json:
-        _print_json(result)
+        print_json(result)
     else:
         broker = result.get("broker", {})
         if args.action == "down":
@@ -122,7 +123,7 @@ def cmd_airflow(args) -> int:
     else:
         result = airflow_stack.status()
     if args.json:
-        _print_json(result)
+        print_json(result)
     elif args.action == "down":
         stopped = result["stopped"]
         print("airflow stopped: "
@@ -138,8 +139,10 @@ def cmd_airflow(args) -> int:
 
 def add_stack_command(sub) -> None:
     p = sub.add_parser("stack", help="start, stop or inspect the embedded stack")
-    p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--port", type=_port, help="broker port for `up` (default 19092 or LAKEHOUSE_BROKER_PORT)")
+    p.add_argument("action", choices=("up", "down", "status"),
+                   help="up: start (or keep) the broker and catalog; down: stop them; status: what runs (exit 1: "
+                        "no broker)")
+    p.add_argument("--port", type=port, help="broker port for `up` (default 19092 or LAKEHOUSE_BROKER_PORT)")
     p.add_argument("--auth", choices=("none", "scram-sha-512", "scram", "scram-sha-256"),
                    help="with `up`: clients log in with SASL/SCRAM as user `lakehouse` (generated password in "
                         "<home>/security/kafka.password) (default none or LAKEHOUSE_BROKER_AUTH)")
@@ -158,30 +161,32 @@ def add_stack_command(sub) -> None:
     p.add_argument("--purge", action="store_true", help="with `down`: also delete the catalog and warehouse")
     p.add_argument("--spark-cluster", action="store_true",
                    help="with `up`: also start a Spark standalone master and worker; jobs of this home run on it")
-    p.add_argument("--spark-port", type=_port, help="Spark master port (default 7077)")
-    p.add_argument("--spark-ui-port", type=_port,
+    p.add_argument("--spark-port", type=port, help="Spark master port (default 7077)")
+    p.add_argument("--spark-ui-port", type=port,
                    help="Spark master web UI port (default 8081; the worker's is +1)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the stack's state as JSON instead of text")
     p.set_defaults(fn=cmd_stack)
 
 
 def add_produce_command(sub) -> None:
     p = sub.add_parser("produce", help="produce synthetic records for a pipeline")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
-    p.add_argument("--count", type=_at_least(0), required=True)
-    p.add_argument("--rate", type=_rate, help="records per second (default: as fast as possible)")
-    p.add_argument("--bad-ratio", type=_ratio, default=0.0, help="share of malformed or invalid records, 0 to 1")
-    p.add_argument("--seed", type=_seed)
+    p.add_argument("--pipeline", type=pipeline_name, required=True,
+                   help="the pipeline whose source topic gets the records (its contract shapes them)")
+    p.add_argument("--count", type=at_least(0), required=True, help="how many records to produce (0 or more)")
+    p.add_argument("--rate", type=rate, help="records per second (default: as fast as possible)")
+    p.add_argument("--bad-ratio", type=ratio, default=0.0, help="share of malformed or invalid records, 0 to 1")
+    p.add_argument("--seed", type=seed, help="random seed: the same seed produces the same records (default: random)")
     p.add_argument("--connect-schemas", action="store_true",
                    help="change streams (target.mode cdc) in JSON: each key and value with its Kafka Connect schema, "
                         "as JsonConverter writes them with schemas.enable=true (default: the plain envelope)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress counter on stderr")
     p.set_defaults(fn=cmd_produce)
 
 
 def add_airflow_command(sub) -> None:
     p = sub.add_parser("airflow", help="start, stop or inspect Airflow for the embedded stack")
-    p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--port", type=_port, help="API server port for `up` (default 8080 or LAKEHOUSE_AIRFLOW_PORT)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("action", choices=("up", "down", "status"),
+                   help="up: start Airflow's components; down: stop them; status: what runs (exit 1: none)")
+    p.add_argument("--port", type=port, help="API server port for `up` (default 8080 or LAKEHOUSE_AIRFLOW_PORT)")
+    p.add_argument("--json", action="store_true", help="print Airflow's state as JSON instead of text")
     p.set_defaults(fn=cmd_airflow)

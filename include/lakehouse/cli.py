@@ -1,6 +1,9 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete: `eval "$(register-python-argcomplete lakehouse)"` completes this CLI)
 """`lakehouse`: the platform's command line.
 
     lakehouse pipelines [--json]                 validate and list the pipeline specs (exit 2: a file is broken)
+    lakehouse check [--pipeline NAME] [--json]   validate the specs and reach every configured part: Kafka, each
+                                                 catalog, its object store (s3://), the schema registry
     lakehouse topics [--pipeline NAME]           create the pipelines' source topics (--dry-run: say which)
     lakehouse ingest --pipeline NAME --once      Kafka -> Iceberg, exactly once
     lakehouse replay --pipeline NAME ...         re-ingest offsets, a time range or dead letters (--dry-run: the
@@ -17,15 +20,28 @@
     lakehouse cost --pipeline NAME [--days N]    per day: bytes produced and retained by Kafka, table bytes and
                                                  files, object-store requests, compute seconds (priced when
                                                  LAKEHOUSE_PRICE_* are set)
+    lakehouse --version                          the installed distribution's version
 
 The development stack (`devstack/`, installed by `make setup`) adds `lakehouse stack`, `lakehouse
-airflow` and `lakehouse produce` (lakehouse_dev.cli).
+airflow` and `lakehouse produce` (lakehouse_dev.cli). docs/cli.md describes every command, its options,
+its `--json` shape and shell completion.
 
 Exit codes (lakehouse.core.errors): 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the
 source or a table needs attention (offset gap, topic recreated, topic missing, retention too
 short, positions lost, records about to age out that the retention guard could not protect; Kafka
-unreachable), 4 fenced (another ingest job of the pipeline took over its tables). `lakehouse stack status`
-exits 1 when the broker does not run, `lakehouse airflow status` when no Airflow component runs.
+unreachable), 4 fenced (another ingest job of the pipeline took over its tables); 130 interrupted
+(Ctrl-C), 141 the reader of standard output went away (`lakehouse pipelines --json | head -1`: the
+command stops quietly, as Unix tools killed by SIGPIPE do). `lakehouse check` exits with the code of
+its first failed part. `lakehouse stack status` exits 1 when the broker does not run, `lakehouse
+airflow status` when no Airflow component runs.
+
+`--json` prints one shape per command, whatever the other options: an object, or a list of objects for
+`status`, `schemas` and `check` (`ingest` prints one object per batch, a line each); docs/cli.md
+lists each shape's keys. Errors go to stderr as text in either mode.
+
+Every duration option takes what a spec takes (`500ms`, `5s`, `2m`, `1h`, `7d`: lakehouse.core.spec
+parse_duration) and every point in time ISO-8601 (UTC without an offset) or a duration ago (`2h`:
+parse_moment), through the argument types of lakehouse.core.cli_types.
 
 `topics`, `replay`, `status`, `retention` and `trace` first ask Kafka for metadata (a few seconds at
 most): with nothing answering they exit 3 with one line naming the bootstrap servers and the setting to
@@ -40,8 +56,8 @@ the command runs as (or the Airflow user whose DAG run started it), the argument
 Every argument is checked while parsing, before a command creates anything (a Spark
 session, a table, a topic, a stack): a bad one exits 2 naming it. A broken spec file
 stops only its own pipeline: `--pipeline NAME` works while a sibling file is broken, and
-`pipelines`, `topics` and `status` without `--pipeline` act on the valid specs, print
-each broken file's error on stderr and exit 2.
+`pipelines`, `topics` and `status` without `--pipeline` act on the valid specs, print each
+broken file's error on stderr and exit 2 (`check` reports each broken file as a failed part).
 """
 
 from __future__ import annotations
@@ -49,33 +65,31 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
+import select
 import sys
 from datetime import datetime, timezone
-from importlib.metadata import entry_points
-from typing import Callable
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Iterable
 
-from lakehouse.core import config, errors
+from lakehouse.core import cli_types, config, errors
 from lakehouse.core.spec import (
     DURATION_CAPS_S,
     FORMAT_SCHEMA_TYPES,
-    IDENTIFIER,
     PipelineSpec,
     SpecError,
-    is_table_name,
     load_pipeline,
     load_schema_source,
     load_specs,
-    parse_duration,
-    parse_instant,
-    parse_moment,
 )
 
 EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE = errors.EXIT_FAILURE, errors.EXIT_CONFIG, errors.EXIT_SOURCE
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+EXIT_BROKEN_PIPE = 141  # standard output's reader went away, as shells report SIGPIPE
+DISTRIBUTION = "lakehouse"  # pyproject.toml [project] name: what `--version` reports
 
 
-def _print_json(obj) -> None:
+def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
@@ -84,7 +98,7 @@ def cmd_pipelines(args) -> int:
     Returns EXIT_CONFIG when any file is broken."""
     found = load_specs()
     if args.json:
-        _print_json({
+        print_json({
             "pipelines": [{"name": s.name, "topic": s.source.topic, "tables": list(s.target.tables),
                            "dead_letter_table": s.dead_letter_table, "mode": s.target.mode, "path": s.path}
                           for s in found.specs.values()],
@@ -117,15 +131,16 @@ def _specs(name: str | None) -> tuple[list[PipelineSpec], bool]:
 
 def cmd_topics(args) -> int:
     """Creates the missing source topics, or with --dry-run says which it would create (partitions,
-    replication, retention.ms) and which existing ones disagree with their spec; nothing is ever altered."""
+    replication, retention.ms) and which existing ones disagree with their spec; nothing is ever altered.
+    JSON (either way): the plan (`create`, `mismatches`, `unchanged`), `created` (names) and `dry_run`."""
     from lakehouse.core import topics
 
     specs, broken = _specs(args.pipeline)
     topics.require_broker()
+    plan = topics.plan_topics(specs)
     if args.dry_run:
-        plan = topics.plan_topics(specs)
         if args.json:
-            _print_json({**plan.to_json(), "dry_run": True})
+            print_json({**plan.to_json(), "created": [], "dry_run": True})
         else:
             for c in plan.create:
                 retention = c["config"].get("retention.ms")
@@ -138,7 +153,7 @@ def cmd_topics(args) -> int:
         return EXIT_CONFIG if broken else 0
     created = topics.ensure_topics(specs)
     if args.json:
-        _print_json({"created": created})
+        print_json({**plan.to_json(), "created": created, "dry_run": False})
         return EXIT_CONFIG if broken else 0
     for topic in created:
         print(f"created topic {topic}")
@@ -202,6 +217,17 @@ def _replay_parameters(args) -> dict:
     return {name: value for name, value in asked.items() if value not in (None, False)}
 
 
+REPLAY_JSON = ("pipeline", "kind", "dry_run", "ranges", "records", "tables", "creates_table", "inserted_by_table",
+               "dead_letters_resolved", "dead_letters_added", "seconds")
+
+
+def _replay_json(found: dict, dry_run: bool) -> dict:
+    """A replay's or its dry run's JSON in the one shape of `replay --json` (REPLAY_JSON): what only the other
+    kind of run can tell is null (a dry run inserted nothing yet; a run does not say whether it created
+    --into-table's table)."""
+    return {key: found.get(key) for key in REPLAY_JSON} | {"dry_run": dry_run}
+
+
 def cmd_replay(args) -> int:
     """A replay (a backfill with --backfill): one audited `replay` or `backfill` event, whatever the outcome.
     With --dry-run: the offset ranges it would read (a time range resolved), their record count (or the dead
@@ -217,13 +243,17 @@ def cmd_replay(args) -> int:
         found = preview(spec, platform, ranges=args.offsets, from_ms=args.from_time, to_ms=args.to_time,
                         dead_letters=args.dead_letters, error_kind=args.error_kind, into_table=args.into_table)
         if args.json:
-            _print_json(found.to_json())
+            print_json(_replay_json(found.to_json(), dry_run=True))
         else:
             print(found.render())
         return 0
     from lakehouse.ingest.job import IngestJob
     from lakehouse.recovery.replay import Replay
 
+    # what the run writes, as its dry run names it: --into-table's table, else the pipeline's and its dead letters'
+    tables = ([spec.qualified(args.into_table)] if args.into_table
+              else [spec.qualified(t) for t in (*spec.target.tables, spec.dead_letter_table)])
+    creates_table = None if args.into_table else False  # whether --into-table's table was new: not said by a run
     with events.audited(spec.name, "backfill" if args.backfill else "replay", events.Actor.of_process(),
                         _replay_parameters(args), platform, spec.catalog) as audit:
         replay = Replay(IngestJob(spec, platform))
@@ -235,7 +265,13 @@ def cmd_replay(args) -> int:
                 ranges = replay.resolve_time_range(args.from_time, args.to_time)
             if not ranges:
                 audit.status, audit.message = "skipped", "no records in that time range"
-                print(audit.message)
+                if args.json:
+                    print_json(_replay_json({"pipeline": spec.name, "kind": "replay", "ranges": {}, "records": 0,
+                                              "tables": tables, "creates_table": creates_table, "inserted_by_table": {},
+                                              "dead_letters_resolved": 0,
+                                              "dead_letters_added": 0, "seconds": 0.0}, dry_run=False))
+                else:
+                    print(audit.message)
                 return 0
             receipt = replay.into_table(ranges, args.into_table) if args.into_table else replay.offsets(ranges)
         target = args.into_table or ", ".join(spec.target.tables)
@@ -245,7 +281,8 @@ def cmd_replay(args) -> int:
                          "dead_letters_added": receipt.dead_letters_added, "seconds": receipt.seconds}
         audit.details = {**receipt.to_json(), "target": target}
     if args.json:
-        _print_json(receipt.to_json())
+        print_json(_replay_json({**receipt.to_json(), "tables": tables, "creates_table": creates_table},
+                                 dry_run=False))
     else:
         print(f"{receipt.kind}: {receipt.records} records; inserted "
               + ", ".join(f"{t} +{n}" for t, n in receipt.inserted_by_table.items())
@@ -256,7 +293,7 @@ def cmd_replay(args) -> int:
 
 def cmd_status(args) -> int:
     """Each pipeline's status; Kafka must answer first (a catalog is opened only then, so a status with the
-    broker down creates none)."""
+    broker down creates none). JSON: a list of per-pipeline objects, with --pipeline too (one item)."""
     from lakehouse.core import topics
     from lakehouse.ops.status import pipeline_status, render
 
@@ -264,7 +301,7 @@ def cmd_status(args) -> int:
     topics.require_broker()
     statuses = [pipeline_status(s) for s in specs]
     if args.json:
-        _print_json(statuses if not args.pipeline else statuses[0])
+        print_json(statuses)
     else:
         print(render(statuses))
     return EXIT_CONFIG if broken else 0
@@ -306,12 +343,30 @@ def cmd_retention(args) -> int:
     report = (retention.guard(spec, dry_run=args.dry_run) if args.guard
               else retention.align(spec, dry_run=args.dry_run))
     if args.json:
-        print(json.dumps(report.to_json(), separators=(",", ":"), default=str), flush=True)
+        print(json.dumps(_retention_json(report, "guard" if args.guard else "align"), separators=(",", ":"),
+                         default=str), flush=True)
     else:
         print(f"{report.status:<8} {report.message}")
     if args.guard and report.status == "failed":
         print(f"error: {report.message}", file=sys.stderr)
     return EXIT_SOURCE if report.status == "failed" else 0
+
+
+def _retention_json(report, mode: str) -> dict:
+    """The alignment report or the guard's in the one shape of `retention --json`: `mode` (align | guard) and
+    the keys of both reports, those of the other mode null."""
+    from lakehouse.upkeep import retention
+
+    shown = report.to_json()
+    keys = _json_keys(retention.RetentionReport) + ["guard_state" if k == "state" else k
+                                                    for k in _json_keys(retention.GuardReport)]
+    return {"mode": mode} | {key: shown.get(key) for key in dict.fromkeys(keys)}
+
+
+def _json_keys(cls) -> list[str]:
+    from dataclasses import fields
+
+    return [f.name for f in fields(cls)]
 
 
 def _require_wire_formats(name: str, source) -> None:
@@ -339,7 +394,7 @@ def cmd_schemas(args) -> int:
     _require_wire_formats(spec.name, spec.source)
     found = formats.describe_schemas(spec, registry)
     if args.json:
-        _print_json([report.__dict__ for report in found])
+        print_json([report.__dict__ for report in found])
     else:
         for r in found:
             print(f"{r.schema_id:<8} {r.schema_type:<9} {r.where:<9} {r.verdict:<15} {r.why}".rstrip())
@@ -357,10 +412,15 @@ def cmd_trace(args) -> int:
     if args.key is not None:
         found = trace.trace_key(spec, args.key, args.since, args.until,
                                 progress=None if args.json else lambda line: print(line, file=sys.stderr, flush=True))
+        shown = found.to_json() | {"partition": None, "offset": None}
     else:
         found = trace.trace_record(spec, args.partition, args.offset)
-    if args.json:
-        _print_json(found.to_json())
+        record = found.to_json()
+        shown = {"pipeline": spec.name, "key": None, "partition": args.partition, "offset": args.offset, "since": None,
+                 "until": None, "scanned": None, "records": [record], "seconds": record["seconds"]}
+    if args.json:  # one shape for a record and a key: the records found, each as trace_record reports it
+        print_json({key: shown[key] for key in ("pipeline", "key", "partition", "offset", "since", "until", "scanned",
+                                                  "records", "seconds")})
     else:
         print(found.render())
     return found.exit_code
@@ -374,7 +434,7 @@ def cmd_verify(args) -> int:
                            full=args.full, engine=args.engine,
                            progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     else:
         print(result.summary())
         for problem in result.findings.problems:
@@ -391,85 +451,41 @@ def cmd_cost(args) -> int:
     report = cost.daily_cost(load_pipeline(args.pipeline), days=args.days, platform=platform, prices=prices,
                              progress=lambda message: print(f"{message} ...", file=sys.stderr, flush=True))
     if args.json:
-        _print_json(report.to_json())
+        print_json(report.to_json())
     else:
         print(cost.render(report))
     return 0
 
 
+def cmd_check(args) -> int:
+    """Validates the specs (or --pipeline's) and asks every configured part the cheapest question that proves
+    it works (lakehouse.ops.check); a line (JSON: an object) per part. Exits 0 only when every part passed,
+    else with the exit code of the first that failed."""
+    from lakehouse.ops import check
+
+    found = check.check(args.pipeline, timeout=args.timeout)
+    if args.json:
+        print_json([part.to_json() for part in found])
+    else:
+        for part in found:
+            print(part.render(), flush=True)
+        failed = [part for part in found if not part.ok]
+        print(f"{len(found) - len(failed)} of {len(found)} parts ok" + (f"; {len(failed)} did not pass" if failed
+                                                                        else ""))
+    return next((part.exit_code or EXIT_FAILURE for part in found if not part.ok), 0)
+
+
 # --- argument types: each returns the parsed value or raises ArgumentTypeError (argparse: exit 2) ----------
+# The kinds every command shares are lakehouse.core.cli_types'; the ones below are this CLI's own options.
 
-def _integer(text: str, minimum: int, maximum: int | None = None) -> int:
-    """`text` as a decimal integer from `minimum` to `maximum`."""
-    digits = text[1:] if text.startswith("-") else text
-    if not digits.isascii() or not digits.isdigit():  # int() would also take " 5", "5_000" and other scripts' digits
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    value = int(text) if len(digits) <= 30 else None  # int() refuses more than 4300 digits
-    if value is None or value < minimum or (maximum is not None and value > maximum):
-        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"{minimum} or more"
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range: use {bounds}")
-    return value
-
-
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argument type: an integer of at least `minimum`."""
-    return lambda text: _integer(text, minimum)
+_trigger_interval = cli_types.duration(positive=True, maximum=DURATION_CAPS_S["trigger.interval"])
+_check_timeout = cli_types.duration(positive=True, maximum=60.0)
 
 
 def _days(text: str) -> int:
     from lakehouse.ops.cost import MAX_DAYS
 
-    return _integer(text, 1, MAX_DAYS)
-
-
-def _seed(text: str) -> int:
-    return _integer(text, -(2 ** 63), 2 ** 63 - 1)
-
-
-def _port(text: str) -> int:
-    return _integer(text, 1, 65535)
-
-
-def _float(text: str, minimum: float, maximum: float = math.inf, *, open_minimum: bool = False) -> float:
-    """`text` as a finite float from `minimum` (excluded when `open_minimum`) to `maximum`."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < minimum or (open_minimum and value == minimum) or value > maximum:
-        low = f"above {minimum:g}" if open_minimum else f"from {minimum:g}"
-        high = f" to {maximum:g}" if math.isfinite(maximum) else ""
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range: use a finite number {low}{high}")
-    return value
-
-
-def _rate(text: str) -> float:
-    return _float(text, 0.0, open_minimum=True)
-
-
-def _ratio(text: str) -> float:
-    return _float(text, 0.0, 1.0)
-
-
-def _trigger_interval(text: str) -> float:
-    """Seconds of a trigger interval: above 0 and at most the spec's cap for trigger.interval."""
-    try:
-        return parse_duration(text, positive=True, maximum=DURATION_CAPS_S["trigger.interval"])
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _pipeline_name(text: str) -> str:
-    if not IDENTIFIER.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a pipeline name (lower_snake_case, e.g. orders)")
-    return text
-
-
-def _table_name(text: str) -> str:
-    if not is_table_name(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a table name: use namespace.table in lower case, "
-                                         f"e.g. raw.orders_rebuilt")
-    return text
+    return cli_types.integer(text, 1, MAX_DAYS)
 
 
 def _offsets(text: str) -> dict[int, tuple[int, int]]:
@@ -490,20 +506,12 @@ def _error_kind(text: str) -> str:
     return text
 
 
-def _time_ms(text: str) -> int:
-    """Milliseconds since the epoch of an ISO-8601 time (UTC when it has no offset)."""
-    try:
-        return int(parse_instant(text).timestamp() * 1000)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _partition(text: str) -> int:
-    return _integer(text, 0, 2 ** 31 - 1)
+    return cli_types.integer(text, 0, 2 ** 31 - 1)
 
 
 def _offset(text: str) -> int:
-    return _integer(text, 0, 2 ** 63 - 1)
+    return cli_types.integer(text, 0, 2 ** 63 - 1)
 
 
 def _key(text: str) -> str:
@@ -514,22 +522,6 @@ def _key(text: str) -> str:
     return text
 
 
-def _moment(text: str) -> datetime:
-    """A point in time: ISO-8601 (UTC without an offset) or a duration meaning that long ago (`2h`)."""
-    try:
-        return parse_moment(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _since(text: str) -> float:
-    """Seconds of a `--since` duration: above 0, at most 10 years."""
-    try:
-        return parse_duration(text, positive=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _snapshot_range(text: str) -> tuple[int, int]:
     from lakehouse.ops.verify import VerifyError, parse_snapshot_range
 
@@ -537,6 +529,16 @@ def _snapshot_range(text: str) -> tuple[int, int]:
         return parse_snapshot_range(text)
     except VerifyError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def complete_pipelines(prefix: str = "", **_) -> list[str]:
+    """Shell completion of --pipeline (argcomplete): the pipelines of the configured specs folder
+    (LAKEHOUSE_PIPELINES_DIR), the ones a broken file declares too, that start with `prefix`."""
+    try:
+        found = load_specs()
+    except Exception:  # noqa: BLE001 - completion offers what it can and never prints a traceback into a shell
+        return []
+    return sorted(name for name in {*found.specs, *found.declared.values()} if name.startswith(prefix))
 
 
 def _check_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -566,137 +568,224 @@ def _check_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             fail("argument --until: must be later than --since")
     if args.command == "ingest" and args.metrics_port is None and os.environ.get("LAKEHOUSE_METRICS_PORT"):
         try:
-            args.metrics_port = _port(os.environ["LAKEHOUSE_METRICS_PORT"])
+            args.metrics_port = cli_types.port(os.environ["LAKEHOUSE_METRICS_PORT"])
         except argparse.ArgumentTypeError as exc:
             fail(f"LAKEHOUSE_METRICS_PORT: {exc}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The parsed command line, every value checked; exits 2 naming the first bad argument."""
+    """The parsed command line, every value checked; exits 2 naming the first bad argument. Under shell
+    completion (argcomplete's environment set) it prints the completions and exits instead."""
     parser = build_parser()
+    try:
+        import argcomplete
+    except ImportError:  # completion is a convenience: the CLI works without it
+        pass
+    else:
+        argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     _check_together(parser, args)
     return args
 
 
+def installed_version() -> str:
+    """The version of the installed `lakehouse` distribution (pyproject.toml), as pip reports it."""
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown (the lakehouse distribution is not installed: pip install -e . or make setup)"
+
+
+# Help of the options several commands share
+PIPELINE_HELP = "the pipeline, by the `name` its spec declares (in LAKEHOUSE_PIPELINES_DIR)"
+PIPELINE_FILTER_HELP = "only this pipeline (default: every valid spec of LAKEHOUSE_PIPELINES_DIR)"
+INSTANT = "ISO-8601 (UTC without an offset, e.g. 2026-11-21T10:00:00Z) or a duration ago (30m, 2h, 7d)"
+
+
+def _json_help(shape: str) -> str:
+    return f"print {shape} as JSON instead of text (docs/cli.md lists its keys)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakehouse", description=__doc__.split("\n\n")[0],
+                                     epilog="docs/cli.md: every command, its options, exit codes and JSON shapes; "
+                                            'completion: eval "$(register-python-argcomplete lakehouse)"',
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log progress details (and librdkafka's own lines); show tracebacks of unexpected errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}",
+                        help="print the installed lakehouse version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("pipelines", help="validate and list pipeline specs")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=_json_help("{pipelines: [...], errors: [...]}"))
     p.set_defaults(fn=cmd_pipelines)
 
+    p = sub.add_parser("check", help="validate the specs and reach every configured part (Kafka, catalogs, object "
+                                     "store, schema registry), one line each")
+    p.add_argument("--pipeline", type=cli_types.pipeline_name,
+                   help="only this pipeline's spec and the parts it uses (default: every spec file)")
+    p.add_argument("--timeout", type=_check_timeout, default=5.0, metavar="DURATION",
+                   help="how long each part may take to answer, e.g. 500ms, 10s (default 5s, at most 1m)")
+    p.add_argument("--json", action="store_true", help=_json_help("a list of one object per part"))
+    p.set_defaults(fn=cmd_check)
+
     p = sub.add_parser("topics", help="create the source topics of the pipelines")
-    p.add_argument("--pipeline", type=_pipeline_name)
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, help=PIPELINE_FILTER_HELP)
     p.add_argument("--dry-run", action="store_true",
                    help="only say which topics would be created (and which existing ones differ from their spec)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=_json_help("the plan and the topics created"))
     p.set_defaults(fn=cmd_topics)
 
     p = sub.add_parser("ingest", help="ingest a pipeline's topic into its tables")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, required=True, help=PIPELINE_HELP)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="catch up to the end of every partition and exit")
-    mode.add_argument("--trigger-interval", type=_trigger_interval,
-                      help="continuous mode: one batch per interval, above 0 and at most 1d (default: spec)")
-    p.add_argument("--max-batches", type=_at_least(1), help="continuous mode: stop after this many batches")
+    mode.add_argument("--trigger-interval", type=_trigger_interval, metavar="DURATION",
+                      help="continuous mode: one batch per interval, above 0 and at most 1d (default: the spec's "
+                           "trigger.interval)")
+    p.add_argument("--max-batches", type=cli_types.at_least(1), metavar="N",
+                   help="continuous mode: stop after this many batches")
     p.add_argument("--accept-gap", action="store_true",
                    help="continue past records that aged out of Kafka, recording the gap in the table")
-    p.add_argument("--json", action="store_true", help="one JSON receipt per batch")
-    p.add_argument("--metrics-port", type=_port,
+    p.add_argument("--json", action="store_true", help="print one JSON receipt per batch, a line each")
+    p.add_argument("--metrics-port", type=cli_types.port, metavar="PORT",
                    help="continuous mode: serve Prometheus /metrics on 127.0.0.1:PORT (env LAKEHOUSE_METRICS_PORT)")
     p.set_defaults(fn=cmd_ingest)
 
     p = sub.add_parser("replay", help="re-ingest offsets, a time range, or dead letters (idempotent)")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, required=True, help=PIPELINE_HELP)
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--offsets", type=_offsets,
-                      help="PARTITION:START-END[,...], end exclusive, e.g. 0:100-200,1:0-50")
-    what.add_argument("--from-time", type=_time_ms, help="ISO-8601 start of a time range (Kafka timestamps)")
+    what.add_argument("--offsets", type=_offsets, metavar="P:START-END[,...]",
+                      help="per partition, end exclusive, e.g. 0:100-200,1:0-50")
+    what.add_argument("--from-time", type=cli_types.instant_ms, metavar="TIME",
+                      help=f"start of a time range of Kafka timestamps: {INSTANT}")
     what.add_argument("--dead-letters", action="store_true", help="decode dead letters again with the contract")
-    p.add_argument("--to-time", type=_time_ms, help="ISO-8601 end of the time range (default: now)")
+    p.add_argument("--to-time", type=cli_types.instant_ms, metavar="TIME",
+                   help="with --from-time: end of the time range, as --from-time (default: now)")
     p.add_argument("--error-kind", type=_error_kind, help="with --dead-letters: only this error kind")
-    p.add_argument("--into-table", type=_table_name, help="write the range's valid records into this namespace.table instead of "
-                                        "the pipeline's tables (created from the contract if missing)")
+    p.add_argument("--into-table", type=cli_types.table_name, metavar="NAMESPACE.TABLE",
+                   help="write the range's valid records into this table instead of the pipeline's tables "
+                        "(created from the contract if missing)")
     p.add_argument("--backfill", action="store_true",
                    help="record the run as a `backfill` event on the ops timeline (default: a `replay` event)")
     p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_dry_run, metavar="true|false",
                    help="only say which offset ranges (how many records) it would read and which tables it would "
                         "write; write nothing, record nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=_json_help("the receipt (or the dry run's plan)"))
     p.set_defaults(fn=cmd_replay)
 
     p = sub.add_parser("status", help="lag, recovery points and counts per pipeline")
-    p.add_argument("--pipeline", type=_pipeline_name)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, help=PIPELINE_FILTER_HELP)
+    p.add_argument("--json", action="store_true", help=_json_help("a list of one object per pipeline"))
     p.set_defaults(fn=cmd_status)
 
     p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots and remove orphan files")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, required=True, help=PIPELINE_HELP)
     p.add_argument("--run-id", help="tag for this run's `maintenance` events (default: random)")
     p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_dry_run, metavar="true|false",
                    help="only list what a run would do (files compaction would rewrite, snapshots it would expire, "
                         "orphan files it would delete); rewrite, expire and delete nothing")
-    p.add_argument("--json", action="store_true", help="the receipt as one JSON line")
+    p.add_argument("--json", action="store_true", help="print the receipt as one JSON line")
     p.set_defaults(fn=cmd_maintain)
 
     p = sub.add_parser("retention", help="check Kafka retention covers lag, outages and the replay window; "
                                          "apply data retention")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, required=True, help=PIPELINE_HELP)
     p.add_argument("--guard", action="store_true",
                    help="instead: run the retention guard once (extend the topic's retention.ms while the writer "
                         "is behind, restore it once caught up)")
     p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_dry_run, metavar="true|false",
                    help="only say what it would do: the rows data retention would delete per table, or with "
                         "--guard the retention.ms it would set; delete, alter and record nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON line (one shape with or without "
+                                                       "--guard, see docs/cli.md)")
     p.set_defaults(fn=cmd_retention)
+
     p = sub.add_parser("schemas", help="list a pipeline's writer schemas (folder and registry) and whether the "
                                        "contract takes each")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, required=True, help=PIPELINE_HELP)
     p.add_argument("--pull", action="store_true",
                    help="first write the registry subjects' versions the pipeline's schema folder lacks into it")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=_json_help("a list of one object per writer schema"))
     p.set_defaults(fn=cmd_schemas)
 
     p = sub.add_parser("trace", help="where one record is: a row, a dead letter, not yet ingested, a gap, ...")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
-    p.add_argument("--partition", type=_partition, help="the record's partition")
-    p.add_argument("--offset", type=_offset, help="the record's offset")
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, required=True, help=PIPELINE_HELP)
+    p.add_argument("--partition", type=_partition, metavar="N", help="the record's partition")
+    p.add_argument("--offset", type=_offset, metavar="O", help="the record's offset")
     p.add_argument("--key", type=_key, help="trace every record of this Kafka key in a time window instead")
-    p.add_argument("--since", type=_moment, help="with --key: start of the window, ISO-8601 or a duration ago (2h)")
-    p.add_argument("--until", type=_moment, help="with --key: end of the window (default: now)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--since", type=cli_types.instant, metavar="TIME",
+                   help=f"with --key: start of the window, {INSTANT}")
+    p.add_argument("--until", type=cli_types.instant, metavar="TIME",
+                   help="with --key: end of the window, as --since (default: now)")
+    p.add_argument("--json", action="store_true", help=_json_help("the records found (one with --partition/--offset)"))
     p.set_defaults(fn=cmd_trace)
 
     p = sub.add_parser("verify", help="prove every offset of a range is exactly once across the pipeline's tables")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, required=True, help=PIPELINE_HELP)
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("--since", type=_since, help="the snapshots committed in the last DURATION, e.g. 1h "
-                                                    "(default: every snapshot since the last verification)")
-    scope.add_argument("--snapshots", type=_snapshot_range, help="the snapshots FROM..TO of one table (inclusive)")
+    scope.add_argument("--since", type=cli_types.seconds_ago, metavar="TIME",
+                       help=f"the snapshots committed since TIME: {INSTANT} "
+                            "(default: every snapshot since the last verification)")
+    scope.add_argument("--snapshots", type=_snapshot_range, metavar="FROM..TO",
+                       help="the snapshots FROM..TO of one table (inclusive)")
     scope.add_argument("--full", action="store_true", help="every row and every offset Kafka holds")
     p.add_argument("--engine", choices=("auto", "local", "spark"), default="auto",
                    help="where the checks run (auto: a Spark job above 5,000,000 offsets)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=_json_help("the result"))
     p.set_defaults(fn=cmd_verify)
 
     p = sub.add_parser("cost", help="what a pipeline uses per day (Kafka, tables, requests, compute) and, with "
                                     "LAKEHOUSE_PRICE_* set, what it costs")
-    p.add_argument("--pipeline", type=_pipeline_name, required=True)
-    p.add_argument("--days", type=_days, default=7, help="UTC days back, today included (1 to 90, default 7)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--pipeline", type=cli_types.pipeline_name, required=True, help=PIPELINE_HELP)
+    p.add_argument("--days", type=_days, default=7, metavar="N",
+                   help="UTC days back, today included (1 to 90, default 7)")
+    p.add_argument("--json", action="store_true", help=_json_help("the report"))
     p.set_defaults(fn=cmd_cost)
     for command in sorted(entry_points(group="lakehouse.commands"), key=lambda e: e.name):
         command.load()(sub)  # e.g. the development stack's `stack`, `airflow` and `produce`
+    for action in _options(parser):
+        if action.dest == "pipeline":  # every command's --pipeline, the development stack's too
+            action.completer = complete_pipelines  # type: ignore[attr-defined]
     return parser
 
 
+def _options(parser: argparse.ArgumentParser) -> Iterable[argparse.Action]:
+    """Every option of `parser` and of its subcommands, however deep."""
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):  # an alias names the same parser again
+                yield from _options(subparser)
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe or socket whose reader went away (poll says POLLERR/POLLHUP), so a
+    BrokenPipeError came from printing and not from a connection of the command's own."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no file descriptor (captured in-process), no poll: not a pipe
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null: the interpreter's last flush of what is still buffered for the
+    vanished reader then succeeds instead of printing 'Exception ignored ... BrokenPipeError' (the Python
+    documentation's pattern for SIGPIPE, signal module)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except BrokenPipeError:  # --help or --version into a reader that went away
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -704,21 +793,33 @@ def main(argv: list[str] | None = None) -> int:
     # the user as one error naming what to check
     logging.getLogger("lakehouse.kafka").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
     try:
-        return args.fn(args)
+        code = args.fn(args)
+        sys.stdout.flush()  # inside the try: what is still buffered meets a vanished reader here, not at exit
+        return code
+    except BrokenPipeError as exc:  # `lakehouse ... | head -1`: stop quietly, as Unix tools do on SIGPIPE
+        if not _stdout_gone():
+            return _failed(exc, args)
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except errors.LakehouseError as exc:  # every error raised on purpose knows its exit code
         # an outage is one line (a driver's message may span several): what is unreachable and what to check
         shown = " ".join(str(exc).split()) if isinstance(exc, errors.RetryableError) else exc
         print(f"error: {shown}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the CLI's last word: say what failed, not a traceback wall
-        if args.verbose:
-            raise
-        from lakehouse.core.sparkenv import describe_error
+        return _failed(exc, args)
 
-        print(f"error: {describe_error(exc)}", file=sys.stderr)
-        return EXIT_FAILURE
+
+def _failed(exc: Exception, args: argparse.Namespace) -> int:
+    """An unexpected error: one paragraph on stderr (the traceback with --verbose); EXIT_FAILURE."""
+    if args.verbose:
+        raise exc
+    from lakehouse.core.sparkenv import describe_error
+
+    print(f"error: {describe_error(exc)}", file=sys.stderr)
+    return EXIT_FAILURE
 
 
 if __name__ == "__main__":
