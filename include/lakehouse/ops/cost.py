@@ -17,7 +17,8 @@
                 (`manifests-created` when the writer records it, else one for its data files, one
                 for its delete files and one per removed file: the manifest that held it is written
                 again), a manifest list and a metadata file (PUTs); reading the table's metadata file
-                and the parent's manifest list (GETs), plus every data file compaction read
+                and the parent's manifest list (GETs: an upper bound, since a running ingest job keeps
+                the metadata files it wrote, lakehouse.core.fileio), plus every data file compaction read
                 (maintenance events). Each event committed to the ops timeline is one more commit
                 (a file, a manifest, a manifest list, a metadata file). Days older than a table's
                 retained history (expired snapshots) are counted from the batch events instead;
