@@ -41,7 +41,7 @@ test-unit: setup
 test-e2e: setup
 	$(call pytest,$(XDIST) -m slow)
 
-# The benchmark against the machine's ceilings (about 8 min on 2 cores): its own scratch stack on
+# The benchmark against the machine's ceilings (about 20 min on 2 cores, the peers included): its own scratch stack on
 # broker port 19192, report in reports/bench/report.md. Knobs: BENCH_SCALE, BENCH_RECORDS, BENCH_REPEATS,
 # BENCH_PIPELINE_REPEATS, BENCH_PHASE_SECONDS, BENCH_DRAIN_SECONDS (see bench/run.py).
 bench:

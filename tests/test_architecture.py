@@ -2,7 +2,7 @@
 never imports the development stack or the tests, and every error it raises on purpose is a
 LakehouseError with an exit code.
 
-Floors (README, "Architecture"): core <- ingest <- {upkeep, recovery, ops} <- wap <- cli.
+Floors (docs/architecture.md): core <- ingest <- {upkeep, recovery, ops} <- wap <- cli.
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def test_a_pattern_means_what_it_means_in_pythons_re(pattern, text):
 @settings(max_examples=300, deadline=None, database=None)
 @given(text=st.text(alphabet=st.sampled_from("ab.@ \t\n\v\f\r\u00a0\u2028é\ud800z"), max_size=16))
 def test_classes_are_ascii_and_a_lone_surrogate_never_matches(text):
-    """RE2 reads \\s as ASCII whitespace without the vertical tab (Python's re: Unicode's); the README says so."""
+    """RE2 reads \\s as ASCII whitespace without the vertical tab (Python's re: Unicode's); docs/spec.md says so."""
     matches = contract_pattern("^[^@\\s]+@[^@\\s]+\\.[a-z]{2,}$")
     expected = re.fullmatch("[^@\t\n\f\r ]+@[^@\t\n\f\r ]+\\.[a-z]{2,}", text) is not None
     if "\ud800" in text:

@@ -1224,7 +1224,7 @@ def _properties(r: _Reader, raw: Any, contract: Contract) -> dict[str, str]:
                 close = difflib.get_close_matches(key, known, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 raise r.fail(where, f"is not a table property a spec may set{hint}. A spec sets Iceberg's tuning: "
-                                    f"{PROPERTY_FAMILIES}; the README's Pipeline spec lists each")
+                                    f"{PROPERTY_FAMILIES}; docs/spec.md lists each")
             column = key[len(prefix):].split(".")[0]
             if column not in contract.names and column not in RESERVED_COLUMNS:
                 raise r.fail(where, f"{_shown(column)} is not a column of the table: name a contract field "
