@@ -60,7 +60,7 @@ the shared pool, or blocks the event loop.
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from typing import Annotated
 
@@ -156,7 +156,7 @@ def _cards_json(user: BaseUser) -> tuple[int, dict | list]:
     if not ready:
         return 503, {"error": STARTING}
     shown, _ = _readable(cards, user)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return 200, [card.to_json(now) for card in shown]
 
 
@@ -164,7 +164,7 @@ def _cards_page(user: BaseUser) -> str:
     """The cards `user` may see as a page, from the cache only."""
     ready, cards, folder_error = CACHE.cards()
     shown, every = _readable(cards, user)
-    return _page(shown, datetime.now(timezone.utc), ready, folder_error if every else None)
+    return _page(shown, datetime.now(UTC), ready, folder_error if every else None)
 
 
 @app.get("/api/pipelines")
@@ -199,7 +199,7 @@ def _window(key: str, since: str | None, until: str | None) -> tuple[str, dateti
         raise ValueError(f"key must be a Kafka key of 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
     if not since:
         raise ValueError("since is required with a key: an ISO-8601 time or a duration ago (30m, 2h, 7d)")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     start = parse_moment(since, now)
     stop = parse_moment(until, now) if until else None
     if start >= (stop or now):

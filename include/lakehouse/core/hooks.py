@@ -25,8 +25,9 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 VARIABLE = "LAKEHOUSE_TEST_HOOKS"
 

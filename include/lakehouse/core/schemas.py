@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
 
 from lakehouse.core.errors import SchemaTranslationError
 from lakehouse.core.spec import MAX_DECIMAL_PRECISION, FieldSpec, PatternError, contract_pattern

@@ -40,9 +40,10 @@ import re
 import struct
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, date, datetime
+from typing import Any
 
 from lakehouse.core import errors, schemas
 from lakehouse.core.errors import SchemaRegistryUnavailableError, SchemaTranslationError
@@ -274,7 +275,7 @@ def _proto_value(fd, readers: dict) -> Callable[[Any], Any]:
 
 def _proto_timestamp(ts) -> datetime:
     try:
-        return ts.ToDatetime(tzinfo=timezone.utc)
+        return ts.ToDatetime(tzinfo=UTC)
     except (ValueError, OverflowError, OSError):
         raise Rejected("timestamp_out_of_range", f"google.protobuf.Timestamp {ts.seconds}s {ts.nanos}ns is not "
                                                  f"a time a table can hold") from None

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
@@ -51,7 +51,7 @@ from lakehouse.ingest.records import Rejected, WriterSchemas
 from lakehouse.ingest.taskwriter import TableTarget, TaskResult
 
 log = logging.getLogger("lakehouse.ingest")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The stages of a batch, in order; their seconds add up to the batch's (plus recording the event):
 #   plan          read the tables' positions, find the log ends, plan the ranges
 #   read, decode, the Spark job whose tasks fetch the records, decode them and write the files, split
@@ -184,7 +184,7 @@ class BatchReceipt:
 
     def metrics(self, now: datetime | None = None) -> dict[str, float]:
         """The batch's numbers for the ops timeline (`batch` events) and /metrics."""
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         files = sum(c.files for c in self.commits)
         size = sum(c.bytes for c in self.commits)
         out = {"records": self.records, "rows": sum(self.rows_by_table.values()), "dead_letters": self.dead_letters,
@@ -567,7 +567,7 @@ class IngestJob:
         """Append events to the ops timeline; a timeline that cannot be written is logged, never fatal
         (the tables hold the truth; the timeline is for people). The catalog may be what is down: events
         that could not be written (stamped when they happened) go out with the next ones that can."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         self._unrecorded.extend(e if e.ts else replace(e, ts=now) for e in found)
         del self._unrecorded[:-MAX_UNRECORDED_EVENTS]
         try:

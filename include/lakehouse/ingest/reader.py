@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -94,7 +95,7 @@ _DEAD_LETTER_ARROW = {"binary": pa.binary(), "string": pa.string(), SPARK_HEADER
 MIN_KAFKA_TIMESTAMP_MS = -(-MIN_TIMESTAMP_US // 1000)
 MAX_KAFKA_TIMESTAMP_MS = MAX_TIMESTAMP_US // 1000
 _DETAIL_CHARS = 2000  # error_detail is for people; an exception can quote a whole value
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MILLISECOND = timedelta(milliseconds=1)
 
 
@@ -728,7 +729,7 @@ def _epoch_ms(moment: datetime | None) -> int | None:
     if moment is None:
         return None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return (moment - _EPOCH) // _ONE_MILLISECOND
 
 

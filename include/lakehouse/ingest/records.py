@@ -29,11 +29,12 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import Annotated, Any, Literal, Optional, Protocol
 from uuid import UUID
-from typing import Annotated, Any, Callable, Literal, Optional, Protocol
 
 import msgspec
 
@@ -42,13 +43,13 @@ from lakehouse.core.spec import MAX_MATCHED_CHARS, FieldSpec, PipelineSpec, cont
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_DATE = date(1970, 1, 1)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 # The instants Python's datetime can hold in UTC: pyspark turns collected timestamps into
 # datetimes, so a value outside breaks whoever reads it, even though Arrow and Iceberg hold more.
-MIN_TIMESTAMP_US = (datetime.min.replace(tzinfo=timezone.utc) - _EPOCH) // _ONE_MICROSECOND
-MAX_TIMESTAMP_US = (datetime.max.replace(tzinfo=timezone.utc) - _EPOCH) // _ONE_MICROSECOND
+MIN_TIMESTAMP_US = (datetime.min.replace(tzinfo=UTC) - _EPOCH) // _ONE_MICROSECOND
+MAX_TIMESTAMP_US = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // _ONE_MICROSECOND
 TIMESTAMP_RANGE = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
 
 # The reasons a record can be dead-lettered; stored in the dead-letter table's error_kind.
@@ -259,7 +260,7 @@ def _field_checker(f: FieldSpec, path: str | None = None) -> Callable[[Any], Any
                                                              f"outside {TIMESTAMP_RANGE}")
                 return micros
             if type(v) is datetime and v.tzinfo is None:  # Avro's local-timestamp types: wall time, read as UTC
-                v = v.replace(tzinfo=timezone.utc)
+                v = v.replace(tzinfo=UTC)
             return parse_timestamp(v, name)
     elif f.type == "date":
         def check(v: Any) -> Any:

@@ -13,7 +13,7 @@ for a CLI, a sensor or a UI page.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -100,7 +100,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     both None with `with_timeline=False`, for callers that poll only lag and freshness, such as the
     SLO trigger, and skip their reads)."""
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     catalog = open_catalog(platform, spec.catalog)
     tables = []
     progress = {}

@@ -35,7 +35,7 @@ import base64
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual, LessThan
@@ -428,7 +428,7 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
     platform = platform or config.load()
     key = shown_key(spec, key)
     to_end = until is None  # up to the log end as the planner finds it (ListOffsets by time can lag behind it)
-    until = until or datetime.now(timezone.utc)
+    until = until or datetime.now(UTC)
     progress = progress or (lambda line: None)
     tables = _Tables(spec, platform)
     in_window = And(EqualTo("_kafka.key", key), And(GreaterThanOrEqual("_kafka.timestamp", since.isoformat()),

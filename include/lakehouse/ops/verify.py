@@ -62,9 +62,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta, timezone
-from typing import Callable
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -214,7 +214,7 @@ class Verification:
     findings: Findings
     keys_checked: int = 0
     seconds: float = 0.0
-    verified_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    verified_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
     def ok(self) -> bool:
@@ -1099,7 +1099,7 @@ def verify(spec: PipelineSpec, platform: config.PlatformConfig | None = None, *,
     if sum(1 for chosen in (since_s is not None, snapshots is not None, full) if chosen) > 1:
         raise VerifyError("choose at most one of since, snapshots and full")
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     progress = progress or (lambda line: log.info("%s", line))
     mode = "since" if since_s is not None else "snapshots" if snapshots else "full" if full else "incremental"
     started = time.monotonic()

@@ -55,11 +55,12 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
@@ -228,7 +229,7 @@ def retrying(what: str, fn: Callable[[], T]) -> tuple[T, int]:
 
 def timestamp_literal(at: datetime) -> str:
     """A Spark SQL TIMESTAMP literal in UTC (the session time zone is UTC)."""
-    return "TIMESTAMP '" + at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f") + "'"
+    return "TIMESTAMP '" + at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f") + "'"
 
 
 def content(spark, qualified: str, snapshot_id: int) -> Content:
@@ -888,7 +889,7 @@ class TableMaintenance:
         doomed = self.expiry_plan(table, receipt)
         receipt.would_expire_count = len(doomed)
         receipt.would_expire = [{"snapshot_id": s.snapshot_id,
-                                 "timestamp": datetime.fromtimestamp(s.timestamp_ms / 1000, timezone.utc).isoformat()}
+                                 "timestamp": datetime.fromtimestamp(s.timestamp_ms / 1000, UTC).isoformat()}
                                 for s in doomed[:MAX_LISTED]]
         summary = (f"dry run: {receipt.table}: compaction would rewrite {receipt.would_rewrite_data_files} data files "
                    f"({receipt.would_rewrite_bytes} bytes, {receipt.would_rewrite_groups} groups)"
@@ -963,7 +964,7 @@ def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark
     actor = actor or events.Actor.of_process()
     spark = spark or sparkenv.session(platform, [spec.catalog], f"lakehouse-maintenance-{spec.name}")
     catalog = open_catalog(platform, spec.catalog)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     receipt = MaintenanceReceipt(pipeline=spec.name, run_id=run_id or uuid.uuid4().hex, dry_run=dry_run)
     ownership = OwnershipCheck(platform, spec)
     work = [TableMaintenance(spark, catalog, spec, name, now, ownership=ownership, dry_run=dry_run)

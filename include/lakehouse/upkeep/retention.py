@@ -46,7 +46,7 @@ import logging
 import math
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
@@ -204,7 +204,7 @@ def expired_rows(spec: PipelineSpec, platform: config.PlatformConfig, now: datet
     from pyiceberg.expressions import LessThan, LessThanOrEqual
     from pyiceberg.types import DateType, TimestampType
 
-    cutoff = (now - timedelta(seconds=spec.retention.delete_after_s)).astimezone(timezone.utc)
+    cutoff = (now - timedelta(seconds=spec.retention.delete_after_s)).astimezone(UTC)
     catalog = open_catalog(platform, spec.catalog)
     column = spec.event_time_field
     found: dict[str, int] = {}
@@ -237,7 +237,7 @@ def align(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spa
     remove, and nothing is deleted or recorded.
     """
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     report = check(spec, platform)
     report.dry_run = dry_run
     if dry_run:
@@ -476,7 +476,7 @@ def guard(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
     (`action`, `new_retention_ms`) and the topic's config and the timeline are left as they are.
     """
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     actor = actor or events.Actor.of_process()
     topic = spec.source.topic
     current = topics.describe_retention(topic, platform)

@@ -42,7 +42,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -123,7 +123,7 @@ class AuditResult:
     offending_offsets: list[dict]  # {table, topic, partition, offset, expectation, column, value}, capped
     offending_total: int
     docs: str  # the Data Docs site's index.html
-    audited_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    audited_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
     def snapshots(self) -> dict[str, int]:
@@ -600,7 +600,7 @@ def audit(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
     head was expired; LineageDivergedError when main does not descend from it.
     """
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     suite_json = load_suite(spec, expectations_dir)
     catalog = open_catalog(platform, spec.catalog)
     try:  # every table's scope first: a broken lineage fails the audit before anything is validated
