@@ -43,6 +43,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from functools import partial
 from typing import Any
 
 from lakehouse.core import errors, schemas
@@ -1141,7 +1142,7 @@ def pull_schemas(spec: PipelineSpec | SchemaSource, registry: dict) -> list[tupl
         for schema_id in store.subject_versions(subject):
             if schema_id in store.declared:
                 continue
-            schema = store._ask(schema_id, lambda: client.get_schema(schema_id))
+            schema = store._ask(schema_id, partial(client.get_schema, schema_id))
             schema_type = schema.schema_type or "AVRO"
             if schema_type == "PROTOBUF":
                 try:

@@ -691,7 +691,7 @@ class IngestJob:
             try:
                 with sparkenv.job_group(self.spark, f"lakehouse-{self.spec.name}-{batch_id}-write"):
                     results = self.spark.sparkContext.parallelize(groups, len(groups)).mapPartitionsWithIndex(
-                        lambda index, items: run(index, (r for group in items for r in group))).collect()
+                        lambda index, items, run=run: run(index, (r for group in items for r in group))).collect()
             except Exception as exc:
                 if not self._poison(plan, exc):
                     raise

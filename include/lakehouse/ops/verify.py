@@ -938,20 +938,20 @@ def check_keys(topic: str, table: str, ledger: str | None, newest: pa.Table, row
         columns = [c for c in ("partition", "offset", "timestamp_ms", "position", "source_ts") if c in data.column_names]
         return {k: tuple(v) for k, *v in zip(*(data.column(c).to_pylist() for c in ("key", *columns)))}
 
+    def same(kept: tuple | None, record: tuple) -> bool:
+        """Whether `kept` (a row's or a ledger entry's coordinates) is `record` itself: its partition and offset."""
+        return kept is not None and kept[:2] == record[:2]
+
     held, ledger_rows = coords(rows), coords(tombstones)
     for key, p, o, ts, dead, position, source_ts in zip(*(newest.column(c).to_pylist() for c in NEWEST.names)):
         record = (p, o, ts, position, source_ts)
         row, tomb = held.get(key), ledger_rows.get(key)
-
-        def same(found: tuple | None) -> bool:
-            return found is not None and found[:2] == (p, o)
-
         if dead:
             if row is not None and not newer(row, record, by_source):
                 found.add(Problem("stale", p, o, (table,), f"key {key!r} was deleted by the record at offset {o}, "
                                   f"but its row (partition {row[0]}, offset {row[1]}) is older and still there",
                                   topic=topic, key=key))
-            if ledger and not same(tomb) and (tomb is None or not newer(tomb, record)):
+            if ledger and not same(tomb, record) and (tomb is None or not newer(tomb, record)):
                 found.add(Problem("missing", p, o, (ledger,), f"the ledger lacks key {key!r}'s delete at offset "
                                   f"{o}" + (f" (it holds offset {tomb[1]} of partition {tomb[0]})" if tomb else ""),
                                   topic=topic, key=key))
@@ -959,7 +959,7 @@ def check_keys(topic: str, table: str, ledger: str | None, newest: pa.Table, row
             if tomb is None or not newer(tomb, record):
                 found.add(Problem("missing", p, o, (table,), f"the newest record of key {key!r} is neither the "
                                   f"key's row (the table has none) nor a dead letter", topic=topic, key=key))
-        elif not same(row) and not newer(row, record, by_source):
+        elif not same(row, record) and not newer(row, record, by_source):
             found.add(Problem("stale", p, o, (table,), f"key {key!r}'s row holds partition {row[0]} offset {row[1]}, "
                               f"older than its newest record (partition {p}, offset {o}), which is no dead letter",
                               topic=topic, key=key))

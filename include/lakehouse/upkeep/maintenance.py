@@ -59,6 +59,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit
@@ -832,8 +833,9 @@ class TableMaintenance:
             ids = ", ".join(f"{int(sid)}L" for sid in doomed[i:i + EXPIRE_CHUNK])
             # older_than at the epoch: the explicit ids are all that expires (Iceberg would otherwise
             # also expire by the table's max-snapshot-age)
-            retrying(f"snapshot expiry of {receipt.table}", lambda: self._call(
-                "expire_snapshots", older_than="TIMESTAMP '1970-01-01 00:00:00.001'", snapshot_ids=f"array({ids})"))
+            retrying(f"snapshot expiry of {receipt.table}", partial(
+                self._call, "expire_snapshots", older_than="TIMESTAMP '1970-01-01 00:00:00.001'",
+                snapshot_ids=f"array({ids})"))
         table = self.catalog.load_table(self.table)
         expired = sorted(before - {s.snapshot_id for s in table.metadata.snapshots})
         receipt.snapshots_expired, receipt.expired_snapshot_ids = len(expired), expired[:MAX_LISTED]

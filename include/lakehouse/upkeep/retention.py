@@ -47,6 +47,7 @@ import math
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
@@ -180,6 +181,12 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
     catalog = open_catalog(platform, spec.catalog)
     predicate = f"`{column}` < {timestamp_literal(cutoff)}"
     deleted: dict[str, int] = {}
+
+    def delete(qualified: str, run_id: str) -> None:
+        sparkenv.with_commit_properties(
+            spark, {offsets.K_KIND: KIND_RETENTION, offsets.PREFIX + "retention-run": run_id},
+            lambda: spark.sql(f"DELETE FROM {qualified} WHERE {predicate}").collect())
+
     for name in spec.target.tables:
         qualified = spec.qualified(name)
         try:
@@ -187,9 +194,7 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
         except NoSuchTableError:
             continue
         run_id = uuid.uuid4().hex  # finds this delete's commit among the table's snapshots
-        retrying(f"data-retention delete on {qualified}", lambda: sparkenv.with_commit_properties(
-            spark, {offsets.K_KIND: KIND_RETENTION, offsets.PREFIX + "retention-run": run_id},
-            lambda: spark.sql(f"DELETE FROM {qualified} WHERE {predicate}").collect()))
+        retrying(f"data-retention delete on {qualified}", partial(delete, qualified, run_id))
         commits = [s for s in catalog.load_table(name).snapshots()
                    if offsets.summary_properties(s).get(offsets.PREFIX + "retention-run") == run_id]
         deleted[qualified] = sum(
