@@ -773,7 +773,7 @@ def _compile_row(src: _Source, contract: RowContract, read: Callable[[_Source, i
             "            return None")
     read(src, 2)
     values = []
-    for j, (f, check) in enumerate(zip(contract.fields, contract.checks)):
+    for j, (f, check) in enumerate(zip(contract.fields, contract.checks, strict=True)):
         if f.name not in fields:
             if f.required:
                 raise _Unsupported(f"{f.name} is required and the writer schema lacks it")
@@ -925,7 +925,7 @@ def avro_row(writer: WriterSchema, contract: RowContract) -> Callable[[str | Non
     for i, (name, branches) in enumerate(written):
         f = wanted.get(name)
         logicals = [_avro_logical(b) for b in branches]
-        values = [(b, l) for b, l in zip(branches, logicals) if b["type"] != "null"]
+        values = [(b, l) for b, l in zip(branches, logicals, strict=True) if b["type"] != "null"]
         # timestamps and dates straight to the contract's numbers, unless the key compares their text
         shortcut = f is not None and name != key_name and bool(values) and all(
             (f.type == "timestamp" and l in _AVRO_MICROS) or (f.type == "date" and l == "int-date") for _, l in values)

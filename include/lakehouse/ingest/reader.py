@@ -358,7 +358,7 @@ class BatchBuilder:
         columns["_ingested_at"] = [self.ingested_at] * n
         columns.update((name, [None] * n) for name in _DEAD_LETTER_COLUMNS)
         for position, *values in dead:
-            for name, value in zip(_DEAD_LETTER_COLUMNS, values):
+            for name, value in zip(_DEAD_LETTER_COLUMNS, values, strict=True):
                 columns[name][position] = value
         columns["_kafka"] = pa.StructArray.from_arrays([
             pa.array(column(records, 0), pa.string()),

@@ -1049,7 +1049,7 @@ class RecordValidator:
         except errors.SchemaTranslationError:
             return None
         steps = []
-        for f, (name, required, check) in zip(self.spec.contract.fields, self.fields):
+        for f, (name, required, check) in zip(self.spec.contract.fields, self.fields, strict=True):
             w = written.get(name)
             convert = check
             if name in self.quarantined:

@@ -87,7 +87,7 @@ class Intervals:
         breaks = np.nonzero(np.diff(values) != 1)[0]
         starts = np.concatenate(([values[0]], values[breaks + 1]))
         ends = np.concatenate((values[breaks], [values[-1]])) + 1
-        return cls(tuple(zip(starts.tolist(), ends.tolist())))
+        return cls(tuple(zip(starts.tolist(), ends.tolist(), strict=True)))
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return iter(self.spans)

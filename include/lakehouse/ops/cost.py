@@ -57,7 +57,7 @@ SAMPLE_PARTITIONS = 32  # partitions read per day (those with the most records t
 SAMPLE_TIMEOUT_S = 10.0
 # environment variable (config.PRICE_ENVIRONMENT) -> UnitPrices field; each a number >= 0, in PRICE_CURRENCY
 PRICE_VARIABLES = dict(zip(config.PRICE_ENVIRONMENT[:5], ("object_store_gb_month", "kafka_gb_month", "put_per_1000",
-                                                         "get_per_1000", "compute_hour")))
+                                                         "get_per_1000", "compute_hour"), strict=True))
 PRICE_CURRENCY = config.PRICE_ENVIRONMENT[5]
 
 
@@ -502,7 +502,7 @@ def render(report: CostReport) -> str:
             row.append(f"{(d.price or {}).get('total', 0.0):.4f}")
         rows.append(row)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
     totals = report.totals()
     lines.append(f"window: {human_bytes(totals['produced_bytes'])} produced, {totals['put_requests']:.0f} PUT and "
                  f"{totals['get_requests']:.0f} GET requests, {totals['ingest_seconds']:.1f} s ingesting, "

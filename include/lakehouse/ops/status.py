@@ -187,7 +187,7 @@ def render(statuses: list[dict]) -> str:
                      format_age(s["seconds_since_commit"]) + (" ago" if s["seconds_since_commit"] is not None else ""),
                      format_age(s["freshness_s"]), str(sum(t["snapshots"] for t in data))))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
     for s in statuses:
         lines.append("")
         lines.append(f"{s['pipeline']}: topic {s['topic']} -> "

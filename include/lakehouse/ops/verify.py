@@ -358,7 +358,8 @@ def _read_file_window(table: Table, data_file) -> Coverage:
     part = pa.table({"p": pc.struct_field(kafka, "partition"), "o": pc.struct_field(kafka, "offset")}).drop_null()
     grouped = part.group_by("p").aggregate([("o", "min"), ("o", "max")])
     return Coverage.of({int(p): [(int(lo), int(hi) + 1)] for p, lo, hi in
-                        zip(grouped["p"].to_pylist(), grouped["o_min"].to_pylist(), grouped["o_max"].to_pylist())})
+                        zip(grouped["p"].to_pylist(), grouped["o_min"].to_pylist(), grouped["o_max"].to_pylist(),
+                            strict=True)})
 
 
 def _changed_files(table: Table, snapshot_ids: set[int]) -> tuple[list, bool]:
@@ -745,13 +746,13 @@ def _key_mismatches(piece: Piece, key_columns: tuple[str, ...], by_table: dict[s
     """Rows of the upsert data table and ledger whose table key differs from the one ingestion derives from
     the Kafka record at their coordinates: they claim a record that is not theirs (foreign)."""
     found = Findings()
-    keys = dict(zip(kafka.column("offset").to_pylist(), kafka.column("key").to_pylist()))
+    keys = dict(zip(kafka.column("offset").to_pylist(), kafka.column("key").to_pylist(), strict=True))
     for read in piece.tables:
         data = by_table.get(read.name)
         if data is None or read.role == "dead-letter":
             continue
         offs = pc.struct_field(data.column("_kafka"), "offset").to_pylist()
-        for offset, key in zip(offs, key_text([data.column(k) for k in key_columns]).to_pylist()):
+        for offset, key in zip(offs, key_text([data.column(k) for k in key_columns]).to_pylist(), strict=True):
             if offset in keys and keys[offset] != key:
                 expected = keys[offset]
                 found.add(Problem("foreign", piece.facts.partition, offset, (read.name,),
@@ -834,11 +835,11 @@ class TableKeys:
 
     def text(self, found: RecordKey) -> str:
         """The text of `found`'s table key, as the key columns of its row show it (`key_text`)."""
-        return key_text([pa.array([v], t) for v, t in zip(found.values, self.types)]).to_pylist()[0]
+        return key_text([pa.array([v], t) for v, t in zip(found.values, self.types, strict=True)]).to_pylist()[0]
 
     def attach(self, records: pa.Table) -> pa.Table:
         """`records` (the KAFKA_RECORDS rows `add` saw, in order) with their table keys (NEWEST's columns)."""
-        keys = key_text([pa.array(v, t) for v, t in zip(self.values, self.types)])
+        keys = key_text([pa.array(v, t) for v, t in zip(self.values, self.types, strict=True)])
         return pa.table([keys, records.column("partition"), records.column("offset"), records.column("timestamp_ms"),
                          pa.array(self.deletes, pa.bool_()), pa.array(self.positions, NEWEST.field("position").type),
                          pa.array([None if t is None else t // 1000 for t in self.source_ts], pa.int64())],
@@ -935,15 +936,18 @@ def check_keys(topic: str, table: str, ledger: str | None, newest: pa.Table, row
     found = Findings()
 
     def coords(data: pa.Table) -> dict[str, tuple]:
-        columns = [c for c in ("partition", "offset", "timestamp_ms", "position", "source_ts") if c in data.column_names]
-        return {k: tuple(v) for k, *v in zip(*(data.column(c).to_pylist() for c in ("key", *columns)))}
+        columns = [c for c in ("partition", "offset", "timestamp_ms", "position", "source_ts")
+                   if c in data.column_names]
+        return {k: tuple(v) for k, *v in zip(*(data.column(c).to_pylist() for c in ("key", *columns)),
+                                             strict=True)}
 
     def same(kept: tuple | None, record: tuple) -> bool:
         """Whether `kept` (a row's or a ledger entry's coordinates) is `record` itself: its partition and offset."""
         return kept is not None and kept[:2] == record[:2]
 
     held, ledger_rows = coords(rows), coords(tombstones)
-    for key, p, o, ts, dead, position, source_ts in zip(*(newest.column(c).to_pylist() for c in NEWEST.names)):
+    for key, p, o, ts, dead, position, source_ts in zip(*(newest.column(c).to_pylist() for c in NEWEST.names),
+                                                        strict=True):
         record = (p, o, ts, position, source_ts)
         row, tomb = held.get(key), ledger_rows.get(key)
         if dead:

@@ -348,7 +348,7 @@ def offsets_audited(rows: pa.Table) -> dict[int, tuple[int, int]]:
     grouped = rows.group_by("_kafka_partition").aggregate([("_kafka_offset", "min"), ("_kafka_offset", "max")])
     return {int(p): (int(lo), int(hi)) for p, lo, hi in zip(grouped["_kafka_partition"].to_pylist(),
                                                              grouped["_kafka_offset_min"].to_pylist(),
-                                                             grouped["_kafka_offset_max"].to_pylist())
+                                                             grouped["_kafka_offset_max"].to_pylist(), strict=True)
             if p is not None and lo is not None}
 
 
