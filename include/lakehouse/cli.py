@@ -211,7 +211,8 @@ def _replay_parameters(args) -> dict:
     def iso(ms: int | None) -> str | None:
         return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat()
 
-    asked = {"offsets": None if args.offsets is None else ",".join(f"{p}:{s}-{e}" for p, (s, e) in args.offsets.items()),
+    asked = {"offsets": None if args.offsets is None
+             else ",".join(f"{p}:{s}-{e}" for p, (s, e) in args.offsets.items()),
              "from_time": iso(args.from_time), "to_time": iso(args.to_time), "dead_letters": args.dead_letters,
              "error_kind": args.error_kind, "into_table": args.into_table}
     return {name: value for name, value in asked.items() if value not in (None, False)}

@@ -472,8 +472,9 @@ def row_fields(record: FieldSpec, envelope: str | None = None) -> tuple[FieldSpe
     those of the change event's `after` record. Raises SchemaTranslationError."""
     if envelope is not None:
         if not is_change_event(record):
+            present = {f.name for f in record.fields}
             raise SchemaTranslationError(f"the writer schema is not a Debezium change event: it lacks "
-                                         f"{', '.join(n for n in ENVELOPE_FIELDS if n not in {f.name for f in record.fields})}")
+                                         f"{', '.join(n for n in ENVELOPE_FIELDS if n not in present)}")
         after = next(f for f in record.fields if f.name == "after")
         if after.type != "struct":
             raise SchemaTranslationError(f"the change event's `after` is a {after.type_text}, not a record")

@@ -889,7 +889,8 @@ def _avro_read(src: _Source, depth: int, node: dict, var: str, shortcut: bool) -
     elif kind == "enum":
         _avro_varint(src, depth, var)
         symbols = node["symbols"]
-        src.add(depth, f"if not 0 <= {var} < {len(symbols)}:", "    return None", f"{var} = {src.const(tuple(symbols))}[{var}]")
+        src.add(depth, f"if not 0 <= {var} < {len(symbols)}:", "    return None",
+                f"{var} = {src.const(tuple(symbols))}[{var}]")
     else:  # fixed
         src.add(depth, f"stop = at + {node['size']}", f"{var} = value[at:stop]", "at = stop")
     logical = _avro_logical(node)

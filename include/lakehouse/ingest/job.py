@@ -311,7 +311,8 @@ class IngestJob:
             summary = {offsets.K_PIPELINE: self.spec.name, offsets.K_KIND: "ingest",
                        offsets.K_TOPIC: self.spec.source.topic,
                        offsets.K_TOPIC_ID: next(iter(topic_ids)) if len(topic_ids) == 1 else "",
-                       offsets.K_RANGES: offsets.encode_ranges({}), offsets.K_POSITIONS: offsets.encode_positions(position),
+                       offsets.K_RANGES: offsets.encode_ranges({}),
+                       offsets.K_POSITIONS: offsets.encode_positions(position),
                        offsets.K_BATCH: f"start-{uuid.uuid4().hex[:12]}", offsets.K_WRITER: writer.writer_id}
             committer.append_files(self.catalog, loaded[tp.table], [], summary, writer.fence(None))
             log.info("pipeline %s: new table %s starts at the committed position %s", self.spec.name, tp.table,
@@ -685,7 +686,8 @@ class IngestJob:
         for _ in range(MAX_POISONED_PER_BATCH + 1):
             run = taskwriter.make_task_writer(
                 self.task_spec(), self.kafka_conf, self.quarantined, ingested_at_us=int(time.time() * 1_000_000),
-                targets=targets, write_uuid=uuid.uuid4(), fault=self._faults.task_probe(self.platform.home, self.spec.name),
+                targets=targets, write_uuid=uuid.uuid4(),
+                fault=self._faults.task_probe(self.platform.home, self.spec.name),
                 poisoned=self._poisoned_in(plan), writer_schemas=self.writer_schemas())
             started = time.time()
             try:
@@ -915,7 +917,8 @@ class IngestJob:
         return tp, False
 
     def _merge_staged(self, table: str, paths: list[str], summary: dict[str, str], loaded: Table,
-                      tp: TableProgress, batch_id: str, attempt: int, writer: committer.Writer) -> tuple[float, Snapshot]:
+                      tp: TableProgress, batch_id: str, attempt: int,
+                      writer: committer.Writer) -> tuple[float, Snapshot]:
         """An upsert table's commit: Spark MERGEs the rows the tasks staged, as a staged (WAP) snapshot that
         lakehouse.ingest.committer makes the head of `main`. Returns the MERGE's Spark seconds and the snapshot."""
         tables.require_staging(loaded, table)

@@ -110,7 +110,8 @@ class JsonDecoder:
     or an exponent are read exactly (Decimal), so that a decimal column gets the digits that were sent."""
 
     def __init__(self, decimals: bool = False):
-        self._decoder = json.JSONDecoder(parse_constant=_reject_constant, **({"parse_float": Decimal} if decimals else {}))
+        self._decoder = json.JSONDecoder(parse_constant=_reject_constant,
+                                         **({"parse_float": Decimal} if decimals else {}))
 
     def decode(self, value: bytes) -> dict:
         try:

@@ -458,7 +458,8 @@ def daily_cost(spec: PipelineSpec, days: int = 7, platform: config.PlatformConfi
     _produced(spec, platform, bounds, report.days, report.notes, progress, sample_records)
     for day in report.days:
         if day.produced_bytes is not None and retention_ms is not None and retention_ms >= 0:
-            day.kafka_retained_bytes = round(day.produced_bytes * retention_ms / DAY_MS * spec.source.replication_factor)
+            day.kafka_retained_bytes = round(
+                day.produced_bytes * retention_ms / DAY_MS * spec.source.replication_factor)
         day.price = price_day(day, prices)
     if retention_ms == -1:
         report.notes.append("retention is unlimited: Kafka keeps every byte produced (x replication), so its "

@@ -240,7 +240,9 @@ def error_category(kind: type | str | None) -> str:
         if base in ERROR_CATEGORIES:
             return ERROR_CATEGORIES[base]
     name = kind.__name__ if isinstance(kind, type) else kind
-    return f"an unexpected error ({name})" if name and re.fullmatch(r"[A-Za-z_]\w{0,80}", name) else "an unexpected error"
+    if name and re.fullmatch(r"[A-Za-z_]\w{0,80}", name):
+        return f"an unexpected error ({name})"
+    return "an unexpected error"
 
 
 def public_error(where: str, error: BaseException | str, kind: type | str | None = None,

@@ -52,7 +52,8 @@ key leaves no trace to check without decoding values; that case is left out.
 A piece reads its offsets from Kafka with the ingest reader's consumer settings
 (lakehouse.ops.coordinates.read_kafka: committed records only, as ingestion reads them) and its rows
 with pyiceberg, the data files pruned by their `_kafka` bounds, and checks them (`check_piece`; the
-checks themselves, `check_rows`, `newest_per_key` and `check_keys`, are pure). Pieces run in this process, or as the tasks of one Spark job when the window holds more than
+checks themselves, `check_rows`, `newest_per_key` and `check_keys`, are pure). Pieces run in this
+process, or as the tasks of one Spark job when the window holds more than
 SPARK_ABOVE_OFFSETS offsets (`engine="auto"`); only their findings come back. The per-key check of
 upsert tables runs on the driver over each key's newest record in the window.
 """

@@ -26,8 +26,8 @@ committing:
              `write.metadata.path`, `write.object-storage.path` and `write.folder-storage.path` lie
              inside that location, no location provider of its own places files, GC is enabled, and
              no other table of any configured catalog keeps its location, a file path or its
-             metadata inside that location, or holds the table inside its own. Otherwise orphan removal is refused with the
-             overlapping table and what to do, and deletes nothing.
+             metadata inside that location, or holds the table inside its own. Otherwise orphan
+             removal is refused with the overlapping table and what to do, and deletes nothing.
 
 Then the same steps for the pipeline's events in the ops timeline (`TimelineMaintenance`),
 which otherwise grows by one small file and one snapshot per event.

@@ -412,9 +412,9 @@ def decide(spec: PipelineSpec, report: GuardReport, state: GuardState) -> GuardR
             return report
         report.action, report.status, report.new_retention_ms = "raised", "warn", target
         report.state = GuardState(True, report.declared_ms, target)
-        report.message = (f"{behind}, within the guard threshold {_duration(report.threshold_ms)}: raised retention.ms "
-                          f"to {_duration(target)} (cap {_duration(cap)}); it goes back to {_duration(report.declared_ms)} "
-                          f"once the writer of {spec.name!r} has caught up")
+        report.message = (f"{behind}, within the guard threshold {_duration(report.threshold_ms)}: raised "
+                          f"retention.ms to {_duration(target)} (cap {_duration(cap)}); it goes back to "
+                          f"{_duration(report.declared_ms)} once the writer of {spec.name!r} has caught up")
         return report
     if state.raised:
         caught_up = min(spec.slo.lag_s * 1000, report.declared_ms - report.threshold_ms)
