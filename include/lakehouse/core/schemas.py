@@ -550,7 +550,10 @@ def compare(contract: Iterable[FieldSpec], writer: Iterable[FieldSpec],
     diff = SchemaDiff()
     _compare("", FieldSpec("", "struct", fields=tuple(contract)), FieldSpec("", "struct", fields=tuple(writer)),
              diff, labels)
-    strip = (lambda items: [p[1:] for p in items])
+
+    def strip(items: list[str]) -> list[str]:  # the root's "" makes every path start with "."
+        return [p[1:] for p in items]
+
     return SchemaDiff(strip(diff.added), strip(diff.widened), strip(diff.relaxed), diff.incompatible,
                       strip(diff.incompatible_paths))
 

@@ -1035,7 +1035,7 @@ def _contract(r: _Reader, raw: Any, derived: tuple[FieldSpec, ...] | None = None
         if raw.get("fields") is not None:
             raise r.fail("contract.fields", "a contract derived from the writer schema declares no fields; "
                                             "remove `from` to declare them instead")
-        for path, f in (p for top in derived for p in top.walk()):
+        for path, _ in (p for top in derived for p in top.walk()):
             if path in RESERVED_COLUMNS:
                 raise r.fail("contract.from", f"the writer schema's field {path!r} is reserved for source "
                                               f"coordinates; rename it in the schema")

@@ -926,13 +926,14 @@ def avro_row(writer: WriterSchema, contract: RowContract) -> Callable[[str | Non
     for i, (name, branches) in enumerate(written):
         f = wanted.get(name)
         logicals = [_avro_logical(b) for b in branches]
-        values = [(b, l) for b, l in zip(branches, logicals, strict=True) if b["type"] != "null"]
+        values = [(b, logical) for b, logical in zip(branches, logicals, strict=True) if b["type"] != "null"]
         # timestamps and dates straight to the contract's numbers, unless the key compares their text
         shortcut = f is not None and name != key_name and bool(values) and all(
-            (f.type == "timestamp" and l in _AVRO_MICROS) or (f.type == "date" and l == "int-date") for _, l in values)
+            (f.type == "timestamp" and logical in _AVRO_MICROS) or (f.type == "date" and logical == "int-date")
+            for _, logical in values)
         plan.append((f"w{i}", branches, shortcut, isinstance(schema["fields"][i]["type"], list)))
         if f is not None:
-            kinds = {_avro_kind(b, l, shortcut) for b, l in values}
+            kinds = {_avro_kind(b, logical, shortcut) for b, logical in values}
             fields[name] = (f"w{i}", kinds.pop() if len(kinds) == 1 else None, len(values) < len(branches))
 
     def read(src: _Source, depth: int) -> None:

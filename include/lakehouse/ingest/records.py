@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Annotated, Any, Literal, Optional, Protocol
+from typing import Annotated, Any, Literal, Protocol
 from uuid import UUID
 
 import msgspec
@@ -525,7 +525,7 @@ class JsonFastPath:
                     raise _NotMirrored(f"{f.name} accepts no value")
                 struct_fields.append((f"f{i}", fast_type))
             else:
-                struct_fields.append((f"f{i}", type(None) if fast_type is None else Optional[fast_type], None))
+                struct_fields.append((f"f{i}", type(None) if fast_type is None else fast_type | None, None))
         # Attribute names f0, f1, ... so that contract names never collide with Struct internals.
         # gc=False: the row holds only str, int, float, bool and None, nothing the cyclic GC needs to see
         row_type = msgspec.defstruct("ContractRow", struct_fields, kw_only=True, gc=False,
