@@ -482,7 +482,7 @@ class SchemaStore:
             if exc.http_status_code == 404:
                 return []
             raise self._refused(0, exc) from None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - connection refused, timeouts, TLS: the registry is not there
             raise self._unavailable(0, f"{type(exc).__name__}: {exc}") from None
         found = []
         for schema_id in ids:
@@ -608,7 +608,7 @@ class AvroDecoder(WireDecoder):
             return HEADER.pack(MAGIC, writer.schema_id), avro_row(writer, contract)
         except _Unsupported:
             return None
-        except Exception:  # noqa: BLE001 - a bug here costs speed, never a record
+        except Exception:  # a bug here costs speed, never a record
             log.exception("the row of Avro writer schema %d did not compile; its records take the row plan",
                           writer.schema_id)
             return None
@@ -633,7 +633,7 @@ class ProtobufDecoder(WireDecoder):
             return HEADER.pack(MAGIC, writer.schema_id) + b"\x00", proto_row(writer, contract)
         except (_Unsupported, SchemaTranslationError):
             return None
-        except Exception:  # noqa: BLE001 - a bug here costs speed, never a record
+        except Exception:  # a bug here costs speed, never a record
             log.exception("the row of Protobuf writer schema %d did not compile; its records take the row plan",
                           writer.schema_id)
             return None
@@ -710,7 +710,7 @@ class _Source:
 
     def function(self, name: str) -> Callable:
         namespace = dict(self.names)
-        exec(compile("\n".join(self.lines), f"<{name}>", "exec"), namespace)  # noqa: S102 - our own text
+        exec(compile("\n".join(self.lines), f"<{name}>", "exec"), namespace)  # our own text, never a record's
         return namespace["row"]
 
 

@@ -573,7 +573,7 @@ class IngestJob:
         del self._unrecorded[:-MAX_UNRECORDED_EVENTS]
         try:
             events.record(*self._unrecorded, platform=self.platform, catalog=self.spec.catalog)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the timeline is for people; the tables hold the truth
             log.warning("could not record %s event(s) of %s yet: %s", "/".join(e.kind for e in found),
                         self.spec.name, exc)
         else:
@@ -1110,7 +1110,7 @@ class IngestJob:
         try:
             consumer.commit(offsets=[TopicPartition(self.spec.source.topic, p, o) for p, o in positions.items()],
                             asynchronous=False)
-        except Exception as exc:  # monitoring only: never fail a committed batch over it
+        except Exception as exc:  # noqa: BLE001 - monitoring only: never fail a committed batch over it
             log.warning("consumer group commit for %s failed: %s", self.spec.consumer_group, exc)
         finally:
             consumer.close()

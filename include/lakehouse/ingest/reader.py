@@ -206,13 +206,13 @@ def _readable_headers(headers: Any) -> tuple[list[dict], list[str]]:
         return [], [f"the headers could not be read ({_describe(exc.__cause__ or exc)}); left out"]
     try:
         items = list(raw or ())
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - never raises: headers of any other shape are left out, with a note
         return [], [*notes, f"the headers are not a list ({_describe(exc)}); left out"]
     kept: list[dict] = []
     for i, item in enumerate(items):
         try:
             key, value = item
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - never raises: a header of any other shape is left out, with a note
             notes.append(f"header {i} is not a (key, value) pair; left out")
             continue
         if key is not None and (type(key) is not str or lone_surrogate(key) is not None):
@@ -337,7 +337,7 @@ class BatchBuilder:
         self.reset()
         try:
             return self._arrow(rows, records, dead)
-        except Exception:  # noqa: BLE001 - find the records at fault, dead-letter them, emit the rest
+        except Exception:  # find the records at fault, dead-letter them, emit the rest
             refused = self._refused(rows, records, dead, 0, len(records))
             if not refused:
                 raise
@@ -641,7 +641,7 @@ def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBui
             yield batch
     except (errors.LakehouseError, config.ConfigError):  # Kafka's own, already named; KafkaAuthError
         raise
-    except Exception as exc:  # noqa: BLE001 - named for the driver, which dead-letters the record and reruns
+    except Exception as exc:  # named for the driver, which dead-letters the record and reruns
         raise _task_failure(exc, at_range, at if type(at) is int else at_range.start) from exc
 
 

@@ -588,7 +588,7 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
             return None
         try:
             values = astuple(decode(value))
-        except Exception:  # any decode or validation error: the reference names the reason
+        except Exception:  # noqa: BLE001 - any decode or validation error: the reference names the reason
             return None
         if key_index is not None and key_text is not None:
             key_value = values[key_index]
@@ -619,7 +619,7 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
                 text = values[i]
                 if text is not None:
                     values[i] = (date_fromisoformat(text) - _EPOCH_DATE).days
-        except Exception:  # not ISO-8601 (or worse): the reference says how
+        except Exception:  # noqa: BLE001 - not ISO-8601 (or worse): the reference says how
             return None
         return tuple(values)
 

@@ -121,7 +121,7 @@ class OverviewCache:
         while True:
             try:
                 worked = self.step()
-            except Exception:  # noqa: BLE001 - the thread outlives any one failure; the cards keep their age
+            except Exception:  # the thread outlives any one failure; the cards keep their age
                 log.exception("pipelines page: refreshing the overview failed")
                 worked = False
             if worked:

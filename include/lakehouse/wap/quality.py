@@ -186,7 +186,7 @@ def load_suite(spec: PipelineSpec, directory: Path | None = None) -> dict:
     raw = {**raw, "name": raw.get("name") or path.stem, "expectations": list(raw["expectations"])}
     try:
         built = _suite(raw)
-    except Exception as exc:  # GE raises its own errors and pydantic's ValueError for bad arguments
+    except Exception as exc:  # noqa: BLE001 - GE raises its own errors and pydantic's ValueError for bad arguments
         raise QualityConfigError(f"{path}: not a valid expectation suite: {str(exc).strip()[:1000]}") from None
     # GE drops some unknown expectation types silently: a typo must not switch a check off
     known = {e.expectation_type for e in built.expectations}
