@@ -10,7 +10,7 @@ LAKEHOUSE := $(VENV)/bin/lakehouse
 export PYSPARK_PYTHON := $(PYTHON)
 export PYSPARK_DRIVER_PYTHON := $(PYTHON)
 
-.PHONY: setup demo test test-unit test-e2e bench stack-up stack-down clean
+.PHONY: setup demo lint test test-unit test-e2e bench stack-up stack-down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -32,10 +32,21 @@ define pytest
 	exit $$rc
 endef
 
-test: setup
+# The product package, linted by ruff as pyproject.toml's [tool.ruff] says (`make test` and `make test-unit`
+# run it before pytest), and every `# noqa` naming its reason: `# noqa: BLE001 - why it must catch everything`.
+LINT_PATHS := include/lakehouse dags plugins spark_jobs
+
+lint: setup
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	@if grep -rnP --include='*.py' '# noqa(?!: [A-Z]+[0-9]+(, ?[A-Z]+[0-9]+)* - \S)' $(LINT_PATHS); then \
+	  echo "make $@: FAILED: the noqa comments above name no reason; write them '# noqa: CODE - why'" >&2; \
+	  exit 1; \
+	fi
+
+test: setup lint
 	$(call pytest,$(XDIST))
 
-test-unit: setup
+test-unit: setup lint
 	$(call pytest,-m "not slow")
 
 test-e2e: setup

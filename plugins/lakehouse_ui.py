@@ -60,7 +60,7 @@ the shared pool, or blocks the event loop.
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from typing import Annotated
 
@@ -156,7 +156,7 @@ def _cards_json(user: BaseUser) -> tuple[int, dict | list]:
     if not ready:
         return 503, {"error": STARTING}
     shown, _ = _readable(cards, user)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return 200, [card.to_json(now) for card in shown]
 
 
@@ -164,7 +164,7 @@ def _cards_page(user: BaseUser) -> str:
     """The cards `user` may see as a page, from the cache only."""
     ready, cards, folder_error = CACHE.cards()
     shown, every = _readable(cards, user)
-    return _page(shown, datetime.now(timezone.utc), ready, folder_error if every else None)
+    return _page(shown, datetime.now(UTC), ready, folder_error if every else None)
 
 
 @app.get("/api/pipelines")
@@ -199,7 +199,7 @@ def _window(key: str, since: str | None, until: str | None) -> tuple[str, dateti
         raise ValueError(f"key must be a Kafka key of 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
     if not since:
         raise ValueError("since is required with a key: an ISO-8601 time or a duration ago (30m, 2h, 7d)")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     start = parse_moment(since, now)
     stop = parse_moment(until, now) if until else None
     if start >= (stop or now):
@@ -513,7 +513,8 @@ def _cost(found: dict) -> str:
                  (human_bytes(d["kafka_retained_bytes"]), "kafka_retained_bytes"),
                  (human_bytes(d["table_bytes"]), "table_bytes"), (d["table_files"], "table_files"),
                  (d["put_requests"], "put_requests"), (d["get_requests"], "get_requests"),
-                 (f'{d["ingest_seconds"]:.1f}', "ingest_seconds"), (f'{d["maintenance_seconds"]:.1f}', "maintenance_seconds")]
+                 (f'{d["ingest_seconds"]:.1f}', "ingest_seconds"),
+                 (f'{d["maintenance_seconds"]:.1f}', "maintenance_seconds")]
         if priced:
             cells.append((f'{(d["price"] or {}).get("total", 0.0):.4f}', "price"))
         day = d["day"]
@@ -534,7 +535,8 @@ def _read(card: Card, now: datetime) -> str:
 
 def _card(card: Card, now: datetime) -> str:
     name = card.pipeline
-    head = f'<section class="card{" broken" if card.error else ""}" data-pipeline="{_e(name)}" data-state="{_e(card.state)}">'
+    head = (f'<section class="card{" broken" if card.error else ""}" data-pipeline="{_e(name)}" '
+            f'data-state="{_e(card.state)}">')
     if card.state == "loading":
         return (f'{head}<h2>{_e(name)}</h2><p>{_field("state", "loading", "muted")}<span class="muted">: the '
                 f'first read of this pipeline is under way (one pipeline at a time, in the background); this '
@@ -569,14 +571,16 @@ def _card(card: Card, now: datetime) -> str:
                  _chart("committed offsets", hist["points"], "committed", None, "")))
     dags = " ".join(f'<a href="../dags/{_e(d)}" target="_top">{_e(d)}</a>' for d in entry["dags"])
     timeline = entry["timeline"] or {"latest": {}}
+    tables = ", ".join(_e(t["table"]) for t in entry["tables"])
+    commit_age = _field("commit_age", format_age(entry["seconds_since_commit"]))
     return f"""{head}
-<h2>{_e(name)} <small>{_e(entry["topic"])} &rarr; {", ".join(_e(t["table"]) for t in entry["tables"])}</small>{_read(card, now)}</h2>
+<h2>{_e(name)} <small>{_e(entry["topic"])} &rarr; {tables}</small>{_read(card, now)}</h2>
 <table>
 <tr><th>Kafka lag</th><td class="{lag_cls}">{_field("lag_records", lag_text)} records,
   {_field("lag_s", format_age(entry["lag_s"]))} behind
   (SLO {slo["lag_records"]} records / {format_age(slo["lag_s"])}) {kafka}</td></tr>
 <tr><th>Freshness</th><td class="{fresh_cls}">newest event {_field("freshness", format_age(fresh))} old,
-  last commit {_field("commit_age", format_age(entry["seconds_since_commit"]))} ago (SLO {format_age(slo["freshness_s"])})</td></tr>
+  last commit {commit_age} ago (SLO {format_age(slo["freshness_s"])})</td></tr>
 <tr><th>Last commit</th><td>{commit}</td></tr>
 <tr><th>Committed positions</th><td>{positions}</td></tr>
 <tr><th>Rows</th><td>{_field("rows", entry["rows"])}</td></tr>
@@ -599,15 +603,21 @@ body{font-family:system-ui,sans-serif;margin:16px;color:#1f2933;background:#f7f9
 h1{font-size:20px;margin:0 0 4px} .sub{color:#616e7c;margin:0 0 16px}
 .card{background:#fff;border:1px solid #d9e2ec;border-radius:8px;padding:12px 16px;margin:0 0 16px}
 .card h2{font-size:17px;margin:0 0 8px} .card h2 small{font-weight:normal;color:#616e7c;font-size:13px}
-table{border-collapse:collapse;font-size:14px} th{text-align:left;color:#52606d;font-weight:600;padding:3px 16px 3px 0;vertical-align:top}
+table{border-collapse:collapse;font-size:14px}
+th{text-align:left;color:#52606d;font-weight:600;padding:3px 16px 3px 0;vertical-align:top}
 td{padding:3px 0} .ok{color:#0b7a3b} .bad{color:#c0392b;font-weight:600} .muted{color:#7b8794}
 .error{color:#c0392b;font-family:monospace;white-space:pre-wrap} .broken{border-color:#e5a19a}
-.status-ok{color:#0b7a3b;font-weight:600} .status-failed{color:#c0392b;font-weight:600} .status-warn{color:#b7791f;font-weight:600}
-.dags a{margin-right:10px} .actions{margin:0;padding-left:18px} .trace{display:inline-block;margin:0 18px 4px 0} .trace input{width:8em} .record h2{font-size:15px;margin:10px 0 2px} .verdict{font-weight:600} .charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
+.status-ok{color:#0b7a3b;font-weight:600} .status-failed{color:#c0392b;font-weight:600}
+.status-warn{color:#b7791f;font-weight:600}
+.dags a{margin-right:10px} .actions{margin:0;padding-left:18px}
+.trace{display:inline-block;margin:0 18px 4px 0} .trace input{width:8em}
+.record h2{font-size:15px;margin:10px 0 2px} .verdict{font-weight:600}
+.charts{display:flex;gap:24px;flex-wrap:wrap;margin-top:8px}
 .chart{margin:0} .chart figcaption{font-size:12px;color:#52606d} .bg{fill:#f0f4f8}
 .series{fill:none;stroke:#2563eb;stroke-width:2} .slo{stroke:#c0392b;stroke-dasharray:4 3}
 .cost-panel{margin-top:8px} .cost-panel summary{font-size:14px;color:#52606d;font-weight:600;cursor:pointer}
-.cost th,.cost td{padding:2px 12px 2px 0;font-size:13px;text-align:right} .cost th:first-child,.cost td:first-child{text-align:left}
+.cost th,.cost td{padding:2px 12px 2px 0;font-size:13px;text-align:right}
+.cost th:first-child,.cost td:first-child{text-align:left}
 .nodata{width:360px;height:90px;background:#f0f4f8;color:#7b8794;font-size:12px;display:flex;align-items:center;justify-content:center}
 """
 
@@ -621,7 +631,8 @@ def _page(cards: list[Card], now: datetime, ready: bool = True, folder_error: di
             '<p class="muted" data-field="no_pipelines">No pipeline to show: no spec declares one, or your '
             'Airflow user may not read the DAGs of any.</p>')
         reload = int(REFRESH_S)
-    folder = f'<p>the pipelines folder cannot be read: {_error(folder_error, "folder_error")}</p>' if folder_error else ""
+    folder = (f'<p>the pipelines folder cannot be read: {_error(folder_error, "folder_error")}</p>'
+              if folder_error else "")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Lakehouse pipelines</title>
 <meta http-equiv="refresh" content="{reload}"><style>{STYLE}</style></head>

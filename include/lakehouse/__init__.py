@@ -7,8 +7,9 @@ The package by concern, each importing only the floors above it in this list (te
                position (offsets), one catalog per process (catalog), the ops timeline (events), the
                Spark session (sparkenv), Kafka security and topics, and the fault hook (hooks)
     ingest/    one batch, Kafka to Iceberg: plan the offset ranges (plan), read and decode them in Spark
-               tasks (reader, records; Avro and writer schemas: formats), write the tables' files in the tasks (taskwriter), commit them
-               from the driver (committer), create and evolve the tables (tables), the job loop (job)
+               tasks (reader, records; Avro and writer schemas: formats), write the tables' files in the
+               tasks (taskwriter), commit them from the driver (committer), create and evolve the tables
+               (tables), the job loop (job)
     upkeep/    the tables' and the topic's housekeeping: compaction and snapshot maintenance
                (maintenance), retention alignment (retention)
     recovery/  re-ingesting what Kafka still holds: replay of offsets, time ranges and dead letters

@@ -68,9 +68,9 @@ import logging
 import os
 import select
 import sys
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, entry_points, version
-from typing import Iterable
 
 from lakehouse.core import cli_types, config, errors
 from lakehouse.core.spec import (
@@ -209,9 +209,10 @@ def _ingest(job, args) -> int:
 def _replay_parameters(args) -> dict:
     """What a replay was asked to do, as its audited event records it (options given only)."""
     def iso(ms: int | None) -> str | None:
-        return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat()
+        return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat()
 
-    asked = {"offsets": None if args.offsets is None else ",".join(f"{p}:{s}-{e}" for p, (s, e) in args.offsets.items()),
+    asked = {"offsets": None if args.offsets is None
+             else ",".join(f"{p}:{s}-{e}" for p, (s, e) in args.offsets.items()),
              "from_time": iso(args.from_time), "to_time": iso(args.to_time), "dead_letters": args.dead_letters,
              "error_kind": args.error_kind, "into_table": args.into_table}
     return {name: value for name, value in asked.items() if value not in (None, False)}

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG
 
 from lakehouse.core import spec as spec_module
 from lakehouse_airflow.audit import RESTRICTED_DAG_KINDS, operator_access_control, operator_role
 
-START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 OWNER = "data-platform"
 
 

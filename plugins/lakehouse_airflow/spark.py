@@ -33,8 +33,8 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from lakehouse.core import config, sparkenv
 from lakehouse.core.spec import PipelineSpec

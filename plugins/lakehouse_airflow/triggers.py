@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -40,7 +41,7 @@ def check_once(kind: str, pipeline: str, pipelines_dir: str | None, limits: dict
         return slo.evaluate(kind, status.pipeline_status(spec, platform, with_timeline=False), limits)
     except kafka_security.KafkaAuthError:
         raise
-    except Exception as exc:  # the catalog or Kafka may be briefly unavailable: keep polling, report why
+    except Exception as exc:  # noqa: BLE001 - the catalog or Kafka may be briefly unavailable: keep polling, report why
         return slo.unavailable(kind, pipeline, limits, exc)
 
 

@@ -13,8 +13,8 @@ from pyiceberg.exceptions import (
     UnauthorizedError,
 )
 
-from lakehouse.core.config import ConfigError, PlatformConfig, redact
 from lakehouse.core import warehouse
+from lakehouse.core.config import ConfigError, PlatformConfig, redact
 from lakehouse.core.errors import CatalogAccessError, CatalogUnavailableError, transient_cause
 
 _CATALOGS: dict[tuple, Catalog] = {}

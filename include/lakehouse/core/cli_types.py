@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from datetime import datetime, timezone
-from typing import Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 from lakehouse.core.spec import IDENTIFIER, MAX_DURATION_S, is_table_name, parse_duration, parse_moment
 
@@ -105,7 +105,7 @@ def instant_ms(text: str) -> int:
 
 def seconds_ago(text: str) -> float:
     """The seconds from `instant(text)` until now: above 0 (a point in the past)."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     seconds = (now - instant(text, now)).total_seconds()
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"{text[:60]!r} is not in the past: give an earlier ISO-8601 time or a "

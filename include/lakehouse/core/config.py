@@ -491,7 +491,7 @@ class PlatformConfig:
         conf.update(overrides)
         return conf
 
-    def with_kafka(self, settings: dict) -> "PlatformConfig":
+    def with_kafka(self, settings: dict) -> PlatformConfig:
         """This platform with the librdkafka `settings` laid over its Kafka configuration
         (`bootstrap.servers` among them replaces the bootstrap servers); e.g. an Airflow connection's."""
         if not settings:

@@ -31,9 +31,10 @@ import pwd
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -171,7 +172,7 @@ class Event:
         details = self.details if self.actor is None else {**self.details, "actor": self.actor.to_json()}
         return {
             "event_id": self.event_id or uuid.uuid4().hex,
-            "ts": self.ts or datetime.now(timezone.utc),
+            "ts": self.ts or datetime.now(UTC),
             "pipeline": self.pipeline,
             "kind": self.kind,
             "status": self.status,

@@ -13,7 +13,8 @@ Points (`FaultHook.reached`), each with the context it is given:
                          reached where the catalog commits a batch's tables together (committer.commits_together)
     before_group_commit  every table is committed, the consumer group is not (home, pipeline)
     concurrent_commit    a table commit is about to start (home, pipeline, spark, table: a function
-                         returning the pyiceberg Table, key: its upsert key or None, upsert: whether Spark MERGEs the rows)
+                         returning the pyiceberg Table, key: its upsert key or None, upsert: whether
+                         Spark MERGEs the rows)
 
 `FaultHook.task_probe(home, pipeline)` may return a picklable callable that the Spark tasks call
 with a site name ("task_failure" when a range starts, "during_read" half way through it).
@@ -25,8 +26,9 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 VARIABLE = "LAKEHOUSE_TEST_HOOKS"
 

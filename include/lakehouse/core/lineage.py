@@ -35,7 +35,7 @@ import logging
 import os
 import threading
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -221,7 +221,7 @@ def ingest_batch(spec: PipelineSpec, platform: config.PlatformConfig, receipt: B
         outputs = [table_dataset(spec, platform, c.table, tables.get(c.table), output=True, version=c.snapshot_id,
                                  rows=c.rows, files=c.files, size=c.bytes) for c in receipt.commits]
         emit(RunEvent(
-            eventType=RunState.COMPLETE, eventTime=datetime.now(timezone.utc).isoformat(),
+            eventType=RunState.COMPLETE, eventTime=datetime.now(UTC).isoformat(),
             run=Run(runId=str(uuid.UUID(hex=receipt.batch_id))),
             job=Job(namespace=namespace(), name=f"lakehouse-ingest-{spec.name}",
                     facets={"jobType": JobTypeJobFacet(processingType="STREAMING", integration="LAKEHOUSE",

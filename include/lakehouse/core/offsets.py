@@ -17,9 +17,9 @@ on it rather than read the topic again from its earliest offset.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Iterable, Iterator, Mapping
+from datetime import UTC, datetime
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
@@ -183,7 +183,7 @@ def progress_of(table: Table, name: str, pipeline: str) -> TableProgress:
             positions=decode_positions(props[K_POSITIONS]),
             topic_id=props.get(K_TOPIC_ID) or None,
             snapshot_id=snap.snapshot_id,
-            committed_at=datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=timezone.utc),
+            committed_at=datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=UTC),
             max_event_time=datetime.fromisoformat(event_time) if event_time else None,
             current_snapshot_id=current.snapshot_id,
             total_records=total,

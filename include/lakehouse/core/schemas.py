@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
 
 from lakehouse.core.errors import SchemaTranslationError
 from lakehouse.core.spec import MAX_DECIMAL_PRECISION, FieldSpec, PatternError, contract_pattern
@@ -471,8 +472,9 @@ def row_fields(record: FieldSpec, envelope: str | None = None) -> tuple[FieldSpe
     those of the change event's `after` record. Raises SchemaTranslationError."""
     if envelope is not None:
         if not is_change_event(record):
+            present = {f.name for f in record.fields}
             raise SchemaTranslationError(f"the writer schema is not a Debezium change event: it lacks "
-                                         f"{', '.join(n for n in ENVELOPE_FIELDS if n not in {f.name for f in record.fields})}")
+                                         f"{', '.join(n for n in ENVELOPE_FIELDS if n not in present)}")
         after = next(f for f in record.fields if f.name == "after")
         if after.type != "struct":
             raise SchemaTranslationError(f"the change event's `after` is a {after.type_text}, not a record")
@@ -548,7 +550,10 @@ def compare(contract: Iterable[FieldSpec], writer: Iterable[FieldSpec],
     diff = SchemaDiff()
     _compare("", FieldSpec("", "struct", fields=tuple(contract)), FieldSpec("", "struct", fields=tuple(writer)),
              diff, labels)
-    strip = (lambda items: [p[1:] for p in items])
+
+    def strip(items: list[str]) -> list[str]:  # the root's "" makes every path start with "."
+        return [p[1:] for p in items]
+
     return SchemaDiff(strip(diff.added), strip(diff.widened), strip(diff.relaxed), diff.incompatible,
                       strip(diff.incompatible_paths))
 

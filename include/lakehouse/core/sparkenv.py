@@ -15,8 +15,8 @@ import tempfile
 import time
 import uuid
 import zipimport
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 from urllib.parse import urlsplit
 
 from lakehouse.core.config import PlatformConfig

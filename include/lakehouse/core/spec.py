@@ -26,10 +26,11 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import re2
 import yaml
@@ -543,8 +544,8 @@ def parse_instant(text: str) -> datetime:
     """A point in time from ISO-8601 text (UTC when it has no offset), in UTC. Raises ValueError."""
     try:
         parsed = datetime.fromisoformat(text)
-        parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
-        return datetime.fromtimestamp(parsed.timestamp(), tz=timezone.utc)
+        parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        return datetime.fromtimestamp(parsed.timestamp(), tz=UTC)
     except (TypeError, ValueError, OverflowError, OSError):
         raise ValueError(f"{str(text)[:60]!r} is not an ISO-8601 time, e.g. 2026-11-21T10:00:00Z") from None
 
@@ -552,7 +553,7 @@ def parse_instant(text: str) -> datetime:
 def parse_moment(text: str, now: datetime | None = None) -> datetime:
     """A point in time (UTC): ISO-8601 (UTC when it has no offset) or a duration meaning that long before
     `now` (`30m`, `2h`, `7d`). Raises ValueError saying both forms for anything else."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     try:
         return now - timedelta(seconds=parse_duration(text))
     except (ValueError, OverflowError):
@@ -1034,7 +1035,7 @@ def _contract(r: _Reader, raw: Any, derived: tuple[FieldSpec, ...] | None = None
         if raw.get("fields") is not None:
             raise r.fail("contract.fields", "a contract derived from the writer schema declares no fields; "
                                             "remove `from` to declare them instead")
-        for path, f in (p for top in derived for p in top.walk()):
+        for path, _ in (p for top in derived for p in top.walk()):
             if path in RESERVED_COLUMNS:
                 raise r.fail("contract.from", f"the writer schema's field {path!r} is reserved for source "
                                               f"coordinates; rename it in the schema")

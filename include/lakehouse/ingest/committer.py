@@ -43,7 +43,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import Field
@@ -183,7 +183,7 @@ class Writer:
         higher, so the newest job to start wins. Raises CommitError after CLAIM_ATTEMPTS lost races."""
         writer_id = uuid.uuid4().hex
         info = (f"host {socket.gethostname()}, pid {os.getpid()}, home {home or '-'}, started "
-                f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+                f"{datetime.now(UTC).isoformat(timespec='seconds')}")
         floor = 0
         for attempt in range(CLAIM_ATTEMPTS):
             loaded = {name: catalog.load_table(name) for name in tables}

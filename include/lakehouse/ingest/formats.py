@@ -40,9 +40,11 @@ import re
 import struct
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, date, datetime
+from functools import partial
+from typing import Any
 
 from lakehouse.core import errors, schemas
 from lakehouse.core.errors import SchemaRegistryUnavailableError, SchemaTranslationError
@@ -274,7 +276,7 @@ def _proto_value(fd, readers: dict) -> Callable[[Any], Any]:
 
 def _proto_timestamp(ts) -> datetime:
     try:
-        return ts.ToDatetime(tzinfo=timezone.utc)
+        return ts.ToDatetime(tzinfo=UTC)
     except (ValueError, OverflowError, OSError):
         raise Rejected("timestamp_out_of_range", f"google.protobuf.Timestamp {ts.seconds}s {ts.nanos}ns is not "
                                                  f"a time a table can hold") from None
@@ -480,7 +482,7 @@ class SchemaStore:
             if exc.http_status_code == 404:
                 return []
             raise self._refused(0, exc) from None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - connection refused, timeouts, TLS: the registry is not there
             raise self._unavailable(0, f"{type(exc).__name__}: {exc}") from None
         found = []
         for schema_id in ids:
@@ -606,7 +608,7 @@ class AvroDecoder(WireDecoder):
             return HEADER.pack(MAGIC, writer.schema_id), avro_row(writer, contract)
         except _Unsupported:
             return None
-        except Exception:  # noqa: BLE001 - a bug here costs speed, never a record
+        except Exception:  # a bug here costs speed, never a record
             log.exception("the row of Avro writer schema %d did not compile; its records take the row plan",
                           writer.schema_id)
             return None
@@ -631,7 +633,7 @@ class ProtobufDecoder(WireDecoder):
             return HEADER.pack(MAGIC, writer.schema_id) + b"\x00", proto_row(writer, contract)
         except (_Unsupported, SchemaTranslationError):
             return None
-        except Exception:  # noqa: BLE001 - a bug here costs speed, never a record
+        except Exception:  # a bug here costs speed, never a record
             log.exception("the row of Protobuf writer schema %d did not compile; its records take the row plan",
                           writer.schema_id)
             return None
@@ -708,7 +710,7 @@ class _Source:
 
     def function(self, name: str) -> Callable:
         namespace = dict(self.names)
-        exec(compile("\n".join(self.lines), f"<{name}>", "exec"), namespace)  # noqa: S102 - our own text
+        exec(compile("\n".join(self.lines), f"<{name}>", "exec"), namespace)  # our own text, never a record's
         return namespace["row"]
 
 
@@ -771,7 +773,7 @@ def _compile_row(src: _Source, contract: RowContract, read: Callable[[_Source, i
             "            return None")
     read(src, 2)
     values = []
-    for j, (f, check) in enumerate(zip(contract.fields, contract.checks)):
+    for j, (f, check) in enumerate(zip(contract.fields, contract.checks, strict=True)):
         if f.name not in fields:
             if f.required:
                 raise _Unsupported(f"{f.name} is required and the writer schema lacks it")
@@ -887,7 +889,8 @@ def _avro_read(src: _Source, depth: int, node: dict, var: str, shortcut: bool) -
     elif kind == "enum":
         _avro_varint(src, depth, var)
         symbols = node["symbols"]
-        src.add(depth, f"if not 0 <= {var} < {len(symbols)}:", "    return None", f"{var} = {src.const(tuple(symbols))}[{var}]")
+        src.add(depth, f"if not 0 <= {var} < {len(symbols)}:", "    return None",
+                f"{var} = {src.const(tuple(symbols))}[{var}]")
     else:  # fixed
         src.add(depth, f"stop = at + {node['size']}", f"{var} = value[at:stop]", "at = stop")
     logical = _avro_logical(node)
@@ -923,13 +926,14 @@ def avro_row(writer: WriterSchema, contract: RowContract) -> Callable[[str | Non
     for i, (name, branches) in enumerate(written):
         f = wanted.get(name)
         logicals = [_avro_logical(b) for b in branches]
-        values = [(b, l) for b, l in zip(branches, logicals) if b["type"] != "null"]
+        values = [(b, logical) for b, logical in zip(branches, logicals, strict=True) if b["type"] != "null"]
         # timestamps and dates straight to the contract's numbers, unless the key compares their text
         shortcut = f is not None and name != key_name and bool(values) and all(
-            (f.type == "timestamp" and l in _AVRO_MICROS) or (f.type == "date" and l == "int-date") for _, l in values)
+            (f.type == "timestamp" and logical in _AVRO_MICROS) or (f.type == "date" and logical == "int-date")
+            for _, logical in values)
         plan.append((f"w{i}", branches, shortcut, isinstance(schema["fields"][i]["type"], list)))
         if f is not None:
-            kinds = {_avro_kind(b, l, shortcut) for b, l in values}
+            kinds = {_avro_kind(b, logical, shortcut) for b, logical in values}
             fields[name] = (f"w{i}", kinds.pop() if len(kinds) == 1 else None, len(values) < len(branches))
 
     def read(src: _Source, depth: int) -> None:
@@ -1140,7 +1144,7 @@ def pull_schemas(spec: PipelineSpec | SchemaSource, registry: dict) -> list[tupl
         for schema_id in store.subject_versions(subject):
             if schema_id in store.declared:
                 continue
-            schema = store._ask(schema_id, lambda: client.get_schema(schema_id))
+            schema = store._ask(schema_id, partial(client.get_schema, schema_id))
             schema_type = schema.schema_type or "AVRO"
             if schema_type == "PROTOBUF":
                 try:

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
@@ -51,7 +51,7 @@ from lakehouse.ingest.records import Rejected, WriterSchemas
 from lakehouse.ingest.taskwriter import TableTarget, TaskResult
 
 log = logging.getLogger("lakehouse.ingest")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The stages of a batch, in order; their seconds add up to the batch's (plus recording the event):
 #   plan          read the tables' positions, find the log ends, plan the ranges
 #   read, decode, the Spark job whose tasks fetch the records, decode them and write the files, split
@@ -184,7 +184,7 @@ class BatchReceipt:
 
     def metrics(self, now: datetime | None = None) -> dict[str, float]:
         """The batch's numbers for the ops timeline (`batch` events) and /metrics."""
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         files = sum(c.files for c in self.commits)
         size = sum(c.bytes for c in self.commits)
         out = {"records": self.records, "rows": sum(self.rows_by_table.values()), "dead_letters": self.dead_letters,
@@ -311,7 +311,8 @@ class IngestJob:
             summary = {offsets.K_PIPELINE: self.spec.name, offsets.K_KIND: "ingest",
                        offsets.K_TOPIC: self.spec.source.topic,
                        offsets.K_TOPIC_ID: next(iter(topic_ids)) if len(topic_ids) == 1 else "",
-                       offsets.K_RANGES: offsets.encode_ranges({}), offsets.K_POSITIONS: offsets.encode_positions(position),
+                       offsets.K_RANGES: offsets.encode_ranges({}),
+                       offsets.K_POSITIONS: offsets.encode_positions(position),
                        offsets.K_BATCH: f"start-{uuid.uuid4().hex[:12]}", offsets.K_WRITER: writer.writer_id}
             committer.append_files(self.catalog, loaded[tp.table], [], summary, writer.fence(None))
             log.info("pipeline %s: new table %s starts at the committed position %s", self.spec.name, tp.table,
@@ -567,12 +568,12 @@ class IngestJob:
         """Append events to the ops timeline; a timeline that cannot be written is logged, never fatal
         (the tables hold the truth; the timeline is for people). The catalog may be what is down: events
         that could not be written (stamped when they happened) go out with the next ones that can."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         self._unrecorded.extend(e if e.ts else replace(e, ts=now) for e in found)
         del self._unrecorded[:-MAX_UNRECORDED_EVENTS]
         try:
             events.record(*self._unrecorded, platform=self.platform, catalog=self.spec.catalog)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the timeline is for people; the tables hold the truth
             log.warning("could not record %s event(s) of %s yet: %s", "/".join(e.kind for e in found),
                         self.spec.name, exc)
         else:
@@ -685,13 +686,14 @@ class IngestJob:
         for _ in range(MAX_POISONED_PER_BATCH + 1):
             run = taskwriter.make_task_writer(
                 self.task_spec(), self.kafka_conf, self.quarantined, ingested_at_us=int(time.time() * 1_000_000),
-                targets=targets, write_uuid=uuid.uuid4(), fault=self._faults.task_probe(self.platform.home, self.spec.name),
+                targets=targets, write_uuid=uuid.uuid4(),
+                fault=self._faults.task_probe(self.platform.home, self.spec.name),
                 poisoned=self._poisoned_in(plan), writer_schemas=self.writer_schemas())
             started = time.time()
             try:
                 with sparkenv.job_group(self.spark, f"lakehouse-{self.spec.name}-{batch_id}-write"):
                     results = self.spark.sparkContext.parallelize(groups, len(groups)).mapPartitionsWithIndex(
-                        lambda index, items: run(index, (r for group in items for r in group))).collect()
+                        lambda index, items, run=run: run(index, (r for group in items for r in group))).collect()
             except Exception as exc:
                 if not self._poison(plan, exc):
                     raise
@@ -915,7 +917,8 @@ class IngestJob:
         return tp, False
 
     def _merge_staged(self, table: str, paths: list[str], summary: dict[str, str], loaded: Table,
-                      tp: TableProgress, batch_id: str, attempt: int, writer: committer.Writer) -> tuple[float, Snapshot]:
+                      tp: TableProgress, batch_id: str, attempt: int,
+                      writer: committer.Writer) -> tuple[float, Snapshot]:
         """An upsert table's commit: Spark MERGEs the rows the tasks staged, as a staged (WAP) snapshot that
         lakehouse.ingest.committer makes the head of `main`. Returns the MERGE's Spark seconds and the snapshot."""
         tables.require_staging(loaded, table)
@@ -1107,7 +1110,7 @@ class IngestJob:
         try:
             consumer.commit(offsets=[TopicPartition(self.spec.source.topic, p, o) for p, o in positions.items()],
                             asynchronous=False)
-        except Exception as exc:  # monitoring only: never fail a committed batch over it
+        except Exception as exc:  # noqa: BLE001 - monitoring only: never fail a committed batch over it
             log.warning("consumer group commit for %s failed: %s", self.spec.consumer_group, exc)
         finally:
             consumer.close()

@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -94,7 +95,7 @@ _DEAD_LETTER_ARROW = {"binary": pa.binary(), "string": pa.string(), SPARK_HEADER
 MIN_KAFKA_TIMESTAMP_MS = -(-MIN_TIMESTAMP_US // 1000)
 MAX_KAFKA_TIMESTAMP_MS = MAX_TIMESTAMP_US // 1000
 _DETAIL_CHARS = 2000  # error_detail is for people; an exception can quote a whole value
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MILLISECOND = timedelta(milliseconds=1)
 
 
@@ -205,13 +206,13 @@ def _readable_headers(headers: Any) -> tuple[list[dict], list[str]]:
         return [], [f"the headers could not be read ({_describe(exc.__cause__ or exc)}); left out"]
     try:
         items = list(raw or ())
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - never raises: headers of any other shape are left out, with a note
         return [], [*notes, f"the headers are not a list ({_describe(exc)}); left out"]
     kept: list[dict] = []
     for i, item in enumerate(items):
         try:
             key, value = item
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - never raises: a header of any other shape is left out, with a note
             notes.append(f"header {i} is not a (key, value) pair; left out")
             continue
         if key is not None and (type(key) is not str or lone_surrogate(key) is not None):
@@ -336,7 +337,7 @@ class BatchBuilder:
         self.reset()
         try:
             return self._arrow(rows, records, dead)
-        except Exception:  # noqa: BLE001 - find the records at fault, dead-letter them, emit the rest
+        except Exception:  # find the records at fault, dead-letter them, emit the rest
             refused = self._refused(rows, records, dead, 0, len(records))
             if not refused:
                 raise
@@ -357,7 +358,7 @@ class BatchBuilder:
         columns["_ingested_at"] = [self.ingested_at] * n
         columns.update((name, [None] * n) for name in _DEAD_LETTER_COLUMNS)
         for position, *values in dead:
-            for name, value in zip(_DEAD_LETTER_COLUMNS, values):
+            for name, value in zip(_DEAD_LETTER_COLUMNS, values, strict=True):
                 columns[name][position] = value
         columns["_kafka"] = pa.StructArray.from_arrays([
             pa.array(column(records, 0), pa.string()),
@@ -640,7 +641,7 @@ def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBui
             yield batch
     except (errors.LakehouseError, config.ConfigError):  # Kafka's own, already named; KafkaAuthError
         raise
-    except Exception as exc:  # noqa: BLE001 - named for the driver, which dead-letters the record and reruns
+    except Exception as exc:  # named for the driver, which dead-letters the record and reruns
         raise _task_failure(exc, at_range, at if type(at) is int else at_range.start) from exc
 
 
@@ -728,7 +729,7 @@ def _epoch_ms(moment: datetime | None) -> int | None:
     if moment is None:
         return None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return (moment - _EPOCH) // _ONE_MILLISECOND
 
 

@@ -29,11 +29,12 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import Annotated, Any, Literal, Protocol
 from uuid import UUID
-from typing import Annotated, Any, Callable, Literal, Optional, Protocol
 
 import msgspec
 
@@ -42,13 +43,13 @@ from lakehouse.core.spec import MAX_MATCHED_CHARS, FieldSpec, PipelineSpec, cont
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_DATE = date(1970, 1, 1)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 # The instants Python's datetime can hold in UTC: pyspark turns collected timestamps into
 # datetimes, so a value outside breaks whoever reads it, even though Arrow and Iceberg hold more.
-MIN_TIMESTAMP_US = (datetime.min.replace(tzinfo=timezone.utc) - _EPOCH) // _ONE_MICROSECOND
-MAX_TIMESTAMP_US = (datetime.max.replace(tzinfo=timezone.utc) - _EPOCH) // _ONE_MICROSECOND
+MIN_TIMESTAMP_US = (datetime.min.replace(tzinfo=UTC) - _EPOCH) // _ONE_MICROSECOND
+MAX_TIMESTAMP_US = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // _ONE_MICROSECOND
 TIMESTAMP_RANGE = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
 
 # The reasons a record can be dead-lettered; stored in the dead-letter table's error_kind.
@@ -109,7 +110,8 @@ class JsonDecoder:
     or an exponent are read exactly (Decimal), so that a decimal column gets the digits that were sent."""
 
     def __init__(self, decimals: bool = False):
-        self._decoder = json.JSONDecoder(parse_constant=_reject_constant, **({"parse_float": Decimal} if decimals else {}))
+        self._decoder = json.JSONDecoder(parse_constant=_reject_constant,
+                                         **({"parse_float": Decimal} if decimals else {}))
 
     def decode(self, value: bytes) -> dict:
         try:
@@ -259,7 +261,7 @@ def _field_checker(f: FieldSpec, path: str | None = None) -> Callable[[Any], Any
                                                              f"outside {TIMESTAMP_RANGE}")
                 return micros
             if type(v) is datetime and v.tzinfo is None:  # Avro's local-timestamp types: wall time, read as UTC
-                v = v.replace(tzinfo=timezone.utc)
+                v = v.replace(tzinfo=UTC)
             return parse_timestamp(v, name)
     elif f.type == "date":
         def check(v: Any) -> Any:
@@ -523,7 +525,7 @@ class JsonFastPath:
                     raise _NotMirrored(f"{f.name} accepts no value")
                 struct_fields.append((f"f{i}", fast_type))
             else:
-                struct_fields.append((f"f{i}", type(None) if fast_type is None else Optional[fast_type], None))
+                struct_fields.append((f"f{i}", type(None) if fast_type is None else fast_type | None, None))
         # Attribute names f0, f1, ... so that contract names never collide with Struct internals.
         # gc=False: the row holds only str, int, float, bool and None, nothing the cyclic GC needs to see
         row_type = msgspec.defstruct("ContractRow", struct_fields, kw_only=True, gc=False,
@@ -586,7 +588,7 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
             return None
         try:
             values = astuple(decode(value))
-        except Exception:  # any decode or validation error: the reference names the reason
+        except Exception:  # noqa: BLE001 - any decode or validation error: the reference names the reason
             return None
         if key_index is not None and key_text is not None:
             key_value = values[key_index]
@@ -617,7 +619,7 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
                 text = values[i]
                 if text is not None:
                     values[i] = (date_fromisoformat(text) - _EPOCH_DATE).days
-        except Exception:  # not ISO-8601 (or worse): the reference says how
+        except Exception:  # noqa: BLE001 - not ISO-8601 (or worse): the reference says how
             return None
         return tuple(values)
 
@@ -1048,7 +1050,7 @@ class RecordValidator:
         except errors.SchemaTranslationError:
             return None
         steps = []
-        for f, (name, required, check) in zip(self.spec.contract.fields, self.fields):
+        for f, (name, required, check) in zip(self.spec.contract.fields, self.fields, strict=True):
             w = written.get(name)
             convert = check
             if name in self.quarantined:

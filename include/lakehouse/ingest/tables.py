@@ -34,8 +34,8 @@ tombstone deleted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
@@ -71,8 +71,8 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from lakehouse.core.errors import ConfigurationError, TableStateError
 from lakehouse.core import schemas
+from lakehouse.core.errors import ConfigurationError, TableStateError
 from lakehouse.core.spec import RESERVED_COLUMNS, TARGET_FILE_SIZE_PROPERTY, FieldSpec, PartitionField, PipelineSpec
 from lakehouse.ingest.reader import DEAD_LETTER_TABLE, SPARK_CDC_STRUCT, SPARK_KAFKA_STRUCT
 

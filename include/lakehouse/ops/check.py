@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from lakehouse.core import config, errors
 from lakehouse.core.spec import SpecError, load_pipeline, load_specs

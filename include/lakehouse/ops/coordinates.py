@@ -25,9 +25,10 @@ from __future__ import annotations
 import bisect
 import gc
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -86,7 +87,7 @@ class Intervals:
         breaks = np.nonzero(np.diff(values) != 1)[0]
         starts = np.concatenate(([values[0]], values[breaks + 1]))
         ends = np.concatenate((values[breaks], [values[-1]])) + 1
-        return cls(tuple(zip(starts.tolist(), ends.tolist())))
+        return cls(tuple(zip(starts.tolist(), ends.tolist(), strict=True)))
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return iter(self.spans)
@@ -269,7 +270,7 @@ def commit_of(snapshot, table: str, pipeline: str) -> Commit:
     ours = props.get(offsets.K_PIPELINE) == pipeline
     return Commit(
         table=table, snapshot_id=snapshot.snapshot_id, parent_id=snapshot.parent_snapshot_id,
-        at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=timezone.utc),
+        at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC),
         operation=props.get("operation", ""),
         kind=(props.get(offsets.K_KIND) or "ingest") if ours else None,
         ranges=Coverage.of_ranges(offsets.decode_ranges(props.get(offsets.K_RANGES))) if ours else Coverage(),

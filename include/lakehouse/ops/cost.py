@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Mapping
+from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import KafkaError, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
@@ -57,7 +57,7 @@ SAMPLE_PARTITIONS = 32  # partitions read per day (those with the most records t
 SAMPLE_TIMEOUT_S = 10.0
 # environment variable (config.PRICE_ENVIRONMENT) -> UnitPrices field; each a number >= 0, in PRICE_CURRENCY
 PRICE_VARIABLES = dict(zip(config.PRICE_ENVIRONMENT[:5], ("object_store_gb_month", "kafka_gb_month", "put_per_1000",
-                                                         "get_per_1000", "compute_hour")))
+                                                         "get_per_1000", "compute_hour"), strict=True))
 PRICE_CURRENCY = config.PRICE_ENVIRONMENT[5]
 
 
@@ -167,7 +167,7 @@ class CostReport:
 
 def _day_starts(days: int, now: datetime) -> list[int]:
     """Epoch ms of the start of each of the last `days` UTC days, oldest first, then `now`."""
-    today = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
+    today = datetime(now.year, now.month, now.day, tzinfo=UTC)
     starts = [int((today - timedelta(days=days - 1 - i)).timestamp() * 1000) for i in range(days)]
     return [*starts, int(now.timestamp() * 1000)]
 
@@ -375,7 +375,7 @@ def _timeline(spec: PipelineSpec, platform: config.PlatformConfig, bounds: list[
               notes: list[str]) -> dict[str, dict]:
     """Fill each day's compute seconds, batch count, timeline commits and compaction reads from the
     pipeline's events; returns per day the batch figures (`_tables` falls back on them)."""
-    since = datetime.fromtimestamp(bounds[0] / 1000, tz=timezone.utc)
+    since = datetime.fromtimestamp(bounds[0] / 1000, tz=UTC)
     try:
         found = events.recent(spec.name, since=since, limit=10 ** 7, platform=platform, catalog=spec.catalog)
     except Exception as exc:  # noqa: BLE001 - the timeline is for people; the tables and Kafka still answer
@@ -444,12 +444,12 @@ def daily_cost(spec: PipelineSpec, days: int = 7, platform: config.PlatformConfi
         raise ConfigurationError(f"days={days}: use 1 to {MAX_DAYS}")
     platform = platform or config.load()
     prices = prices if prices is not None else UnitPrices.from_settings(platform.prices)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     progress = progress or (lambda _message: None)
     bounds = _day_starts(days, now)
     retention_ms, source = declared_retention(spec, platform)
     report = CostReport(spec.name, spec.source.topic, retention_ms, source, spec.source.replication_factor, prices)
-    report.days = [DayCost(day=datetime.fromtimestamp(bounds[i] / 1000, tz=timezone.utc).date().isoformat(),
+    report.days = [DayCost(day=datetime.fromtimestamp(bounds[i] / 1000, tz=UTC).date().isoformat(),
                            partial=i == days - 1) for i in range(days)]
     progress("reading the ops timeline")
     by_day = _timeline(spec, platform, bounds, report.days, report.notes)
@@ -458,7 +458,8 @@ def daily_cost(spec: PipelineSpec, days: int = 7, platform: config.PlatformConfi
     _produced(spec, platform, bounds, report.days, report.notes, progress, sample_records)
     for day in report.days:
         if day.produced_bytes is not None and retention_ms is not None and retention_ms >= 0:
-            day.kafka_retained_bytes = round(day.produced_bytes * retention_ms / DAY_MS * spec.source.replication_factor)
+            day.kafka_retained_bytes = round(
+                day.produced_bytes * retention_ms / DAY_MS * spec.source.replication_factor)
         day.price = price_day(day, prices)
     if retention_ms == -1:
         report.notes.append("retention is unlimited: Kafka keeps every byte produced (x replication), so its "
@@ -502,7 +503,7 @@ def render(report: CostReport) -> str:
             row.append(f"{(d.price or {}).get('total', 0.0):.4f}")
         rows.append(row)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
     totals = report.totals()
     lines.append(f"window: {human_bytes(totals['produced_bytes'])} produced, {totals['put_requests']:.0f} PUT and "
                  f"{totals['get_requests']:.0f} GET requests, {totals['ingest_seconds']:.1f} s ingesting, "

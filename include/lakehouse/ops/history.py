@@ -32,7 +32,7 @@ import logging
 import math
 import re
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from lakehouse.core import config, errors, offsets
@@ -69,7 +69,7 @@ def history(spec: PipelineSpec, batches: list[dict] | None, platform: config.Pla
     points = []
     for snap in offsets.ingest_commits(catalog.load_table(spec.target.table), spec.name):
         props = offsets.summary_properties(snap)
-        at = datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=timezone.utc)
+        at = datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=UTC)
         event_time = props.get(offsets.K_MAX_EVENT_TIME)
         points.append({
             "at": at.isoformat(),
@@ -101,7 +101,7 @@ def overview(spec: PipelineSpec, platform: config.PlatformConfig | None = None,
     `cost` is `lakehouse.ops.cost.daily_cost` over COST_DAYS days (as JSON), or {"error": why}.
     """
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     status = pipeline_status(spec, platform, now=now)
     primary = next(t for t in status["tables"] if t["table"] == spec.qualified(spec.target.table))
     kafka = status["kafka"] or {}
@@ -240,7 +240,9 @@ def error_category(kind: type | str | None) -> str:
         if base in ERROR_CATEGORIES:
             return ERROR_CATEGORIES[base]
     name = kind.__name__ if isinstance(kind, type) else kind
-    return f"an unexpected error ({name})" if name and re.fullmatch(r"[A-Za-z_]\w{0,80}", name) else "an unexpected error"
+    if name and re.fullmatch(r"[A-Za-z_]\w{0,80}", name):
+        return f"an unexpected error ({name})"
+    return "an unexpected error"
 
 
 def public_error(where: str, error: BaseException | str, kind: type | str | None = None,

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from lakehouse.core import config
@@ -121,7 +121,7 @@ class OverviewCache:
         while True:
             try:
                 worked = self.step()
-            except Exception:  # noqa: BLE001 - the thread outlives any one failure; the cards keep their age
+            except Exception:  # the thread outlives any one failure; the cards keep their age
                 log.exception("pipelines page: refreshing the overview failed")
                 worked = False
             if worked:
@@ -164,7 +164,7 @@ class OverviewCache:
             with self._lock:
                 self._state.scanned, self._state.folder_error = time.monotonic(), error
             return
-        read_at = datetime.now(timezone.utc)
+        read_at = datetime.now(UTC)
         fresh: dict[str, tuple[str, PipelineSpec | None, dict | None]] = {}
         for path, exc in found.errors.items():
             file = Path(path).name
@@ -195,7 +195,7 @@ class OverviewCache:
             state, error = "ok", None
         except Exception as exc:  # noqa: BLE001 - one unreadable pipeline must not blank the others
             read, state, error = None, "error", history.public_error(f"pipeline {spec.name}", exc)
-        read_at = datetime.now(timezone.utc)
+        read_at = datetime.now(UTC)
         with self._lock:
             slot = self._state.slots.get(file)
             if slot is None or slot.generation != generation or slot.spec is not spec:

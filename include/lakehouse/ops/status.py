@@ -13,7 +13,7 @@ for a CLI, a sensor or a UI page.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -100,7 +100,7 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     both None with `with_timeline=False`, for callers that poll only lag and freshness, such as the
     SLO trigger, and skip their reads)."""
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     catalog = open_catalog(platform, spec.catalog)
     tables = []
     progress = {}
@@ -187,7 +187,7 @@ def render(statuses: list[dict]) -> str:
                      format_age(s["seconds_since_commit"]) + (" ago" if s["seconds_since_commit"] is not None else ""),
                      format_age(s["freshness_s"]), str(sum(t["snapshots"] for t in data))))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
     for s in statuses:
         lines.append("")
         lines.append(f"{s['pipeline']}: topic {s['topic']} -> "

@@ -26,10 +26,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import psutil
 
@@ -404,14 +405,14 @@ class Supervisor:
         Every `summary_every_s` the task log gets a summary of the batches committed meanwhile."""
         detector = HangDetector(self.spec, self.startup_grace_s)
         next_check = time.monotonic() + self.check_every_s
-        next_summary, summary_since = time.monotonic() + self.summary_every_s, datetime.now(timezone.utc)
+        next_summary, summary_since = time.monotonic() + self.summary_every_s, datetime.now(UTC)
         summarised: set[str] = set()
         while not self._stop.is_set():
             code = job.poll()
             if code is not None:
                 return code, None
             if time.monotonic() >= next_summary:
-                until = datetime.now(timezone.utc)
+                until = datetime.now(UTC)
                 summarised = self._summarise(summary_since, until, summarised)
                 next_summary, summary_since = time.monotonic() + self.summary_every_s, until
             if time.monotonic() >= next_check:

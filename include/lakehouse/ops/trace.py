@@ -35,7 +35,7 @@ import base64
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual, LessThan
@@ -216,7 +216,7 @@ class _Tables:
             return None
         by_source = self.spec.is_cdc and self.role(name) == "data"
         keyed = AlwaysTrue()
-        for column, value in zip(self.spec.target.key, found.values):
+        for column, value in zip(self.spec.target.key, found.values, strict=True):
             keyed = And(keyed, EqualTo(column, value))
         rows = table.scan(row_filter=keyed, selected_fields=("_kafka", *(("_cdc",) if by_source else ()))) \
             .to_arrow().to_pylist()
@@ -398,10 +398,10 @@ def _read_records(spec: PipelineSpec, platform: config.PlatformConfig,
                              on_record=identify if keys is not None else None).to_pylist()
     if keys is None:
         return [(record, None) for record in records]
-    for record, found in zip(records, derived):
+    for record, found in zip(records, derived, strict=True):
         if found is not None:
             record.update(key=found.text, table_key=keys.text(found), delete=found.delete)
-    return list(zip(records, derived))
+    return list(zip(records, derived, strict=True))
 
 
 def shown_key(spec: PipelineSpec, key: str) -> str:
@@ -428,7 +428,7 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
     platform = platform or config.load()
     key = shown_key(spec, key)
     to_end = until is None  # up to the log end as the planner finds it (ListOffsets by time can lag behind it)
-    until = until or datetime.now(timezone.utc)
+    until = until or datetime.now(UTC)
     progress = progress or (lambda line: None)
     tables = _Tables(spec, platform)
     in_window = And(EqualTo("_kafka.key", key), And(GreaterThanOrEqual("_kafka.timestamp", since.isoformat()),

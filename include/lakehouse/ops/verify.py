@@ -52,7 +52,8 @@ key leaves no trace to check without decoding values; that case is left out.
 A piece reads its offsets from Kafka with the ingest reader's consumer settings
 (lakehouse.ops.coordinates.read_kafka: committed records only, as ingestion reads them) and its rows
 with pyiceberg, the data files pruned by their `_kafka` bounds, and checks them (`check_piece`; the
-checks themselves, `check_rows`, `newest_per_key` and `check_keys`, are pure). Pieces run in this process, or as the tasks of one Spark job when the window holds more than
+checks themselves, `check_rows`, `newest_per_key` and `check_keys`, are pure). Pieces run in this
+process, or as the tasks of one Spark job when the window holds more than
 SPARK_ABOVE_OFFSETS offsets (`engine="auto"`); only their findings come back. The per-key check of
 upsert tables runs on the driver over each key's newest record in the window.
 """
@@ -62,9 +63,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta, timezone
-from typing import Callable
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -214,7 +215,7 @@ class Verification:
     findings: Findings
     keys_checked: int = 0
     seconds: float = 0.0
-    verified_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    verified_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
     def ok(self) -> bool:
@@ -358,7 +359,8 @@ def _read_file_window(table: Table, data_file) -> Coverage:
     part = pa.table({"p": pc.struct_field(kafka, "partition"), "o": pc.struct_field(kafka, "offset")}).drop_null()
     grouped = part.group_by("p").aggregate([("o", "min"), ("o", "max")])
     return Coverage.of({int(p): [(int(lo), int(hi) + 1)] for p, lo, hi in
-                        zip(grouped["p"].to_pylist(), grouped["o_min"].to_pylist(), grouped["o_max"].to_pylist())})
+                        zip(grouped["p"].to_pylist(), grouped["o_min"].to_pylist(), grouped["o_max"].to_pylist(),
+                            strict=True)})
 
 
 def _changed_files(table: Table, snapshot_ids: set[int]) -> tuple[list, bool]:
@@ -745,13 +747,13 @@ def _key_mismatches(piece: Piece, key_columns: tuple[str, ...], by_table: dict[s
     """Rows of the upsert data table and ledger whose table key differs from the one ingestion derives from
     the Kafka record at their coordinates: they claim a record that is not theirs (foreign)."""
     found = Findings()
-    keys = dict(zip(kafka.column("offset").to_pylist(), kafka.column("key").to_pylist()))
+    keys = dict(zip(kafka.column("offset").to_pylist(), kafka.column("key").to_pylist(), strict=True))
     for read in piece.tables:
         data = by_table.get(read.name)
         if data is None or read.role == "dead-letter":
             continue
         offs = pc.struct_field(data.column("_kafka"), "offset").to_pylist()
-        for offset, key in zip(offs, key_text([data.column(k) for k in key_columns]).to_pylist()):
+        for offset, key in zip(offs, key_text([data.column(k) for k in key_columns]).to_pylist(), strict=True):
             if offset in keys and keys[offset] != key:
                 expected = keys[offset]
                 found.add(Problem("foreign", piece.facts.partition, offset, (read.name,),
@@ -834,11 +836,11 @@ class TableKeys:
 
     def text(self, found: RecordKey) -> str:
         """The text of `found`'s table key, as the key columns of its row show it (`key_text`)."""
-        return key_text([pa.array([v], t) for v, t in zip(found.values, self.types)]).to_pylist()[0]
+        return key_text([pa.array([v], t) for v, t in zip(found.values, self.types, strict=True)]).to_pylist()[0]
 
     def attach(self, records: pa.Table) -> pa.Table:
         """`records` (the KAFKA_RECORDS rows `add` saw, in order) with their table keys (NEWEST's columns)."""
-        keys = key_text([pa.array(v, t) for v, t in zip(self.values, self.types)])
+        keys = key_text([pa.array(v, t) for v, t in zip(self.values, self.types, strict=True)])
         return pa.table([keys, records.column("partition"), records.column("offset"), records.column("timestamp_ms"),
                          pa.array(self.deletes, pa.bool_()), pa.array(self.positions, NEWEST.field("position").type),
                          pa.array([None if t is None else t // 1000 for t in self.source_ts], pa.int64())],
@@ -935,23 +937,26 @@ def check_keys(topic: str, table: str, ledger: str | None, newest: pa.Table, row
     found = Findings()
 
     def coords(data: pa.Table) -> dict[str, tuple]:
-        columns = [c for c in ("partition", "offset", "timestamp_ms", "position", "source_ts") if c in data.column_names]
-        return {k: tuple(v) for k, *v in zip(*(data.column(c).to_pylist() for c in ("key", *columns)))}
+        columns = [c for c in ("partition", "offset", "timestamp_ms", "position", "source_ts")
+                   if c in data.column_names]
+        return {k: tuple(v) for k, *v in zip(*(data.column(c).to_pylist() for c in ("key", *columns)),
+                                             strict=True)}
+
+    def same(kept: tuple | None, record: tuple) -> bool:
+        """Whether `kept` (a row's or a ledger entry's coordinates) is `record` itself: its partition and offset."""
+        return kept is not None and kept[:2] == record[:2]
 
     held, ledger_rows = coords(rows), coords(tombstones)
-    for key, p, o, ts, dead, position, source_ts in zip(*(newest.column(c).to_pylist() for c in NEWEST.names)):
+    for key, p, o, ts, dead, position, source_ts in zip(*(newest.column(c).to_pylist() for c in NEWEST.names),
+                                                        strict=True):
         record = (p, o, ts, position, source_ts)
         row, tomb = held.get(key), ledger_rows.get(key)
-
-        def same(found: tuple | None) -> bool:
-            return found is not None and found[:2] == (p, o)
-
         if dead:
             if row is not None and not newer(row, record, by_source):
                 found.add(Problem("stale", p, o, (table,), f"key {key!r} was deleted by the record at offset {o}, "
                                   f"but its row (partition {row[0]}, offset {row[1]}) is older and still there",
                                   topic=topic, key=key))
-            if ledger and not same(tomb) and (tomb is None or not newer(tomb, record)):
+            if ledger and not same(tomb, record) and (tomb is None or not newer(tomb, record)):
                 found.add(Problem("missing", p, o, (ledger,), f"the ledger lacks key {key!r}'s delete at offset "
                                   f"{o}" + (f" (it holds offset {tomb[1]} of partition {tomb[0]})" if tomb else ""),
                                   topic=topic, key=key))
@@ -959,7 +964,7 @@ def check_keys(topic: str, table: str, ledger: str | None, newest: pa.Table, row
             if tomb is None or not newer(tomb, record):
                 found.add(Problem("missing", p, o, (table,), f"the newest record of key {key!r} is neither the "
                                   f"key's row (the table has none) nor a dead letter", topic=topic, key=key))
-        elif not same(row) and not newer(row, record, by_source):
+        elif not same(row, record) and not newer(row, record, by_source):
             found.add(Problem("stale", p, o, (table,), f"key {key!r}'s row holds partition {row[0]} offset {row[1]}, "
                               f"older than its newest record (partition {p}, offset {o}), which is no dead letter",
                               topic=topic, key=key))
@@ -1099,7 +1104,7 @@ def verify(spec: PipelineSpec, platform: config.PlatformConfig | None = None, *,
     if sum(1 for chosen in (since_s is not None, snapshots is not None, full) if chosen) > 1:
         raise VerifyError("choose at most one of since, snapshots and full")
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     progress = progress or (lambda line: log.info("%s", line))
     mode = "since" if since_s is not None else "snapshots" if snapshots else "full" if full else "incremental"
     started = time.monotonic()

@@ -18,7 +18,7 @@ commits). The job's arguments are rebuilt from the confirmed ranges.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from lakehouse.core import config, offsets
@@ -61,7 +61,7 @@ def _time_ms(value: Any, name: str) -> int:
     except ValueError:
         raise BackfillError(f"{name}: {value!r} is not an ISO-8601 time like 2026-11-20T12:00:00+00:00") from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return int(parsed.timestamp() * 1000)
 
 

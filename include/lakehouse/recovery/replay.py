@@ -74,7 +74,8 @@ def parse_offset_ranges(text: str) -> dict[int, tuple[int, int]]:
     return ranges
 
 
-def plan_ranges(spec: PipelineSpec, ranges: dict[int, tuple[int, int]], progress: list[TableProgress], state) -> BatchPlan:
+def plan_ranges(spec: PipelineSpec, ranges: dict[int, tuple[int, int]], progress: list[TableProgress],
+                state) -> BatchPlan:
     """The read plan of `ranges` given the tables' `progress` and the topic's `state`; raises ReplayError for
     a partition the topic lacks, offsets that aged out of Kafka, or a range past the committed position."""
     committed = offsets.committed_positions(progress, state.earliest)
@@ -88,7 +89,8 @@ def plan_ranges(spec: PipelineSpec, ranges: dict[int, tuple[int, int]], progress
         if e > committed[p]:
             raise ReplayError(
                 f"partition {p}: range [{s}, {e}) goes past the pipeline's committed position {committed[p]}; "
-                f"records from there on are the live ingestion's to write (run `lakehouse ingest --pipeline {spec.name} --once`)")
+                f"records from there on are the live ingestion's to write "
+                f"(run `lakehouse ingest --pipeline {spec.name} --once`)")
     return BatchPlan(topic=spec.source.topic, topic_id=state.topic_id,
                      ranges=tuple(OffsetRange(spec.source.topic, p, s, e) for p, (s, e) in sorted(ranges.items())),
                      ends={p: ps.end for p, ps in state.partitions.items()})
@@ -123,8 +125,9 @@ class ReplayPreview:
                 + "; nothing written")
 
 
-def preview(spec: PipelineSpec, platform: config.PlatformConfig, ranges: dict[int, tuple[int, int]] | None = None, from_ms: int | None = None,
-            to_ms: int | None = None, dead_letters: bool = False, error_kind: str | None = None,
+def preview(spec: PipelineSpec, platform: config.PlatformConfig, ranges: dict[int, tuple[int, int]] | None = None,
+            from_ms: int | None = None, to_ms: int | None = None, dead_letters: bool = False,
+            error_kind: str | None = None,
             into_table: str | None = None) -> ReplayPreview:
     """What `lakehouse replay` with these arguments would read and write; reads the catalog and Kafka, starts no
     Spark session and creates nothing. Raises ReplayError for what the replay itself would refuse."""

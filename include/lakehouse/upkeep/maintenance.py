@@ -26,8 +26,8 @@ committing:
              `write.metadata.path`, `write.object-storage.path` and `write.folder-storage.path` lie
              inside that location, no location provider of its own places files, GC is enabled, and
              no other table of any configured catalog keeps its location, a file path or its
-             metadata inside that location, or holds the table inside its own. Otherwise orphan removal is refused with the
-             overlapping table and what to do, and deletes nothing.
+             metadata inside that location, or holds the table inside its own. Otherwise orphan
+             removal is refused with the overlapping table and what to do, and deletes nothing.
 
 Then the same steps for the pipeline's events in the ops timeline (`TimelineMaintenance`),
 which otherwise grows by one small file and one snapshot per event.
@@ -55,11 +55,13 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
@@ -228,7 +230,7 @@ def retrying(what: str, fn: Callable[[], T]) -> tuple[T, int]:
 
 def timestamp_literal(at: datetime) -> str:
     """A Spark SQL TIMESTAMP literal in UTC (the session time zone is UTC)."""
-    return "TIMESTAMP '" + at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f") + "'"
+    return "TIMESTAMP '" + at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f") + "'"
 
 
 def content(spark, qualified: str, snapshot_id: int) -> Content:
@@ -831,8 +833,9 @@ class TableMaintenance:
             ids = ", ".join(f"{int(sid)}L" for sid in doomed[i:i + EXPIRE_CHUNK])
             # older_than at the epoch: the explicit ids are all that expires (Iceberg would otherwise
             # also expire by the table's max-snapshot-age)
-            retrying(f"snapshot expiry of {receipt.table}", lambda: self._call(
-                "expire_snapshots", older_than="TIMESTAMP '1970-01-01 00:00:00.001'", snapshot_ids=f"array({ids})"))
+            retrying(f"snapshot expiry of {receipt.table}", partial(
+                self._call, "expire_snapshots", older_than="TIMESTAMP '1970-01-01 00:00:00.001'",
+                snapshot_ids=f"array({ids})"))
         table = self.catalog.load_table(self.table)
         expired = sorted(before - {s.snapshot_id for s in table.metadata.snapshots})
         receipt.snapshots_expired, receipt.expired_snapshot_ids = len(expired), expired[:MAX_LISTED]
@@ -888,7 +891,7 @@ class TableMaintenance:
         doomed = self.expiry_plan(table, receipt)
         receipt.would_expire_count = len(doomed)
         receipt.would_expire = [{"snapshot_id": s.snapshot_id,
-                                 "timestamp": datetime.fromtimestamp(s.timestamp_ms / 1000, timezone.utc).isoformat()}
+                                 "timestamp": datetime.fromtimestamp(s.timestamp_ms / 1000, UTC).isoformat()}
                                 for s in doomed[:MAX_LISTED]]
         summary = (f"dry run: {receipt.table}: compaction would rewrite {receipt.would_rewrite_data_files} data files "
                    f"({receipt.would_rewrite_bytes} bytes, {receipt.would_rewrite_groups} groups)"
@@ -963,7 +966,7 @@ def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark
     actor = actor or events.Actor.of_process()
     spark = spark or sparkenv.session(platform, [spec.catalog], f"lakehouse-maintenance-{spec.name}")
     catalog = open_catalog(platform, spec.catalog)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     receipt = MaintenanceReceipt(pipeline=spec.name, run_id=run_id or uuid.uuid4().hex, dry_run=dry_run)
     ownership = OwnershipCheck(platform, spec)
     work = [TableMaintenance(spark, catalog, spec, name, now, ownership=ownership, dry_run=dry_run)

@@ -46,7 +46,8 @@ import logging
 import math
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
@@ -180,6 +181,12 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
     catalog = open_catalog(platform, spec.catalog)
     predicate = f"`{column}` < {timestamp_literal(cutoff)}"
     deleted: dict[str, int] = {}
+
+    def delete(qualified: str, run_id: str) -> None:
+        sparkenv.with_commit_properties(
+            spark, {offsets.K_KIND: KIND_RETENTION, offsets.PREFIX + "retention-run": run_id},
+            lambda: spark.sql(f"DELETE FROM {qualified} WHERE {predicate}").collect())
+
     for name in spec.target.tables:
         qualified = spec.qualified(name)
         try:
@@ -187,9 +194,7 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
         except NoSuchTableError:
             continue
         run_id = uuid.uuid4().hex  # finds this delete's commit among the table's snapshots
-        retrying(f"data-retention delete on {qualified}", lambda: sparkenv.with_commit_properties(
-            spark, {offsets.K_KIND: KIND_RETENTION, offsets.PREFIX + "retention-run": run_id},
-            lambda: spark.sql(f"DELETE FROM {qualified} WHERE {predicate}").collect()))
+        retrying(f"data-retention delete on {qualified}", partial(delete, qualified, run_id))
         commits = [s for s in catalog.load_table(name).snapshots()
                    if offsets.summary_properties(s).get(offsets.PREFIX + "retention-run") == run_id]
         deleted[qualified] = sum(
@@ -204,7 +209,7 @@ def expired_rows(spec: PipelineSpec, platform: config.PlatformConfig, now: datet
     from pyiceberg.expressions import LessThan, LessThanOrEqual
     from pyiceberg.types import DateType, TimestampType
 
-    cutoff = (now - timedelta(seconds=spec.retention.delete_after_s)).astimezone(timezone.utc)
+    cutoff = (now - timedelta(seconds=spec.retention.delete_after_s)).astimezone(UTC)
     catalog = open_catalog(platform, spec.catalog)
     column = spec.event_time_field
     found: dict[str, int] = {}
@@ -237,7 +242,7 @@ def align(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spa
     remove, and nothing is deleted or recorded.
     """
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     report = check(spec, platform)
     report.dry_run = dry_run
     if dry_run:
@@ -407,9 +412,9 @@ def decide(spec: PipelineSpec, report: GuardReport, state: GuardState) -> GuardR
             return report
         report.action, report.status, report.new_retention_ms = "raised", "warn", target
         report.state = GuardState(True, report.declared_ms, target)
-        report.message = (f"{behind}, within the guard threshold {_duration(report.threshold_ms)}: raised retention.ms "
-                          f"to {_duration(target)} (cap {_duration(cap)}); it goes back to {_duration(report.declared_ms)} "
-                          f"once the writer of {spec.name!r} has caught up")
+        report.message = (f"{behind}, within the guard threshold {_duration(report.threshold_ms)}: raised "
+                          f"retention.ms to {_duration(target)} (cap {_duration(cap)}); it goes back to "
+                          f"{_duration(report.declared_ms)} once the writer of {spec.name!r} has caught up")
         return report
     if state.raised:
         caught_up = min(spec.slo.lag_s * 1000, report.declared_ms - report.threshold_ms)
@@ -476,7 +481,7 @@ def guard(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
     (`action`, `new_retention_ms`) and the topic's config and the timeline are left as they are.
     """
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     actor = actor or events.Actor.of_process()
     topic = spec.source.topic
     current = topics.describe_retention(topic, platform)

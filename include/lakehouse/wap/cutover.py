@@ -83,7 +83,7 @@ class Source:
     branch: str
 
     @classmethod
-    def of(cls, spec: PipelineSpec, table: str | None = None) -> "Source":
+    def of(cls, spec: PipelineSpec, table: str | None = None) -> Source:
         """The published branch of `table` (default: the main table) of `spec`."""
         return cls(spec.name, table or spec.target.table, spec.publish.branch)
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from pyiceberg.catalog.sql import IcebergTables
 from pyiceberg.exceptions import CommitFailedException

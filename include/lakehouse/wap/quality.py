@@ -42,7 +42,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -123,7 +123,7 @@ class AuditResult:
     offending_offsets: list[dict]  # {table, topic, partition, offset, expectation, column, value}, capped
     offending_total: int
     docs: str  # the Data Docs site's index.html
-    audited_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    audited_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
     def snapshots(self) -> dict[str, int]:
@@ -186,7 +186,7 @@ def load_suite(spec: PipelineSpec, directory: Path | None = None) -> dict:
     raw = {**raw, "name": raw.get("name") or path.stem, "expectations": list(raw["expectations"])}
     try:
         built = _suite(raw)
-    except Exception as exc:  # GE raises its own errors and pydantic's ValueError for bad arguments
+    except Exception as exc:  # noqa: BLE001 - GE raises its own errors and pydantic's ValueError for bad arguments
         raise QualityConfigError(f"{path}: not a valid expectation suite: {str(exc).strip()[:1000]}") from None
     # GE drops some unknown expectation types silently: a typo must not switch a check off
     known = {e.expectation_type for e in built.expectations}
@@ -348,7 +348,7 @@ def offsets_audited(rows: pa.Table) -> dict[int, tuple[int, int]]:
     grouped = rows.group_by("_kafka_partition").aggregate([("_kafka_offset", "min"), ("_kafka_offset", "max")])
     return {int(p): (int(lo), int(hi)) for p, lo, hi in zip(grouped["_kafka_partition"].to_pylist(),
                                                              grouped["_kafka_offset_min"].to_pylist(),
-                                                             grouped["_kafka_offset_max"].to_pylist())
+                                                             grouped["_kafka_offset_max"].to_pylist(), strict=True)
             if p is not None and lo is not None}
 
 
@@ -600,7 +600,7 @@ def audit(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
     head was expired; LineageDivergedError when main does not descend from it.
     """
     platform = platform or config.load()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     suite_json = load_suite(spec, expectations_dir)
     catalog = open_catalog(platform, spec.catalog)
     try:  # every table's scope first: a broken lineage fails the audit before anything is validated

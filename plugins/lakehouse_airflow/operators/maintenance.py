@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -47,7 +47,7 @@ class MaintenanceOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> dict:
         lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
         run_id = uuid.uuid4().hex
-        since = datetime.now(timezone.utc) - timedelta(minutes=1)
+        since = datetime.now(UTC) - timedelta(minutes=1)
         # appended, not replaced: argparse keeps the last --run-id, so a retried try stays unambiguous
         self.application_args = [*(self.application_args or []), "--run-id", run_id]
         self.env_vars = {**(self.env_vars or {}), **actor_of(context).environment()}  # the job's events name it

@@ -20,8 +20,9 @@ class RetentionAlignmentOperator(BaseOperator):
     process, only when set) and records a `retention` event (lakehouse.upkeep.retention.align).
 
     With the DAG run's `dry_run` Param on, the delete is only counted (rows per table in `deleted_rows`)
-    and no event is recorded. A topic whose retention is too short fails the task without retries (waiting does not fix a
-    configuration) with the explanation and the `kafka-configs --alter ... retention.ms=N` to run.
+    and no event is recorded. A topic whose retention is too short fails the task without retries
+    (waiting does not fix a configuration) with the explanation and the
+    `kafka-configs --alter ... retention.ms=N` to run.
 
     Templated fields: pipeline.
     XCom: return value = the report (retention_ms, required_ms, worst_lag_s, observed_batches,
