@@ -109,7 +109,7 @@ def test_status_reports_lag_recovery_point_and_counts(platform, pipeline):
     produce.produce(spec, 300, bad_ratio=0.1, seed=5)
     cli(spec, "ingest", "--pipeline", spec.name, "--once")
     produce.produce(spec, 120, seed=6)
-    status = json.loads(cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    [status] = json.loads(cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
     assert status["lag_records"] == 120
     assert status["rows"] + status["dead_letters"] == 300
     assert status["last_commit_at"] and status["newest_event_time"]

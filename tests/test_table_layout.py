@@ -356,10 +356,10 @@ def test_partitioning_changes_mid_stream_under_continuous_ingestion_exactly_once
     assert "partitioning [hour(event_time)] -> [hour(event_time), bucket(4, order_id)]" in changes[0]["message"]
 
     # status and the page: in sync, then the drift an ALTER by hand leaves until the job's next start
-    status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    [status] = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
     assert status["layout"]["in_sync"] is True
     spark.sql(f"ALTER TABLE {qualified} SET TBLPROPERTIES ('write.parquet.compression-codec'='snappy')")
-    status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    [status] = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
     assert status["layout"]["in_sync"] is False and status["layout"]["refused"] == []
     assert status["layout"]["tables"][0]["set_properties"] == {
         "write.parquet.compression-codec": {"table": "snappy", "spec": "zstd"}}
@@ -404,7 +404,7 @@ def test_changes_a_table_cannot_follow_stop_the_job_with_what_to_do(platform, sp
     assert len(rows(platform, rekeyed, rekeyed.target.table)) == 15
     refused = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")  # and a restart stops too
     assert refused.returncode == 2 and f"candidate_for: {spec.name}" in refused.stderr
-    status = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
+    [status] = json.loads(run_cli(spec, "status", "--pipeline", spec.name, "--json").stdout)
     assert status["layout"]["in_sync"] is False
     assert "was written as append" in status["layout"]["refused"][0]
     assert "LAYOUT REFUSED" in run_cli(spec, "status", "--pipeline", spec.name).stdout
