@@ -97,7 +97,11 @@ def broker(monkeypatch):
 
 @pytest.mark.parametrize("code", [KafkaError._UNKNOWN_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                                   KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TIMED_OUT,
-                                  KafkaError._ALL_BROKERS_DOWN, KafkaError._NOENT])
+                                  KafkaError._ALL_BROKERS_DOWN, KafkaError._NOENT, KafkaError.UNKNOWN_LEADER_EPOCH,
+                                  KafkaError.FENCED_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
+                                  KafkaError.REQUEST_TIMED_OUT, KafkaError.BROKER_NOT_AVAILABLE,
+                                  KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.KAFKA_STORAGE_ERROR,
+                                  KafkaError.UNKNOWN_TOPIC_OR_PART])
 def test_watermarks_the_client_cannot_tell_yet_are_retried(broker, code):
     consumer = broker(Consumer({0: (0, 10), 1: code}))
     with pytest.raises(errors.BrokerUnavailableError) as info:

@@ -157,6 +157,16 @@ def _not_answering_yet(err: KafkaError) -> bool:
     return err.code() in NOT_YET_KNOWN or errors.transient_cause(KafkaException(err)) is not None
 
 
+# What a partition's ListOffsets answers while its leadership settles (a broker back from a freeze or a
+# restart, a leader moving): the errors Kafka's own clients retry (RetriableException), and librdkafka's
+# _NOENT ("Failed to query partition leaders: No leaders found") while no leader of the request is known.
+# librdkafka surfaces them per partition without retrying, as its consumer's watermark query did.
+LIST_OFFSETS_RETRIABLE = NOT_YET_KNOWN | frozenset({
+    KafkaError._NOENT, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.BROKER_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.KAFKA_STORAGE_ERROR,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE})
+
+
 def _watermarks(admin: AdminClient, watch: kafka_security.ErrorWatch, topic: str, partitions: list[int],
                 timeout: float) -> dict[int, tuple[int, int]]:
     """The low and high watermark of each partition the broker described just before, as the planner's
@@ -178,9 +188,7 @@ def _watermarks(admin: AdminClient, watch: kafka_security.ErrorWatch, topic: str
                 found[tp.partition][slot] = kafka_security.wait_future(future, admin, watch, timeout).offset
             except KafkaException as exc:
                 err = exc.args[0]
-                # librdkafka's ListOffsets fails with _NOENT ("Failed to query partition leaders: No leaders
-                # found") while no partition of the request has a known leader, as after a broker's freeze
-                if err.code() == KafkaError._NOENT or _not_answering_yet(err):
+                if err.code() in LIST_OFFSETS_RETRIABLE or _not_answering_yet(err):
                     raise BrokerUnavailableError(f"topic {topic!r} partition {tp.partition}: no watermarks yet "
                                                  f"({err.str()}); is the broker healthy?") from None
                 raise SourceError(f"topic {topic!r} partition {tp.partition}: cannot read its watermarks: "
