@@ -63,6 +63,11 @@ class MetadataCache:
         self._size = 0
         self._lock = threading.Lock()
 
+    @property
+    def size(self) -> int:
+        """Bytes held."""
+        return self._size
+
     def get(self, key: tuple[str, str]) -> bytes | None:
         with self._lock:
             found = self._files.get(key)
