@@ -78,6 +78,8 @@ def test_the_metadata_cache_stays_within_its_bound_and_keeps_the_latest(puts):
     for name, size in puts:
         cache.put(("e", f"f{name}"), bytes([name]) * size)
         assert cache.size <= 1_000
+    held = [cache.get(("e", f"f{name}")) for name in {name for name, _ in puts}]
+    assert sum(len(data) for data in held if data is not None) == cache.size  # what it counts is what it holds
     name, size = puts[-1]
     if size <= 250:  # larger files are never kept
         assert cache.get(("e", f"f{name}")) == bytes([name]) * size
