@@ -37,7 +37,7 @@ for _spec in pipelines().values():
         extra_tags=("quality",),
         doc=__doc__ + f"\n- readers' branch `{_spec.publish.branch}`"
         + (f", view `{_spec.qualified(_spec.publish.view)}`" if _spec.publish.view else "")
-        + f"; suite `include/expectations/{_spec.publish.suite or _spec.name}.json`\n",
+        + f"; suite `{_spec.publish.suite or _spec.name}.json` of the expectations folder\n",
         params={"force": Param(False, type="boolean",
                                description="publish past the freshness and lag gates (the audit still decides); "
                                            "recorded as a forced publication")},

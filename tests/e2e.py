@@ -229,14 +229,14 @@ def pipeline(make_spec, platform):
 
 
 def page_reads(monkeypatch: pytest.MonkeyPatch, pipelines_dir: Path, ui=None) -> None:
-    """The pipelines page (the plugin module `ui`, default lakehouse_ui as imported now, in this process) serves
+    """The pipelines page (the plugin module `ui`, default lakehouse_airflow.ui, in this process) serves
     the cards of `pipelines_dir` as they are now: its background cache replaced by one that read the folder and
     every pipeline once. A test module that imported the plugin earlier passes its own module object: another
     test may have imported the plugin again since, and the app it drives reads its own module's cache."""
     from lakehouse.ops.overview_cache import OverviewCache
 
     if ui is None:
-        import lakehouse_ui as ui
+        from lakehouse_airflow import ui
 
     cache = OverviewCache(pipelines_dir, refresh_s=3600, rescan_s=3600, autostart=False)
     while cache.step():

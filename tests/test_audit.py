@@ -345,7 +345,7 @@ def test_a_forced_publication_passes_the_slo_gates_and_shows_on_the_page_as_forc
     assert "forced past the SLO gates" in published["message"]
 
     monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
-    import lakehouse_ui
+    from lakehouse_airflow import ui as lakehouse_ui
     from airflow.api_fastapi import app as airflow_app
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 

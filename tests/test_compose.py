@@ -278,6 +278,9 @@ def test_the_project_image_builds_from_a_pinned_python_with_the_locked_requireme
     assert "pip install --no-cache-dir --no-deps --no-index --no-build-isolation -e ." in runs
     assert "pip install --no-cache-dir --no-deps --no-index --no-build-isolation -e devstack" in runs
     assert "-e devstack" in (REPO / "scripts/setup.sh").read_text()
+    # the Airflow provider, as set-up installs it: Airflow finds its hooks and page through its entry points
+    assert "pip install --no-cache-dir --no-deps --no-index --no-build-isolation -e providers/lakehouse" in runs
+    assert "-e providers/lakehouse" in (REPO / "scripts/setup.sh").read_text()
     setup_pip = re.search(r'^PIP_VERSION="([^"]+)"', (REPO / "scripts/setup.sh").read_text(), re.M).group(1)
     assert dockerfile_pairs("ARG")["PIP_VERSION"] == setup_pip
 

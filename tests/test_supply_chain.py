@@ -78,9 +78,10 @@ def test_the_lock_pins_every_requirement_and_the_build_tools_of_the_local_packag
             name = canonicalize_name(requirement.name)
             assert name in entries, f"{requirement.name} (requirements.txt) is not in requirements.lock"
             assert requirement.specifier.contains(entries[name][0], prereleases=True), (line, entries[name][0])
-    # pip, and the setuptools that builds lakehouse and lakehouse-devstack without build isolation
+    # pip, and the setuptools that builds lakehouse, its Airflow provider and lakehouse-devstack without build isolation
     assert entries["pip"][0] == re.search(r'^PIP_VERSION="([^"]+)"', SETUP, re.MULTILINE).group(1)
-    for pyproject in (REPO / "pyproject.toml", REPO / "devstack" / "pyproject.toml"):
+    for pyproject in (REPO / "pyproject.toml", REPO / "providers" / "lakehouse" / "pyproject.toml",
+                      REPO / "devstack" / "pyproject.toml"):
         for text in tomllib.loads(pyproject.read_text())["build-system"]["requires"]:
             build = Requirement(text)
             assert canonicalize_name(build.name) in entries, f"{pyproject}: {text} is not in requirements.lock"
@@ -113,8 +114,8 @@ def test_every_pip_install_of_setup_is_hash_checked_or_offline():
     # sdists in the lock (pyspark is one) are built by the lock's setuptools, not by build tools fetched unchecked
     from_lock = [c for c in commands if "-r requirements.lock" in c]
     assert from_lock and all("--no-build-isolation" in c for c in from_lock)
-    local = [c for c in commands if re.search(r"-e (\.|devstack)(\s|$)", c)]
-    assert len(local) == 2 and all("--no-build-isolation" in c and "--no-deps" in c for c in local)
+    local = [c for c in commands if re.search(r"-e (\.|devstack|providers/lakehouse)(\s|$)", c)]
+    assert len(local) == 3 and all("--no-build-isolation" in c and "--no-deps" in c for c in local)
 
 
 def test_lock_hashes_rewrites_pins_with_their_hashes_and_keeps_the_header(tmp_path):

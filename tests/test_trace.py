@@ -27,7 +27,7 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from fastapi.testclient import TestClient
 from pyiceberg.expressions import EqualTo
 
-import lakehouse_ui
+from lakehouse_airflow import ui as lakehouse_ui
 from e2e import page_reads, pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixture)
 from bench import proof
 from lakehouse.core import config, offsets

@@ -19,7 +19,7 @@ import pytest
 from conftest import forget_auth_manager
 from starlette.testclient import TestClient
 
-import lakehouse_ui
+from lakehouse_airflow import ui as lakehouse_ui
 from lakehouse.core import events
 from lakehouse.ops.overview_cache import OverviewCache
 

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import lakehouse_ui
+from lakehouse_airflow import ui as lakehouse_ui
 from lakehouse.core import errors
 from lakehouse.core.spec import SpecError, load_spec
 from lakehouse.ops import history

@@ -22,8 +22,12 @@ PostgreSQL for anything beyond one person's laptop: the scheduler, the DAG proce
 the API server and the executor's workers then write to the metadata DB at the same time
 without SQLite's single-writer lock (the compose stack does the same).
 
-Plugins are read from the repository's plugins/ folder; the `spark_default` connection
-comes from `lakehouse_airflow.spark.spark_connection()`.
+The hooks, operators, sensors and the pipelines page come from the installed provider
+(airflow-provider-lakehouse, providers/lakehouse, which set-up installs); Airflow's plugins folder is
+the repository's plugins/. The provider finds its files by configuration (lakehouse_airflow.locations):
+the stack gives it the repository's folders of specs, expectation suites and Spark jobs
+(LAKEHOUSE_PIPELINES_DIR, LAKEHOUSE_EXPECTATIONS_DIR, LAKEHOUSE_SPARK_JOBS_DIR) unless the environment
+sets them. The `spark_default` connection comes from `lakehouse_airflow.spark.spark_connection()`.
 
 Executor: Airflow 3 removed the SequentialExecutor, and its LocalExecutor runs on
 SQLite as on PostgreSQL (tasks talk to the Execution API, not to the database), so the
@@ -63,10 +67,12 @@ PARALLELISM = 8
 MIGRATE_TIMEOUT_S = 300.0
 DAGS_FOLDER = config.REPO_ROOT / "dags"
 PLUGINS_FOLDER = config.REPO_ROOT / "plugins"
+SPARK_JOBS_FOLDER = config.REPO_ROOT / "spark_jobs"
+SPARK_JOBS_VARIABLE = "LAKEHOUSE_SPARK_JOBS_DIR"  # read by the provider, lakehouse_airflow.locations
 DB_URI_VARIABLE = "LAKEHOUSE_AIRFLOW_DB_URI"
 DAGS_FOLDER_VARIABLE = "LAKEHOUSE_AIRFLOW_DAGS_FOLDER"
 # Every variable this module reads (config.ENVIRONMENT lists config's own).
-ENVIRONMENT = ("LAKEHOUSE_AIRFLOW_PORT", DB_URI_VARIABLE, DAGS_FOLDER_VARIABLE)
+ENVIRONMENT = ("LAKEHOUSE_AIRFLOW_PORT", DB_URI_VARIABLE, DAGS_FOLDER_VARIABLE, SPARK_JOBS_VARIABLE)
 # SQLAlchemy dialects Airflow 3 can keep its metadata in, as this stack configures it
 METADATA_DIALECTS = ("postgresql", "sqlite")
 
@@ -144,10 +150,7 @@ def _json_once(path: Path, make: dict) -> dict:
 
 
 def _spark_connection() -> str:
-    """`lakehouse_airflow.spark.spark_connection()`; plugins/ is Airflow's import root, not the CLI's."""
-    plugins = str(PLUGINS_FOLDER)
-    if plugins not in sys.path:
-        sys.path.append(plugins)
+    """`lakehouse_airflow.spark.spark_connection()` of the installed provider."""
     from lakehouse_airflow.spark import spark_connection
 
     return spark_connection()
@@ -191,6 +194,10 @@ def environment(port: int | None = None) -> dict[str, str]:
         "AIRFLOW__API_AUTH__JWT_SECRET": keys["jwt_secret"],
         "AIRFLOW_CONN_SPARK_DEFAULT": _spark_connection(),
         "LAKEHOUSE_HOME": str(config.lakehouse_home()),
+        # the provider's files (lakehouse_airflow.locations): the repository's, unless the environment says
+        "LAKEHOUSE_PIPELINES_DIR": str(config.pipelines_dir()),
+        "LAKEHOUSE_EXPECTATIONS_DIR": str(config.expectations_dir()),
+        SPARK_JOBS_VARIABLE: env.get(SPARK_JOBS_VARIABLE) or str(SPARK_JOBS_FOLDER),
         "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
         "PYSPARK_DRIVER_PYTHON": env.get("PYSPARK_DRIVER_PYTHON", sys.executable),
         "PATH": venv_bin + os.pathsep + env.get("PATH", ""),

@@ -21,5 +21,6 @@ The package by concern, each importing only the floors above it in this list (te
     cli.py     the `lakehouse` command
 
 The local development stack (embedded broker, Spark cluster, Airflow, producer) is its own distribution,
-`lakehouse_dev` in devstack/; the DAGs are in dags/, the Airflow operators, sensors and page in plugins/.
+`lakehouse_dev` in devstack/; the DAGs are in dags/, the Airflow hooks, operators, sensors and page in the
+provider distribution providers/lakehouse/ (`lakehouse_airflow`).
 """

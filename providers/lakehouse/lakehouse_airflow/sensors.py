@@ -4,9 +4,11 @@ Both check once in `execute`; when the SLO does not hold yet they defer to
 `SloTrigger` (default) or, with `deferrable=False`, poke like any sensor. When
 `timeout` seconds pass without the SLO holding they fail with
 AirflowSensorTimeout whose message says which limit was missed and by how much.
-Kafka settings: the environment's, overridden by the Kafka connection `kafka_conn_id`
-(default `lakehouse_kafka`, if it exists); refused credentials fail the sensor at once
-(kafka_security.KafkaAuthError naming broker, mechanism and user), without waiting.
+Kafka and catalog settings: the environment's, overridden by the connections `kafka_conn_id`,
+`catalog_conn_id` and `object_store_conn_id` (defaults `lakehouse_kafka`, `lakehouse_catalog`,
+`lakehouse_object_store`, each where it exists); refused Kafka credentials, and a connection whose
+settings cannot be used, fail the sensor at once (lakehouse.core.errors.KafkaAuthError naming broker,
+mechanism and user; ConfigurationError naming the connection's field), without waiting.
 XCom: the passing check (`SloCheck.to_dict()`: kind, measured, limits, message).
 
 A forced publication skips the gates: with `force_param` set, a run whose param of that name is
@@ -22,9 +24,9 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
-from lakehouse.core import config
 from lakehouse.ops import slo
-from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
+from lakehouse_airflow import locations
+from lakehouse_airflow.hooks import CATALOG_CONN_ID, KAFKA_CONN_ID, OBJECT_STORE_CONN_ID, LakehouseHook
 from lakehouse_airflow.triggers import SloTrigger, check_once
 
 
@@ -40,12 +42,15 @@ class _SloSensor(BaseSensorOperator):
     template_fields = ("pipeline",)
 
     def __init__(self, *, pipeline: str, deferrable: bool = True, poke_interval: float = 30,
-                 timeout: float = 600, kafka_conn_id: str | None = KAFKA_CONN_ID, force_param: str | None = None,
-                 **kwargs: Any):
+                 timeout: float = 600, kafka_conn_id: str | None = KAFKA_CONN_ID,
+                 catalog_conn_id: str | None = CATALOG_CONN_ID, object_store_conn_id: str | None = OBJECT_STORE_CONN_ID,
+                 force_param: str | None = None, **kwargs: Any):
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
         self.pipeline = pipeline
         self.deferrable = deferrable
         self.kafka_conn_id = kafka_conn_id
+        self.catalog_conn_id = catalog_conn_id
+        self.object_store_conn_id = object_store_conn_id
         self.force_param = force_param
         self._last: slo.SloCheck | None = None
 
@@ -53,9 +58,10 @@ class _SloSensor(BaseSensorOperator):
         raise NotImplementedError
 
     def _check(self) -> slo.SloCheck:
-        hook = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
-        self._last = check_once(self.kind, self.pipeline, str(config.pipelines_dir()), self.limits(hook),
-                                hook.kafka_settings)
+        hook = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id, catalog_conn_id=self.catalog_conn_id,
+                             object_store_conn_id=self.object_store_conn_id)
+        self._last = check_once(self.kind, self.pipeline, str(locations.pipelines_dir()), self.limits(hook),
+                                hook.lay_over)
         self.log.info("%s", self._last.message)
         return self._last
 
@@ -79,7 +85,9 @@ class _SloSensor(BaseSensorOperator):
             return check.to_dict()
         self.defer(trigger=SloTrigger(kind=self.kind, pipeline=self.pipeline, limits=check.limits,
                                       deadline=time.time() + self.timeout, poll_interval=self.poke_interval,
-                                      pipelines_dir=str(config.pipelines_dir()), kafka_conn_id=self.kafka_conn_id),
+                                      pipelines_dir=str(locations.pipelines_dir()), kafka_conn_id=self.kafka_conn_id,
+                                      catalog_conn_id=self.catalog_conn_id,
+                                      object_store_conn_id=self.object_store_conn_id),
                    method_name="execute_complete")
 
     def execute_complete(self, context: Any, event: dict) -> dict:

@@ -7,13 +7,13 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from lakehouse.core import config, lineage, offsets
+from lakehouse.core import config, errors, lineage, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ops import verify
-from lakehouse.wap import publish, quality
+from lakehouse.wap import publish
 from lakehouse_airflow.audit import actor_of, require_operator
-from lakehouse_airflow.hooks import LakehouseHook, openlineage_enabled
+from lakehouse_airflow.hooks import LakehouseHook
+from lakehouse_airflow.lineage import openlineage_enabled
 from lakehouse_airflow.sensors import forced
 
 
@@ -74,7 +74,7 @@ class PublishOperator(BaseOperator):
             done = publish.publish(hook.spec, audited["snapshots"], hook.platform,
                                    spark_factory=lambda: hook.spark(f"lakehouse-publish-{self.pipeline}"),
                                    actor=actor, forced=force, require_verified=True)
-        except (publish.NotADescendantError, quality.LineageError, verify.UnverifiedError) as exc:
+        except (errors.NotADescendantError, errors.LineageError, errors.UnverifiedError) as exc:
             # auditing (or publishing) again cannot help until someone acts
             raise AirflowFailException(str(exc)) from None
         if openlineage_enabled():

@@ -21,8 +21,8 @@ client deploy mode the driver runs in that process. A driver in cluster deploy m
 (YARN, Kubernetes) runs elsewhere and must get its secrets from the cluster (e.g. a
 Kubernetes secret).
 
-The Kafka and schema registry connections' settings (`lakehouse_kafka`,
-`lakehouse_schema_registry`, see hooks.py) reach the job the same way:
+The connections' settings (Kafka, catalog, object store, schema registry: lakehouse_airflow.hooks)
+reach the job the same way:
 `connection_submit_environment` puts them into the worker process's environment only while
 the operator's `execute` runs.
 """
@@ -38,8 +38,8 @@ from pathlib import Path
 
 from lakehouse.core import config, sparkenv
 from lakehouse.core.spec import PipelineSpec
+from lakehouse_airflow import locations
 
-SPARK_JOBS = config.REPO_ROOT / "spark_jobs"
 CONN_ID = "spark_default"
 
 
@@ -65,7 +65,8 @@ def forwarded_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_ID) -> dict:
-    """Keyword arguments for SparkSubmitOperator running `spark_jobs/<job>.py --pipeline <name> ARGS`.
+    """Keyword arguments for SparkSubmitOperator running `<job>.py --pipeline <name> ARGS` from the Spark jobs
+    folder the provider is configured with (lakehouse_airflow.locations.spark_job).
 
     `env_vars` holds the allowed settings of this environment (`forwarded_environment`), the
     interpreter's PATH and the spec's folder; spark-submit inherits everything else, secrets
@@ -85,7 +86,7 @@ def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_
     jvm = sparkenv.spark_conf(platform, [spec.catalog], name)
     return dict(
         conn_id=conn_id,
-        application=str(SPARK_JOBS / f"{job}.py"),
+        application=locations.spark_job(job),
         application_args=["--pipeline", spec.name, *args],
         packages=",".join(platform.spark_packages),
         jars=",".join(platform.jars) or None,
@@ -102,7 +103,8 @@ def submit_kwargs(spec: PipelineSpec, job: str, *args: str, conn_id: str = CONN_
 @contextlib.contextmanager
 def connection_submit_environment(operator, env: dict[str, str]) -> Iterator[None]:
     """While the block runs, the connections' settings `env` (LakehouseHook.submit_environment: Kafka as
-    LAKEHOUSE_BOOTSTRAP_SERVERS / LAKEHOUSE_KAFKA_*, the schema registry as LAKEHOUSE_SCHEMA_REGISTRY_URL)
+    LAKEHOUSE_BOOTSTRAP_SERVERS / LAKEHOUSE_KAFKA_*, the catalog as LAKEHOUSE_CATALOG_URI / LAKEHOUSE_WAREHOUSE,
+    the object store as LAKEHOUSE_S3_* and AWS_*, the schema registry as LAKEHOUSE_SCHEMA_REGISTRY_URL)
     are in this process's environment, where spark-submit, started from it, inherits them; the
     operator's `env_vars` lose the keys the connections set, so the connections win over what the DAG
     file's environment forwarded. Restored afterwards.

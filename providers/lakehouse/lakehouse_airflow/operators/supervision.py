@@ -9,6 +9,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from lakehouse.core import errors
 from lakehouse.ops import supervision
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
 from lakehouse_airflow.spark import connection_submit_environment
@@ -32,7 +33,7 @@ class _SubmittedJob:
         while hook._submit_sp is None and self._thread.is_alive():
             self._thread.join(0.05)
         if hook._submit_sp is None:
-            raise supervision.SupervisionError(f"spark-submit did not start: {self.failure}")
+            raise errors.SupervisionError(f"spark-submit did not start: {self.failure}")
         self.pid = hook._submit_sp.pid
 
     def _submit(self, application: str, lock_fd: int) -> None:
@@ -84,7 +85,7 @@ class SupervisedSparkSubmitOperator(SparkSubmitOperator):
                 startup_grace_s=self.startup_grace_s, stop_grace_s=self.stop_grace_s)
             try:
                 return self._supervisor.run().to_json()
-            except supervision.JobFencedError as exc:  # a retry would fence the job that took over
+            except errors.JobFencedError as exc:  # a retry would fence the job that took over
                 raise AirflowFailException(str(exc)) from None
 
     def _launch(self, lock_fd: int) -> _SubmittedJob:

@@ -1,7 +1,10 @@
 """The "Lakehouse pipelines" page inside the Airflow 3 UI: one card per pipeline, behind Airflow's login.
 
 Airflow mounts `app` (FastAPI) under /lakehouse on its API server and shows the page
-in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse):
+in its navigation (Browse > Lakehouse pipelines, embedded at /plugin/lakehouse). The plugin
+(`LakehouseUIPlugin`) registers itself wherever the provider is installed, through the provider's
+entry point `airflow.plugins`; the cards are those of the configured pipelines folder
+(lakehouse_airflow.locations), read again at each rescan:
 
     GET /lakehouse/                 HTML: lag, freshness, last commit, quality, the last exactly-once
                                     verification, dead letters, the newest event of each kind (with
@@ -80,10 +83,12 @@ from lakehouse.ops import history
 from lakehouse.ops.cost import human_bytes
 from lakehouse.ops.overview_cache import REFRESH_S, Card, OverviewCache
 from lakehouse.ops.status import format_age
+from lakehouse_airflow import locations
 
 app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
 
-CACHE = OverviewCache()  # every card of the pipelines folder, refreshed in the background
+# every card of the configured pipelines folder (read again at each rescan), refreshed in the background
+CACHE = OverviewCache(locations.PIPELINES)
 PAGE_THREADS = 4  # threads of the page's own: they ask the auth manager what a user may see and render it
 TRACE_THREADS = 4  # traces under way at once, each on a thread of the traces' own
 _page_threads = anyio.CapacityLimiter(PAGE_THREADS)
@@ -235,7 +240,7 @@ def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | N
     except ValueError as exc:
         return 400, {"pipeline": pipeline[:128], "error": str(exc)}
     try:
-        spec = load_pipeline(pipeline)
+        spec = load_pipeline(pipeline, locations.pipelines_dir())
         refused = _refusal(spec, user)
         if refused:
             return 403, {"pipeline": pipeline, "error": refused}

@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from lakehouse.core import errors
 from lakehouse.upkeep import retention
 from lakehouse_airflow.audit import actor_of
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
@@ -45,7 +46,7 @@ class RetentionAlignmentOperator(BaseOperator):
         report = retention.align(spec, lakehouse.platform, spark=spark, dry_run=dry_run)
         try:
             report.raise_for_status()
-        except retention.RetentionMisalignedError as exc:
+        except errors.RetentionMisalignedError as exc:
             context["ti"].xcom_push(key="report", value=report.to_json())
             raise AirflowFailException(str(exc)) from exc
         return report.to_json()
@@ -85,7 +86,7 @@ class RetentionGuardOperator(BaseOperator):
         self.log.info("%s: %s", report.action, report.message)
         try:
             report.raise_for_status()
-        except (retention.RetentionAtRiskError, retention.RetentionChangeRefusedError) as exc:
+        except (errors.RetentionAtRiskError, errors.RetentionChangeRefusedError) as exc:
             context["ti"].xcom_push(key="report", value=report.to_json())
             raise AirflowFailException(str(exc)) from exc
         return report.to_json()

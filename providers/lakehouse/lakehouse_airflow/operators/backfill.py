@@ -8,9 +8,10 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from lakehouse.core import events
+from lakehouse.core import errors, events
 from lakehouse.core import spec as spec_module
 from lakehouse.recovery import backfill
+from lakehouse_airflow import locations
 from lakehouse_airflow.audit import actor_of, require_authority, require_operator
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, connection_environment
 from lakehouse_airflow.spark import connection_submit_environment
@@ -44,7 +45,8 @@ class BackfillPlanOperator(BaseOperator):
                           platform=hook.platform, catalog=hook.spec.catalog)
 
         try:
-            request = backfill.parse_request(parameters, backfill.live_tables(spec_module.load_all()))
+            live = backfill.live_tables(spec_module.load_all(locations.pipelines_dir()))
+            request = backfill.parse_request(parameters, live)
             planned = backfill.plan(hook.spec, request, hook.platform).to_json()
         except Exception as exc:
             try:
@@ -97,9 +99,10 @@ class BackfillSparkSubmitOperator(SparkSubmitOperator):
                                        f"{shown.get('target_table')} ({shown.get('offsets') or 'no ranges'})")
         require_authority(actor, "backfill", parameters, hook)
         try:
-            request = backfill.parse_request(parameters, backfill.live_tables(spec_module.load_all()))
+            live = backfill.live_tables(spec_module.load_all(locations.pipelines_dir()))
+            request = backfill.parse_request(parameters, live)
             confirmed = backfill.confirm(hook.spec, request, planned, hook.platform)
-        except backfill.BackfillError as exc:
+        except errors.BackfillError as exc:
             events.record(events.Event(self.pipeline, "backfill", "failed", f"backfill refused: {exc}",
                                        details={"parameters": parameters}, actor=actor),
                           platform=hook.platform, catalog=hook.spec.catalog)

@@ -7,7 +7,9 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from lakehouse.core import errors
 from lakehouse.wap import quality
+from lakehouse_airflow import locations
 from lakehouse_airflow.hooks import LakehouseHook
 
 
@@ -21,7 +23,8 @@ class LineageNotAuditable(AirflowFailException):
 
 
 class QualityOperator(BaseOperator):
-    """Validate the rows added to `main` since the last publication with the pipeline's GE suite.
+    """Validate the rows added to `main` since the last publication with the pipeline's GE suite
+    (`<suite>.json` of the expectations folder, lakehouse_airflow.locations).
 
     See `lakehouse.wap.quality.audit`: it pins each data table's snapshot, validates the rows
     its lineage added since the published head (ingested, replayed and backfilled alike),
@@ -52,8 +55,8 @@ class QualityOperator(BaseOperator):
     def execute(self, context) -> dict:
         hook = LakehouseHook(self.pipeline)
         try:
-            result = quality.audit(hook.spec, hook.platform)
-        except quality.LineageError as exc:
+            result = quality.audit(hook.spec, hook.platform, expectations_dir=locations.expectations_dir())
+        except errors.LineageError as exc:
             raise LineageNotAuditable(str(exc)) from None
         self.log.info("%s", result.summary())
         self.log.info("Data Docs: %s", result.docs)

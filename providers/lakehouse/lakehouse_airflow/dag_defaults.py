@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import DAG
 
 from lakehouse.core import spec as spec_module
+from lakehouse.core.errors import ConfigurationError
+from lakehouse_airflow import locations
 from lakehouse_airflow.audit import RESTRICTED_DAG_KINDS, operator_access_control, operator_role
 
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -14,15 +16,21 @@ OWNER = "data-platform"
 
 
 def pipelines() -> dict[str, spec_module.PipelineSpec]:
-    """Every valid pipeline, by name. A broken spec file only loses its own pipeline's DAGs: its error
-    is the import error of dags/lakehouse_specs.py (see `check_specs`), not of every DAG file."""
-    return spec_module.load_all()
+    """Every valid pipeline of the configured pipelines folder (lakehouse_airflow.locations), by name. A
+    broken spec file only loses its own pipeline's DAGs, and a folder that is not configured all of them:
+    the error is the import error of dags/lakehouse_specs.py (see `check_specs`), not of every DAG file."""
+    try:
+        folder = locations.pipelines_dir()
+    except ConfigurationError:
+        return {}
+    return spec_module.load_all(folder)
 
 
 def check_specs() -> None:
-    """Raise BrokenSpecsError listing every spec file that does not load (or overlaps another);
-    dags/lakehouse_specs.py calls it, so Airflow shows them as that file's import error."""
-    spec_module.load_specs().raise_errors()
+    """Raise BrokenSpecsError listing every spec file that does not load (or overlaps another), or
+    ConfigurationError when the pipelines folder is not configured; dags/lakehouse_specs.py calls it, so
+    Airflow shows them as that file's import error."""
+    spec_module.load_specs(locations.pipelines_dir()).raise_errors()
 
 
 def default_args(**overrides) -> dict:

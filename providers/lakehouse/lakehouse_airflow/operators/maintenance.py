@@ -14,7 +14,8 @@ from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.upkeep import maintenance
 from lakehouse_airflow.audit import actor_of
-from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook, openlineage_enabled
+from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
+from lakehouse_airflow.lineage import openlineage_enabled
 from lakehouse_airflow.spark import connection_submit_environment
 
 

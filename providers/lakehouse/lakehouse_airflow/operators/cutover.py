@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator
 from lakehouse.core import sparkenv
 from lakehouse.core import spec as spec_module
 from lakehouse.wap import cutover
+from lakehouse_airflow import locations
 from lakehouse_airflow.audit import actor_of, require_operator
 from lakehouse_airflow.hooks import LakehouseHook
 
@@ -61,5 +62,5 @@ class CutoverOperator(BaseOperator):
         spark = sparkenv.session(hook.platform, cutover.catalogs(hook.spec), f"lakehouse-{self.action}-{self.pipeline}")
         if self.action == "rollback":
             return cutover.rollback(spark, hook.spec, hook.platform, actor=actor)
-        candidate = spec_module.load_pipeline(self.candidate)
+        candidate = spec_module.load_pipeline(self.candidate, locations.pipelines_dir())
         return cutover.cutover(spark, hook.spec, candidate, hook.platform, self.freshness_tolerance_s, actor=actor)
