@@ -105,9 +105,10 @@ def test_every_broken_spec_file_is_its_own_failed_line(nothing_answers, capfd):
     assert code == EXIT_CONFIG  # the first failed part: a spec
     specs = [line for line in out.splitlines() if line[8:].startswith("spec ")]
     assert len(specs) == 3
-    assert f"FAILED  spec            {folder / 'sideways.yaml'}: target.mode: 'sideways' is not one of append, " \
-           "upsert, cdc; next: fix the field the error names, then run `lakehouse check` again" in specs
-    assert any(line.startswith(f"FAILED  spec            {folder / 'not_yaml.yaml'}: ") for line in specs), specs
+    mode_line = good.splitlines().index("  mode: append") + 1  # each mistake at its file and line
+    assert f"FAILED  spec            {folder / 'sideways.yaml'}:{mode_line}: target.mode: 'sideways' is not one of " \
+           "append, upsert, cdc; next: fix the field the error names, then run `lakehouse check` again" in specs
+    assert any(line.startswith(f"FAILED  spec            {folder / 'not_yaml.yaml'}:1: ") for line in specs), specs
     assert any(line.startswith("ok      spec ") for line in specs)
     assert any(line.startswith("FAILED  kafka ") for line in out.splitlines())  # the other parts are still asked
 

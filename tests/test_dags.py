@@ -112,9 +112,10 @@ def test_a_broken_spec_is_the_import_error_of_the_specs_file_only(airflow_db, ma
     assert set(bag.import_errors) == {str(SPECS_DAG_FILE)}
     message = bag.import_errors[str(SPECS_DAG_FILE)]
     assert "target.mode" in message and "sideways" in message and broken.path in message
-    assert f"{first.path}: target.table: '{first.target.table}' is also a data table of pipeline " \
+    line = Path(first.path).read_text().splitlines().index(f"  table: {first.target.table}") + 1
+    assert f"{first.path}:{line}: target.table: '{first.target.table}' is also a data table of pipeline " \
            f"'{second.name}' ({second.path})" in message
-    assert f"{second.path}: target.table:" in message
+    assert f"{second.path}:{line}: target.table:" in message
     assert {f"{valid.name}_{kind}" for kind in (*PER_PIPELINE, "cutover")} <= set(bag.dag_ids)
     assert valid.name in bag.get_dag("retention_alignment").doc_md
     for gone in (broken, first, second):

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakehouse.core import schemas
-from lakehouse.core import spec as spec_module
+from lakehouse.core import schema_folder
 from lakehouse.core.errors import SchemaTranslationError
 from lakehouse.core.spec import MAX_SCHEMA_BYTES, SpecError, load_spec, load_specs, read_schema_folder
 
@@ -121,7 +121,7 @@ def test_a_device_named_like_a_schema_is_never_opened(tmp_path):
     except PermissionError:  # no CAP_MKNOD: the check each schema file goes through, on /dev's own zero
         dev = os.open("/dev", os.O_RDONLY | os.O_DIRECTORY)
         try:
-            how, error = in_time(spec_module._read_schema_file, dev, "zero")
+            how, error = in_time(schema_folder.read_schema_file, dev, "zero")
         finally:
             os.close(dev)
         assert how == "raised", f"reading /dev/zero as a schema {how}"
@@ -145,14 +145,14 @@ def test_each_schema_and_the_whole_folder_are_bounded_before_reading(tmp_path, m
     for schema_id in (1, 2, 3):
         schema_file(folder, f"{schema_id}.avsc")
     one = len(json.dumps(ORDER_SCHEMA))
-    monkeypatch.setattr(spec_module, "MAX_SCHEMA_FOLDER_BYTES", 2 * one)
+    monkeypatch.setattr(schema_folder, "MAX_SCHEMA_FOLDER_BYTES", 2 * one)
     with pytest.raises(ValueError, match="the schemas add up to more than"):
         read_schema_folder(folder)
-    monkeypatch.setattr(spec_module, "MAX_SCHEMA_FOLDER_BYTES", 3 * one)
+    monkeypatch.setattr(schema_folder, "MAX_SCHEMA_FOLDER_BYTES", 3 * one)
     assert [schema_id for schema_id, _, _ in read_schema_folder(folder)] == [1, 2, 3]
     for i in range(5):
         (folder / f"notes-{i}.txt").write_text("not a schema")
-    monkeypatch.setattr(spec_module, "MAX_SCHEMA_FOLDER_ENTRIES", 7)
+    monkeypatch.setattr(schema_folder, "MAX_SCHEMA_FOLDER_ENTRIES", 7)
     with pytest.raises(ValueError, match="more than 7 names in the folder"):
         read_schema_folder(folder)
 

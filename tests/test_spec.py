@@ -190,8 +190,8 @@ def test_two_files_cannot_declare_the_same_pipeline(tmp_path):
     assert list(found.specs) == ["customers"]
     a, b = str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")
     assert list(found.errors) == [a, b]
-    assert str(found.errors[a]) == f"{a}: name: pipeline 'orders' is also declared in {b}; pipeline names must be unique"
-    assert str(found.errors[b]).startswith(f"{b}: name: pipeline 'orders' is also declared in {a}")
+    assert str(found.errors[a]) == f"{a}:2: name: pipeline 'orders' is also declared in {b}; pipeline names must be unique"
+    assert str(found.errors[b]).startswith(f"{b}:2: name: pipeline 'orders' is also declared in {a}")
     assert load_all(tmp_path) == found.specs
     with pytest.raises(SpecError, match="also declared"):
         load_pipeline("orders", tmp_path)
@@ -258,13 +258,13 @@ def test_a_broken_sibling_leaves_the_other_pipelines_working(tmp_path):
     assert load_all(tmp_path) == found.specs
     with pytest.raises(SpecError, match="named.yaml: contract: is required"):
         load_pipeline("bad_by_name", tmp_path)
-    with pytest.raises(SpecError, match="bad_by_stem.yaml: \\(file\\): is not valid YAML"):
+    with pytest.raises(SpecError, match="bad_by_stem.yaml:1: \\(file\\): is not valid YAML"):
         load_pipeline("bad_by_stem", tmp_path)
     with pytest.raises(UnknownPipelineError, match="no pipeline named 'invoices' .*known: good"):
         load_pipeline("invoices", tmp_path)
     with pytest.raises(BrokenSpecsError) as info:
         found.raise_errors()
-    assert str(info.value).split("\n", 1)[1] == "\n".join(f"- {e}" for e in found.errors.values())
+    assert str(info.value).split("\n", 1)[1] == "\n".join(f"- {p}" for e in found.errors.values() for p in e.problems)
     assert 'in "bad_by_stem.yaml", line 1, column 7' in str(found.errors[str(tmp_path / "bad_by_stem.yaml")])
 
 

@@ -40,19 +40,34 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lakehouse.core.errors import SchemaTranslationError
-from lakehouse.core.spec import MAX_DECIMAL_PRECISION, FieldSpec, PatternError, contract_pattern
+from lakehouse.core.errors import PatternError, SchemaTranslationError
+from lakehouse.core.patterns import contract_pattern
+from lakehouse.core.spec_model import FieldSpec
+from lakehouse.core.vocabulary import MAX_DECIMAL_PRECISION
 
 ENVELOPE_FIELDS = ("before", "after", "op")  # what makes a record a Debezium change event
 _DEBEZIUM_NAMES = {
-    "io.debezium.time.Timestamp": {"type": "timestamp", "unit": "ms"},
-    "org.apache.kafka.connect.data.Timestamp": {"type": "timestamp", "unit": "ms"},
-    "io.debezium.time.MicroTimestamp": {"type": "timestamp", "unit": "us"},
-    "io.debezium.time.ZonedTimestamp": {"type": "timestamp"},
-    "io.debezium.time.Date": {"type": "date", "unit": "days"},
-    "org.apache.kafka.connect.data.Date": {"type": "date", "unit": "days"},
-    "io.debezium.data.Uuid": {"type": "uuid"},
+    "io.debezium.time.Timestamp": FieldSpec("", "timestamp", unit="ms"),
+    "org.apache.kafka.connect.data.Timestamp": FieldSpec("", "timestamp", unit="ms"),
+    "io.debezium.time.MicroTimestamp": FieldSpec("", "timestamp", unit="us"),
+    "io.debezium.time.ZonedTimestamp": FieldSpec("", "timestamp"),
+    "io.debezium.time.Date": FieldSpec("", "date", unit="days"),
+    "org.apache.kafka.connect.data.Date": FieldSpec("", "date", unit="days"),
+    "io.debezium.data.Uuid": FieldSpec("", "uuid"),
 }
+_AVRO_PRIMITIVES = {"string": "string", "int": "int", "long": "long", "float": "float", "double": "double",
+                    "boolean": "boolean", "bytes": "binary", "fixed": "binary"}
+
+
+def _debezium(name: Any) -> FieldSpec | None:
+    """The contract type a Kafka Connect / Debezium semantic type name stands for, None for any other
+    value: the name comes from a writer schema, where a producer may put a list or an object."""
+    return _DEBEZIUM_NAMES.get(name) if isinstance(name, str) else None
+
+
+def _bound(value: Any) -> float | None:
+    """A JSON Schema `minimum` / `maximum` as a contract bound: numbers only (not booleans), else none."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 MAX_SCHEMA_DEPTH = 32
 
 
@@ -90,7 +105,7 @@ def _avro_type(path: str, schema: Any, names: dict[str, Any], namespace: str, de
     if isinstance(kind, (list, dict)):  # {"type": {"type": "array", ...}} nests a schema
         return _avro_type(path, kind, names, namespace, depth + 1)
     logical = schema.get("logicalType")
-    connect = _DEBEZIUM_NAMES.get(schema.get("connect.name"))
+    connect = _debezium(schema.get("connect.name"))
     doc = schema.get("doc", "") if isinstance(schema.get("doc"), str) else ""
     if kind in ("record", "enum", "fixed"):
         full = schema.get("name", "")
@@ -135,9 +150,8 @@ def _avro_type(path: str, schema: Any, names: dict[str, Any], namespace: str, de
         raise SchemaTranslationError(f"{path}: time-of-day values ({logical}) have no contract type yet; "
                                      f"send them as a long or a string")
     if connect is not None and kind in ("int", "long", "string"):
-        return FieldSpec("", doc=doc, **connect), False
-    primitive = {"string": "string", "int": "int", "long": "long", "float": "float", "double": "double",
-                 "boolean": "boolean", "bytes": "binary", "fixed": "binary"}.get(kind)
+        return replace(connect, doc=doc), False
+    primitive = _AVRO_PRIMITIVES.get(kind) if isinstance(kind, str) else None
     if primitive is None:
         raise SchemaTranslationError(f"{path}: Avro type {str(kind)[:60]!r} has no contract type")
     return FieldSpec("", primitive, doc=doc), False
@@ -206,16 +220,15 @@ def _json_type(path: str, schema: Any, root: dict, depth: int) -> tuple[FieldSpe
             raise SchemaTranslationError(f"{path}: type {kind!r} has no single column type")
         kind = members[0]
     connect = schema.get("connect.type")
-    debezium = _DEBEZIUM_NAMES.get(schema.get("connect.name") or schema.get("title"))
+    debezium = _debezium(schema.get("connect.name") or schema.get("title"))
     if debezium is not None and kind in ("integer", "string"):
-        return FieldSpec("", doc=doc, **debezium), nullable
+        return replace(debezium, doc=doc), nullable
     if "enum" in schema and kind in ("string", None):
         symbols = [s for s in schema["enum"] if s is not None]
         if not all(isinstance(s, str) for s in symbols) or not symbols:
             raise SchemaTranslationError(f"{path}: an enum of non-string values has no column type")
         return FieldSpec("", "string", enum=tuple(symbols), doc=doc), nullable or None in schema["enum"]
-    bounds = {"min": schema.get("minimum"), "max": schema.get("maximum")}
-    bounds = {k: v for k, v in bounds.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    low, high = _bound(schema.get("minimum")), _bound(schema.get("maximum"))
     if kind == "string":
         fmt = schema.get("format")
         if connect == "bytes" or schema.get("contentEncoding") == "base64":
@@ -237,9 +250,10 @@ def _json_type(path: str, schema: Any, root: dict, depth: int) -> tuple[FieldSpe
                          max_length=max_length if isinstance(max_length, int) and max_length > 0 else None,
                          pattern=pattern if isinstance(pattern, str) else None), nullable
     if kind == "integer":
-        return FieldSpec("", "int" if connect in ("int8", "int16", "int32") else "long", doc=doc, **bounds), nullable
+        return FieldSpec("", "int" if connect in ("int8", "int16", "int32") else "long", doc=doc, min=low,
+                         max=high), nullable
     if kind == "number":
-        return FieldSpec("", "float" if connect == "float32" else "double", doc=doc, **bounds), nullable
+        return FieldSpec("", "float" if connect == "float32" else "double", doc=doc, min=low, max=high), nullable
     if kind == "boolean":
         return FieldSpec("", "boolean", doc=doc), nullable
     if kind == "array":
@@ -350,7 +364,7 @@ def proto_pool(compiled: bytes, serialized_files: Iterable[bytes] = ()):
 
     pool = descriptor_pool.DescriptorPool()
     last = None
-    files = []
+    files: list[descriptor_pb2.FileDescriptorProto] = []
     if compiled:
         found = descriptor_pb2.FileDescriptorSet()
         found.ParseFromString(compiled)
@@ -518,7 +532,7 @@ def _compare(path: str, have: FieldSpec, new: FieldSpec, diff: SchemaDiff, label
             diff.incompatible.append(f"field {path[1:]!r} is {have.type_text} in {labels[0]} but {new.type_text} "
                                      f"in {labels[1]}; a decimal's scale cannot change")
             diff.incompatible_paths.append(path)
-        elif new.precision > have.precision:
+        elif new.digits[0] > have.digits[0]:
             diff.widened.append(path)
         return
     if have.enum is not None and new.enum is not None and not set(new.enum) <= set(have.enum):
@@ -538,9 +552,9 @@ def _compare(path: str, have: FieldSpec, new: FieldSpec, diff: SchemaDiff, label
         writer = {f.name for f in new.fields}
         diff.relaxed.extend(f"{path}.{f.name}" for f in have.fields if f.required and f.name not in writer)
     elif have.type == "list":
-        _compare(f"{path}.element", have.items, new.items, diff, labels)
+        _compare(f"{path}.element", have.element, new.element, diff, labels)
     elif have.type == "map":
-        _compare(f"{path}.value", have.values, new.values, diff, labels)
+        _compare(f"{path}.value", have.element, new.element, diff, labels)
 
 
 def compare(contract: Iterable[FieldSpec], writer: Iterable[FieldSpec],
@@ -562,7 +576,7 @@ def _merge(have: FieldSpec, new: FieldSpec) -> FieldSpec:
     if have.type != new.type:
         return replace(have, type=new.type) if (have.type, new.type) in _PROMOTIONS else have
     if have.type == "decimal":
-        if have.scale == new.scale and new.precision > have.precision:
+        if have.scale == new.scale and new.digits[0] > have.digits[0]:
             return replace(have, precision=new.precision)
         return have
     updates: dict[str, Any] = {}
@@ -583,9 +597,9 @@ def _merge(have: FieldSpec, new: FieldSpec) -> FieldSpec:
         merged.extend(replace(f, required=False) for f in new.fields if f.name not in current)
         updates["fields"] = tuple(merged)
     elif have.type == "list":
-        updates["items"] = _merge(have.items, new.items)
+        updates["items"] = _merge(have.element, new.element)
     elif have.type == "map":
-        updates["values"] = _merge(have.values, new.values)
+        updates["values"] = _merge(have.element, new.element)
     return replace(have, **updates)
 
 
@@ -640,9 +654,9 @@ def _conflicts(path: str, contract: FieldSpec, writer: FieldSpec, found: list[st
         elif contract.type == "struct":
             _struct_conflicts(path, contract.fields, writer.fields, found)
         elif contract.type == "list":
-            _conflicts(f"{path}[]", contract.items, writer.items, found)
+            _conflicts(f"{path}[]", contract.element, writer.element, found)
         else:
-            _conflicts(f"{path}{{}}", contract.values, writer.values, found)
+            _conflicts(f"{path}{{}}", contract.element, writer.element, found)
         return
     accepted = set(_ACCEPTED.get(contract.type, ()))
     if contract.unit is not None:  # epoch numbers

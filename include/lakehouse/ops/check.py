@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from lakehouse.core import config, errors
-from lakehouse.core.spec import SpecError, load_pipeline, load_specs
+from lakehouse.core.errors import SpecError
+from lakehouse.core.spec import load_pipeline, load_specs
 
 DEFAULT_CATALOG = "lake"  # target.catalog when a spec names none (lakehouse.core.spec): checked without specs
 
@@ -68,7 +69,8 @@ class PartCheck:
         return line + (f"; next: {self.next}" if self.next else "")
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
+    """`text` (an error's message) as one line."""
     return " ".join(str(text).split())
 
 
@@ -99,9 +101,11 @@ def _ask(part: str, target: str, question: Callable[[], str], timeout: float) ->
     return PartCheck(part, target, "ok", found["detail"], None, 0, seconds)
 
 
-def _broken(error: SpecError) -> PartCheck:
-    shown = f"{error.field}: {error.why}" if error.field else error.why
-    return PartCheck("spec", error.path, "failed", _one_line(shown), NEXT["spec"], error.exit_code)
+def _broken(error: SpecError) -> list[PartCheck]:
+    """A failed check per mistake of a broken spec file, its target the file and line (`orders.yaml:14`)."""
+    return [PartCheck("spec", p.path if p.line is None else f"{p.path}:{p.line}", "failed",
+                      _one_line(f"{p.field}: {p.why}" if p.field else p.why), NEXT["spec"], p.exit_code)
+            for p in error.problems]
 
 
 def check_specs(name: str | None) -> tuple[list[PartCheck], list]:
@@ -110,19 +114,19 @@ def check_specs(name: str | None) -> tuple[list[PartCheck], list]:
         try:
             spec = load_pipeline(name)
         except SpecError as exc:
-            return [_broken(exc)], []
+            return _broken(exc), []
         except errors.ConfigurationError as exc:  # no file declares `name`
             return [PartCheck("spec", f"pipeline {name}", "failed", _one_line(exc),
                               "give the name of a pipeline the error lists", exc.exit_code)], []
         return [PartCheck("spec", spec.path, "ok", f"pipeline {spec.name} is valid")], [spec]
     found = load_specs()
     checks = [PartCheck("spec", s.path, "ok", f"pipeline {s.name} is valid") for s in found.specs.values()]
-    checks += [_broken(e) for e in found.errors.values()]
+    checks += [check for e in found.errors.values() for check in _broken(e)]  # each file's in line order
     if not checks:
         checks.append(PartCheck("spec", str(found.directory), "failed", "no spec file (*.yaml, *.yml) in this folder",
                                 "write a pipeline spec there, or point LAKEHOUSE_PIPELINES_DIR at the folder "
                                 "that holds yours", errors.EXIT_CONFIG))
-    return sorted(checks, key=lambda c: c.target), list(found.specs.values())
+    return sorted(checks, key=lambda c: c.target.rpartition(".y")[0]), list(found.specs.values())  # by file
 
 
 def check_kafka(platform: config.PlatformConfig, specs: list, timeout: float) -> PartCheck:

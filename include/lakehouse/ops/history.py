@@ -33,11 +33,11 @@ import math
 import re
 import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from lakehouse.core import config, errors, offsets
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.spec import IDENTIFIER, SHARED_DAG_IDS, TABLE_NAME, PipelineSpec, SpecError, dag_id
+from lakehouse.core.spec import IDENTIFIER, SHARED_DAG_IDS, TABLE_NAME, PipelineSpec, dag_id
 from lakehouse.ops import cost
 from lakehouse.ops.status import pipeline_status
 
@@ -205,7 +205,7 @@ ERROR_CATEGORIES: dict[type, str] = {
     errors.ObjectStoreUnavailableError: "the object store did not answer",
     errors.ObjectStoreAccessError: "the object store refused the platform's credentials",
     errors.TableStateError: "a table is not in a state the pipeline can continue from",
-    SpecError: "the spec file does not load",
+    errors.SpecError: "the spec file does not load",
     errors.ConfigurationError: "a setting is invalid",
     errors.RetryableError: "a transient outage",
     errors.LakehouseError: "the platform could not read it",
@@ -314,6 +314,14 @@ def _parameters(found: Any) -> dict[str, Any]:
             else WITHHELD for k in names}
 
 
+@overload
+def _event(pipeline: str, kind: str, event: dict) -> dict: ...
+@overload
+def _event(pipeline: str, kind: str, event: None) -> None: ...
+@overload
+def _event(pipeline: str, kind: str, event: dict | None) -> dict | None: ...
+
+
 def _event(pipeline: str, kind: str, event: dict | None) -> dict | None:
     """An ops timeline event as the page shows it: time, kind, status, actor and numeric metrics; a failed
     event's message (it may quote rows, keys, paths or an exception) only as an error id."""
@@ -330,7 +338,9 @@ def _event(pipeline: str, kind: str, event: dict | None) -> dict | None:
 def _action(pipeline: str, action: dict) -> dict:
     """An operator action: who, when, what, through which DAG run or a command, the parameters (see
     _parameters) and the outcome; never the host or OS user it ran from."""
-    origin = action.get("origin") if isinstance(action.get("origin"), dict) else {}
+    origin = action.get("origin")
+    if not isinstance(origin, dict):
+        origin = {}
     via = origin.get("via") if origin.get("via") in ("airflow", "cli") else None
     kind = _safe(action.get("kind"), _NAME) or "action"
     out = {**_event(pipeline, kind, action), "via": via,
