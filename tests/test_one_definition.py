@@ -1,9 +1,14 @@
-"""One implementation per concept: the pipeline's committed position, DAG ids, the dead-letter mapping."""
+"""One implementation per concept: the pipeline's committed position, DAG ids, the dead-letter mapping, the
+retrying of commit conflicts and outages."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
+import lakehouse
 from lakehouse.core import spec as spec_module
 from lakehouse.core.errors import OffsetGapError
 from lakehouse.core.offsets import TableProgress, committed_positions
@@ -46,3 +51,45 @@ def test_the_dead_letter_table_its_ddl_and_the_tasks_projection_follow_one_mappi
         == sorted(names)
     schema, _ = reader.batch_schema(make_spec())
     assert all(source in schema.names for _, _, source, _ in reader.DEAD_LETTER_TABLE if source)
+
+
+# what a loop's `except` names when it catches a commit conflict, or asks whether an error is one or transient
+CONFLICT_OR_OUTAGE = {"CommitFailedException", "MainMovedError", "PositionsMovedError", "EpochTakenError",
+                      "commit_conflict", "is_conflict", "is_conflict_in_chain", "transient_cause", "transient_reason"}
+
+
+def _hand_rolled_retries(source: str) -> list[int]:
+    """Lines of the `except` clauses, inside a loop, that catch a commit conflict or an outage (by name) or wait
+    (`time.sleep`, `Event.wait`) before going round again: a retry loop written by hand."""
+    found = set()
+    for loop in ast.walk(ast.parse(source)):
+        if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor)):
+            continue
+        for handler in (n for n in ast.walk(loop) if isinstance(n, ast.ExceptHandler)):
+            named = {n.id for n in ast.walk(handler) if isinstance(n, ast.Name)} \
+                | {n.attr for n in ast.walk(handler) if isinstance(n, ast.Attribute)}
+            waits = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                        and c.func.attr in ("sleep", "wait") for c in ast.walk(handler))
+            if named & CONFLICT_OR_OUTAGE or waits:
+                found.add(handler.lineno)
+    return sorted(found)
+
+
+def test_commit_conflicts_and_outages_are_retried_by_the_retry_policies_only():
+    """lakehouse.core.retry is the one place that retries a commit another commit beat, or work an outage
+    interrupted: attempts, waits, logging and the error once they run out are decided there."""
+    package = Path(lakehouse.__file__).parent
+    found = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
+             if path != package / "core" / "retry.py" for line in _hand_rolled_retries(path.read_text())]
+    assert not found, f"retry loops written by hand (use lakehouse.core.retry's policies): {found}"
+
+
+def test_the_scan_finds_a_retry_loop_written_by_hand():
+    conflict = ("for attempt in range(5):\n    try:\n        table.append(rows)\n        break\n"
+                "    except CommitFailedException:\n        table = table.refresh()\n")
+    backoff = ("while True:\n    try:\n        return run()\n    except Exception as exc:\n"
+               "        if not ok(exc):\n            raise\n        time.sleep(1)\n")
+    polling = ("while True:\n    try:\n        return probe()\n    except KeyError:\n        pass\n"
+               "    time.sleep(0.02)\n")
+    assert _hand_rolled_retries(conflict) == [5] and _hand_rolled_retries(backoff) == [4]
+    assert _hand_rolled_retries(polling) == []  # waiting for something to appear is not a retry policy's job

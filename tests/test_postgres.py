@@ -60,9 +60,8 @@ WAIT_S = 240.0  # the most a worker waits for ingestion to commit again before g
 # What each process logs when one of its commits lost the catalog's compare-and-set to another writer
 CONFLICT_MARKERS = {"iceberg": "Retrying task after failure",  # Iceberg (Java) retrying a commit
                     "pyiceberg": "Commit failed due to a concurrent update",  # pyiceberg retrying an append
-                    "maintenance": "conflicted with another commit",  # lakehouse.upkeep.maintenance retrying a step
-                    "ingest": "conflicted (attempt",  # lakehouse.ingest retrying a table commit
-                    "publish": "lost a race with another commit"}  # lakehouse.wap.publish retrying a branch move
+                    # lakehouse.core.retry: ingest retrying a table commit, maintenance a step, publish a branch move
+                    "lakehouse": "conflicted with another commit (attempt"}
 
 
 # ---------------------------------------------------------------------------- PostgreSQL

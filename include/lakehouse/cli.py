@@ -26,14 +26,15 @@ The development stack (`devstack/`, installed by `make setup`) adds `lakehouse s
 airflow` and `lakehouse produce` (lakehouse_dev.cli). docs/cli.md describes every command, its options,
 its `--json` shape and shell completion.
 
-Exit codes (lakehouse.core.errors): 0 ok, 1 failure, 2 bad spec/configuration/arguments, 3 the
-source or a table needs attention (offset gap, topic recreated, topic missing, retention too
-short, positions lost, records about to age out that the retention guard could not protect; Kafka
-unreachable), 4 fenced (another ingest job of the pipeline took over its tables); 130 interrupted
-(Ctrl-C), 141 the reader of standard output went away (`lakehouse pipelines --json | head -1`: the
-command stops quietly, as Unix tools killed by SIGPIPE do). `lakehouse check` exits with the code of
-its first failed part. `lakehouse stack status` exits 1 when the broker does not run, `lakehouse
-airflow status` when no Airflow component runs.
+Exit codes (lakehouse.core.errors.EXIT_CODES, each error's `exit_code`): 0 ok; 1 failure; 2 a bad
+spec, setting or argument; 3 the source or a table needs attention (offset gap, topic recreated,
+topic missing, retention too short, positions lost, records about to age out that the retention
+guard could not protect; Kafka unreachable or refusing a topic operation); 4 fenced (another ingest
+job of the pipeline took over its tables); 130 interrupted (Ctrl-C); 141 the reader of standard
+output went away (`lakehouse pipelines --json | head -1`: the command stops quietly, as Unix tools
+killed by SIGPIPE do). `lakehouse check` exits with the code of its first failed part. `lakehouse
+stack status` exits 1 when the broker does not run, `lakehouse airflow status` when no Airflow
+component runs.
 
 `--json` prints one shape per command, whatever the other options: an object, or a list of objects for
 `status`, `schemas` and `check` (`ingest` prints one object per batch, a line each); docs/cli.md
@@ -73,19 +74,18 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from lakehouse.core import cli_types, config, errors
+from lakehouse.core.errors import SpecError
 from lakehouse.core.spec import (
     DURATION_CAPS_S,
     FORMAT_SCHEMA_TYPES,
     PipelineSpec,
-    SpecError,
     load_pipeline,
     load_schema_source,
     load_specs,
 )
 
 EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE = errors.EXIT_FAILURE, errors.EXIT_CONFIG, errors.EXIT_SOURCE
-EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
-EXIT_BROKEN_PIPE = 141  # standard output's reader went away, as shells report SIGPIPE
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = errors.EXIT_INTERRUPTED, errors.EXIT_BROKEN_PIPE  # Ctrl-C, a closed pipe
 DISTRIBUTION = "lakehouse"  # pyproject.toml [project] name: what `--version` reports
 
 
@@ -94,16 +94,24 @@ def print_json(obj) -> None:
 
 
 def cmd_pipelines(args) -> int:
-    """Lists the valid specs; each broken file's error goes to stderr (in the JSON under "errors").
-    Returns EXIT_CONFIG when any file is broken."""
+    """Lists the valid specs; every mistake of each broken file goes to stderr, one line each with its
+    file, line and field (in the JSON under "errors", a file's mistakes as its "problems"). Returns
+    EXIT_CONFIG when any file is broken. With --schema, prints the JSON Schema of a spec file instead."""
+    if args.schema:
+        from lakehouse.core.spec_schema import spec_json_schema
+
+        print_json(spec_json_schema())
+        return 0
     found = load_specs()
     if args.json:
         print_json({
             "pipelines": [{"name": s.name, "topic": s.source.topic, "tables": list(s.target.tables),
                            "dead_letter_table": s.dead_letter_table, "mode": s.target.mode, "path": s.path}
                           for s in found.specs.values()],
-            "errors": [{"path": e.path, "pipeline": found.declared[path], "field": e.field, "why": e.why,
-                        "message": str(e)} for path, e in found.errors.items()],
+            "errors": [{"path": e.path, "pipeline": found.declared[path], "line": e.line, "field": e.field,
+                        "why": e.why, "message": str(e),
+                        "problems": [{"line": p.line, "field": p.field, "why": p.why} for p in e.problems]}
+                       for path, e in found.errors.items()],
         })
     else:
         for s in found.specs.values():
@@ -114,9 +122,10 @@ def cmd_pipelines(args) -> int:
 
 
 def _report_broken(errors: dict[str, SpecError]) -> None:
-    """Print each broken spec file's error on stderr."""
+    """Print every mistake of each broken spec file on stderr, one line each (`error: FILE:LINE: FIELD: WHY`)."""
     for error in errors.values():
-        print(f"error: {error}", file=sys.stderr)
+        for problem in error.problems:
+            print(f"error: {problem}", file=sys.stderr)
 
 
 def _specs(name: str | None) -> tuple[list[PipelineSpec], bool]:
@@ -410,6 +419,7 @@ def cmd_trace(args) -> int:
 
     spec = load_pipeline(args.pipeline)
     topics.require_broker()
+    found: trace.KeyTrace | trace.RecordTrace
     if args.key is not None:
         found = trace.trace_key(spec, args.key, args.since, args.until,
                                 progress=None if args.json else lambda line: print(line, file=sys.stderr, flush=True))
@@ -491,11 +501,11 @@ def _days(text: str) -> int:
 
 def _offsets(text: str) -> dict[int, tuple[int, int]]:
     """Per-partition offset ranges, as lakehouse.recovery.replay.parse_offset_ranges reads them."""
-    from lakehouse.recovery.replay import ReplayError, parse_offset_ranges
+    from lakehouse.recovery.replay import parse_offset_ranges
 
     try:
         return parse_offset_ranges(text)
-    except ReplayError as exc:
+    except errors.ReplayError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -524,11 +534,11 @@ def _key(text: str) -> str:
 
 
 def _snapshot_range(text: str) -> tuple[int, int]:
-    from lakehouse.ops.verify import VerifyError, parse_snapshot_range
+    from lakehouse.ops.verify import parse_snapshot_range
 
     try:
         return parse_snapshot_range(text)
-    except VerifyError as exc:
+    except errors.VerifyError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -620,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pipelines", help="validate and list pipeline specs")
     p.add_argument("--json", action="store_true", help=_json_help("{pipelines: [...], errors: [...]}"))
+    p.add_argument("--schema", action="store_true",
+                   help="print the JSON Schema of a spec file (for editors; docs/spec.schema.json) and exit")
     p.set_defaults(fn=cmd_pipelines)
 
     p = sub.add_parser("check", help="validate the specs and reach every configured part (Kafka, catalogs, object "
@@ -748,7 +760,8 @@ def build_parser() -> argparse.ArgumentParser:
         command.load()(sub)  # e.g. the development stack's `stack`, `airflow` and `produce`
     for action in _options(parser):
         if action.dest == "pipeline":  # every command's --pipeline, the development stack's too
-            action.completer = complete_pipelines  # type: ignore[attr-defined]
+            # argcomplete reads the `completer` it documents on an argparse action, which typeshed does not declare
+            action.completer = complete_pipelines  # type: ignore[attr-defined]  # argcomplete's attribute
     return parser
 
 
@@ -805,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
     except errors.LakehouseError as exc:  # every error raised on purpose knows its exit code
         # an outage is one line (a driver's message may span several): what is unreachable and what to check
         shown = " ".join(str(exc).split()) if isinstance(exc, errors.RetryableError) else exc
-        print(f"error: {shown}", file=sys.stderr)
+        for line in exc.problems if isinstance(exc, SpecError) else (shown,):  # a spec's mistakes: one line each
+            print(f"error: {line}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -1,13 +1,38 @@
-"""Every error the platform raises on purpose derives from `LakehouseError`.
+"""Every error the platform raises on purpose, under one base, `LakehouseError`; and the exit codes.
 
-The subclasses say what kind of trouble it is, and so what a caller does about it:
+`EXIT_CODES` is the one table of the `lakehouse` command's exit codes: each class's `exit_code` is one of
+its codes, and the CLI's docstring and docs/cli.md say the same (tests/test_architecture.py compares
+them). The class says what kind of trouble it is, and so what a caller does about it (its exit code in
+brackets; a subclass has its parent's unless it says otherwise):
 
-    ConfigurationError   a bad spec, setting or argument: fix it and run again (CLI exit 2)
-    SourceError          Kafka cannot serve what the pipeline needs (CLI exit 3)
-    TableStateError      a table is not in a state the pipeline can continue from (CLI exit 3)
-    CommitError          a commit could not be made (CLI exit 1)
-    WriterFencedError    another ingest job of the pipeline took over its tables (CLI exit 4)
-    RetryableError       a transient outage (catalog locked or unreachable, broker stalled)
+    LakehouseError [1]             base: the CLI prints the message and exits with `exit_code`
+      ConfigurationError [2]       a bad spec, setting or argument: fix it and run again (also a ValueError)
+        settings, credentials      KafkaAuthError, CatalogAccessError, ObjectStoreAccessError,
+                                   SchemaRegistryAccessError, EventError
+        the pipeline spec          PatternError, SpecError, UnknownPipelineError (also a LookupError),
+                                   BrokenSpecsError (each mistake with its file, line and key path)
+        schemas and tables         SchemaTranslationError, SchemaChangeError, WriterSchemaIncompatibleError,
+                                   SchemaIncompatibleError, TableOwnershipError, LayoutChangeRefused
+        requests refused           TraceError, VerifyError, ReplayError, BackfillError > PlanMismatchError,
+                                   CutoverError, QualityConfigError
+      SourceError [3]              Kafka cannot serve what the pipeline needs
+        topics and offsets         TopicError, TopicMissingError, TopicRecreatedError, OffsetGapError,
+                                   SchemaUnknownError
+        not answering              BrokerUnavailableError > BrokerStalledError, BrokerUnreachableError;
+                                   SchemaRegistryUnavailableError (both also RetryableError)
+        retention                  RetentionMisalignedError, RetentionAtRiskError, RetentionChangeRefusedError
+      TableStateError [3]          a table is not in a state the pipeline can continue from: PositionsLostError,
+                                   UnverifiedError, LineageError > LineageBrokenError, LineageDivergedError
+      CommitError [1]              a commit could not be made: IngestError > PlanStaleError (also RetryableError),
+                                   EpochTakenError, PublishError > NotADescendantError
+        WriterFencedError [4]      another ingest job of the pipeline took over its tables
+        commit conflicts           PositionsMovedError, MainMovedError (also pyiceberg's CommitFailedException,
+                                   which the commit loops retry)
+      RetryableError [1]           a transient outage: CatalogUnavailableError, ObjectStoreUnavailableError
+      OutageError [1]              a transient failure outlasted the retry budget
+      RecordFailureError [1]       a Spark task failed on a record: the batch is read again with it dead-lettered
+      MaintenanceError [1]         a maintenance step failed: OwnershipError
+      SupervisionError [1]         a job could not be kept alive: JobAlreadyRunningError, JobFencedError
 
 Retryability is decided from types, never from words in a message: `transient_cause(exc)`
 walks an exception's causes and recognises the database drivers' connection and lock
@@ -22,8 +47,25 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Iterator
+from types import MappingProxyType
 
-EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE, EXIT_FENCED = 1, 2, 3, 4
+from pyiceberg.exceptions import CommitFailedException
+
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE, EXIT_FENCED = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141  # as shells report a process killed by SIGINT, SIGPIPE
+
+# The exit codes of the `lakehouse` command and what each means: the one table (the CLI's docstring and
+# docs/cli.md's "Exit codes" list the same codes with these words first, then examples).
+EXIT_CODES = MappingProxyType({
+    EXIT_OK: "ok",
+    EXIT_FAILURE: "failure",
+    EXIT_CONFIG: "a bad spec, setting or argument",
+    EXIT_SOURCE: "the source or a table needs attention",
+    EXIT_FENCED: "fenced",
+    EXIT_INTERRUPTED: "interrupted",
+    EXIT_BROKEN_PIPE: "the reader of standard output went away",
+})
 
 
 class LakehouseError(Exception):
@@ -154,6 +196,180 @@ class OutageError(LakehouseError, RuntimeError):
     """A transient failure lasted longer than the retry budget allowed; the job gave up."""
 
 
+# --- settings and credentials (lakehouse.core.config, kafka_security, events) -------------------------
+
+class KafkaAuthError(ConfigurationError):
+    """The Kafka cluster refused this client's credentials or its TLS handshake failed.
+
+    A configuration problem, not a broker outage: retrying with the same settings cannot
+    succeed, so callers fail at once instead of polling on.
+    """
+
+
+class EventError(ConfigurationError):
+    """An event that does not fit the timeline (unknown kind or status)."""
+
+
+# --- a spec the tables cannot take (lakehouse.ingest.tables) ---------------------------------------------
+
+class SchemaIncompatibleError(ConfigurationError):
+    """The spec changed the contract in a way the table cannot take under the pipeline's policy."""
+
+
+class TableOwnershipError(ConfigurationError):
+    """A table the spec names belongs to another pipeline (or was not created by one)."""
+
+
+class LayoutChangeRefused(ConfigurationError):
+    """The spec changed something its table cannot follow (write mode, upsert key, default table, a
+    partition field on a column the table lacks); the message says what to do instead."""
+
+
+# --- requests a command refuses (trace, verify, replay, backfill, cutover, quality) ------------------------
+
+class TraceError(ConfigurationError):
+    """The trace cannot be answered as asked (a partition the topic lacks, a window too large)."""
+
+
+class VerifyError(ConfigurationError):
+    """The verification cannot be run as asked (an unknown snapshot, FROM not before TO); the message
+    says why."""
+
+
+class ReplayError(ConfigurationError):
+    """The replay request cannot be served as asked; the message says why."""
+
+
+class BackfillError(ConfigurationError):
+    """The backfill request is invalid or cannot be served; the message says which field and why."""
+
+
+class PlanMismatchError(BackfillError):
+    """The plan about to run is not a plan of the run's request (changed after it was made, or missing)."""
+
+
+class CutoverError(ConfigurationError):
+    """The cutover or rollback was refused; the message says which check failed and by how much."""
+
+
+class QualityConfigError(ConfigurationError):
+    """The expectation suite is missing or unreadable."""
+
+
+# --- the source: topics, the broker, retention (lakehouse.core.topics, lakehouse.upkeep.retention) --------
+
+class TopicError(SourceError):
+    """Kafka refused or could not answer a topic operation (list, describe, create; the topic missing); the
+    message says which and why."""
+
+
+class BrokerUnreachableError(BrokerUnavailableError):
+    """Nothing answered at the platform's bootstrap servers within the check's few seconds; the message names
+    the servers and the setting to check."""
+
+
+class RetentionMisalignedError(SourceError):
+    """The topic's retention.ms cannot cover lag + outage budget + replay window; the message says by how
+    much and which setting fixes it."""
+
+
+class RetentionAtRiskError(SourceError):
+    """Records not yet ingested will age out of Kafka and the guard could not extend the topic's
+    retention (no max_retention, the cap reached, or the broker refused); the message says which."""
+
+
+class RetentionChangeRefusedError(SourceError):
+    """The broker refused to change the topic's retention.ms; the message names the missing permission
+    (also in `missing_permission` when an ACL is missing)."""
+
+    def __init__(self, message: str, missing_permission: str | None = None):
+        super().__init__(message)
+        self.missing_permission = missing_permission
+
+
+# --- table state (lakehouse.core.offsets, lakehouse.ops.verify, lakehouse.wap.quality) ---------------------
+
+class PositionsLostError(TableStateError):
+    """A table holds rows of the pipeline but none of its snapshots reachable from `main` carries
+    the pipeline's positions: resuming would read the topic again and duplicate rows."""
+
+
+class UnverifiedError(TableStateError):
+    """Snapshots about to be published were not verified by a passing verification."""
+
+
+class LineageError(TableStateError):
+    """Main's snapshot cannot be related to the published head, so what is new cannot be known."""
+
+
+class LineageBrokenError(LineageError):
+    """A snapshot between two snapshots of main's lineage was expired: the rows it added cannot be known."""
+
+
+class LineageDivergedError(LineageError):
+    """Main's snapshot does not descend from the published head (main was rolled back below it)."""
+
+
+# --- commits (lakehouse.ingest.job, lakehouse.ingest.committer, lakehouse.wap.publish) ----------------------
+
+class IngestError(CommitError):
+    """The batch could not be committed; the message says why."""
+
+
+class PlanStaleError(IngestError, RetryableError):
+    """A table's positions moved between planning and committing (another commit of the pipeline):
+    the batch is planned and written again."""
+
+
+class EpochTakenError(CommitError):
+    """A claim lost to a writer that recorded an equal or higher epoch first."""
+
+    def __init__(self, epoch: int, holder: str):
+        super().__init__(f"epoch {epoch} is taken by {holder}")
+        self.epoch = epoch
+
+
+class PositionsMovedError(CommitError, CommitFailedException):
+    """Another commit carrying the pipeline's positions landed since the batch was planned (a commit
+    conflict: plan again from the table)."""
+
+
+class MainMovedError(CommitError, CommitFailedException):
+    """`main` moved since the staged snapshot was written (a commit conflict: write again on the new head)."""
+
+
+class PublishError(CommitError):
+    """The branch was not moved: nothing audited, an unknown snapshot, or a lost race."""
+
+
+class NotADescendantError(PublishError):
+    """The audited snapshot does not descend from the published head (or left `main`): publishing it
+    would make readers lose data they have already seen."""
+
+
+# --- maintenance and supervision (lakehouse.upkeep.maintenance, lakehouse.ops.supervision) -----------------
+
+class MaintenanceError(LakehouseError, RuntimeError):
+    """A maintenance step on one table failed (after retries) or broke an invariant; says which and why."""
+
+
+class OwnershipError(MaintenanceError):
+    """Orphan removal refused: the table could not be proven to own every file under its location."""
+
+
+class SupervisionError(LakehouseError, RuntimeError):
+    """The job could not be kept alive (restarts exhausted, or its processes would not die)."""
+
+
+class JobAlreadyRunningError(SupervisionError):
+    """Another job of the same pipeline holds the pipeline's job lock."""
+
+
+class JobFencedError(SupervisionError):
+    """The job exited because a newer ingest job of the pipeline claimed its tables (exit code 4):
+    restarting it would only fence the other job in turn."""
+
+
 # --- what is transient --------------------------------------------------------------------------
 
 _SQLITE_TRANSIENT = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
@@ -173,7 +389,7 @@ _JAVA_TRANSIENT = (
 )
 
 
-def _causes(exc: BaseException):
+def _causes(exc: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -190,17 +406,20 @@ def _python_transient(exc: BaseException) -> str | None:
     try:
         from sqlalchemy.exc import DBAPIError
     except ImportError:  # pragma: no cover - sqlalchemy comes with pyiceberg[sql]
-        DBAPIError = ()  # type: ignore[assignment]
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return f"catalog connection lost: {exc.orig}"
+        pass
+    else:
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            return f"catalog connection lost: {exc.orig}"
     try:
         import psycopg2
     except ImportError:  # pragma: no cover
-        psycopg2 = None
-    if psycopg2 is not None and isinstance(exc, psycopg2.Error):
-        code = exc.pgcode or ""
-        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) or _SQLSTATE_TRANSIENT.match(code):
-            return f"PostgreSQL catalog unavailable: {str(exc).strip()}"
+        pass
+    else:
+        if isinstance(exc, psycopg2.Error):
+            code = exc.pgcode or ""
+            if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) \
+                    or _SQLSTATE_TRANSIENT.match(code):
+                return f"PostgreSQL catalog unavailable: {str(exc).strip()}"
     found = _rest_transient(exc)
     if found:
         return found
@@ -315,8 +534,6 @@ def java_instance_of(exc: BaseException, *class_names: str) -> str | None:
 
 def commit_conflict(exc: BaseException) -> bool:
     """Whether `exc` is Iceberg's report that another commit won the race (pyiceberg or Java)."""
-    from pyiceberg.exceptions import CommitFailedException
-
     if any(isinstance(cause, CommitFailedException) for cause in _causes(exc)):
         return True
     return java_instance_of(exc, *_JAVA_CONFLICTS) is not None
@@ -358,3 +575,51 @@ def marker_in(text: str) -> tuple[str, dict[str, str]] | None:
         return None
     fields = dict(item.split("=", 1) for item in match.group("fields").split())
     return match.group("kind"), fields
+
+
+# --- the pipeline spec (lakehouse.core.spec) ----------------------------------------------------
+
+class PatternError(ConfigurationError):
+    """A contract pattern the platform does not run; the message says why and what to write instead."""
+
+
+class SpecError(ConfigurationError):
+    """A pipeline spec file is invalid: each mistake names the file, the YAML line (when it is about one
+    value), the field's key path and why, `orders.yaml:14: contract.fields[amount].type: ...`.
+
+    A file with several mistakes raises one SpecError holding each as `problems` (one SpecError per
+    mistake, in line order), its message one line per mistake; `field`, `why` and `line` are the first's.
+    """
+
+    def __init__(self, path: object, field_path: str, why: str, line: int | None = None,
+                 problems: tuple[SpecError, ...] = ()):
+        self.path = str(path)
+        self.field = field_path
+        self.why = why
+        self.line = line
+        self.problems: tuple[SpecError, ...] = tuple(problems) or (self,)
+        own = f"{self.path}{'' if line is None else f':{line}'}: {field_path}: {why}"
+        super().__init__("\n".join(own if p is self else str(p) for p in self.problems))
+
+    @classmethod
+    def of(cls, problems: list[SpecError]) -> SpecError:
+        """One SpecError for the mistakes `problems` of one file (at least one), ordered by line (those
+        about the file as a whole first), the first one's field and why in front."""
+        ordered = sorted(problems, key=lambda p: p.line or 0)
+        if len(ordered) == 1:
+            return ordered[0]
+        first = ordered[0]
+        return cls(first.path, first.field, first.why, first.line, problems=tuple(ordered))
+
+
+class UnknownPipelineError(ConfigurationError, LookupError):
+    """No spec file declares the pipeline asked for."""
+
+
+class BrokenSpecsError(ConfigurationError):
+    """Some spec files of the pipelines folder do not load; the message lists every mistake of each."""
+
+    def __init__(self, errors: dict[str, SpecError]):
+        self.errors = dict(errors)
+        super().__init__(f"{len(errors)} pipeline spec file(s) do not load, so their pipelines are left out "
+                         f"until fixed:\n" + "\n".join(f"- {p}" for e in errors.values() for p in e.problems))

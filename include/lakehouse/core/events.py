@@ -29,9 +29,8 @@ import logging
 import os
 import pwd
 import socket
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -44,15 +43,15 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, GreaterThanOrEqual
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform
 from pyiceberg.types import DoubleType, MapType, NestedField, StringType, TimestamptzType
 
-from lakehouse.core import config
+from lakehouse.core import config, retry
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import ConfigurationError, LakehouseError
+from lakehouse.core.errors import EventError, LakehouseError
 
 log = logging.getLogger("lakehouse.events")
 
@@ -95,10 +94,6 @@ MAX_MESSAGE = 2000  # characters of an error kept in a failed action's message
 # set by the Airflow operators for the jobs they start (spark-submit), read by `Actor.of_process`
 AIRFLOW_RUN_ENV = "LAKEHOUSE_AIRFLOW_RUN"
 SCHEDULER = "scheduler"  # the actor of a DAG run nobody triggered (scheduled, asset-triggered)
-
-
-class EventError(ConfigurationError):
-    """An event that does not fit the timeline (unknown kind or status)."""
 
 
 def _os_user() -> str:
@@ -162,7 +157,7 @@ class Event:
     kind: str
     status: str = "ok"
     message: str = ""
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: Mapping[str, float | None] = field(default_factory=dict)  # None: not known (a null in the map)
     details: dict[str, Any] = field(default_factory=dict)
     ts: datetime | None = None
     event_id: str | None = None
@@ -202,17 +197,23 @@ def events_table(platform: config.PlatformConfig | None = None, catalog: str = "
 
 def _with_actor(table):
     """`table`, with the `actor` column added when it was created before there was one. Processes of
-    the earlier release keep appending without it (an optional column they leave empty)."""
-    for _ in range(COMMIT_ATTEMPTS):
-        if "actor" in table.schema().column_names:
-            return table
-        try:
+    the earlier release keep appending without it (an optional column they leave empty), and so does this
+    process when other commits keep winning the race to the table (the next process adds it)."""
+    def attempt(number: int):
+        nonlocal table
+        if number > 1:  # another commit (perhaps the same change) landed first
+            table = table.refresh()
+        if "actor" not in table.schema().column_names:
             with table.update_schema() as update:
                 update.add_column("actor", StringType(), doc="who made an operator action happen")
-        except CommitFailedException:  # another commit (perhaps the same change) landed first
-            pass
-        table = table.refresh()
-    return table
+        return table
+
+    try:
+        return retry.commit_conflicts(f"adding the actor column to {EVENTS_TABLE}", attempts=COMMIT_ATTEMPTS,
+                                      error=CommitFailedException, first_wait_s=0.0).run(attempt)
+    except CommitFailedException as exc:
+        log.warning("%s; appending events without it", exc)
+        return table.refresh()
 
 
 def record(*events: Event, platform: config.PlatformConfig | None = None, catalog: str = "lake") -> None:
@@ -228,15 +229,17 @@ def record(*events: Event, platform: config.PlatformConfig | None = None, catalo
             raise EventError(f"unknown event status {event.status!r}; one of {', '.join(STATUSES)}")
     data = pa.Table.from_pylist([e.row() for e in events], schema=_ARROW)
     table = events_table(platform, catalog)
-    for attempt in range(COMMIT_ATTEMPTS):
-        try:
-            table.append(data)
-            return
-        except CommitFailedException:
-            if attempt == COMMIT_ATTEMPTS - 1:
-                raise
-            time.sleep(0.05 * (attempt + 1))
+
+    def attempt(number: int) -> None:
+        nonlocal table
+        if number > 1:
             table = table.refresh()
+        table.append(data)
+
+    retry.commit_conflicts(f"appending {len(events)} event(s) to {EVENTS_TABLE}", attempts=COMMIT_ATTEMPTS,
+                           error=CommitFailedException, first_wait_s=0.05, max_wait_s=0.5,
+                           next_step="The events were not recorded; other processes keep appending to the "
+                                     "timeline at the same moment: record them again.").run(attempt)
 
 
 @dataclass
@@ -292,8 +295,8 @@ def digest(pipeline: str, since: datetime, batches: int = 60, platform: config.P
     "actions": the newest ACTIONS_SHOWN operator actions people took (events naming an actor other
     than the scheduler), newest first}."""
     table = events_table(platform, catalog)
-    arrow = table.scan(row_filter=And(EqualTo("pipeline", pipeline), GreaterThanOrEqual("ts", since.isoformat()))) \
-        .to_arrow().sort_by([("ts", "descending")])
+    row_filter = And(EqualTo(term="pipeline", value=pipeline), GreaterThanOrEqual(term="ts", value=since.isoformat()))
+    arrow = table.scan(row_filter=row_filter).to_arrow().sort_by([("ts", "descending")])
     kinds = arrow.column("kind")
     latest = {}
     for kind in KINDS:
@@ -310,11 +313,11 @@ def recent(pipeline: str | None = None, kind: str | None = None, since: datetime
            limit: int = 100, platform: config.PlatformConfig | None = None, catalog: str = "lake") -> list[dict]:
     """Events newest first, as dicts (metrics as a dict, details parsed), optionally filtered."""
     table = events_table(platform, catalog)
-    condition = AlwaysTrue()
+    condition: BooleanExpression = AlwaysTrue()
     if pipeline is not None:
-        condition = And(condition, EqualTo("pipeline", pipeline))
+        condition = And(condition, EqualTo(term="pipeline", value=pipeline))
     if kind is not None:
-        condition = And(condition, EqualTo("kind", kind))
+        condition = And(condition, EqualTo(term="kind", value=kind))
     if since is not None:
-        condition = And(condition, GreaterThanOrEqual("ts", since.isoformat()))
+        condition = And(condition, GreaterThanOrEqual(term="ts", value=since.isoformat()))
     return _rows(table.scan(row_filter=condition).to_arrow().sort_by([("ts", "descending")]).slice(0, limit))

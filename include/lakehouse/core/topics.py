@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from lakehouse.core import config, kafka_security
-from lakehouse.core.errors import BrokerUnavailableError, LakehouseError
+from lakehouse.core.errors import BrokerUnreachableError, TopicError
 from lakehouse.core.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -32,21 +32,12 @@ log = logging.getLogger(__name__)
 INTERNAL_PREFIX = "__"
 
 
-class TopicError(LakehouseError, RuntimeError):
-    """Kafka refused or could not answer a topic operation; the message says which and why."""
-
-
-class BrokerUnreachableError(BrokerUnavailableError):
-    """Nothing answered at the platform's bootstrap servers within the check's few seconds; the message names
-    the servers and the setting to check."""
-
-
 BROKER_CHECK_S = 4.0  # how long `require_broker` waits for a metadata answer
 
 
 def require_broker(platform: config.PlatformConfig | None = None, timeout: float | None = None) -> None:
     """Raise BrokerUnreachableError unless the platform's Kafka answers a metadata request within `timeout`
-    seconds (default BROKER_CHECK_S; kafka_security.KafkaAuthError at once when it refuses the credentials or
+    seconds (default BROKER_CHECK_S; KafkaAuthError at once when it refuses the credentials or
     the TLS handshake).
 
     A command calls it before anything else touches Kafka or the catalog: with the broker down it fails
@@ -88,7 +79,7 @@ def topic_partitions(platform: config.PlatformConfig | None = None, timeout: flo
     """Partition count of every topic on the cluster, by name.
 
     Raises TopicError when the cluster does not answer within `timeout` seconds, and
-    kafka_security.KafkaAuthError at once when it refuses the credentials or the TLS handshake.
+    KafkaAuthError at once when it refuses the credentials or the TLS handshake.
     """
     platform = platform or config.load()
     admin, watch = _watched_admin(platform)
@@ -107,7 +98,7 @@ def describe_config(topic: str, names: Iterable[str], platform: config.PlatformC
     not set; None for one it does not report).
 
     Raises TopicError when the topic does not exist or the broker does not answer, and
-    kafka_security.KafkaAuthError when it refuses the credentials.
+    KafkaAuthError when it refuses the credentials.
     """
     platform = platform or config.load()
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
@@ -216,7 +207,7 @@ def ensure_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig
     is and reported with a TopicMismatchWarning (adding partitions moves keys to
     other partitions, so it is an operator's decision, not a side effect).
     Raises TopicError when Kafka rejects a creation or does not answer, and
-    kafka_security.KafkaAuthError when it refuses the credentials.
+    KafkaAuthError when it refuses the credentials.
     """
     platform = platform or config.load()
     plan = plan_topics(specs, platform, timeout)

@@ -40,11 +40,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from pydantic import Field
 from pyiceberg.catalog import Catalog
@@ -64,8 +63,14 @@ from pyiceberg.table.update import (
 )
 from requests import HTTPError
 
-from lakehouse.core import offsets
-from lakehouse.core.errors import CommitError, WriterFencedError
+from lakehouse.core import offsets, retry
+from lakehouse.core.errors import (
+    CommitError,
+    EpochTakenError,
+    MainMovedError,
+    PositionsMovedError,
+    WriterFencedError,
+)
 
 WRITER_ID = "lakehouse.writer.id"
 WRITER_EPOCH = "lakehouse.writer.epoch"
@@ -73,15 +78,6 @@ WRITER_INFO = "lakehouse.writer.info"
 CLAIM_ATTEMPTS = 8
 # The REST protocol's multi-table commit (CommitTransactionRequest): every table change or none.
 TRANSACTIONS = Endpoint(http_method=HttpMethod.POST, path="/v1/{prefix}/transactions/commit")
-
-
-class PositionsMovedError(CommitError, CommitFailedException):
-    """Another commit carrying the pipeline's positions landed since the batch was planned (a commit
-    conflict: plan again from the table)."""
-
-
-class MainMovedError(CommitError, CommitFailedException):
-    """`main` moved since the staged snapshot was written (a commit conflict: write again on the new head)."""
 
 
 def _epoch(metadata: TableMetadata) -> int:
@@ -103,19 +99,12 @@ class AssertEpochBelow(ValidatableTableRequirement):
     type: Literal["assert-lakehouse-epoch-below"] = Field(default="assert-lakehouse-epoch-below")
     epoch: int
 
-    def validate(self, base_metadata: TableMetadata | None) -> None:
+    # pyiceberg's requirements check themselves in `validate`, an instance method shadowing pydantic's classmethod
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]  # pyiceberg's API
         if base_metadata is None:
             raise CommitFailedException("the table is gone")
         if _epoch(base_metadata) >= self.epoch:
             raise EpochTakenError(_epoch(base_metadata), _holder(base_metadata))
-
-
-class EpochTakenError(CommitError):
-    """A claim lost to a writer that recorded an equal or higher epoch first."""
-
-    def __init__(self, epoch: int, holder: str):
-        super().__init__(f"epoch {epoch} is taken by {holder}")
-        self.epoch = epoch
 
 
 class AssertMainAt(ValidatableTableRequirement):
@@ -124,7 +113,8 @@ class AssertMainAt(ValidatableTableRequirement):
     type: Literal["assert-lakehouse-main-at"] = Field(default="assert-lakehouse-main-at")
     snapshot_id: int | None = None
 
-    def validate(self, base_metadata: TableMetadata | None) -> None:
+    # pyiceberg's requirements check themselves in `validate`, an instance method shadowing pydantic's classmethod
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]  # pyiceberg's API
         if base_metadata is None:
             raise CommitFailedException("the table is gone")
         if base_metadata.current_snapshot_id != self.snapshot_id:
@@ -142,7 +132,8 @@ class PipelineFence(ValidatableTableRequirement):
     writer_epoch: int
     positions_snapshot_id: int | None = None
 
-    def validate(self, base_metadata: TableMetadata | None) -> None:
+    # pyiceberg's requirements check themselves in `validate`, an instance method shadowing pydantic's classmethod
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]  # pyiceberg's API
         if base_metadata is None:
             raise CommitFailedException("the table is gone")
         holder = base_metadata.properties.get(WRITER_ID)
@@ -185,19 +176,25 @@ class Writer:
         info = (f"host {socket.gethostname()}, pid {os.getpid()}, home {home or '-'}, started "
                 f"{datetime.now(UTC).isoformat(timespec='seconds')}")
         floor = 0
-        for attempt in range(CLAIM_ATTEMPTS):
+
+        def attempt(number: int) -> Writer:
+            nonlocal floor
             loaded = {name: catalog.load_table(name) for name in tables}
             epoch = max([floor, *(_epoch(t.metadata) for t in loaded.values())]) + 1
             try:
                 for name in sorted(tables):
                     _claim_one(catalog, name, loaded[name], epoch,
                                {WRITER_ID: writer_id, WRITER_EPOCH: str(epoch), WRITER_INFO: info})
-                return cls(pipeline, writer_id, epoch)
-            except EpochTakenError as lost:
+            except EpochTakenError as lost:  # a concurrent claim recorded this epoch first: try again above it
                 floor = max(floor, lost.epoch)
-                time.sleep(0.05 * (attempt + 1))
-        raise CommitError(f"pipeline {pipeline!r}: could not claim its tables in {CLAIM_ATTEMPTS} attempts; other "
-                          f"ingest jobs of the pipeline keep starting at the same time")
+                raise
+            return cls(pipeline, writer_id, epoch)
+
+        return retry.commit_conflicts(
+            f"claiming the tables of pipeline {pipeline!r}", attempts=CLAIM_ATTEMPTS, error=CommitError,
+            conflict=lambda exc: isinstance(exc, EpochTakenError), first_wait_s=0.05, max_wait_s=0.4,
+            next_step="Other ingest jobs of the pipeline keep starting at the same time; run one job per "
+                      "pipeline.").run(attempt)
 
 
 def as_checked_by(catalog: Catalog, table: Table, requirements: tuple) -> tuple:
@@ -220,15 +217,17 @@ def as_checked_by(catalog: Catalog, table: Table, requirements: tuple) -> tuple:
 
 
 def _claim_one(catalog: Catalog, name: str, table: Table, epoch: int, properties: dict[str, str]) -> None:
-    for _ in range(CLAIM_ATTEMPTS):
-        try:
-            requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), AssertEpochBelow(epoch=epoch))
-            catalog.commit_table(table, requirements=as_checked_by(catalog, table, requirements),
-                                 updates=(SetPropertiesUpdate(updates=properties),))
-            return
-        except CommitFailedException:  # another commit swapped the metadata first: look again
+    def attempt(number: int) -> None:
+        nonlocal table
+        if number > 1:  # another commit swapped the metadata first: look again
             table = catalog.load_table(name)
-    raise CommitError(f"could not record the writer claim on {name}: the table kept changing")
+        requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), AssertEpochBelow(epoch=epoch))
+        catalog.commit_table(table, requirements=as_checked_by(catalog, table, requirements),
+                             updates=(SetPropertiesUpdate(updates=properties),))
+
+    retry.commit_conflicts(f"the writer claim on {name}", attempts=CLAIM_ATTEMPTS, error=CommitError,
+                           first_wait_s=0.0, next_step="The table kept changing; start the ingest job "
+                                                       "again.").run(attempt)
 
 
 def staged_snapshot(table: Table, wap_id: str):
@@ -267,6 +266,8 @@ def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str,
     Manifests of older specs are carried over as they are.
     """
     change = appended(table, files, summary, fence)
+    if change.snapshot_id is None:  # never: an append adds a snapshot, and `appended` names it
+        raise ValueError(f"the append to {table.name()} adds no snapshot")
     catalog.commit_table(table, requirements=as_checked_by(catalog, table, change.requirements),
                          updates=change.updates)
     return change.snapshot_id
@@ -281,13 +282,13 @@ def appended(table: Table, files: list, summary: dict[str, str], fence: Pipeline
     append = table.transaction().update_snapshot(snapshot_properties=summary).fast_append()
     for data_file in files:
         append.append_data_file(data_file)
-    updates, requirements = append._commit()
-    requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), *requirements,
+    updates, pyicebergs = append._commit()
+    requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), *pyicebergs,
                     AssertDefaultSpecId(default_spec_id=spec_id), fence)
     return TableChange(table, requirements, updates, append.snapshot_id)
 
 
-def commits_together(catalog: Catalog) -> bool:
+def commits_together(catalog: Catalog) -> TypeGuard[RestCatalog]:
     """Whether `catalog` commits several tables in one atomic request (a REST catalog whose
     configuration lists the multi-table commit endpoint; pyiceberg's SQL, Glue and Hive catalogs do not)."""
     return isinstance(catalog, RestCatalog) and TRANSACTIONS in getattr(catalog, "_supported_endpoints", ())
@@ -320,4 +321,5 @@ def commit_staged(catalog: Catalog, table: Table, staged_id: int, parent_id: int
     requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), AssertMainAt(snapshot_id=parent_id), fence)
     catalog.commit_table(
         table, requirements=as_checked_by(catalog, table, requirements),
-        updates=(SetSnapshotRefUpdate(ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=staged_id),))
+        updates=(SetSnapshotRefUpdate(ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=staged_id,
+                                      max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None),))

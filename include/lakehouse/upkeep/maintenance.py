@@ -67,9 +67,10 @@ from urllib.parse import unquote, urlsplit
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table, TableProperties
 
-from lakehouse.core import config, errors, events, offsets, sparkenv
+from lakehouse.core import config, errors, events, offsets, retry, sparkenv
 from lakehouse.core import spec as spec_module
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import MaintenanceError, OwnershipError
 from lakehouse.core.spec import PipelineSpec
 
 log = logging.getLogger("lakehouse.maintenance")
@@ -96,14 +97,6 @@ INVENTORY_THREADS = 8
 INVENTORY_TIMEOUT_S = 300.0
 _NAMESPACE_DEPTH = 8  # nested namespaces listed this deep
 T = TypeVar("T")
-
-
-class MaintenanceError(errors.LakehouseError, RuntimeError):
-    """A maintenance step on one table failed (after retries) or broke an invariant; says which and why."""
-
-
-class OwnershipError(MaintenanceError):
-    """Orphan removal refused: the table could not be proven to own every file under its location."""
 
 
 @dataclass(frozen=True)
@@ -209,23 +202,26 @@ class MaintenanceReceipt:
                 "tables": [t.to_json() for t in self.tables]}
 
 
-def _is_retryable(exc: BaseException) -> bool:
-    """Another commit won (Iceberg's optimistic concurrency) or the catalog was briefly unavailable."""
-    return errors.commit_conflict(exc) or errors.transient_cause(exc) is not None
-
-
 def retrying(what: str, fn: Callable[[], T]) -> tuple[T, int]:
-    """(fn(), attempts), retrying commit conflicts; MaintenanceError once attempts run out or on other errors."""
-    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+    """(fn(), attempts): a step's Spark procedure, tried again when another commit won (Iceberg's optimistic
+    concurrency, through py4j) or the catalog was briefly unavailable, up to COMMIT_ATTEMPTS attempts
+    (lakehouse.core.retry); MaintenanceError once they run out or on any other error."""
+    policy = retry.commit_conflicts(what, attempts=COMMIT_ATTEMPTS, error=MaintenanceError, first_wait_s=0.4,
+                                    max_wait_s=4.0, conflict=retry.is_conflict_in_chain, outages=True,
+                                    next_step="The table is as it was before the step; the next maintenance run "
+                                              "tries again (or run `lakehouse maintain --pipeline NAME` when "
+                                              "ingestion is quieter).")
+
+    def attempt(number: int) -> tuple[T, int]:
         try:
-            return fn(), attempt
+            return fn(), number
         except Exception as exc:  # py4j wraps Iceberg's exceptions
-            if not _is_retryable(exc) or attempt == COMMIT_ATTEMPTS:
-                raise MaintenanceError(f"{what} failed after {attempt} attempt(s): "
-                                       f"{sparkenv.describe_error(exc)}") from exc
-            log.warning("%s conflicted with another commit (attempt %d), retrying", what, attempt)
-            time.sleep(0.2 * 2 ** attempt)
-    raise AssertionError("unreachable")
+            if policy.retries(exc):
+                raise
+            raise MaintenanceError(f"{what} failed after {number} attempt(s): "
+                                   f"{sparkenv.describe_error(exc)}") from exc
+
+    return policy.run(attempt)
 
 
 def timestamp_literal(at: datetime) -> str:

@@ -13,7 +13,7 @@ cannot be overwritten. It refuses when the audited snapshot does not descend fro
 the current published head (a rollback of `main`, an out-of-order run) or is no
 longer on `main` (NotADescendantError: audit again), and when an expired snapshot
 breaks the chain between them, so that neither can be proven and the rows in between
-were not all audited (`quality.LineageBrokenError`, a TableStateError: auditing again
+were not all audited (`LineageBrokenError`, a TableStateError: auditing again
 fails the same way; its message says how to publish again). Ancestry is checked with
 pyiceberg's lineage helpers through `quality.lineage`, as the audit does. The first
 publication creates the branch and the view; a fan-out table `ns.t` gets the view
@@ -26,14 +26,13 @@ snapshots published, every table at exactly its snapshot id, and the newest such
 have passed. Verifications of other snapshots do not count, not even passing ones of each table's
 snapshot taken with another snapshot of a sibling table: exactly once holds across the tables of a
 pipeline, so each table verified alongside another state of the others proves nothing about the
-combination readers would see. Else `verify.UnverifiedError` names the snapshots and what to run,
+combination readers would see. Else `UnverifiedError` names the snapshots and what to run,
 and no branch moves.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -43,9 +42,9 @@ from pyiceberg.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lakehouse.core import config, events
+from lakehouse.core import config, events, retry
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import CommitError
+from lakehouse.core.errors import NotADescendantError, PublishError, UnverifiedError
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ops import verify
 from lakehouse.wap.quality import lineage
@@ -54,15 +53,6 @@ log = logging.getLogger("lakehouse.publish")
 # a branch move that lost the catalog's compare-and-set to a commit on `main` is tried again
 PUBLISH_ATTEMPTS = 5
 PUBLISH_RETRY_S = 0.1
-
-
-class PublishError(CommitError):
-    """The branch was not moved: nothing audited, an unknown snapshot, or a lost race."""
-
-
-class NotADescendantError(PublishError):
-    """The audited snapshot does not descend from the published head (or left `main`): publishing it
-    would make readers lose data they have already seen."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +123,7 @@ def _check(spec: PipelineSpec, table: Table, name: str, snapshot_id: int) -> int
     """The current published head of `table`, after checking `snapshot_id` may be published over it.
 
     Raises PublishError when the snapshot is not in the table; NotADescendantError when it
-    left main or does not descend from the head; quality.LineageBrokenError when an expired
+    left main or does not descend from the head; LineageBrokenError when an expired
     snapshot breaks the chain from the head to it, or from it to main's head.
     """
     if table.snapshot_by_id(snapshot_id) is None:
@@ -176,18 +166,18 @@ def verification_of(spec: PipelineSpec, snapshots: dict[str, int],
 
 def require_verification(spec: PipelineSpec, snapshots: dict[str, int],
                          platform: config.PlatformConfig | None = None) -> dict:
-    """The passing verification of exactly `snapshots` (`verification_of`), or verify.UnverifiedError: none
+    """The passing verification of exactly `snapshots` (`verification_of`), or UnverifiedError: none
     verified them all at once, or the newest that did failed. The error names the snapshots and what to run."""
     listed = ", ".join(f"{table} snapshot {sid}" for table, sid in snapshots.items())
     found = verification_of(spec, snapshots, platform) if snapshots else None
     if found is not None and found["status"] == "ok":
         return found
     if found is not None:
-        raise verify.UnverifiedError(
+        raise UnverifiedError(
             f"{spec.name}: the newest verification of exactly {listed} failed ({found['ts']}): "
             f"{(found['message'] or '')[:500]} Fix what it lists, then audit and verify again "
             f"(the DAG {spec.name}_publish does both).")
-    raise verify.UnverifiedError(
+    raise UnverifiedError(
         f"{spec.name}: no verification verified exactly {listed} together: publishing requires a passing "
         f"verification of the very snapshots it publishes (one of other snapshots, or of each table with "
         f"other snapshots of the others, does not count). Run the DAG {spec.name}_publish again (its `verify` "
@@ -209,8 +199,8 @@ def publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Plat
     Raises PublishError when `snapshots` is empty, names a table the pipeline does
     not write, or another publisher moved a branch meanwhile; NotADescendantError
     when a snapshot may not be published over the current head;
-    quality.LineageBrokenError when expired snapshots leave its ancestry unprovable;
-    verify.UnverifiedError, with `require_verified`, when no passing verification verified exactly
+    LineageBrokenError when expired snapshots leave its ancestry unprovable;
+    UnverifiedError, with `require_verified`, when no passing verification verified exactly
     `snapshots` (`require_verification`).
     """
     platform = platform or config.load()
@@ -251,16 +241,17 @@ def _publish(spec: PipelineSpec, snapshots: dict[str, int], platform: config.Pla
         done.append(PublishedTable(name, sid, heads[name], view_name(spec, name)))
     # a view fixes its columns when created: (re)create it when missing or when the published
     # schema changed, unless readers were cut over to a candidate (then the view is not ours)
-    missing = [p for p in done if p.view and not view_exists(catalog, spec.catalog, p.view)]
-    evolved = [p for p in done if p.view and p not in missing and p.previous_snapshot_id is not None
+    viewed = [(p, p.view) for p in done if p.view]
+    missing = [(p, view) for p, view in viewed if not view_exists(catalog, spec.catalog, view)]
+    evolved = [(p, view) for p, view in viewed if (p, view) not in missing and p.previous_snapshot_id is not None
                and _schema_id(loaded[p.table], p.snapshot_id) != _schema_id(loaded[p.table], p.previous_snapshot_id)]
     if missing or evolved:
         spark = spark_factory() if spark_factory else _session(spec, platform)
-        for p in missing:
-            replace_view(spark, spec.qualified(p.view), view_query(spec, p.table))
-        for p in evolved:
-            if current_view_query(spark, spec.qualified(p.view)) == view_query(spec, p.table):
-                replace_view(spark, spec.qualified(p.view), view_query(spec, p.table))
+        for p, view in missing:
+            replace_view(spark, spec.qualified(view), view_query(spec, p.table))
+        for p, view in evolved:
+            if current_view_query(spark, spec.qualified(view)) == view_query(spec, p.table):
+                replace_view(spark, spec.qualified(view), view_query(spec, p.table))
     return done
 
 
@@ -272,12 +263,12 @@ def _move_branch(spec: PipelineSpec, catalog, table: Table, name: str, snapshot_
     read of the table and its write; that is retried on the fresh table after checking
     again. Raises PublishError when the branch itself moved (another publisher), or after
     PUBLISH_ATTEMPTS lost races; NotADescendantError when `main` was rolled back meanwhile;
-    quality.LineageBrokenError when a snapshot of the chain was expired meanwhile.
+    LineageBrokenError when a snapshot of the chain was expired meanwhile.
     """
-    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+    def attempt(number: int) -> None:
+        nonlocal table
         try:
             table.manage_snapshots().create_branch(snapshot_id, spec.publish.branch).commit()
-            return
         except CommitFailedException as exc:
             table = catalog.load_table(name)
             now = _check(spec, table, name, snapshot_id)
@@ -286,12 +277,11 @@ def _move_branch(spec: PipelineSpec, catalog, table: Table, name: str, snapshot_
             if now != head:
                 raise PublishError(f"{name}: the {spec.publish.branch!r} branch moved from {head} to {now} while "
                                    f"publishing (another publisher?): {exc}") from None
-            if attempt == PUBLISH_ATTEMPTS:
-                raise PublishError(f"{name}: publishing lost {attempt} races with other commits to the table: "
-                                   f"{exc}; publish again") from None
-            log.warning("publishing %s to %r lost a race with another commit (attempt %d), retrying: %s",
-                        name, spec.publish.branch, attempt, exc)
-            time.sleep(PUBLISH_RETRY_S * attempt)
+            raise  # a race with another commit to the table only: tried again on the table just loaded
+
+    retry.commit_conflicts(f"publishing {name} to {spec.publish.branch!r}", attempts=PUBLISH_ATTEMPTS,
+                           error=PublishError, first_wait_s=PUBLISH_RETRY_S, max_wait_s=1.0,
+                           next_step=f"The {spec.publish.branch!r} branch did not move; publish again.").run(attempt)
 
 
 def _schema_id(table: Table, snapshot_id: int) -> int | None:
