@@ -32,9 +32,11 @@ define pytest
 	exit $$rc
 endef
 
-# The product package, linted by ruff as pyproject.toml's [tool.ruff] says (`make test` and `make test-unit`
-# run it before pytest), and every `# noqa` naming its reason: `# noqa: BLE001 - why it must catch everything`.
-LINT_PATHS := include/lakehouse dags plugins spark_jobs
+# The product package and its Airflow provider, linted by ruff as pyproject.toml's [tool.ruff] says (`make test`
+# and `make test-unit` run it before pytest), and every `# noqa` naming its reason: `# noqa: BLE001 - why it must
+# catch everything`. Then mypy type-checks the product package as pyproject.toml's [tool.mypy] says, every
+# `# type: ignore` naming its error code and its reason: `# type: ignore[override]  # why`.
+LINT_PATHS := include/lakehouse providers/lakehouse dags plugins spark_jobs
 
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)
@@ -42,6 +44,12 @@ lint: setup
 	  echo "make $@: FAILED: the noqa comments above name no reason; write them '# noqa: CODE - why'" >&2; \
 	  exit 1; \
 	fi
+	@if grep -rnP --include='*.py' '# type: ?ignore(?!\[[a-z-]+(, ?[a-z-]+)*\]  # \S)' $(LINT_PATHS); then \
+	  echo "make $@: FAILED: the type: ignore comments above name no error code or no reason;" \
+	       "write them '# type: ignore[code]  # why'" >&2; \
+	  exit 1; \
+	fi
+	$(VENV)/bin/mypy
 
 test: setup lint
 	$(call pytest,$(XDIST))
