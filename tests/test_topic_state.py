@@ -119,27 +119,39 @@ def test_watermarks_refused_end_the_job_as_a_source_error(broker):
     assert "partition 0: cannot read its watermarks" in str(info.value) and (consumer.closed or not consumer.created)
 
 
+def test_the_end_of_a_partition_the_tables_have_not_passed_is_its_last_stable_offset_with_no_fetch(broker):
+    """ListOffsets (read_committed) answers the end; a fetch would only find records committed since, which the
+    next batch reads. The fake's fetch would report a later end: it is never asked, and no consumer is made."""
+    consumer = broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[
+        [message(0, 10), message(0, 11, KafkaError._PARTITION_EOF), message(1, 9, KafkaError._PARTITION_EOF)]]))
+    state = plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, starts={0: 10, 1: 6}, timeout=5)
+    assert {p: (s.earliest, s.end) for p, s in state.partitions.items()} == {0: (0, 10), 1: (5, 7)}
+    assert not consumer.created
+
+
 def test_a_partition_lost_for_a_moment_while_probing_its_end_is_probed_until_it_answers(broker):
-    broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[
-        [message(1, 7, KafkaError._UNKNOWN_PARTITION), message(0, 10, KafkaError._PARTITION_EOF)],
+    """The tables stand at 7, past partition 1's last stable offset 6 (a log that grew since ListOffsets
+    answered, or a recreated topic): only that partition is fetched, until it answers."""
+    consumer = broker(Consumer({0: (0, 10), 1: (5, 6)}, batches=[
+        [message(1, 7, KafkaError._UNKNOWN_PARTITION)],
         [message(1, 7, KafkaError._TRANSPORT)],
         [message(1, 7), message(1, 8, KafkaError._PARTITION_EOF)],  # a record written meanwhile
     ]))
-    state = plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=5)
+    state = plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, starts={1: 7}, timeout=5)
     assert {p: (s.earliest, s.end) for p, s in state.partitions.items()} == {0: (0, 10), 1: (5, 8)}
+    assert consumer.assigned == {1: 7} and consumer.closed
 
 
-def test_a_partition_that_never_answers_while_probing_is_a_broker_not_answering(broker):
-    broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[[message(1, 7, KafkaError._UNKNOWN_PARTITION)]] * 3))
-    with pytest.raises(errors.BrokerUnavailableError, match=r"no end-of-partition from partitions \[0, 1\]"):
-        plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, timeout=0.3)
+def test_a_partition_past_its_end_that_never_answers_while_probing_is_a_recreated_topic(broker):
+    broker(Consumer({0: (0, 10), 1: (5, 7)}, batches=[[message(1, 9, KafkaError._UNKNOWN_PARTITION)]] * 3))
+    with pytest.raises(errors.TopicRecreatedError, match=r"partitions \[1\]: the tables hold offsets past the log end"):
+        plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, starts={1: 9}, timeout=0.3)
 
 
 @pytest.mark.parametrize("code", [KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET])
 def test_a_probe_start_beyond_the_log_is_a_recreated_topic(broker, code):
     """The tables stand past the log's end: the broker answers the probe's fetch with OFFSET_OUT_OF_RANGE, which
     librdkafka hands a consumer with auto.offset.reset=error as _AUTO_OFFSET_RESET."""
-    broker(Consumer({0: (0, 10), 1: (0, 4)}, batches=[[message(0, 10, KafkaError._PARTITION_EOF),
-                                                       message(1, 9, code)]]))
+    broker(Consumer({0: (0, 10), 1: (0, 4)}, batches=[[message(1, 9, code)]]))
     with pytest.raises(errors.TopicRecreatedError, match="partition 1: the committed position 9 is beyond"):
         plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, starts={1: 9}, timeout=2)
