@@ -29,9 +29,10 @@ from pathlib import Path
 
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import JobAlreadyRunningError
 from lakehouse.core.spec import load_all
 from lakehouse.ops.status import pipeline_status, render
-from lakehouse.ops.supervision import JobAlreadyRunningError, JobLock
+from lakehouse.ops.supervision import JobLock
 from lakehouse_dev import airflow_stack
 from lakehouse_dev.cli import print_airflow_login
 

@@ -18,7 +18,7 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform
 
-from lakehouse.core import config, events, offsets
+from lakehouse.core import config, errors, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest import tables
@@ -161,17 +161,17 @@ def test_an_expired_snapshot_after_the_published_head_fails_the_audit_and_the_pu
     replayed = replay(orders, spec, 0, [2], currency="ZZZ")
     orders.maintenance.expire_snapshots().by_id(expired).commit()
 
-    with pytest.raises(quality.LineageBrokenError) as failed:
+    with pytest.raises(errors.LineageBrokenError) as failed:
         audit(spec, platform, record_event=True)
 
     message = str(failed.value)
-    assert isinstance(failed.value, quality.TableStateError)
+    assert isinstance(failed.value, errors.TableStateError)
     assert f"{spec.qualified(spec.target.table)}: the lineage of main from the 'published' head {head} to snapshot " \
         f"{replayed} is broken" in message
     assert f"ALTER TABLE {spec.qualified(spec.target.table)} DROP BRANCH `published`" in message
     event = events.recent(spec.name, kind="quality", platform=platform)[0]
     assert event["status"] == "failed" and event["details"]["error"] == "LineageBrokenError"
-    with pytest.raises(quality.LineageBrokenError):
+    with pytest.raises(errors.LineageBrokenError):
         publish.publish(spec, {spec.target.table: replayed}, platform, record_event=False)
     assert published(spec, platform) == head
 
@@ -201,7 +201,7 @@ def test_a_parent_that_java_expiry_left_dangling_is_named(spec, orders):
     metadata = orders.metadata.model_copy(update={
         "snapshots": [s for s in orders.metadata.snapshots if s.snapshot_id != expired]})
 
-    with pytest.raises(quality.LineageBrokenError, match=f"broken at snapshot {current}: its parent {expired} is no "
+    with pytest.raises(errors.LineageBrokenError, match=f"broken at snapshot {current}: its parent {expired} is no "
                                                          f"longer in the table"):
         quality.lineage(spec, SimpleNamespace(metadata=metadata), spec.target.table, head, current)
     assert [s.snapshot_id for s in quality.lineage(spec, orders, spec.target.table, head, current)] == [expired,
@@ -216,10 +216,10 @@ def test_main_rolled_back_below_the_published_head_is_not_audited_or_published(p
     publish.publish(spec, {spec.target.table: head}, platform, record_event=False)
     orders.manage_snapshots().rollback_to_snapshot(older).commit()
 
-    with pytest.raises(quality.LineageDivergedError, match=f"main's snapshot {older} does not descend from the "
+    with pytest.raises(errors.LineageDivergedError, match=f"main's snapshot {older} does not descend from the "
                                                            f"'published' head {head}"):
         audit(spec, platform)
-    with pytest.raises(publish.NotADescendantError):
+    with pytest.raises(errors.NotADescendantError):
         publish.publish(spec, {spec.target.table: older}, platform, record_event=False)
     assert quality.is_ancestor(orders, older, head) and not quality.is_ancestor(orders, head, older)
 

@@ -14,7 +14,7 @@ from pyiceberg.expressions import EqualTo
 
 from conftest import DAGS_FOLDER
 from e2e import assert_exactly_once, pipeline, rows, run_cli, summaries, table, xcom  # noqa: F401 (fixture)
-from lakehouse.core import events, offsets
+from lakehouse.core import errors, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.recovery import backfill
 from lakehouse_dev import produce
@@ -75,15 +75,15 @@ def test_the_backfill_form_defaults_validate_and_bad_requests_are_refused_clearl
         "candidate_table: only used when target is candidate": {"offsets": "0:0-1", "candidate_table": "x.y"},
     }
     for message, params in refused.items():
-        with pytest.raises(backfill.BackfillError, match=message.replace("(", r"\(").replace(")", r"\)")
+        with pytest.raises(errors.BackfillError, match=message.replace("(", r"\(").replace(")", r"\)")
                            .replace("[", r"\[").replace("+", r"\+").replace("?", r"\?")):
             backfill.parse_request(params, live)
 
     # checked against Kafka and the tables: nothing is committed yet
     produce.produce(spec, 20, seed=2)
-    with pytest.raises(backfill.BackfillError, match="has no partition 7 \\(partitions: 0, 1\\)"):
+    with pytest.raises(errors.BackfillError, match="has no partition 7 \\(partitions: 0, 1\\)"):
         backfill.plan(spec, backfill.parse_request({"offsets": "7:0-5"}), platform)
-    with pytest.raises(backfill.BackfillError, match=r"partition 0: range \[0, 5\) goes past the pipeline's "
+    with pytest.raises(errors.BackfillError, match=r"partition 0: range \[0, 5\) goes past the pipeline's "
                                                      r"committed position 0"):
         backfill.plan(spec, backfill.parse_request({"offsets": "0:0-5"}), platform)
 

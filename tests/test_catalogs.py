@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lakehouse.core import config, sparkenv
+from lakehouse.core import config, errors, sparkenv
 from lakehouse.core.catalog import open_catalog
 
 SECRET = "client-secret-0b1c2d"
@@ -113,7 +113,7 @@ def test_catalog_secrets_never_show(platform_of, tmp_path):
 ])
 def test_a_catalog_the_platform_cannot_open_is_refused_naming_where_it_is_configured(platform_of, env, words):
     platform = platform_of(**env)
-    with pytest.raises(config.ConfigError, match=words):
+    with pytest.raises(errors.ConfigurationError, match=words):
         platform.catalog("lake")
 
 

@@ -112,12 +112,14 @@ def test_pipelines_lists_the_valid_specs_reports_broken_files_and_exits_2(home, 
     assert cli.main(["pipelines"]) == 2
     out, err = capsys.readouterr()
     assert out.startswith("orders ") and "broken" not in out
-    assert err == f"error: {specs / 'broken.yaml'}: target.mode: 'sideways' is not one of append, upsert, cdc\n"
+    assert err == f"error: {specs / 'broken.yaml'}:16: target.mode: 'sideways' is not one of append, upsert, cdc\n"
 
     assert cli.main(["pipelines", "--json"]) == 2
     listed = yaml.safe_load(capsys.readouterr().out)
     assert [p["name"] for p in listed["pipelines"]] == ["orders"]
-    assert [(e["pipeline"], e["field"]) for e in listed["errors"]] == [("broken", "target.mode")]
+    assert [(e["pipeline"], e["line"], e["field"]) for e in listed["errors"]] == [("broken", 16, "target.mode")]
+    assert listed["errors"][0]["problems"] == [{"line": 16, "field": "target.mode",
+                                                "why": "'sideways' is not one of append, upsert, cdc"}]
 
     (specs / "broken.yaml").unlink()
     assert cli.main(["pipelines"]) == 0
@@ -128,7 +130,8 @@ def test_pipelines_lists_the_valid_specs_reports_broken_files_and_exits_2(home, 
 
 REPO = Path(__file__).resolve().parents[1]
 # where the product and its development stack write messages for people
-MESSAGE_SOURCES = ("include/lakehouse", "plugins", "dags", "spark_jobs", "devstack/lakehouse_dev", "scripts")
+MESSAGE_SOURCES = ("include/lakehouse", "providers/lakehouse", "plugins", "dags", "spark_jobs", "devstack/lakehouse_dev",
+                   "scripts")
 SUGGESTED = re.compile(r"`lakehouse ([^`]*)`")
 # what a message's placeholders stand for when its command is parsed: pipeline names, offsets, durations
 PLACEHOLDERS = {"NAME": "orders", "P:START-END": "0:1-2", "DURATION": "1h", "FROM..TO": "1..2", "N": "1"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse.core import config, sparkenv, warehouse
+from lakehouse.core import config, errors, sparkenv, warehouse
 from lakehouse.core.catalog import open_catalog
 
 S3_SETTINGS = {
@@ -144,7 +144,7 @@ def test_credentials_appear_in_no_configuration(environment):
     ("LAKEHOUSE_S3_ENDPOINT", "ftp://minio:9000"),
 ])
 def test_a_malformed_setting_is_a_config_error_naming_it(environment, name, value):
-    with pytest.raises(config.ConfigError, match=name):
+    with pytest.raises(errors.ConfigurationError, match=name):
         environment("s3://lakehouse/warehouse", **{name: value})
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from e2e import pipeline, run_cli  # noqa: F401 (fixture)
-from lakehouse.core import config, events
+from lakehouse.core import config, errors, events
 from lakehouse.wap import cutover, publish, quality
 from lakehouse_dev import produce
 
@@ -67,14 +67,14 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
     audit_and_publish(spark, live)
     assert view_count(spark, live) == 200
 
-    with pytest.raises(cutover.CutoverError, match="has no committed position yet"):
+    with pytest.raises(errors.CutoverError, match="has no committed position yet"):
         cutover.cutover(spark, live, candidate, platform)
 
     ingest(candidate)
     audit_and_publish(spark, candidate)
     produce.produce(live, 50, seed=6)
     ingest(live)  # the candidate is now 50 records behind
-    with pytest.raises(cutover.CutoverError, match="candidate lag 50 records > live lag 0"):
+    with pytest.raises(errors.CutoverError, match="candidate lag 50 records > live lag 0"):
         cutover.cutover(spark, live, candidate, platform)
     assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(live)
     refused = events.recent(live.name, kind="cutover", platform=platform)[0]
@@ -110,7 +110,7 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
     assert rolled_back["details"]["parameters"] == {}  # a rollback takes none: it undoes the newest cutover
     assert (rolled_back["details"]["cutover_event"], rolled_back["details"]["rolled_back_candidate"],
             rolled_back["details"]["previous_source"]) == (done["event_id"], candidate.name, typed(candidate))
-    with pytest.raises(cutover.CutoverError, match="nothing to roll back"):
+    with pytest.raises(errors.CutoverError, match="nothing to roll back"):
         cutover.rollback(spark, live, platform)
 
 
@@ -133,10 +133,10 @@ def test_a_candidate_that_misses_offsets_of_the_overlap_window_is_refused(platfo
 def test_cutover_refuses_a_pipeline_that_is_not_a_candidate(platform, pipeline, make_spec, spark):
     live = pipeline()
     other = make_spec()
-    with pytest.raises(cutover.CutoverError, match="is not a candidate for"):
+    with pytest.raises(errors.CutoverError, match="is not a candidate for"):
         cutover.compare(spark, live, other, platform)
     stranger = make_spec(candidate_for=live.name, publish={"view": None})
-    with pytest.raises(cutover.CutoverError, match="no common offsets"):
+    with pytest.raises(errors.CutoverError, match="no common offsets"):
         cutover.compare(spark, live, stranger, platform)
 
 
@@ -162,7 +162,7 @@ def test_rollback_refuses_a_forged_cutover_event_and_leaves_the_view_alone(platf
     ]
     for details, refusal in forged:
         forge(**details)
-        with pytest.raises(cutover.CutoverError, match=refusal):
+        with pytest.raises(errors.CutoverError, match=refusal):
             cutover.rollback(spark, live, platform)
         assert publish.current_view_query(spark, view) == publish.view_query(live)
         assert view_count(spark, live) == 30
@@ -171,7 +171,7 @@ def test_rollback_refuses_a_forged_cutover_event_and_leaves_the_view_alone(platf
 
     # a view someone replaced by hand (here: the unaudited main branch) is not the pipeline's to cut over
     publish.replace_view(spark, view, f"SELECT * FROM {live.qualified(live.target.table)}")
-    with pytest.raises(cutover.CutoverError, match="not managed by this pipeline"):
+    with pytest.raises(errors.CutoverError, match="not managed by this pipeline"):
         cutover.cutover(spark, live, candidate, platform)
     assert publish.current_view_query(spark, view) == f"SELECT * FROM {live.qualified(live.target.table)}"
 
@@ -239,7 +239,7 @@ def test_rollback_rebuilds_the_view_from_the_specs_and_records_in_the_pipeline_c
     assert lake.views[view] == publish.view_query(first)
     assert cutover.rollback(None, live, platform)["query"] == publish.view_query(live)
     assert lake.views[view] == publish.view_query(live)
-    with pytest.raises(cutover.CutoverError, match="nothing to roll back"):
+    with pytest.raises(errors.CutoverError, match="nothing to roll back"):
         cutover.rollback(None, live, platform)
     assert {where for where, _ in lake.timeline} == {"other"}  # the pipeline's catalog, not `lake`
 
@@ -270,7 +270,7 @@ def test_rollback_refuses_a_forged_or_malformed_cutover_event_and_changes_nothin
             details[key] = {**details[key], **value} if isinstance(value, dict) else value
     events.record(events.Event(live.name, "cutover", "ok", details=details), platform=platform, catalog=live.catalog)
 
-    with pytest.raises(cutover.CutoverError, match=refusal) as refused:
+    with pytest.raises(errors.CutoverError, match=refusal) as refused:
         cutover.rollback(None, live, platform)
     assert "Nothing was changed" in str(refused.value)
     assert lake.views == {view: publish.view_query(candidate)}
@@ -284,7 +284,7 @@ def test_rollback_refuses_when_the_view_changed_since_the_cutover(lake, pipeline
     lake.views[view] = publish.view_query(live)
     cutover.cutover(None, live, candidate, platform)
     lake.views[view] = publish.view_query(live, f"{live.target.table}_dlq")  # replaced since, not by a rollback
-    with pytest.raises(cutover.CutoverError, match="the view changed since"):
+    with pytest.raises(errors.CutoverError, match="the view changed since"):
         cutover.rollback(None, live, platform)
     assert lake.views == {view: publish.view_query(live, f"{live.target.table}_dlq")}
 
@@ -292,14 +292,14 @@ def test_rollback_refuses_when_the_view_changed_since_the_cutover(lake, pipeline
 def test_cutover_refuses_a_view_it_does_not_manage_or_a_candidate_it_cannot_verify(lake, pipelines):
     live, candidate, _ = pipelines
     platform, view = config.load(), cutover.view_name(live)
-    with pytest.raises(cutover.CutoverError, match="does not exist yet"):
+    with pytest.raises(errors.CutoverError, match="does not exist yet"):
         cutover.cutover(None, live, candidate, platform)
     lake.views[view] = "SELECT * FROM other.raw.secrets"
-    with pytest.raises(cutover.CutoverError, match="not managed by this pipeline") as refused:
+    with pytest.raises(errors.CutoverError, match="not managed by this pipeline") as refused:
         cutover.cutover(None, live, candidate, platform)
     assert publish.view_query(live) in str(refused.value)  # says how to give the view back to the pipeline
     elsewhere = dataclasses.replace(candidate, name="declared_elsewhere")
-    with pytest.raises(cutover.CutoverError, match="is not a candidate for"):
+    with pytest.raises(errors.CutoverError, match="is not a candidate for"):
         cutover.cutover(None, live, elsewhere, platform)
     assert lake.views == {view: "SELECT * FROM other.raw.secrets"}
     # each refused attempt is audited: a failed cutover event naming who asked and what

@@ -18,12 +18,10 @@ from pyiceberg.expressions import EqualTo
 from e2e import assert_exactly_once, pipeline, rows, run_cli, send, spawn, table  # noqa: F401 (fixture)
 from lakehouse.core import events, offsets
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import WriterFencedError
-from lakehouse.core.offsets import PositionsLostError
+from lakehouse.core.errors import PositionsLostError, TableOwnershipError, WriterFencedError
 from lakehouse.core.spec import load_spec
 from lakehouse.ingest import committer
 from lakehouse.ingest.job import IngestJob
-from lakehouse.ingest.tables import TableOwnershipError
 from lakehouse.recovery import backfill
 from lakehouse.upkeep import maintenance
 from lakehouse.wap import publish, quality

@@ -195,7 +195,7 @@ def test_registry_credentials_travel_as_basic_auth_and_never_in_the_shown_config
     assert config.load(fresh=True).schema_registry() == {"url": "http://[::1]:8081/registry",
                                                          "basic.auth.user.info": "ingest:pw"}
     monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", "registry:8081")
-    with pytest.raises(config.ConfigError, match="LAKEHOUSE_SCHEMA_REGISTRY_URL"):
+    with pytest.raises(errors.ConfigurationError, match="LAKEHOUSE_SCHEMA_REGISTRY_URL"):
         config.load(fresh=True)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lakehouse.core import config, kafka_security, topics
+from lakehouse.core import config, errors, topics
 from lakehouse.core.spec import PipelineSpec, load_spec
 from lakehouse.ops.status import pipeline_status
 from lakehouse_dev import produce, stack
@@ -97,11 +97,11 @@ def test_the_secured_stack_tells_clients_how_to_connect_and_keeps_the_password_p
 
     # a client without credentials gets no metadata, as from an Apache Kafka SASL listener
     anonymous = config.PlatformConfig(home=home, bootstrap_servers=platform.bootstrap_servers)
-    with pytest.raises(topics.TopicError):
+    with pytest.raises(errors.TopicError):
         topics.topic_partitions(anonymous, timeout=2.0)
     # nor does one that does not trust the stack's CA: a clear TLS error, at once
     untrusting = platform.with_kafka({"ssl.ca.location": "/etc/ssl/certs/ca-certificates.crt"})
-    with pytest.raises(kafka_security.KafkaAuthError, match="TLS handshake"):
+    with pytest.raises(errors.KafkaAuthError, match="TLS handshake"):
         topics.topic_partitions(untrusting, timeout=10.0)
 
 
@@ -220,7 +220,7 @@ def test_sensors_and_their_trigger_use_the_kafka_connection_and_fail_at_once_whe
 
     # a refused connection fails the sensor and its trigger at once, saying why, without the password
     _with_env(monkeypatch, AIRFLOW_CONN_LAKEHOUSE_KAFKA=_connection(secured, WRONG + "-conn"))
-    with pytest.raises(kafka_security.KafkaAuthError) as refused:
+    with pytest.raises(errors.KafkaAuthError) as refused:
         LagSensor(task_id="lag", pipeline=spec.name, max_records=0, deferrable=True).execute(context={})
     message = str(refused.value)
     assert "refused the credentials" in message and "SCRAM-SHA-512" in message and "user 'lakehouse'" in message
@@ -235,7 +235,7 @@ def test_sensors_and_their_trigger_use_the_kafka_connection_and_fail_at_once_whe
         async for event in trigger.run():
             return event
 
-    with pytest.raises(kafka_security.KafkaAuthError):
+    with pytest.raises(errors.KafkaAuthError):
         asyncio.run(asyncio.wait_for(first_event(), timeout=60))
 
 

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from lakehouse.core import config, events
+from lakehouse.core import config, errors, events
 from lakehouse.core.catalog import open_catalog
 from lakehouse.ops import verify
 from lakehouse.ops.coordinates import Coverage
@@ -76,7 +76,7 @@ def test_a_plan_changed_in_xcom_is_refused_naming_what_does_not_follow(plan, tam
     changed = copy.deepcopy(plan.to_json())
     TAMPERINGS[tampering](changed)
     assume(changed != plan.to_json())
-    with pytest.raises(backfill.PlanMismatchError) as refused:
+    with pytest.raises(errors.PlanMismatchError) as refused:
         backfill.check_plan(backfill.plan_from_json(changed), plan, "offsets")
     assert re.search("not a backfill plan|do not follow from its ranges|is not what this run's request plans",
                      str(refused.value)), refused.value
@@ -85,7 +85,7 @@ def test_a_plan_changed_in_xcom_is_refused_naming_what_does_not_follow(plan, tam
 
 @pytest.mark.parametrize("planned", [None, "0:0-10", ["ranges"], 7])
 def test_a_missing_plan_is_refused(planned):
-    with pytest.raises(backfill.PlanMismatchError, match="no backfill plan: .* Nothing was written; trigger a new run"):
+    with pytest.raises(errors.PlanMismatchError, match="no backfill plan: .* Nothing was written; trigger a new run"):
         backfill.plan_from_json(planned)
 
 
@@ -97,7 +97,7 @@ def test_in_mode_offsets_only_the_requests_own_plan_runs(given_, now):
     if agrees:
         assert backfill.check_plan(given_, now, "offsets") == given_
     else:
-        with pytest.raises(backfill.PlanMismatchError, match="is not what this run's request plans"):
+        with pytest.raises(errors.PlanMismatchError, match="is not what this run's request plans"):
             backfill.check_plan(given_, now, "offsets")
 
 
@@ -110,7 +110,7 @@ def test_in_mode_time_a_plan_runs_when_every_range_lies_inside_the_window_as_cut
     if inside:
         assert backfill.check_plan(given_, current, "time") == given_
     else:
-        with pytest.raises(backfill.PlanMismatchError) as refused:
+        with pytest.raises(errors.PlanMismatchError) as refused:
             backfill.check_plan(given_, current, "time")
         outside = next(p for p, (s, e) in sorted(planned.items())
                        if not (p in now and now[p][0] <= s and e <= now[p][1]))
@@ -126,7 +126,7 @@ def test_a_window_whose_cut_moved_up_since_the_plan_still_runs_the_plan_as_made(
     now = backfill.BackfillPlan(ranges={0: (10, 80), 1: (0, 9), 2: (0, 4)}, **base)
     assert backfill.check_plan(planned, now, "time").job_args() == \
         ["--offsets", "0:10-50,1:0-7", "--backfill", "--json"]
-    with pytest.raises(backfill.PlanMismatchError, match=r"target_table 'lake.raw.orders' instead of 'lake.raw.x'"):
+    with pytest.raises(errors.PlanMismatchError, match=r"target_table 'lake.raw.orders' instead of 'lake.raw.x'"):
         backfill.check_plan(planned, backfill.BackfillPlan(ranges=now.ranges, **{**base,
                                                                                    "target_table": "lake.raw.x"}),
                             "time")
@@ -272,7 +272,7 @@ def test_the_gate_passes_only_when_the_newest_verification_of_exactly_the_publis
         assert {t: found["details"]["snapshots"][t] for t in wanted} == wanted
     else:
         listed = ", ".join(f"{t} snapshot {s}" for t, s in wanted.items())
-        with pytest.raises(verify.UnverifiedError, match=("the newest verification of exactly " if exact
+        with pytest.raises(errors.UnverifiedError, match=("the newest verification of exactly " if exact
                                                           else "no verification verified exactly ") + listed):
             publish.require_verification(spec, wanted, platform)
 
@@ -287,7 +287,7 @@ def test_passing_verifications_of_each_table_with_other_snapshots_of_the_other_d
     record_verification(spec, platform, {"raw.a": 1, "raw.b": 2}, "ok", "incremental")
     chain = verify.verified_snapshots(spec, platform)
     assert 2 in chain["raw.a"] and 2 in chain["raw.b"]  # each was verified, separately
-    with pytest.raises(verify.UnverifiedError, match=r"no verification verified exactly raw.a snapshot 2, raw.b "
+    with pytest.raises(errors.UnverifiedError, match=r"no verification verified exactly raw.a snapshot 2, raw.b "
                                                      r"snapshot 2 together.*_publish again"):
         publish.require_verification(spec, {"raw.a": 2, "raw.b": 2}, platform)
 
@@ -296,7 +296,7 @@ def test_passing_verifications_of_each_table_with_other_snapshots_of_the_other_d
     assert passed["details"]["mode"] == "full" and passed["details"]["snapshots"] == {"raw.a": 2, "raw.b": 2}
     # a later failed verification of the same snapshots closes it again, naming the failure
     record_verification(spec, platform, {"raw.a": 2, "raw.b": 2}, "failed", "incremental")
-    with pytest.raises(verify.UnverifiedError, match=r"newest verification of exactly .* failed .*duplicated"):
+    with pytest.raises(errors.UnverifiedError, match=r"newest verification of exactly .* failed .*duplicated"):
         publish.require_verification(spec, {"raw.a": 2, "raw.b": 2}, platform)
 
 
@@ -305,7 +305,7 @@ def test_a_verification_event_with_nonsense_snapshots_proves_nothing(own_home, m
     platform = config.load()
     events.record(events.Event(spec.name, "verify", "ok", "by hand", details={
         "mode": "incremental", "snapshots": {"raw.a": "two", "raw.b": None}}), platform=platform)
-    with pytest.raises(verify.UnverifiedError, match="no verification verified exactly"):
+    with pytest.raises(errors.UnverifiedError, match="no verification verified exactly"):
         publish.require_verification(spec, {"raw.a": 2}, platform)
 
 
@@ -339,7 +339,7 @@ def test_on_real_tables_no_branch_moves_until_one_verification_verified_exactly_
     record_verification(spec, platform, {default: a1, usd: b2}, "ok", "incremental")
     chain = verify.verified_snapshots(spec, platform)
     assert all(s in chain[t] for t, s in heads.items())  # the old gate: each head was verified, separately
-    with pytest.raises(verify.UnverifiedError, match=f"no verification verified exactly {default} snapshot {a2}, "
+    with pytest.raises(errors.UnverifiedError, match=f"no verification verified exactly {default} snapshot {a2}, "
                                                      f"{usd} snapshot {b2} together"):
         publish.publish(spec, heads, platform, require_verified=True)
     assert branches() == {default: None, usd: None}
@@ -354,6 +354,6 @@ def test_on_real_tables_no_branch_moves_until_one_verification_verified_exactly_
     following = {default: snapshots[default][-1], usd: b2}
     record_verification(spec, platform, following, "failed", "incremental")
     record_verification(spec, platform, {default: following[default], usd: b1}, "ok", "full")  # not together
-    with pytest.raises(verify.UnverifiedError, match="the newest verification of exactly .* failed .*duplicated"):
+    with pytest.raises(errors.UnverifiedError, match="the newest verification of exactly .* failed .*duplicated"):
         publish.publish(spec, following, platform, require_verified=True)
     assert branches() == heads

@@ -15,7 +15,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout
 from confluent_kafka import Producer
 
 from e2e import pipeline, rows, run_cli, send, table, task_states, xcom  # noqa: F401 (fixture)
-from lakehouse.core import events
+from lakehouse.core import errors, events
 from lakehouse.core.spec import load_spec
 from lakehouse.ingest.job import IngestJob
 from lakehouse.recovery.replay import Replay
@@ -115,7 +115,7 @@ def test_a_failing_expectation_blocks_publication_and_names_the_offending_offset
     assert pushed["offending_offsets"] == result["details"]["offending_offsets"]
     # once a newer snapshot is published, the older one can never be published over it
     publish.publish(spec, {spec.target.table: main_snapshot(platform, spec)}, platform, record_event=False)
-    with pytest.raises(publish.NotADescendantError):
+    with pytest.raises(errors.NotADescendantError):
         publish.publish(spec, {spec.target.table: published}, platform, record_event=False)
 
 
@@ -218,7 +218,7 @@ def test_a_missing_or_broken_suite_stops_with_the_file_and_the_reason(make_spec,
     spec = make_spec()
     if text is not None:
         (tmp_path / "orders.json").write_text(text)
-    with pytest.raises(quality.QualityConfigError, match=why) as failed:
+    with pytest.raises(errors.QualityConfigError, match=why) as failed:
         quality.load_suite(spec, tmp_path)
     assert str(tmp_path / "orders.json") in str(failed.value)
 

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from e2e import pipeline, run_cli, xcom  # noqa: F401 (fixture)
-from lakehouse.core import config, events, topics
+from lakehouse.core import config, errors, events, topics
 from lakehouse.core.spec import SpecError
 from lakehouse.ingest.job import IngestJob
 from lakehouse.upkeep import retention
@@ -63,7 +63,7 @@ def test_the_raise_stops_at_the_cap_and_an_exhausted_cap_or_no_cap_is_a_failed_a
     uncapped = decide(spec, report(age_ms=45 * MINUTE_MS, cap_ms=None), GuardState())
     assert (uncapped.action, uncapped.status) == ("at-risk", "failed")
     assert "retention.max_retention is not set" in uncapped.message
-    with pytest.raises(retention.RetentionAtRiskError, match="only alerts"):
+    with pytest.raises(errors.RetentionAtRiskError, match="only alerts"):
         uncapped.raise_for_status()
 
 
@@ -103,11 +103,11 @@ def test_an_authorization_refusal_names_the_missing_permission():
     platform = config.load()
     refused = retention.refusal(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed"),
                                 "orders", 2 * HOUR_MS, platform)
-    assert isinstance(refused, retention.RetentionChangeRefusedError)
+    assert isinstance(refused, errors.RetentionChangeRefusedError)
     assert refused.missing_permission == "ALTER_CONFIGS on topic orders"
     assert "--operation AlterConfigs --topic orders" in str(refused)
     other = retention.refusal(KafkaError(KafkaError.REQUEST_TIMED_OUT, "timed out"), "orders", HOUR_MS, platform)
-    assert isinstance(other, topics.TopicError) and "timed out" in str(other)
+    assert isinstance(other, errors.TopicError) and "timed out" in str(other)
 
 
 def test_the_spec_declares_the_threshold_as_a_share_or_a_duration_and_the_cap(make_spec):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from lakehouse.core import config
+from lakehouse.core import config, errors
 from lakehouse_airflow.spark import forwardable, forwarded_environment, submit_kwargs
 from lakehouse_dev import airflow_stack
 
@@ -180,6 +180,6 @@ def test_platform_and_catalog_config_never_show_the_catalog_password(password, f
 
 
 def test_a_catalog_error_does_not_show_the_password():
-    with pytest.raises(config.ConfigError, match="unsupported database") as refused:
+    with pytest.raises(errors.ConfigurationError, match="unsupported database") as refused:
         config.CatalogConfig("lake", "jdbc", f"mysql://lake:{PASSWORD}@db/lake", "s3://b/w").jdbc()
     assert PASSWORD not in str(refused.value) and "mysql://lake:***@db/lake" in str(refused.value)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse.core import config, sparkenv
+from lakehouse.core import config, errors, sparkenv
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_the_users_packages_and_properties_come_on_top(platform_with):
     ({"LAKEHOUSE_SPARK_CONF": '["spark.x"]'}, "JSON object"),
 ])
 def test_a_malformed_spark_setting_is_refused_naming_it(platform_with, env, words):
-    with pytest.raises(config.ConfigError, match=words):
+    with pytest.raises(errors.ConfigurationError, match=words):
         platform_with(**env)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse.core import config, topics
+from lakehouse.core import config, errors, topics
 from lakehouse_dev import stack as lakestack
 
 pytestmark = pytest.mark.slow
@@ -114,7 +114,7 @@ def test_ensure_topics_warns_about_a_shorter_retention_than_declared(platform, m
 
 
 def test_describe_retention_of_a_missing_topic_is_an_error(platform):
-    with pytest.raises(topics.TopicError, match="does not exist"):
+    with pytest.raises(errors.TopicError, match="does not exist"):
         topics.describe_retention("no-such-topic-here", platform)
 
 

@@ -17,7 +17,7 @@ import pytest
 from polling import wait_until
 
 from e2e import assert_exactly_once, lakehouse, pipeline, rows  # noqa: F401 (fixture)
-from lakehouse.core import events
+from lakehouse.core import errors, events
 from lakehouse.ops import supervision
 from lakehouse_dev import produce
 
@@ -105,7 +105,7 @@ def test_the_job_lock_admits_one_job_and_stays_held_by_the_job_after_the_supervi
     try:
         lock.holder(child.pid)
         lock.release()
-        with pytest.raises(supervision.JobAlreadyRunningError, match=f"still running \\(process {child.pid}"):
+        with pytest.raises(errors.JobAlreadyRunningError, match=f"still running \\(process {child.pid}"):
             supervision.JobLock(platform, spec.name).acquire()
         supervision.kill_group(child.pid, child)
         assert not supervision.group_alive(child.pid)
@@ -126,7 +126,7 @@ def test_a_job_that_keeps_failing_is_restarted_with_backoff_then_given_up(platfo
         return proc
 
     sup = supervision.Supervisor(spec, platform, launch, driver_marker="sys.exit")
-    with pytest.raises(supervision.SupervisionError, match="2 restarts did not keep it alive"):
+    with pytest.raises(errors.SupervisionError, match="2 restarts did not keep it alive"):
         sup.run()
     assert len(started) == 3
     restarts = sorted(events.recent(spec.name, "restart", platform=platform), key=lambda e: e["ts"])

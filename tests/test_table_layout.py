@@ -22,7 +22,7 @@ from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import StringType
 
 from e2e import assert_exactly_once, pipeline, rows, run_cli, send, table  # noqa: F401 - pipeline is a fixture
-from lakehouse.core import events
+from lakehouse.core import errors, events
 from lakehouse.core.spec import PartitionField, PipelineSpec, SpecError, load_spec
 from lakehouse.ingest import committer, tables
 from lakehouse.ingest.reader import ARROW_TYPES, KAFKA_STRUCT
@@ -143,7 +143,7 @@ def test_a_changed_write_mode_or_key_is_refused_before_any_table_changes(catalog
     create_as_ingestion_does(catalog, spec)
     rekeyed = edit(spec, {"mode": "upsert", "key": ["order_id"], "partition_by": ["hour(event_time)"]})
     before = catalog.load_table(spec.target.table).metadata
-    with pytest.raises(tables.LayoutChangeRefused) as refused:
+    with pytest.raises(errors.LayoutChangeRefused) as refused:
         tables.apply_layout(catalog, rekeyed)
     message = str(refused.value)
     assert "was written as append but the spec now says upsert(order_id)" in message
@@ -162,7 +162,7 @@ def test_partitioning_by_a_column_the_table_lacks_is_refused(catalog, make_spec)
     raw["contract"]["fields"] = fields
     raw["target"]["partition_by"] = ["day(event_time)", "region"]
     Path(spec.path).write_text(yaml.safe_dump(raw, sort_keys=False))
-    with pytest.raises(tables.LayoutChangeRefused, match="needs column 'region', which the table does not have"):
+    with pytest.raises(errors.LayoutChangeRefused, match="needs column 'region', which the table does not have"):
         tables.apply_layout(catalog, load_spec(spec.path))
 
 
@@ -179,7 +179,7 @@ def test_a_renamed_default_table_is_refused_while_the_old_one_exists(catalog, ma
     spec = make_spec()
     create_as_ingestion_does(catalog, spec)
     renamed = edit(spec, {"table": spec.target.table + "_v2"})
-    with pytest.raises(tables.LayoutChangeRefused) as refused:
+    with pytest.raises(errors.LayoutChangeRefused) as refused:
         tables.check_default_table(catalog, renamed)
     message = str(refused.value)
     assert message.endswith(tables.recorded_default_table(catalog, renamed)[2])  # what status shows
@@ -396,7 +396,7 @@ def test_changes_a_table_cannot_follow_stop_the_job_with_what_to_do(platform, sp
     job = IngestJob(renamed, platform, spark)
     rekeyed = edit(renamed, {"mode": "upsert", "key": ["order_id"]})
     send(platform, spec.source.topic, [order(i) for i in range(15, 20)])
-    with pytest.raises(tables.LayoutChangeRefused, match="was written as append but the spec now says upsert"):
+    with pytest.raises(errors.LayoutChangeRefused, match="was written as append but the spec now says upsert"):
         job.run_batch()
     data = table(platform, rekeyed, rekeyed.target.table)
     assert data.metadata.properties[tables.WRITE_MODE] == "append"

@@ -14,7 +14,7 @@ import pytest
 from polling import wait_until, while_running
 
 from e2e import assert_exactly_once, pipeline, spawn  # noqa: F401 (fixture)
-from lakehouse.core import events, offsets
+from lakehouse.core import errors, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse_dev import produce
 
@@ -78,7 +78,7 @@ def answers_admin(platform, topic: str) -> bool:
 
     try:
         topics.describe_config(topic, ["retention.ms"], platform, timeout=5)
-    except topics.TopicError:
+    except errors.TopicError:
         return False
     return True
 

@@ -31,7 +31,7 @@ from pyiceberg.expressions import And, EqualTo
 
 from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (pipeline: a fixture)
 from lakehouse import cli
-from lakehouse.core import config, events
+from lakehouse.core import config, errors, events
 from lakehouse.ops import verify
 from lakehouse.ops.coordinates import KAFKA_RECORDS, Coverage, Intervals
 from lakehouse.ops.verify import PartitionFacts, check_keys, check_rows, newest_per_key
@@ -350,7 +350,7 @@ def test_the_verify_dag_runs_on_the_specs_schedule(make_spec):
 
 def test_a_snapshot_range_is_two_ids():
     assert verify.parse_snapshot_range("12..-3") == (12, -3)
-    with pytest.raises(verify.VerifyError, match="FROM..TO"):
+    with pytest.raises(errors.VerifyError, match="FROM..TO"):
         verify.parse_snapshot_range("12...13")
 
 
@@ -533,7 +533,7 @@ def test_the_publish_dag_publishes_only_verified_snapshots(platform, orders, mak
     data = table(platform, spec, spec.target.table)
     assert publish.published_head(data, spec.publish.branch) == published  # readers see nothing new
     head = data.current_snapshot().snapshot_id
-    with pytest.raises(verify.UnverifiedError, match=rf"{spec.target.table} snapshot {head}.*{spec.name}_publish"):
+    with pytest.raises(errors.UnverifiedError, match=rf"{spec.target.table} snapshot {head}.*{spec.name}_publish"):
         publish.publish(spec, {spec.target.table: head}, platform, spark_factory=lambda: spark,
                         require_verified=True)
     assert publish.published_head(data.refresh(), spec.publish.branch) == published

@@ -25,6 +25,7 @@ from test_cdc import avro_cdc_spec
 from test_produce_formats import in_format
 
 from e2e import send, table
+from lakehouse.core.errors import UnverifiedError
 from lakehouse.core.topics import ensure_topics
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ops import verify
@@ -166,7 +167,7 @@ def test_verify_and_the_publish_gate_pass_correct_tables_and_name_each_damage(ca
         stale = {(p.kind, p.partition, p.offset) for p in found.findings.problems if p.key == revived[0]}
         assert ("stale", *revived[1:]) in stale, found.summary()  # a row of a key its newest record deleted
     heads = {name: table(platform, spec, name).current_snapshot().snapshot_id for name in spec.target.tables}
-    with pytest.raises(verify.UnverifiedError):
+    with pytest.raises(UnverifiedError):
         publish.publish(spec, heads, platform, spark_factory=lambda: spark, require_verified=True)
     assert {name: publish.published_head(table(platform, spec, name), spec.publish.branch)
             for name in published} == published  # readers still see the verified snapshots

@@ -1089,7 +1089,7 @@ def _takes_future_timestamps(topic: str, platform: config.PlatformConfig) -> boo
 
     try:
         found = topics.describe_config(topic, ["message.timestamp.type", "message.timestamp.after.max.ms"], platform)
-    except topics.TopicError as exc:
+    except errors.TopicError as exc:
         raise ProduceError(str(exc)) from None
     bound = found["message.timestamp.after.max.ms"]
     return found["message.timestamp.type"] != "LogAppendTime" and (bound is None or int(bound) >= 2**62)

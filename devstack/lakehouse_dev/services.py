@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakehouse.core import config
-from lakehouse.core.errors import LakehouseError
+from lakehouse.core.errors import ConfigurationError, LakehouseError
 from lakehouse_dev import jvm, object_store, processes, registry, rest_catalog
 
 SERVICES = ("object_store", "rest_catalog", "registry")  # the start order: the catalog's warehouse may be on S3
@@ -66,7 +66,7 @@ def wanted(catalog: str | None = None, object_store_: bool | None = None, regist
             os.environ.get("LAKEHOUSE_STACK_OBJECT_STORE"), "LAKEHOUSE_STACK_OBJECT_STORE", default=False)
         schemas = registry_ if registry_ is not None else config.parse_bool(
             os.environ.get("LAKEHOUSE_STACK_REGISTRY"), "LAKEHOUSE_STACK_REGISTRY", default=False)
-    except config.ConfigError as exc:
+    except ConfigurationError as exc:
         raise ServiceError(str(exc)) from None
     return Wanted(object_store=bool(store), rest_catalog=kind == "rest", registry=bool(schemas))
 

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from lakehouse.core.config import ConfigError
+from lakehouse.core.errors import ConfigurationError
 
 
 def read_state_file(home: Path, name: str = "stack.json") -> dict:
@@ -34,7 +34,7 @@ def embedded_broker_security() -> tuple[str | None, str | None]:
 def embedded_kafka_security(home: Path, state: dict) -> dict[str, str]:
     """librdkafka security settings of the embedded broker, as its state file describes them.
 
-    The password is read from the owner-only file the state names. Raises ConfigError when
+    The password is read from the owner-only file the state names. Raises ConfigurationError when
     that file cannot be read (the stack's home belongs to someone else, or was half deleted).
     """
     security = state.get("security") or {}
@@ -46,10 +46,10 @@ def embedded_kafka_security(home: Path, state: dict) -> dict[str, str]:
         try:
             password = password_file.read_text().strip()
         except OSError as exc:
-            raise ConfigError(f"the embedded broker requires {security['mechanism']} authentication but its "
-                              f"password file {password_file} cannot be read ({exc.strerror}); run as the "
-                              f"user who started the stack, or restart it with `lakehouse stack down` and "
-                              f"`lakehouse stack up --auth scram-sha-512 --tls`") from None
+            raise ConfigurationError(f"the embedded broker requires {security['mechanism']} authentication but "
+                                     f"its password file {password_file} cannot be read ({exc.strerror}); run as "
+                                     f"the user who started the stack, or restart it with `lakehouse stack down` "
+                                     f"and `lakehouse stack up --auth scram-sha-512 --tls`") from None
         conf.update({"sasl.mechanism": security["mechanism"], "sasl.username": security.get("username", ""),
                      "sasl.password": password})
     if security.get("ca_location"):

@@ -43,7 +43,7 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 from lakehouse.core import config
-from lakehouse.core.errors import LakehouseError
+from lakehouse.core.errors import ConfigurationError, KafkaAuthError, LakehouseError, TopicError
 from lakehouse_dev import jvm, kafka_broker, processes, services, settings
 
 CATALOG_NAME = "lake"
@@ -102,7 +102,7 @@ def _requested_security(auth: str | None, tls: bool | None) -> Security | None:
     mechanism = _parse_auth(auth, "auth") if auth is not None else _parse_auth(env_auth, "LAKEHOUSE_BROKER_AUTH")
     try:
         secure = tls if tls is not None else config.parse_bool(env_tls, "LAKEHOUSE_BROKER_TLS", default=False)
-    except config.ConfigError as exc:
+    except ConfigurationError as exc:
         raise StackError(str(exc)) from None
     return Security(mechanism, bool(secure))
 
@@ -204,7 +204,7 @@ def _kafka_answers(kafka_conf: dict, timeout: float = 3.0) -> dict[str, int] | N
 def _kafka_probe(kafka_conf: dict, timeout: float = 3.0) -> tuple[dict[str, int] | None, str | None]:
     """(topics and partition counts, None) if the cluster answers a metadata request; (None, why)
     when it refuses the credentials or TLS handshake; (None, None) when it does not answer."""
-    from lakehouse.core import kafka_security, topics
+    from lakehouse.core import topics
 
     if not _tcp_open(kafka_conf["bootstrap.servers"], timeout=min(timeout, 1.0)):
         return None, None
@@ -213,9 +213,9 @@ def _kafka_probe(kafka_conf: dict, timeout: float = 3.0) -> tuple[dict[str, int]
                                          kafka_extra={k: v for k, v in kafka_conf.items()
                                                       if k != "bootstrap.servers"})
         return topics.topic_partitions(platform, timeout=timeout), None
-    except topics.TopicError:
+    except TopicError:
         return None, None
-    except kafka_security.KafkaAuthError as exc:
+    except KafkaAuthError as exc:
         return None, str(exc)
 
 
@@ -320,7 +320,7 @@ def _state_kafka_conf(home: Path, state: dict) -> dict:
     conf = {"bootstrap.servers": state.get("bootstrap_servers", "")}
     try:
         conf.update(settings.embedded_kafka_security(home, state))
-    except config.ConfigError as exc:
+    except ConfigurationError as exc:
         raise StackError(str(exc)) from None
     return conf
 

@@ -14,8 +14,8 @@ from pyiceberg.exceptions import (
 )
 
 from lakehouse.core import warehouse
-from lakehouse.core.config import ConfigError, PlatformConfig, redact
-from lakehouse.core.errors import CatalogAccessError, CatalogUnavailableError, transient_cause
+from lakehouse.core.config import PlatformConfig, redact
+from lakehouse.core.errors import CatalogAccessError, CatalogUnavailableError, ConfigurationError, transient_cause
 
 _CATALOGS: dict[tuple, Catalog] = {}
 _CATALOGS_LOCK = threading.Lock()
@@ -29,7 +29,7 @@ def open_catalog(platform: PlatformConfig, name: str, fresh: bool = False) -> Ca
     An s3:// or s3a:// warehouse gets the object store's endpoint, addressing style and region
     (LAKEHOUSE_S3_*); credentials come from the AWS environment, as on the JVM side, or from the
     development stack's object store. A SQLite catalog waits `catalog_busy_timeout_ms` for a lock, like
-    Spark's JDBC connection. Raises ConfigError for a catalog the platform cannot open, and what
+    Spark's JDBC connection. Raises ConfigurationError for a catalog the platform cannot open, and what
     lakehouse.core.warehouse.check raises for an object store that does not answer, refuses the
     credentials or lacks the warehouse's bucket.
     """
@@ -46,8 +46,9 @@ def open_catalog(platform: PlatformConfig, name: str, fresh: bool = False) -> Ca
                 f"catalog {name!r} at {redact(settings.uri)} refused this client ({type(exc).__name__}: {exc}); "
                 f"check its credentials (credential, token, scope) and grants in the {settings.source}") from None
         except (BadRequestError, NoSuchNamespaceError, NoSuchTableError) as exc:  # /v1/config of another service
-            raise ConfigError(f"catalog {name!r}: {redact(settings.uri)} does not answer as an Iceberg REST catalog "
-                              f"({type(exc).__name__}: {exc}); check the URI in the {settings.source}") from None
+            raise ConfigurationError(f"catalog {name!r}: {redact(settings.uri)} does not answer as an Iceberg REST "
+                                     f"catalog ({type(exc).__name__}: {exc}); check the URI in the "
+                                     f"{settings.source}") from None
         except Exception as exc:
             if transient_cause(exc):
                 raise CatalogUnavailableError(f"catalog {name!r} at {redact(settings.uri)} ({settings.source}) is "

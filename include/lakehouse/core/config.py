@@ -6,6 +6,7 @@ platform at a real cluster is a matter of environment variables only:
 
     LAKEHOUSE_HOME               state folder of the embedded stack (default: <repo>/.lakehouse)
     LAKEHOUSE_PIPELINES_DIR      folder of pipeline YAML specs (default: <repo>/include/pipelines)
+    LAKEHOUSE_EXPECTATIONS_DIR   folder of the publish audits' expectation suites (default: <repo>/include/expectations)
     LAKEHOUSE_BOOTSTRAP_SERVERS  Kafka bootstrap servers (default: the embedded broker)
     LAKEHOUSE_BROKER_PORT        port of the embedded broker (default: 19092)
     LAKEHOUSE_KAFKA_<PROP>       extra librdkafka properties, e.g. LAKEHOUSE_KAFKA_SECURITY_PROTOCOL
@@ -116,6 +117,7 @@ PRICE_ENVIRONMENT = (
 ENVIRONMENT = (
     "LAKEHOUSE_HOME",
     "LAKEHOUSE_PIPELINES_DIR",
+    "LAKEHOUSE_EXPECTATIONS_DIR",
     "LAKEHOUSE_BOOTSTRAP_SERVERS",
     "LAKEHOUSE_BROKER_PORT",
     "LAKEHOUSE_CATALOG_URI",
@@ -166,10 +168,6 @@ PUBLIC_KAFKA_PROPERTIES = (
     "client.rack",
     "broker.address.family",
 )
-
-
-class ConfigError(ConfigurationError):
-    """The environment does not describe a usable platform."""
 
 
 # librdkafka properties whose values are secrets (plus any property whose name says so).
@@ -245,6 +243,11 @@ def lakehouse_home() -> Path:
 
 def pipelines_dir() -> Path:
     return Path(os.environ.get("LAKEHOUSE_PIPELINES_DIR", REPO_ROOT / "include" / "pipelines")).resolve()
+
+
+def expectations_dir() -> Path:
+    """The folder of the expectation suites (`<suite>.json`) the publish audits validate with."""
+    return Path(os.environ.get("LAKEHOUSE_EXPECTATIONS_DIR", REPO_ROOT / "include" / "expectations")).resolve()
 
 
 @dataclass(frozen=True)
@@ -347,8 +350,8 @@ class CatalogConfig:
         if scheme == "sqlite":
             path = self.uri.split(":///", 1)[1] if ":///" in self.uri else ""
             if not path:
-                raise ConfigError(f"catalog {self.name!r} ({self.source}): {redact(self.uri)!r}: a SQLite catalog "
-                                  f"needs a file path")
+                raise ConfigurationError(f"catalog {self.name!r} ({self.source}): {redact(self.uri)!r}: a SQLite "
+                                         f"catalog needs a file path")
             # Several processes share one SQLite catalog (ingest, replay, maintenance, pyiceberg):
             # WAL so readers never block a commit, and a busy timeout so committers queue.
             return (f"jdbc:sqlite:{path if path.startswith('/') else '/' + path}",
@@ -371,8 +374,8 @@ class CatalogConfig:
                     params.append((key, value))
             query = f"?{urlencode(params)}" if params else ""
             return f"jdbc:postgresql://{host}:{port}{parts.path}{query}", props
-        raise ConfigError(f"catalog {self.name!r} ({self.source}): {redact(self.uri)!r}: unsupported database "
-                          f"{scheme!r} (use sqlite or postgresql)")
+        raise ConfigurationError(f"catalog {self.name!r} ({self.source}): {redact(self.uri)!r}: unsupported database "
+                                 f"{scheme!r} (use sqlite or postgresql)")
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """The properties `pyiceberg.catalog.load_catalog(name, **props)` opens this catalog with."""
@@ -462,14 +465,15 @@ class PlatformConfig:
         (a jdbc catalog for sqlite or postgresql, a rest catalog for http(s)). A jdbc catalog's warehouse is
         `<warehouse>/<name>` unless configured: catalogs sharing a database never share a table directory;
         a rest catalog's locations are its server's (LAKEHOUSE_WAREHOUSE, when set, is passed on).
-        Raises ConfigError for a type or URI the platform cannot open."""
+        Raises ConfigurationError for a type or URI the platform cannot open."""
         settings = dict(self.catalog_settings.get(name) or {})
         source = f"pyiceberg configuration of catalog {name!r}" if settings else "LAKEHOUSE_CATALOG_URI"
         uri = str(settings.pop("uri", "" if settings else self.catalog_uri) or "")
         kind = str(settings.pop("type", "") or "").lower() or _catalog_type(uri, source)
         kind = {"sql": "jdbc"}.get(kind, kind)
         if kind not in CATALOG_TYPES:
-            raise ConfigError(f"catalog {name!r} ({source}): type {kind!r} is not one of {', '.join(CATALOG_TYPES)}")
+            raise ConfigurationError(f"catalog {name!r} ({source}): type {kind!r} is not one of "
+                                     f"{', '.join(CATALOG_TYPES)}")
         warehouse = str(settings.pop("warehouse", "") or "")
         if not warehouse and kind == "jdbc":
             warehouse = f"{self.warehouse.rstrip('/')}/{name}"
@@ -487,7 +491,7 @@ class PlatformConfig:
     def kafka(self, **overrides: object) -> dict:
         """librdkafka configuration for any client of this platform (secrets included: never print
         it, print `redact_kafka(conf)`)."""
-        conf = {"bootstrap.servers": self.bootstrap_servers, **self.kafka_extra}
+        conf: dict[str, object] = {"bootstrap.servers": self.bootstrap_servers, **self.kafka_extra}
         conf.update(overrides)
         return conf
 
@@ -509,9 +513,9 @@ def _catalog_type(uri: str, source: str) -> str:
         return "jdbc"
     if scheme in ("http", "https"):
         return "rest"
-    raise ConfigError(f"{source} {redact(uri)!r}: expected a SQLAlchemy URI of the JDBC catalog's database "
-                      f"(sqlite:///..., postgresql+psycopg2://...) or the http(s) URL of a REST catalog; other "
-                      f"catalogs (glue, hive) are configured by name in .pyiceberg.yaml or PYICEBERG_CATALOG__*")
+    raise ConfigurationError(f"{source} {redact(uri)!r}: expected a SQLAlchemy URI of the JDBC catalog's database "
+                             f"(sqlite:///..., postgresql+psycopg2://...) or the http(s) URL of a REST catalog; other "
+                             f"catalogs (glue, hive) are configured by name in .pyiceberg.yaml or PYICEBERG_CATALOG__*")
 
 
 def _pyiceberg_catalogs() -> dict[str, dict[str, str]]:
@@ -520,6 +524,9 @@ def _pyiceberg_catalogs() -> dict[str, dict[str, str]]:
     from pyiceberg.utils.config import Config
 
     found = Config().config.get("catalog") or {}
+    if not isinstance(found, dict):
+        raise ConfigurationError(f"pyiceberg's configuration (.pyiceberg.yaml or PYICEBERG_CATALOG__<NAME>__<PROP>): "
+                                 f"`catalog` must map each catalog name to its properties, got {str(found)[:80]!r}")
     return {str(name): {str(k): str(v) for k, v in (props or {}).items()}
             for name, props in found.items() if isinstance(props, dict)}
 
@@ -534,18 +541,18 @@ def _kafka_extra_from_env() -> dict[str, str]:
 
 def _spark_packages_from_env() -> tuple[str, ...]:
     """SPARK_PACKAGES, then the coordinates of LAKEHOUSE_SPARK_PACKAGES (group:artifact:version, comma-separated).
-    Raises ConfigError for anything that is not a Maven coordinate."""
+    Raises ConfigurationError for anything that is not a Maven coordinate."""
     extra = [c.strip() for c in (os.environ.get("LAKEHOUSE_SPARK_PACKAGES") or "").split(",") if c.strip()]
     for coordinate in extra:
         if not _COORDINATE.fullmatch(coordinate):
-            raise ConfigError(f"LAKEHOUSE_SPARK_PACKAGES: {coordinate!r} is not a Maven coordinate "
-                              f"group:artifact:version, e.g. org.apache.hadoop:hadoop-aws:3.3.4")
+            raise ConfigurationError(f"LAKEHOUSE_SPARK_PACKAGES: {coordinate!r} is not a Maven coordinate "
+                                     f"group:artifact:version, e.g. org.apache.hadoop:hadoop-aws:3.3.4")
     return tuple(dict.fromkeys((*SPARK_PACKAGES, *extra)))
 
 
 def _spark_conf_from_env() -> dict[str, str]:
     """LAKEHOUSE_SPARK_CONF: a JSON object of Spark properties (string, number or boolean values), {} when unset.
-    Raises ConfigError for anything else."""
+    Raises ConfigurationError for anything else."""
     import json
 
     raw = os.environ.get("LAKEHOUSE_SPARK_CONF") or ""
@@ -554,13 +561,13 @@ def _spark_conf_from_env() -> dict[str, str]:
     try:
         found = json.loads(raw)
     except ValueError as exc:
-        raise ConfigError(f"LAKEHOUSE_SPARK_CONF is not JSON ({exc}); write an object such as "
-                          f'{{"spark.executor.memory": "4g"}}') from None
+        raise ConfigurationError(f"LAKEHOUSE_SPARK_CONF is not JSON ({exc}); write an object such as "
+                                 f'{{"spark.executor.memory": "4g"}}') from None
     if not isinstance(found, dict) or not all(
             isinstance(k, str) and k.startswith("spark.") and isinstance(v, (str, int, float, bool))
             for k, v in found.items()):
-        raise ConfigError('LAKEHOUSE_SPARK_CONF must be a JSON object of Spark properties ("spark.*") to strings, '
-                          'numbers or booleans, e.g. {"spark.executor.memory": "4g"}')
+        raise ConfigurationError('LAKEHOUSE_SPARK_CONF must be a JSON object of Spark properties ("spark.*") to '
+                                 'strings, numbers or booleans, e.g. {"spark.executor.memory": "4g"}')
     return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in found.items()}
 
 
@@ -570,7 +577,7 @@ _FALSE = ("false", "0", "no", "off")
 
 def parse_bool(raw: str | None, name: str, default: bool | None = None) -> bool | None:
     """The boolean setting `name` from its text (true/false, 1/0, yes/no, on/off); `default` when
-    unset or empty. Raises ConfigError for anything else."""
+    unset or empty. Raises ConfigurationError for anything else."""
     if raw is None or not raw.strip():
         return default
     value = raw.strip().lower()
@@ -578,12 +585,12 @@ def parse_bool(raw: str | None, name: str, default: bool | None = None) -> bool 
         return True
     if value in _FALSE:
         return False
-    raise ConfigError(f"{name} {raw!r}: expected true or false")
+    raise ConfigurationError(f"{name} {raw!r}: expected true or false")
 
 
 def _object_store_from_env(stack: dict) -> ObjectStoreConfig:
     """The LAKEHOUSE_S3_* settings over what a running stack's object store says (`stack`: endpoint, region,
-    path_style_access and its generated credentials). Raises ConfigError for an endpoint that is not an
+    path_style_access and its generated credentials). Raises ConfigurationError for an endpoint that is not an
     http(s) URL or a path-style flag that is not a boolean."""
     if os.environ.get("LAKEHOUSE_S3_ENDPOINT") is None and stack.get("endpoint"):
         return ObjectStoreConfig(endpoint=stack["endpoint"], path_style_access=stack.get("path_style_access"),
@@ -593,8 +600,8 @@ def _object_store_from_env(stack: dict) -> ObjectStoreConfig:
     if endpoint is not None:
         parts = urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"LAKEHOUSE_S3_ENDPOINT {endpoint!r}: expected an http(s) URL such as "
-                              f"http://minio:9000")
+            raise ConfigurationError(f"LAKEHOUSE_S3_ENDPOINT {endpoint!r}: expected an http(s) URL such as "
+                                     f"http://minio:9000")
     path_style = parse_bool(os.environ.get("LAKEHOUSE_S3_PATH_STYLE_ACCESS"), "LAKEHOUSE_S3_PATH_STYLE_ACCESS")
     return ObjectStoreConfig(endpoint=endpoint, path_style_access=path_style,
                              region=os.environ.get("LAKEHOUSE_S3_REGION") or None)
@@ -602,13 +609,13 @@ def _object_store_from_env(stack: dict) -> ObjectStoreConfig:
 
 def _schema_registry_from_env() -> str | None:
     """LAKEHOUSE_SCHEMA_REGISTRY_URL: an http(s) URL, or mock://<scope> (confluent-kafka's in-process
-    test double); None when unset. Raises ConfigError for anything else."""
+    test double); None when unset. Raises ConfigurationError for anything else."""
     url = os.environ.get("LAKEHOUSE_SCHEMA_REGISTRY_URL") or None
     if url is not None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https", "mock") or not parts.hostname:
-            raise ConfigError(f"LAKEHOUSE_SCHEMA_REGISTRY_URL {redact(url)!r}: expected an http(s) URL such as "
-                              f"http://registry:8081")
+            raise ConfigurationError(f"LAKEHOUSE_SCHEMA_REGISTRY_URL {redact(url)!r}: expected an http(s) URL "
+                                     f"such as http://registry:8081")
     return url
 
 
@@ -617,7 +624,8 @@ def _busy_timeout_from_env() -> int:
     lock before failing (the ingest job then retries it within its retry budget); default 30 s."""
     raw = os.environ.get("LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS") or "30000"
     if not raw.strip().isdigit() or not 1 <= int(raw) <= 3_600_000:
-        raise ConfigError(f"LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS {raw!r}: expected milliseconds between 1 and 3600000")
+        raise ConfigurationError(f"LAKEHOUSE_CATALOG_BUSY_TIMEOUT_MS {raw!r}: expected milliseconds between 1 and "
+                                 f"3600000")
     return int(raw)
 
 

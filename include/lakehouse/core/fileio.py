@@ -178,7 +178,9 @@ class CachingFile(PyArrowFile):
             return super().open(seekable)
         cached = CACHE.get(self.cache_key)
         if cached is None:
-            stream = super().open(seekable=True)  # the HeadObject gives the size before the GetObject
+            # the HeadObject gives the size before the GetObject; PyArrowFile.open is typed as pyiceberg's
+            # InputStream protocol, and returns a pyarrow NativeFile, which has the size
+            stream: pa.NativeFile = super().open(seekable=True)
             if stream.size() > CACHE.file_limit:
                 return stream
             with stream:

@@ -19,18 +19,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from lakehouse.core import config
+from lakehouse.core.errors import KafkaAuthError
 
 AUTH_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
 TLS_CODES = frozenset({KafkaError._SSL})
 SLICE_S = 0.1  # how long a blocking call waits before error_cb is looked at again
-
-
-class KafkaAuthError(config.ConfigError):
-    """The Kafka cluster refused this client's credentials or its TLS handshake failed.
-
-    A configuration problem, not a broker outage: retrying with the same settings cannot
-    succeed, so callers fail at once instead of polling on.
-    """
 
 
 def describe(conf: dict) -> str:

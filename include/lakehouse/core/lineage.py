@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -63,7 +64,9 @@ class BatchLike(Protocol):
 
     batch_id: str
     records: int
-    commits: list[TableCommitLike]
+
+    @property
+    def commits(self) -> Sequence[TableCommitLike]: ...  # read only: a list of any TableCommitLike will do
 
 
 def _settings() -> tuple[tuple[str, str], ...]:
@@ -144,12 +147,15 @@ def kafka_dataset(spec: PipelineSpec, platform: config.PlatformConfig, records: 
     """The pipeline's topic as an OpenLineage input dataset: its contract as `schema`, and the records
     read as `inputStatistics` when given."""
     from openlineage.client.event_v2 import InputDataset
+    from openlineage.client.generated.base import InputDatasetFacet
     from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
     from openlineage.client.generated.schema_dataset import SchemaDatasetFacet, SchemaDatasetFacetFields
 
     schema = SchemaDatasetFacet(fields=[SchemaDatasetFacetFields(name=f.name, type=f.type, description=f.doc or None)
                                         for f in spec.contract.fields])
-    stats = {} if records is None else {"inputStatistics": InputStatisticsInputDatasetFacet(rowCount=records)}
+    stats: dict[str, InputDatasetFacet] = {}
+    if records is not None:
+        stats["inputStatistics"] = InputStatisticsInputDatasetFacet(rowCount=records)
     return InputDataset(namespace=kafka_namespace(platform.bootstrap_servers), name=spec.source.topic,
                         facets={"schema": schema}, inputFacets=stats)
 

@@ -27,7 +27,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
-from lakehouse.core.errors import TableStateError
+from lakehouse.core.errors import PositionsLostError
 
 PREFIX = "lakehouse."
 K_PIPELINE = PREFIX + "pipeline"
@@ -41,11 +41,6 @@ K_MAX_EVENT_TIME = PREFIX + "max-event-time"
 K_GAPS = PREFIX + "gaps"            # {"partition": [start, end)} aged out of Kafka before ingestion
 K_MIN_KAFKA_TIME = PREFIX + "min-kafka-time"  # oldest Kafka timestamp read by the batch (ingest only)
 K_WRITER = PREFIX + "writer"        # the ingest job instance that made the commit (see committer.Writer)
-
-
-class PositionsLostError(TableStateError):
-    """A table holds rows of the pipeline but none of its snapshots reachable from `main` carries
-    the pipeline's positions: resuming would read the topic again and duplicate rows."""
 
 
 @dataclass(frozen=True, order=True)
@@ -135,7 +130,7 @@ def main_ancestry(metadata: TableMetadata) -> Iterator[Snapshot]:
     """`main`'s head and its ancestors, newest first, lazily; the walk ends where history was expired
     (a parent no longer in `metadata`). The one walk of a table's history (pyiceberg's `ancestors_of`)
     that resume, the ingest-commit listing and maintenance use."""
-    return ancestors_of(metadata.current_snapshot(), metadata)
+    return iter(ancestors_of(metadata.current_snapshot(), metadata))  # typed Iterable, made as a generator
 
 
 def ingest_commits(table: Table, pipeline: str) -> list[Snapshot]:

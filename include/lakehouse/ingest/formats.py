@@ -201,9 +201,16 @@ class WriterSchema:
             if self.schema_type == "PROTOBUF":
                 record = schemas.proto_record(self.parsed.message((0,)))
             else:
-                record = schemas.record_type(self.schema_type, self.text)
+                record = schemas.record_type(self.schema_type, self.source)
             self._fields[envelope] = schemas.row_fields(record, envelope)
         return self._fields[envelope]
+
+    @property
+    def source(self) -> str:
+        """`text`, which every Avro and JSON Schema has (SchemaTranslationError for a schema without it)."""
+        if self.text is None:
+            raise SchemaTranslationError(f"writer schema {self.schema_id} ({self.schema_type}) has no schema text")
+        return self.text
 
 
 class ProtoSchema:
@@ -405,7 +412,7 @@ class SchemaStore:
         if found.schema_type == "PROTOBUF":
             return schema_id, "PROTOBUF", found.text or _descriptor_set_text(found.parsed.pool,
                                                                              found.parsed.file_name)
-        return schema_id, found.schema_type, found.text
+        return schema_id, found.schema_type, found.source
 
     def _load(self, schema_id: int) -> WriterSchema:
         if schema_id in self.declared:
@@ -422,8 +429,14 @@ class SchemaStore:
         raise Rejected("unknown_schema", f"writer schema {schema_id} is neither among the pipeline's source.schemas "
                                          f"({', '.join(map(str, sorted(self.declared))) or 'none'}) {where}")
 
+    def _client(self):
+        """The registry's client (ConfigurationError for a store without a registry: a task's)."""
+        if self.registry is None:
+            raise errors.ConfigurationError("no schema registry is configured: set LAKEHOUSE_SCHEMA_REGISTRY_URL")
+        return registry_client(self.registry)
+
     def _from_registry(self, schema_id: int) -> WriterSchema:
-        client = registry_client(self.registry)
+        client = self._client()
         schema = self._ask(schema_id, lambda: client.get_schema(schema_id))
         schema_type = schema.schema_type or "AVRO"
         if schema_type == "PROTOBUF":
@@ -475,7 +488,7 @@ class SchemaStore:
         each loaded into the store. Raises SchemaRegistryUnavailableError when the registry does not answer."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-        client = registry_client(self.registry)
+        client = self._client()
         try:
             ids = [client.get_version(subject, version).schema_id for version in client.get_versions(subject)]
         except SchemaRegistryError as exc:
@@ -763,7 +776,7 @@ def _convert(src: _Source, depth: int, var: str, f: FieldSpec, check: str, kind:
     return len(src.lines) - before
 
 
-def _compile_row(src: _Source, contract: RowContract, read: Callable[[_Source, int, str], None],
+def _compile_row(src: _Source, contract: RowContract, read: Callable[[_Source, int], None],
                  fields: dict[str, tuple[str, str | None, bool]]) -> None:
     """The row function's text around `read` (which reads the writer's value into variables): each contract
     field from `fields` (its name -> variable, writer kind, whether it may be null), checked, the key
@@ -831,7 +844,7 @@ def _avro_branches(node: Any, named: dict) -> list[dict]:
 
 def _avro_logical(node: dict) -> str | None:
     """fastavro's name of the logical type it converts `node`'s values with (e.g. long-timestamp-micros)."""
-    from fastavro._read import LOGICAL_READERS
+    from fastavro.logical_readers import LOGICAL_READERS
 
     logical = f"{node['type']}-{node.get('logicalType')}"
     return logical if node.get("logicalType") is not None and logical in LOGICAL_READERS else None
@@ -897,7 +910,7 @@ def _avro_read(src: _Source, depth: int, node: dict, var: str, shortcut: bool) -
     if logical is None:
         return
     if not shortcut:
-        from fastavro._read import LOGICAL_READERS
+        from fastavro.logical_readers import LOGICAL_READERS
 
         src.add(depth, f"{var} = {src.const(LOGICAL_READERS[logical])}({var}, {src.const(node)}, None)")
     elif logical == "int-date":  # fastavro: date.fromordinal, which holds years 1 to 9999
@@ -1046,7 +1059,7 @@ def proto_row(writer: WriterSchema, contract: RowContract) -> Callable[[str | No
 WIRE_DECODERS = {"avro": AvroDecoder, "protobuf": ProtobufDecoder, "json_schema": JsonSchemaDecoder}
 
 
-def schema_store(spec: PipelineSpec, registry: dict | None = None, resolvable: bool = False,
+def schema_store(spec: PipelineSpec | SchemaSource, registry: dict | None = None, resolvable: bool = False,
                  missing: frozenset[int] = frozenset()) -> SchemaStore:
     """The writer schemas of a pipeline in a wire format: the spec's own, then the `registry`'s (the
     driver's store). A task's store has no registry; `resolvable` says the driver has one (see
@@ -1077,7 +1090,7 @@ class SchemaReport:
     why: str = ""
 
 
-def _subjects(spec: PipelineSpec) -> list[str]:
+def _subjects(spec: PipelineSpec | SchemaSource) -> list[str]:
     """The registry subjects of a pipeline's writer schemas under Confluent's default naming."""
     found = [f"{spec.source.topic}-value"]
     if spec.source.key_format in FORMAT_SCHEMA_TYPES:

@@ -36,12 +36,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakehouse.core import config, errors, events, hooks, lineage, offsets, schemas, sparkenv
+from lakehouse.core import config, errors, events, hooks, lineage, offsets, retry, schemas, sparkenv
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import IngestError, PlanStaleError
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, PipelineSpec, load_spec
 from lakehouse.ingest import committer, formats, tables, taskwriter
@@ -78,15 +80,6 @@ NEWER_CDC = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t.
              "WHEN s._cdc.source_ts IS NOT NULL AND t._cdc.source_ts IS NOT NULL "
              "AND s._cdc.source_ts <> t._cdc.source_ts THEN s._cdc.source_ts > t._cdc.source_ts "
              "ELSE s._kafka.timestamp >= t._kafka.timestamp END))")
-
-
-class IngestError(errors.CommitError):
-    """The batch could not be committed; the message says why."""
-
-
-class PlanStaleError(IngestError, errors.RetryableError):
-    """A table's positions moved between planning and committing (another commit of the pipeline):
-    the batch is planned and written again."""
 
 
 @dataclass
@@ -346,28 +339,29 @@ class IngestJob:
         naming) from the registry, so that tasks rarely meet an id they were not shipped; a contract that
         follows the writer schemas takes the compatible ones now. A registry that does not answer is
         logged: the ids are fetched when met."""
-        if self._schemas is None or self._schemas.registry is None:
+        store = self._schemas
+        if store is None or store.registry is None:
             return
         subjects = [(f"{self.spec.source.topic}-value", True)]
         if self.spec.source.key_format in FORMAT_SCHEMA_TYPES:
             subjects.append((f"{self.spec.source.topic}-key", False))
         for subject, values in subjects:
             try:
-                ids = self._schemas.subject_versions(subject)
+                ids = store.subject_versions(subject)
             except errors.SchemaRegistryUnavailableError as exc:
                 log.warning("pipeline %s: %s; writer schemas are fetched when the tasks meet them", self.spec.name, exc)
                 return
             for schema_id in ids:
-                self._ship(schema_id)
+                self._ship(store, schema_id)
                 if values and self.spec.contract.from_writer_schema:
-                    self._accept_if_compatible(schema_id)
+                    self._accept_if_compatible(store, schema_id)
 
-    def _ship(self, schema_id: int) -> None:
-        if schema_id not in self._schemas.declared:
-            self.resolved_schemas[schema_id] = self._schemas.shipped(schema_id)
+    def _ship(self, store: formats.SchemaStore, schema_id: int) -> None:
+        if schema_id not in store.declared:
+            self.resolved_schemas[schema_id] = store.shipped(schema_id)
 
-    def _accept_if_compatible(self, schema_id: int) -> None:
-        writer = self._schemas.resolve(schema_id)
+    def _accept_if_compatible(self, store: formats.SchemaStore, schema_id: int) -> None:
+        writer = store.resolve(schema_id)
         if writer.schema_type != FORMAT_SCHEMA_TYPES[self.spec.source.value_format]:
             return
         try:
@@ -401,13 +395,13 @@ class IngestJob:
             fields = schemas.merge(fields, found)
         return replace(spec, contract=replace(spec.contract, fields=fields))
 
-    def _evolve_for(self, schema_id: int) -> None:
+    def _evolve_for(self, store: formats.SchemaStore, schema_id: int) -> None:
         """Make the contract and the tables follow writer schema `schema_id`, which a task met first: add its
         fields, widen its types (schema_policy.on_additive 'fail' refuses new fields instead)."""
-        found = self._schemas.resolve(schema_id).fields(self.spec.source.envelope)
+        found = store.resolve(schema_id).fields(self.spec.source.envelope)
         diff = schemas.compare(self.spec.contract.fields, found)
         if diff.added and self.spec.schema_policy.on_additive == "fail":
-            raise tables.SchemaIncompatibleError(
+            raise errors.SchemaIncompatibleError(
                 f"{self.spec.path}: writer schema {schema_id} adds {', '.join(diff.added)} and "
                 f"schema_policy.on_additive is 'fail'; set it to 'evolve' to add them to the tables")
         self.accepted_schemas[schema_id] = found
@@ -434,7 +428,7 @@ class IngestJob:
 
     def run_once(self, on_batch=None) -> list[BatchReceipt]:
         """Catch up to the log end of every partition as found at the start, then return."""
-        receipts = []
+        receipts: list[BatchReceipt] = []
         state = self.topic_state()  # first: a refused login fails here at once, not in a group commit
         self.sync_group_offsets()
         target = {p: ps.end for p, ps in state.partitions.items()}
@@ -525,44 +519,33 @@ class IngestJob:
         """Plan, read, route and commit one batch; None when there is nothing to do (or a stop was
         requested while waiting to retry).
 
-        A transient failure (errors.transient_cause) runs the batch again after a backoff, until
-        `supervision.retry_budget` has passed since the first failure; then OutageError. Each retry
-        is a `retry` event on the ops timeline.
+        A transient failure (lakehouse.core.retry.transient_reason: not a configuration error, a table state
+        or a fenced writer) runs the batch again after a backoff, until `supervision.retry_budget` has passed
+        since the first failure; then OutageError. Each retry is a `retry` event on the ops timeline.
         """
-        first_failure: float | None = None
-        attempt = 0
-        while True:
-            try:
-                return self._run_batch(state)
-            except errors.WriterFencedError as exc:
-                self._record_best_effort(events.Event(self.spec.name, "writer", "failed", str(exc)[:2000]))
-                raise
-            except (errors.ConfigurationError, errors.TableStateError):
-                raise
-            except Exception as exc:
-                why = errors.transient_cause(exc)
-                if why is None:
+        budget = self.spec.supervision.retry_budget_s
+
+        def record(failed: retry.Retry) -> None:
+            self._record_best_effort(events.Event(
+                self.spec.name, "retry", "warn",
+                f"transient failure, retry {failed.attempt} in {failed.wait_s:.1f}s: {failed.reason}"[:2000],
+                metrics={"attempt": failed.attempt, "delay_s": failed.wait_s}))
+
+        for attempt in retry.transient(
+                f"pipeline {self.spec.name}", deadline_s=budget, first_wait_s=1.0, max_wait_s=30.0, on_retry=record,
+                stop_event=self._stop,
+                next_step=f"Nothing was lost: the next run resumes from the tables once the catalog, the broker and "
+                          f"(for Avro) the schema registry answer again; to wait longer, raise "
+                          f"supervision.retry_budget (now {budget:g}s)."):
+            with attempt:
+                if attempt.number > 1:
+                    state = None  # plan again from the tables and the log as they are after the outage
+                try:
+                    return self._run_batch(state)
+                except errors.WriterFencedError as exc:
+                    self._record_best_effort(events.Event(self.spec.name, "writer", "failed", str(exc)[:2000]))
                     raise
-                now = time.monotonic()
-                first_failure = now if first_failure is None else first_failure
-                budget = self.spec.supervision.retry_budget_s
-                if now - first_failure >= budget:
-                    raise errors.OutageError(
-                        f"pipeline {self.spec.name}: gave up after {attempt} retries over {now - first_failure:.0f}s "
-                        f"(supervision.retry_budget {budget:g}s): {why}. Nothing was lost: the next run resumes "
-                        f"from the tables once the catalog, the broker and (for Avro) the schema registry answer "
-                        f"again.") from exc
-                attempt += 1
-                delay = min(30.0, 0.5 * 2 ** attempt, max(0.1, budget - (now - first_failure)))
-                log.warning("pipeline %s: transient failure (%s); retry %d in %.1fs", self.spec.name, why,
-                            attempt, delay)
-                self._record_best_effort(events.Event(
-                    self.spec.name, "retry", "warn",
-                    f"transient failure, retry {attempt} in {delay:.1f}s: {why}"[:2000],
-                    metrics={"attempt": attempt, "delay_s": delay}))
-                state = None  # plan again from the tables and the log as they are after the outage
-                if self._stop.wait(delay):
-                    return None
+        return None  # a stop was requested while waiting to retry
 
     def _record_best_effort(self, *found: events.Event) -> None:
         """Append events to the ops timeline; a timeline that cannot be written is logged, never fatal
@@ -725,23 +708,24 @@ class IngestJob:
         kind, where = failed
         if kind == "schema-incompatible":
             raise errors.WriterSchemaIncompatibleError(text.split(" [lakehouse:")[0]) from None
-        if kind not in ("schema-change", "schema-unknown") or self._schemas is None:
+        store = self._schemas
+        if kind not in ("schema-change", "schema-unknown") or store is None:
             return False
         schema_id = int(where["schema_id"])
         if kind == "schema-unknown":
             if schema_id in self.resolved_schemas or schema_id in self.missing_schemas:
                 return False  # shipping it did not help: the failure is something else
             try:
-                self._schemas.resolve(schema_id)  # SchemaRegistryUnavailableError: retried by run_batch
+                store.resolve(schema_id)  # SchemaRegistryUnavailableError: retried by run_batch
             except Rejected as rejected:
                 log.warning("pipeline %s: %s; its records are dead letters", self.spec.name, rejected.detail)
                 self.missing_schemas.add(schema_id)
                 return True
-            self._ship(schema_id)
+            self._ship(store, schema_id)
             return True
         if schema_id in self.accepted_schemas:
             return False  # evolving did not help: the failure is something else
-        self._evolve_for(schema_id)
+        self._evolve_for(store, schema_id)
         return True
 
     def _poison(self, plan: BatchPlan, exc: Exception) -> bool:
@@ -768,7 +752,8 @@ class IngestJob:
         # every table commits every batch, even with no rows: its position must move with the
         # batch, or a restart (and every later batch) would read again from where it stood
         if self.spec.target.mode != "upsert" and committer.commits_together(self.catalog):
-            receipt.commits.extend(self.commit_together(written, plan, batch_id, loaded, planned_from))
+            receipt.commits.extend(
+                self.commit_together(self.catalog, written, plan, batch_id, loaded, planned_from))
         else:
             for table in self._written_tables():
                 if table == self.spec.dead_letter_table:
@@ -803,14 +788,15 @@ class IngestJob:
         to COMMIT_ATTEMPTS times, then IngestError. `row_count` is reported as is."""
         writer = self.writer()
         started = time.monotonic()
-        last_error: BaseException | None = None
         upsert = self.spec.target.mode == "upsert" and table != self.spec.dead_letter_table
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            if attempt > 1:
+
+        def attempt(number: int) -> TableCommit:
+            nonlocal loaded
+            if number > 1:
                 loaded = self.catalog.load_table(table)
             tp, held = self._commit_ready(table, loaded, plan, planned, written, writer)
             if held:
-                return TableCommit(table, 0, tp.snapshot_id, attempt, skipped=True, seconds=time.monotonic() - started)
+                return TableCommit(table, 0, tp.snapshot_id, number, skipped=True, seconds=time.monotonic() - started)
             summary = self._summary(plan, tp, batch_id, written.max_event_time, written.min_kafka_time)
             merge_s = 0.0
             files = written.files.get(table, [])
@@ -818,7 +804,7 @@ class IngestJob:
             try:
                 if upsert:
                     merge_s, staged = self._merge_staged(table, written.staged.get(table, []), summary, loaded, tp,
-                                                         batch_id, attempt, writer)
+                                                         batch_id, number, writer)
                     snapshot_id, merged = staged.snapshot_id, offsets.summary_properties(staged)
                     added = (int(merged.get("added-data-files", 0)), int(merged.get("added-files-size", 0)))
                 else:
@@ -829,30 +815,30 @@ class IngestJob:
             except errors.WriterFencedError:
                 raise
             except Exception as exc:
-                if not errors.commit_conflict(exc):
+                if not retry.is_conflict_in_chain(exc):  # a conflict is the policy's: tried again on the table reloaded
                     raise IngestError(f"commit to {table} failed: {sparkenv.describe_error(exc)}") from exc
-                last_error = exc
-                log.warning("commit to %s conflicted (attempt %d): %s", table, attempt, sparkenv.describe_error(exc))
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))
-                continue
+                raise
             if upsert:
                 self._drop_staging(loaded, written.staged.get(table, []))
-            return TableCommit(table, row_count, snapshot_id, attempt, files=added[0], bytes=added[1],
+            return TableCommit(table, row_count, snapshot_id, number, files=added[0], bytes=added[1],
                                seconds=time.monotonic() - started, write_seconds=merge_s)
-        raise IngestError(f"commit to {table} failed after {COMMIT_ATTEMPTS} attempts") from last_error
 
-    def commit_together(self, written: Written, plan: BatchPlan, batch_id: str, loaded: dict[str, Table],
-                        planned_from: dict[str, TableProgress]) -> list[TableCommit]:
-        """The batch's tables (append: the data tables and the dead-letter table) in one atomic catalog commit
-        (lakehouse.ingest.committer.commit_together), with `commit_table`'s guarantees for each: fenced, a table
-        that already holds the plan's positions left out, PlanStaleError when a table's positions moved since
-        `planned_from`, conflicts retried up to COMMIT_ATTEMPTS times (all tables again), then IngestError."""
+        return self._commit_conflicts(f"commit to {table}").run(attempt)
+
+    def commit_together(self, catalog: RestCatalog, written: Written, plan: BatchPlan, batch_id: str,
+                        loaded: dict[str, Table], planned_from: dict[str, TableProgress]) -> list[TableCommit]:
+        """The batch's tables (append: the data tables and the dead-letter table) in one atomic commit of
+        `catalog` (this job's, a REST catalog: lakehouse.ingest.committer.commit_together), with
+        `commit_table`'s guarantees for each: fenced, a table that already holds the plan's positions left out,
+        PlanStaleError when a table's positions moved since `planned_from`, conflicts retried up to
+        COMMIT_ATTEMPTS times (all tables again), then IngestError."""
         writer = self.writer()
         started = time.monotonic()
-        last_error: BaseException | None = None
         tables = self._written_tables()
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            if attempt > 1:
+
+        def attempt(number: int) -> list[TableCommit]:
+            nonlocal loaded
+            if number > 1:
                 loaded = {table: self.catalog.load_table(table) for table in tables}
             held: dict[str, int | None] = {}
             changes: dict[str, committer.TableChange] = {}
@@ -869,30 +855,36 @@ class IngestJob:
                 self._fault_point("concurrent_commit", upsert=False, spark=self.spark,
                                   table=lambda name=last: self.catalog.load_table(name), key=None)
                 try:
-                    committer.commit_together(self.catalog, list(changes.values()))
+                    committer.commit_together(catalog, list(changes.values()))
                 except errors.WriterFencedError:
                     raise
                 except Exception as exc:
-                    if not errors.commit_conflict(exc):
+                    if not retry.is_conflict_in_chain(exc):  # a conflict is the policy's: all tables reloaded
                         raise IngestError(f"commit to {', '.join(changes)} failed: "
                                           f"{sparkenv.describe_error(exc)}") from exc
-                    last_error = exc
-                    log.warning("commit to %s conflicted (attempt %d): %s", ", ".join(changes), attempt,
-                                sparkenv.describe_error(exc))
-                    time.sleep(min(2.0, 0.1 * 2 ** attempt))
-                    continue
+                    raise
             seconds = time.monotonic() - started
             commits = []
             for table in tables:
                 if table in held:
-                    commits.append(TableCommit(table, 0, held[table], attempt, skipped=True, seconds=seconds))
+                    commits.append(TableCommit(table, 0, held[table], number, skipped=True, seconds=seconds))
                     continue
                 files = written.files.get(table, [])
-                commits.append(TableCommit(table, self._rows(table, written), changes[table].snapshot_id, attempt,
+                commits.append(TableCommit(table, self._rows(table, written), changes[table].snapshot_id, number,
                                            files=len(files), bytes=sum(f.file_size_in_bytes for f in files),
                                            seconds=seconds))
             return commits
-        raise IngestError(f"commit to {', '.join(tables)} failed after {COMMIT_ATTEMPTS} attempts") from last_error
+
+        return self._commit_conflicts(f"commit to {', '.join(tables)}").run(attempt)
+
+    def _commit_conflicts(self, what: str) -> retry.Policy:
+        """A batch's commit losing the catalog's compare-and-set to another writer (compaction, a replay) is tried
+        again on the tables reloaded, up to COMMIT_ATTEMPTS attempts in all, then IngestError."""
+        return retry.commit_conflicts(
+            what, attempts=COMMIT_ATTEMPTS, error=IngestError, first_wait_s=0.2, max_wait_s=2.0,
+            conflict=retry.is_conflict_in_chain,
+            next_step="Nothing of the batch became visible and no offset moved; the next run writes it again. Another "
+                      "writer (maintenance, a replay) kept committing to the table: give it a quieter window.")
 
     def _rows(self, table: str, written: Written) -> int:
         return written.dead_letters if table == self.spec.dead_letter_table else written.rows.get(table, 0)
@@ -923,8 +915,9 @@ class IngestJob:
         lakehouse.ingest.committer makes the head of `main`. Returns the MERGE's Spark seconds and the snapshot."""
         tables.require_staging(loaded, table)
         rows = self.staged_rows(table, paths)
-        if table == self.spec.target.table and self.spec.tombstone_table:
-            self.record_tombstones(rows)
+        ledger = self.spec.tombstone_table
+        if table == self.spec.target.table and ledger:
+            self.record_tombstones(rows, ledger)
         group = f"lakehouse-{self.spec.name}-{batch_id}-{table}-{attempt}"
         wap_id = f"{batch_id}-{attempt}-{table}"
         with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
@@ -1047,8 +1040,9 @@ class IngestJob:
         change from another partition, cannot bring back a deleted key.
         """
         latest = self.latest_per_key(rows)
-        if respect_tombstones and self.spec.tombstone_table:
-            latest = self._after_tombstones(latest)
+        ledger = self.spec.tombstone_table
+        if respect_tombstones and ledger:
+            latest = self._after_tombstones(latest, ledger)
         keys = list(self.spec.target.key)
         columns = [c for c in latest.columns if c != "_op"]
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
@@ -1062,8 +1056,8 @@ class IngestJob:
                        f"WHEN MATCHED AND s._op = 'upsert' AND {newer} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
 
-    def record_tombstones(self, rows) -> None:
-        """Keep the batch's tombstones (key, coordinates) in the pipeline's ledger, newest per key.
+    def record_tombstones(self, rows, ledger: str) -> None:
+        """Keep the batch's tombstones (key, coordinates) in the pipeline's ledger `ledger`, newest per key.
 
         Runs before the data table's commit: after a crash in between, the ledger knows of a delete the
         table has not applied yet, which only makes replays skip records that are older anyway.
@@ -1077,21 +1071,21 @@ class IngestJob:
             return
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
         sparkenv.merge(self.spark, dead,
-                       f"MERGE INTO {self.spec.qualified(self.spec.tombstone_table)} t "
+                       f"MERGE INTO {self.spec.qualified(ledger)} t "
                        f"USING {{source}} s ON {on} "
                        f"WHEN MATCHED AND {NEWER} THEN UPDATE SET t._kafka = s._kafka, t._deleted_at = s._deleted_at "
                        f"WHEN NOT MATCHED THEN INSERT *", {})
 
-    def _after_tombstones(self, latest):
-        """`latest` without the upserts older than their key's newest tombstone in the ledger (the batch's own
+    def _after_tombstones(self, latest, ledger: str):
+        """`latest` without the upserts older than their key's newest tombstone in `ledger` (the batch's own
         tombstones are in it already: its deletes are kept, and only delete what is older, see NEWER_CDC).
         Across partitions, older means by Kafka timestamp: a tombstone carries no source position."""
         from pyspark.sql import functions as F
 
         keys = list(self.spec.target.key)
-        ledger = self.spark.table(self.spec.qualified(self.spec.tombstone_table)).select(
+        tombs = self.spark.table(self.spec.qualified(ledger)).select(
             *[F.col(k).alias(f"_tomb_{k}") for k in keys], F.col("_kafka").alias("_tomb"))
-        joined = latest.join(ledger, on=[latest[k] == ledger[f"_tomb_{k}"] for k in keys], how="left")
+        joined = latest.join(tombs, on=[latest[k] == tombs[f"_tomb_{k}"] for k in keys], how="left")
         s, t = F.col("_kafka"), F.col("_tomb")
         newer = (((s.partition == t.partition) & (s.offset > t.offset))
                  | ((s.partition != t.partition) & (s.timestamp >= t.timestamp)))

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from lakehouse.core import config, errors, kafka_security, sparkenv
+from lakehouse.core import errors, kafka_security, sparkenv
 from lakehouse.core.errors import BrokerStalledError, OffsetGapError, RecordFailureError, SourceError
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import FieldSpec, PipelineSpec
@@ -58,13 +58,13 @@ ARROW_TYPES = {
 def arrow_type(f: FieldSpec) -> pa.DataType:
     """The Arrow type of contract field `f`'s values as the validator returns them (nested ones too)."""
     if f.type == "decimal":
-        return pa.decimal128(f.precision, f.scale)
+        return pa.decimal128(*f.digits)
     if f.type == "struct":
         return pa.struct([(c.name, arrow_type(c)) for c in f.fields])
     if f.type == "list":
-        return pa.list_(arrow_type(f.items))
+        return pa.list_(arrow_type(f.element))
     if f.type == "map":
-        return pa.map_(pa.string(), arrow_type(f.values))
+        return pa.map_(pa.string(), arrow_type(f.element))
     return ARROW_TYPES[f.type]
 SPARK_KAFKA_STRUCT = "struct<topic:string,partition:int,offset:bigint,timestamp:timestamp,key:string>"
 # A change stream's rows also carry the change that wrote them: Debezium's op, the source's commit time and
@@ -272,6 +272,7 @@ class BatchBuilder:
         decoding a valid record). Never raises.
         """
         validator = self.validator
+        row: tuple | None
         try:
             if ts_ms is not None and not MIN_KAFKA_TIMESTAMP_MS <= ts_ms <= MAX_KAFKA_TIMESTAMP_MS:
                 raise Rejected("bad_kafka_timestamp", f"Kafka timestamp {ts_ms} ms is outside {TIMESTAMP_RANGE}; "
@@ -565,16 +566,18 @@ def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBui
             for msg in msgs:
                 # None for a partition done (fetched before its pause took hold) or not the task's, and for
                 # an error of no partition (a broker connection lost: a stall, if it lasts)
-                read = waiting.get(msg.partition())
-                if read is None:
+                partition = msg.partition()
+                found = None if partition is None else waiting.get(partition)
+                if found is None:
                     continue
-                current = read
+                read = current = found
                 at_range, at = read.range, read.position
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         eof = msg.offset()
-                        if eof >= read.range.end:  # the range ends in offsets that deliver no record (transactions)
+                        # the range ends in offsets that deliver no record (transactions)
+                        if eof is not None and eof >= read.range.end:
                             progressed, read.since = True, moment
                             if read.reach(eof):
                                 finished.append(waiting.pop(read.partition))
@@ -585,9 +588,10 @@ def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBui
                         raise OffsetGapError(f"{read.range}: offset {read.position} was deleted from Kafka while the "
                                              f"batch was being read (retention); rerun to plan again")
                     raise SourceError(f"{read.range}: {err.str()}")
-                at = offset = msg.offset()
-                if offset < read.position:  # read already, or fetched before a seek
+                offset = msg.offset()
+                if offset is None or offset < read.position:  # read already, or fetched before a seek
                     continue
+                at = offset
                 if offset >= read.range.end:  # its range is complete: the record is the next range's, or none's
                     progressed, read.since = True, moment
                     if read.reach(offset):
@@ -639,7 +643,7 @@ def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBui
             batch = builder.flush()
             clock.decode_s += time.perf_counter() - flushing
             yield batch
-    except (errors.LakehouseError, config.ConfigError):  # Kafka's own, already named; KafkaAuthError
+    except errors.LakehouseError:  # Kafka's own, already named; KafkaAuthError
         raise
     except Exception as exc:  # named for the driver, which dead-letters the record and reruns
         raise _task_failure(exc, at_range, at if type(at) is int else at_range.start) from exc

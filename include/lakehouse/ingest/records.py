@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 from uuid import UUID
 
 import msgspec
@@ -101,6 +101,14 @@ class Decoder(Protocol):
     def decode(self, value: bytes) -> dict: ...
 
 
+@runtime_checkable
+class WriterSchemaDecoder(Decoder, Protocol):
+    """A wire-format decoder (lakehouse.ingest.formats.WireDecoder): also names the writer schema (a
+    formats.WriterSchema) each value was written with."""
+
+    def decode_with_writer(self, value: bytes) -> tuple[Any, dict]: ...
+
+
 def _reject_constant(name: str) -> float:
     raise Rejected("out_of_range", f"{name} is not a finite number")
 
@@ -110,8 +118,7 @@ class JsonDecoder:
     or an exponent are read exactly (Decimal), so that a decimal column gets the digits that were sent."""
 
     def __init__(self, decimals: bool = False):
-        self._decoder = json.JSONDecoder(parse_constant=_reject_constant,
-                                         **({"parse_float": Decimal} if decimals else {}))
+        self._decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=Decimal if decimals else None)
 
     def decode(self, value: bytes) -> dict:
         try:
@@ -251,7 +258,7 @@ def _field_checker(f: FieldSpec, path: str | None = None) -> Callable[[Any], Any
                 raise Rejected("wrong_type", f"{name} must be true or false, got {type(v).__name__} {_show(v)}")
             return v
     elif f.type == "timestamp":
-        per_unit = _EPOCH_UNITS_US.get(f.unit)
+        per_unit = None if f.unit is None else _EPOCH_UNITS_US.get(f.unit)
 
         def check(v: Any) -> Any:
             if per_unit is not None and type(v) is int:
@@ -318,8 +325,9 @@ _MAX_DAYS = (date.max - _EPOCH_DATE).days
 def _decimal_checker(f: FieldSpec, name: str) -> Callable[[Any], Decimal]:
     """decimal(P,S): exact values only. A value with more than S decimal places (other than trailing
     zeros) or more than P-S integer digits is out_of_range, never rounded."""
-    quantum = Decimal(1).scaleb(-f.scale)
-    integer_digits = f.precision - f.scale
+    precision, scale = f.digits
+    quantum = Decimal(1).scaleb(-scale)
+    integer_digits = precision - scale
     lo = None if f.min is None else Decimal(repr(f.min))
     hi = None if f.max is None else Decimal(repr(f.max))
 
@@ -364,7 +372,7 @@ def _struct_checker(f: FieldSpec, name: str) -> Callable[[Any], dict]:
     def check(v: Any) -> dict:
         if not isinstance(v, dict):
             raise Rejected("wrong_type", f"{name} must be an object, got {type(v).__name__} {_show(v)}")
-        out = {}
+        out: dict[str, Any] = {}
         for child, required, check_child in children:
             value = v.get(child)
             if value is None:
@@ -379,13 +387,13 @@ def _struct_checker(f: FieldSpec, name: str) -> Callable[[Any], dict]:
 
 
 def _list_checker(f: FieldSpec, name: str) -> Callable[[Any], list]:
-    check_item = _field_checker(f.items, f"{name}[]")
-    required = f.items.required
+    check_item = _field_checker(f.element, f"{name}[]")
+    required = f.element.required
 
     def check(v: Any) -> list:
         if not isinstance(v, (list, tuple)):
             raise Rejected("wrong_type", f"{name} must be a list, got {type(v).__name__} {_show(v)}")
-        out = []
+        out: list[Any] = []
         for i, item in enumerate(v):
             if item is None:
                 if required:
@@ -402,13 +410,13 @@ def _list_checker(f: FieldSpec, name: str) -> Callable[[Any], list]:
 
 
 def _map_checker(f: FieldSpec, name: str) -> Callable[[Any], dict]:
-    check_value = _field_checker(f.values, f"{name}{{}}")
-    required = f.values.required
+    check_value = _field_checker(f.element, f"{name}{{}}")
+    required = f.element.required
 
     def check(v: Any) -> dict:
         if not isinstance(v, dict):
             raise Rejected("wrong_type", f"{name} must be an object (a map), got {type(v).__name__} {_show(v)}")
-        out = {}
+        out: dict[str, Any] = {}
         for key, value in v.items():
             if not isinstance(key, str):
                 raise Rejected("wrong_type", f"{name} has a key that is not text: {_show(key)}")
@@ -483,8 +491,8 @@ def _fast_type(f: FieldSpec) -> Any:
         return Annotated[int, msgspec.Meta(ge=lo, le=hi)]
     if f.type in ("double", "float"):
         # finite bounds also turn away what msgspec might read as +-inf (the reference rejects it)
-        limit = FLOAT32_MAX if f.type == "float" else _DOUBLE_MAX
-        interval = _number_interval(f, -limit, limit, integral=False)
+        largest = FLOAT32_MAX if f.type == "float" else _DOUBLE_MAX
+        interval = _number_interval(f, -largest, largest, integral=False)
         if interval is None:
             return None
         return Annotated[float, msgspec.Meta(ge=interval[0], le=interval[1])]
@@ -565,7 +573,7 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
     converts = bool(timestamps or dates)
     min_us, max_us = MIN_TIMESTAMP_US, MAX_TIMESTAMP_US
     # Up to 1024 short values per field that matched are remembered (e.g. currency codes) to skip the regex.
-    matching = [(i, fullmatch, set()) for i, fullmatch in patterns]
+    matching: list[tuple[int, Callable, set[str]]] = [(i, fullmatch, set()) for i, fullmatch in patterns]
     # json turns integer literals longer than Python's digit limit into errors; msgspec does not
     digit_limit = sys.get_int_max_str_digits() or math.inf
     long_digit_run = re.compile(rb"(?<![0-9])[0-9]{%d}" % (digit_limit + 1)) if digit_limit < math.inf else None
@@ -584,7 +592,7 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
                 return None
         if size > 2 * _MAX_FAST_NESTING and (
                 value.count(b"[") + value.count(b"{") > _MAX_FAST_NESTING
-                or size > digit_limit and long_digit_run.search(value)):
+                or long_digit_run is not None and size > digit_limit and long_digit_run.search(value)):
             return None
         try:
             values = astuple(decode(value))
@@ -603,10 +611,10 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
                     known.add(text)
         if not converts:
             return values
-        values = list(values)
+        row = list(values)
         try:
             for i in timestamps:
-                text = values[i]
+                text = row[i]
                 if text is not None:
                     moment = fromisoformat(text)
                     if moment.tzinfo is None:
@@ -614,14 +622,14 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
                     micros = (moment - _EPOCH) // _ONE_MICROSECOND  # exact, like parse_timestamp
                     if not min_us <= micros <= max_us:
                         return None
-                    values[i] = micros
+                    row[i] = micros
             for i in dates:
-                text = values[i]
+                text = row[i]
                 if text is not None:
-                    values[i] = (date_fromisoformat(text) - _EPOCH_DATE).days
+                    row[i] = (date_fromisoformat(text) - _EPOCH_DATE).days
         except Exception:  # noqa: BLE001 - not ISO-8601 (or worse): the reference says how
             return None
-        return tuple(values)
+        return tuple(row)
 
     return decode_row
 
@@ -778,7 +786,9 @@ def _change_meta(event: Any) -> tuple[str, dict]:
         raise Rejected("bad_envelope", "not a Debezium change event: it has no `op`")
     if op not in ("c", "r", "u", "d"):
         raise Rejected("bad_envelope", f"op {_show(op)} is not a Debezium operation (c, r, u, d, t, m)")
-    source = event.get("source") if isinstance(event.get("source"), dict) else {}
+    source = event.get("source")
+    if not isinstance(source, dict):
+        source = {}
     return op, {"op": op, "source_ts": _epoch_ms_to_us(source.get("ts_ms", event.get("ts_ms"))),
                 "position": source_position(source)}
 
@@ -824,13 +834,14 @@ class RecordValidator:
         self.key_required = source.key_required
         self.tombstone_deletes = spec.tombstones_delete
         self.names = spec.contract.names
-        # Avro and Protobuf: per writer schema, a row plan that skips the checks its types make moot
-        self._plans: dict[int, Callable[[dict], tuple] | None] | None = \
-            {} if hasattr(self.decoder, "decode_with_writer") and not hasattr(self.decoder, "payload") else None
+        # Avro and Protobuf (`_wire`, the decoder that names writer schemas): per writer schema, a row plan
+        # that skips the checks its types make moot
+        self._wire = self.decoder \
+            if isinstance(self.decoder, WriterSchemaDecoder) and not hasattr(self.decoder, "payload") else None
+        self._plans: dict[int, Callable[[dict], tuple] | None] = {}
         # ... and the compiled rows of those whose values it reads straight into rows, by the bytes their
         # values start with (a header, Protobuf's message indexes), all of one length (formats.compile_row)
-        self._wire_rows: dict[bytes, Callable[[str | None, bytes], tuple | None]] | None = \
-            None if self._plans is None else {}
+        self._wire_rows: dict[bytes, Callable[[str | None, bytes], tuple | None]] = {}
         self._wire_head = 0
         # the JSON fast path: plain JSON values (or JSON Schema's payloads) with text keys, no quarantine
         self._payload = getattr(self.decoder, "payload", None)
@@ -944,7 +955,7 @@ class RecordValidator:
 
     def check_fields(self, obj: dict) -> dict:
         """The contract columns of a decoded record `obj`, checked (Rejected when one does not pass)."""
-        row = {}
+        row: dict[str, Any] = {}
         for name, required, check in self.fields:
             v = obj.get(name)
             if v is None:
@@ -977,11 +988,9 @@ class RecordValidator:
         if len(value) > self.max_value_bytes:
             raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
         plan = None
-        if self._plans is not None:  # Avro, Protobuf: the writer schema's row plan checks the `after` row
-            writer, event = self.decoder.decode_with_writer(value)
-            plan = self._plans.get(writer.schema_id, False)
-            if plan is False:
-                plan = self._plans[writer.schema_id] = self._plan(writer)
+        if self._wire is not None:  # Avro, Protobuf: the writer schema's row plan checks the `after` row
+            writer, event = self._wire.decode_with_writer(value)
+            plan = self._writer_plan(writer)
         else:
             event = self.decoder.decode(value)
         event = _unwrap(event)
@@ -1002,14 +1011,20 @@ class RecordValidator:
             return key_text, (*values, meta), "upsert"
         return key_text, (*key_row, meta), "delete"  # op d: _change_meta admits nothing else
 
-    def _planned_row(self, key_text: str | None, value: bytes) -> tuple:
-        """`check_row` of a wire-format value through its writer schema's row plan (`_plan`): the same
-        verdict as `check`, which it is equivalent to field by field."""
-        writer, obj = self.decoder.decode_with_writer(value)
-        plan = self._plans.get(writer.schema_id, False)
-        if plan is False:
+    def _writer_plan(self, writer) -> Callable[[dict], tuple] | None:
+        """The row plan of writer schema `writer` (`_plan`), made once; its compiled row too."""
+        try:
+            return self._plans[writer.schema_id]
+        except KeyError:
             plan = self._plans[writer.schema_id] = self._plan(writer)
             self._compile_row(writer)
+            return plan
+
+    def _planned_row(self, wire: WriterSchemaDecoder, key_text: str | None, value: bytes) -> tuple:
+        """`check_row` of a wire-format value through its writer schema's row plan (`_plan`): the same
+        verdict as `check`, which it is equivalent to field by field."""
+        writer, obj = wire.decode_with_writer(value)
+        plan = self._writer_plan(writer)
         if plan is None:
             row = self.check_fields(obj)
             values = tuple(row[name] for name in self.names)
@@ -1049,10 +1064,10 @@ class RecordValidator:
             written = {f.name: f for f in writer.fields(self.spec.source.envelope)}
         except errors.SchemaTranslationError:
             return None
-        steps = []
+        steps: list[tuple[str, bool, Callable[[Any], Any] | None]] = []  # convert None: the value as it is
         for f, (name, required, check) in zip(self.spec.contract.fields, self.fields, strict=True):
             w = written.get(name)
-            convert = check
+            convert: Callable[[Any], Any] | None = check
             if name in self.quarantined:
                 convert = _quarantined(name)
             elif w is not None and _passes_unchecked(f, w, writer.schema_type):
@@ -1063,7 +1078,7 @@ class RecordValidator:
             steps.append((name, required, convert))
 
         def plan(obj: dict) -> tuple:
-            out = []
+            out: list[Any] = []
             append = out.append
             for name, required, convert in steps:
                 v = obj.get(name)
@@ -1106,17 +1121,17 @@ class RecordValidator:
         `check` does, with the same kind and detail. Records the fast path vouches
         for never reach `check`; the others do and are counted in `fallbacks`.
         """
-        wire_rows = self._wire_rows
-        if wire_rows is not None:  # Avro, Protobuf: the writer schema's compiled row, else its row plan
+        wire = self._wire
+        if wire is not None:  # Avro, Protobuf: the writer schema's compiled row, else its row plan
             if type(value) is bytes:
-                wire_row = wire_rows.get(value[:self._wire_head])
+                wire_row = self._wire_rows.get(value[:self._wire_head])
                 if wire_row is not None:
                     row = wire_row(key_text, value)
                     if row is not None:
                         return row
             if value is not None and len(value) <= self.max_value_bytes:
                 self.fallbacks += 1
-                return self._planned_row(key_text, value)
+                return self._planned_row(wire, key_text, value)
         fast_row = self._fast_row
         if fast_row is not None:
             if self._payload is None:
@@ -1130,5 +1145,5 @@ class RecordValidator:
             if row is not None:
                 return row
         self.fallbacks += 1
-        row = self.check(key_text, value)
-        return None if row is None else tuple(row[name] for name in self.names)
+        checked = self.check(key_text, value)
+        return None if checked is None else tuple(checked[name] for name in self.names)

@@ -71,8 +71,8 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from lakehouse.core import schemas
-from lakehouse.core.errors import ConfigurationError, TableStateError
+from lakehouse.core import retry, schemas
+from lakehouse.core.errors import LayoutChangeRefused, SchemaIncompatibleError, TableOwnershipError, TableStateError
 from lakehouse.core.spec import RESERVED_COLUMNS, TARGET_FILE_SIZE_PROPERTY, FieldSpec, PartitionField, PipelineSpec
 from lakehouse.ingest.reader import DEAD_LETTER_TABLE, SPARK_CDC_STRUCT, SPARK_KAFKA_STRUCT
 
@@ -105,19 +105,6 @@ SPEC_PROPERTIES = "lakehouse.spec-properties"
 # on the dead-letter table: the default data table the pipeline writes (a renamed target.table is refused)
 DEFAULT_TABLE = "lakehouse.default-table"
 LAYOUT_ATTEMPTS = 5
-
-
-class SchemaIncompatibleError(ConfigurationError):
-    """The spec changed the contract in a way the table cannot take under the pipeline's policy."""
-
-
-class TableOwnershipError(ConfigurationError):
-    """A table the spec names belongs to another pipeline (or was not created by one)."""
-
-
-class LayoutChangeRefused(ConfigurationError):
-    """The spec changed something its table cannot follow (write mode, upsert key, default table, a
-    partition field on a column the table lacks); the message says what to do instead."""
 
 
 def require_staging(table: Table, name: str) -> None:
@@ -195,12 +182,12 @@ def _create_dead_letter_table(spark, spec: PipelineSpec) -> None:
               f"TBLPROPERTIES ({rendered})")
 
 
-def _create_tombstone_table(spark, spec: PipelineSpec) -> None:
+def _create_tombstone_table(spark, spec: PipelineSpec, ledger: str) -> None:
     keys = [f"`{k}` {spec.contract.field(k).spark_type}" for k in spec.target.key]
     props = {"format-version": "2", OWNER: spec.name, "lakehouse.role": "tombstones",
              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "50"}
     rendered = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items())
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(spec.tombstone_table)} "
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(ledger)} "
               f"({', '.join(keys)}, _kafka {SPARK_KAFKA_STRUCT} COMMENT 'coordinates of the newest tombstone', "
               f"_deleted_at timestamp COMMENT 'when the pipeline applied it') USING iceberg "
               f"TBLPROPERTIES ({rendered})")
@@ -257,7 +244,7 @@ def _spec_at(spec: PipelineSpec, path: str) -> FieldSpec:
     parts = path.split(".")
     f = spec.contract.field(parts[0])
     for part in parts[1:]:
-        f = {"element": f.items, "value": f.values}[part] if part in ("element", "value") and f.type != "struct" \
+        f = f.element if part in ("element", "value") and f.type != "struct" \
             else next(c for c in f.fields if c.name == part)
     return f
 
@@ -313,13 +300,15 @@ def ensure_tables(spark, catalog: Catalog, spec: PipelineSpec,
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {spec.catalog}.{ns}")
     loaded = {name: _load_owned(catalog, spec, name) for name in spec.owned_tables}  # every owner checked first
     quarantined: set[str] = set()
-    if spec.tombstone_table and loaded[spec.tombstone_table] is None:
-        _create_tombstone_table(spark, spec)
+    ledger = spec.tombstone_table
+    if ledger and loaded[ledger] is None:
+        _create_tombstone_table(spark, spec, ledger)
     for table in spec.target.tables:
-        if loaded[table] is None:
+        held = loaded[table]
+        if held is None:
             _create_data_table(spark, spec, table)
             continue
-        changes = diff_schema(spec, table, loaded[table].schema())
+        changes = diff_schema(spec, table, held.schema())
         if changes.added and spec.schema_policy.on_additive == "fail":
             raise SchemaIncompatibleError(
                 f"{spec.path}: table {table} lacks fields {changes.added} and schema_policy.on_additive "
@@ -346,11 +335,18 @@ def ensure_tables(spark, catalog: Catalog, spec: PipelineSpec,
 
 # ---------------------------------------------------------------------------- the table follows its spec
 
+def _width(arg: int | None) -> int:
+    """A bucket's or truncate's width, PartitionField.arg (the spec parser gives each of them one)."""
+    if arg is None:
+        raise ValueError("a bucket or truncate partition field needs its width")
+    return arg
+
+
 # spec transform -> pyiceberg transform (arguments: bucket width, truncate width)
 _TRANSFORMS: dict[str, Callable[[int | None], Transform]] = {
     "identity": lambda _: IdentityTransform(), "year": lambda _: YearTransform(),
     "month": lambda _: MonthTransform(), "day": lambda _: DayTransform(), "hour": lambda _: HourTransform(),
-    "bucket": lambda n: BucketTransform(n), "truncate": lambda w: TruncateTransform(w),
+    "bucket": lambda n: BucketTransform(_width(n)), "truncate": lambda w: TruncateTransform(_width(w)),
 }
 
 
@@ -513,26 +509,36 @@ def apply_layout(catalog: Catalog, spec: PipelineSpec,
         raise LayoutChangeRefused(f"{spec.path}: " + "; ".join(refused))
     applied = []
     for name, drift in drifts.items():
-        for attempt in range(1, LAYOUT_ATTEMPTS + 1):
-            if drift.in_sync and not drift.records:
-                break
-            try:
-                _apply_drift(catalog.load_table(name), drift)
-            except CommitFailedException:  # another commit (the writer's claim, maintenance) came first
-                if attempt == LAYOUT_ATTEMPTS:
-                    raise
-                drift = layout_drift(spec, name, catalog.load_table(name).metadata)
-                continue
-            except ValueError as exc:  # pyiceberg refusing the partition spec (a transform the column cannot take)
-                raise LayoutChangeRefused(f"{spec.path}: table {spec.qualified(name)} cannot be partitioned by "
-                                          f"{', '.join(drift.wanted_partitioning)}: {exc}") from exc
-            if not drift.in_sync:
-                log.info("%s now follows %s: %s", drift.table, spec.path, "; ".join(drift.describe()))
-                applied.append(drift)
-                if on_change is not None:
-                    on_change(drift)
-            break
+        drift = _follow_layout(catalog, spec, name, drift)
+        if not drift.in_sync:
+            log.info("%s now follows %s: %s", drift.table, spec.path, "; ".join(drift.describe()))
+            applied.append(drift)
+            if on_change is not None:
+                on_change(drift)
     return applied
+
+
+def _follow_layout(catalog: Catalog, spec: PipelineSpec, name: str, drift: LayoutDrift) -> LayoutDrift:
+    """Apply `drift` to table `name` in one metadata commit (none when there is nothing to change); when another
+    commit (the writer's claim, maintenance) lands first, the drift is taken again from the table as it is now,
+    up to LAYOUT_ATTEMPTS times (lakehouse.core.retry), then CommitFailedException. Returns the drift applied."""
+    def attempt(number: int) -> LayoutDrift:
+        nonlocal drift
+        if number > 1:
+            drift = layout_drift(spec, name, catalog.load_table(name).metadata)
+        if drift.in_sync and not drift.records:
+            return drift
+        try:
+            _apply_drift(catalog.load_table(name), drift)
+        except ValueError as exc:  # pyiceberg refusing the partition spec (a transform the column cannot take)
+            raise LayoutChangeRefused(f"{spec.path}: table {spec.qualified(name)} cannot be partitioned by "
+                                      f"{', '.join(drift.wanted_partitioning)}: {exc}") from exc
+        return drift
+
+    return retry.commit_conflicts(
+        f"the layout change of {spec.qualified(name)}", attempts=LAYOUT_ATTEMPTS, error=CommitFailedException,
+        first_wait_s=0.0, next_step=f"The table still has its former layout; start the job again to apply "
+                                    f"{spec.path} (other commits kept landing on the table meanwhile).").run(attempt)
 
 
 def _renamed_table_refusal(spec: PipelineSpec, recorded: str) -> str:

@@ -24,6 +24,7 @@ merges with Spark's MERGE and deletes once committed.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -150,8 +151,6 @@ def _epoch_us(column: pa.ChunkedArray, date: bool = False) -> pa.ChunkedArray:
 def _write(target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: int) -> list:
     """pyiceberg's writer: Parquet files with the table's field ids, partition spec, target size and
     column metrics, named `<write_uuid>` and counted from a per-task offset (distinct in a batch)."""
-    import itertools
-
     from pyiceberg.io import load_file_io
 
     io = load_file_io(target.io_properties, target.metadata.location)
@@ -161,7 +160,7 @@ def _write(target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: 
 _PLAN_LOCK = threading.Lock()
 
 
-def write_data_files(io, metadata, rows: pa.Table, write_uuid: uuid.UUID, counter: Iterator[int]) -> list:
+def write_data_files(io, metadata, rows: pa.Table, write_uuid: uuid.UUID, counter: itertools.count[int]) -> list:
     """`rows` as the table's data files, by pyiceberg's writer (`_dataframe_to_data_files`, what its own
     append runs), with lower and upper bounds for the fields nested in structs too, which pyiceberg leaves at
     counts only (Iceberg's Java writer, Spark's, keeps them): `_kafka.partition`, `_kafka.offset` and
@@ -222,12 +221,13 @@ def _with_struct_leaves(plan: dict, schema, properties) -> dict:
     return plan
 
 
-def _stage(target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: int) -> list[str]:
-    """An upsert table's rows (with `_op`) as one staging Parquet file the driver merges."""
+def _stage(staging: str, target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: int) -> list[str]:
+    """An upsert table's rows (with `_op`) as one staging Parquet file in `staging` (`target.staging`), which
+    the driver merges."""
     import pyarrow.parquet as pq
     from pyiceberg.io import load_file_io
 
-    path = f"{target.staging.rstrip('/')}/{write_uuid}-{task_id:05d}.parquet"
+    path = f"{staging.rstrip('/')}/{write_uuid}-{task_id:05d}.parquet"
     with load_file_io(target.io_properties, path).new_output(path).create(overwrite=True) as stream:
         pq.write_table(rows, stream, compression="zstd")
     return [path]
@@ -292,7 +292,7 @@ def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozense
             if projected.num_rows == 0:
                 continue
             if target.staging:
-                result.staged[target.name] = _stage(target, projected, write_uuid, task_id)
+                result.staged[target.name] = _stage(target.staging, target, projected, write_uuid, task_id)
             else:
                 result.files[target.name] = _write(target, projected, write_uuid, task_id)
         result.write_s = time.perf_counter() - started

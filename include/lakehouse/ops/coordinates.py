@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from pyiceberg import conversions
 from pyiceberg.expressions import (
     AlwaysFalse,
     AlwaysTrue,
@@ -47,6 +48,7 @@ from pyiceberg.expressions import (
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.types import IcebergType, IntegerType, LongType
 
 from lakehouse.core import offsets
 from lakehouse.core.errors import BrokerStalledError, SourceError
@@ -324,6 +326,16 @@ def lineage(table: Table, name: str, pipeline: str, snapshot_id: int | None = No
     return Lineage(name, tuple(commit_of(s, name, pipeline) for s in snapshots), complete)
 
 
+def integer_bound(field_type: IcebergType, data: bytes) -> int | None:
+    """A data file's lower or upper bound `data` of an int or long column (`_kafka.partition`,
+    `_kafka.offset`), decoded; None for a column of another type, whose bounds place no coordinates.
+    (pyiceberg's from_bytes is typed as returning any of its literal types.)"""
+    if not isinstance(field_type, (IntegerType, LongType)):
+        return None
+    value: object = conversions.from_bytes(field_type, data)
+    return value if isinstance(value, int) else None
+
+
 def pinned(table: Table, snapshot_id: int) -> Table:
     """`table` as of `snapshot_id`: its `main` head is that snapshot (for lakehouse.core.offsets.progress_of)."""
     metadata = table.metadata.model_copy(update={"current_snapshot_id": snapshot_id})
@@ -391,7 +403,7 @@ def read_kafka(consumer: Consumer, rng: OffsetRange, stall_timeout: float = 30.0
                             break
                         raise SourceError(f"{rng}: reading offset {position}: {err.str()}")
                     offset = msg.offset()
-                    if offset < position:
+                    if offset is None or offset < position:  # a record without an error has an offset
                         continue
                     if offset >= rng.end:
                         position = rng.end
@@ -430,15 +442,16 @@ def window_filter(window: Coverage) -> BooleanExpression:
     condition: BooleanExpression = AlwaysFalse()
     for p, iv in window.partitions.items():
         for start, end in iv:
-            in_range = And(GreaterThanOrEqual("_kafka.offset", start), LessThan("_kafka.offset", end))
-            condition = Or(condition, And(EqualTo("_kafka.partition", p), in_range))
+            in_range = And(GreaterThanOrEqual(term="_kafka.offset", value=start),
+                           LessThan(term="_kafka.offset", value=end))
+            condition = Or(condition, And(EqualTo(term="_kafka.partition", value=p), in_range))
     return condition
 
 
 def coordinate_filter(partition: int, offset: int, topic: str | None = None) -> BooleanExpression:
     """Rows of exactly this record (of `topic` when given)."""
-    found = And(EqualTo("_kafka.partition", partition), EqualTo("_kafka.offset", offset))
-    return And(EqualTo("_kafka.topic", topic), found) if topic is not None else found
+    found = And(EqualTo(term="_kafka.partition", value=partition), EqualTo(term="_kafka.offset", value=offset))
+    return And(EqualTo(term="_kafka.topic", value=topic), found) if topic is not None else found
 
 
 def plan_files(table: Table, snapshot_id: int, row_filter: BooleanExpression = AlwaysTrue()) -> list[FileScanTask]:

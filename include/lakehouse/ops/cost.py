@@ -76,7 +76,7 @@ class UnitPrices:
     def from_settings(cls, environ: Mapping[str, str]) -> UnitPrices:
         """The prices the PRICE_VARIABLES of `environ` set (a platform's `prices`: what the environment
         gave). Raises ConfigurationError naming a variable whose value is not a finite number >= 0."""
-        found: dict[str, float | str] = {}
+        found: dict[str, float] = {}
         for variable, name in PRICE_VARIABLES.items():
             raw = (environ.get(variable) or "").strip()
             if not raw:
@@ -92,7 +92,7 @@ class UnitPrices:
         currency = (environ.get(PRICE_CURRENCY) or "").strip()
         if currency and (len(currency) > 8 or not currency.isascii() or not currency.isalpha()):
             raise ConfigurationError(f"{PRICE_CURRENCY}={currency[:40]!r} is not a currency: use a code like EUR")
-        return cls(**found, currency=currency)  # type: ignore[arg-type]
+        return cls(**found, currency=currency)
 
     @property
     def configured(self) -> bool:
@@ -195,18 +195,20 @@ def _sample(kafka_conf: dict, topic: str, ranges: dict[int, tuple[int, int]], qu
         pending, deadline = set(chosen), time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                p = msg.partition()
-                if p not in pending:
+                p, err, offset = msg.partition(), msg.error(), msg.offset()
+                if p is None or p not in pending:
                     continue
-                if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
                         pending.discard(p)
                     continue
-                if msg.offset() >= stops[p]:
+                if offset is None:  # a record without an error has one
+                    continue
+                if offset >= stops[p]:
                     pending.discard(p)
                     continue
                 read, size = read + 1, size + record_bytes(msg)
-                if msg.offset() + 1 >= stops[p]:
+                if offset + 1 >= stops[p]:
                     pending.discard(p)
     finally:
         consumer.close()
@@ -318,7 +320,7 @@ def _tables(spec: PipelineSpec, platform: config.PlatformConfig, bounds: list[in
         start_ms = _history_start_ms(metadata)
         for i, day in enumerate(days):
             end = _at_day_end(metadata, bounds[i + 1])
-            if end is None or day.table_bytes is None:
+            if end is None or day.table_bytes is None or day.table_files is None:
                 day.table_bytes = day.table_files = None
             else:
                 day.table_bytes += end[0]
@@ -326,11 +328,11 @@ def _tables(spec: PipelineSpec, platform: config.PlatformConfig, bounds: list[in
             if start_ms is not None and bounds[i] < start_ms:
                 expired.add((day.day, name))
         for snap in metadata.snapshots:
-            i = _day_index(bounds, snap.timestamp_ms)
-            if i is None or (days[i].day, name) in expired:
+            at = _day_index(bounds, snap.timestamp_ms)
+            if at is None or (days[at].day, name) in expired:
                 continue
             counted = commit_requests(offsets.summary_properties(snap))
-            day = days[i]
+            day = days[at]
             day.commits += 1
             day.files_written += counted["files"]
             day.bytes_written += counted["bytes"]

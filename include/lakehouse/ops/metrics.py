@@ -22,18 +22,23 @@ class IngestMetrics:
     def __init__(self, pipeline: str, registry: CollectorRegistry | None = None):
         self.pipeline = pipeline
         self.registry = registry or CollectorRegistry()
-        labels = {"labelnames": ("pipeline",), "registry": self.registry}
-        self.records = Counter("lakehouse_records", "Kafka records read and committed", **labels)
-        self.dead_letters = Counter("lakehouse_dead_letters", "records routed to the dead-letter table", **labels)
-        self.batches = Counter("lakehouse_batches", "committed micro-batches", **labels)
-        self.commit_retries = Counter("lakehouse_commit_retries", "table commits retried after a conflict", **labels)
-        self.files = Counter("lakehouse_data_files_added", "data files added by ingest commits", **labels)
-        self.bytes = Counter("lakehouse_data_bytes_added", "bytes of data files added by ingest commits", **labels)
+
+        def counter(name: str, documentation: str) -> Counter:  # a series per pipeline
+            return Counter(name, documentation, labelnames=("pipeline",), registry=self.registry)
+
+        def gauge(name: str, documentation: str) -> Gauge:
+            return Gauge(name, documentation, labelnames=("pipeline",), registry=self.registry)
+
+        self.records = counter("lakehouse_records", "Kafka records read and committed")
+        self.dead_letters = counter("lakehouse_dead_letters", "records routed to the dead-letter table")
+        self.batches = counter("lakehouse_batches", "committed micro-batches")
+        self.commit_retries = counter("lakehouse_commit_retries", "table commits retried after a conflict")
+        self.files = counter("lakehouse_data_files_added", "data files added by ingest commits")
+        self.bytes = counter("lakehouse_data_bytes_added", "bytes of data files added by ingest commits")
         self.rows = Counter("lakehouse_rows", "rows committed per table", labelnames=("pipeline", "table"),
                             registry=self.registry)
-        self.lag = Gauge("lakehouse_lag_records", "records past the last batch at the log end it planned with",
-                         **labels)
-        self.batch_seconds = Gauge("lakehouse_batch_seconds", "duration of the last batch", **labels)
+        self.lag = gauge("lakehouse_lag_records", "records past the last batch at the log end it planned with")
+        self.batch_seconds = gauge("lakehouse_batch_seconds", "duration of the last batch")
         self.stage_seconds = Gauge("lakehouse_batch_stage_seconds", "duration of each stage of the last batch",
                                    labelnames=("pipeline", "stage"), registry=self.registry)
         self.end_offset = Gauge("lakehouse_end_offset", "log end per partition as of the last batch",
@@ -42,9 +47,9 @@ class IngestMetrics:
                               labelnames=("pipeline", "partition"), registry=self.registry)
         self._newest_event: float | None = None
         self._last_commit: float | None = None
-        Gauge("lakehouse_freshness_seconds", "now minus the newest committed event time", **labels) \
+        gauge("lakehouse_freshness_seconds", "now minus the newest committed event time") \
             .labels(pipeline).set_function(lambda: self._age(self._newest_event))
-        Gauge("lakehouse_seconds_since_commit", "now minus the last batch commit", **labels) \
+        gauge("lakehouse_seconds_since_commit", "now minus the last batch commit") \
             .labels(pipeline).set_function(lambda: self._age(self._last_commit))
 
     @staticmethod

@@ -145,15 +145,16 @@ class OverviewCache:
         now = time.monotonic()
         with self._lock:
             rescan = self._state.scanned is None or now - self._state.scanned >= self.rescan_s
-            due = [(f, s) for f, s in self._state.slots.items()
+            due = [(f, s, s.spec) for f, s in self._state.slots.items()
                    if s.spec is not None and (s.refreshed is None or now - s.refreshed >= self.refresh_s)]
         if rescan:
             self._rescan()
             return True
         if not due:
             return False
-        file, slot = min(due, key=lambda item: (item[1].refreshed is not None, item[1].refreshed or 0.0, item[0]))
-        self._refresh(file, slot.spec, slot.generation)
+        file, slot, spec = min(due, key=lambda item: (item[1].refreshed is not None, item[1].refreshed or 0.0,
+                                                      item[0]))
+        self._refresh(file, spec, slot.generation)
         return True
 
     def _rescan(self) -> None:
@@ -166,18 +167,18 @@ class OverviewCache:
             return
         read_at = datetime.now(UTC)
         fresh: dict[str, tuple[str, PipelineSpec | None, dict | None]] = {}
-        for path, exc in found.errors.items():
+        for path, broken in found.errors.items():
             file = Path(path).name
             fresh[file] = (found.declared.get(path) or Path(path).stem, None,
-                           history.public_error(f"spec file {file}", exc))
-        for spec in found.specs.values():
-            fresh[Path(spec.path).name] = (spec.name, spec, None)
+                           history.public_error(f"spec file {file}", broken))
+        for loaded in found.specs.values():
+            fresh[Path(loaded.path).name] = (loaded.name, loaded, None)
         with self._lock:
             slots = {}
-            for file, (name, spec, error) in fresh.items():
+            for file, (name, spec, problem) in fresh.items():
                 old = self._state.slots.get(file)
                 if spec is None:
-                    slots[file] = _Slot(Card(file, name, (), "broken", error=error, read_at=read_at), None)
+                    slots[file] = _Slot(Card(file, name, (), "broken", error=problem, read_at=read_at), None)
                 elif old is not None and old.spec == spec:
                     slots[file] = old
                 elif old is not None and old.spec is not None and old.card.pipeline == name:

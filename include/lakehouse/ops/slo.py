@@ -37,13 +37,13 @@ def _over(name: str, value: float | None, limit: float, unit: str) -> str | None
 
 
 def _verdict(kind: str, pipeline: str, measured: dict, limits: dict, misses: list[str | None]) -> SloCheck:
-    misses = [m for m in misses if m]
-    if misses:
-        message = f"{pipeline}: {kind} SLO missed: " + "; ".join(misses)
+    missed = [m for m in misses if m]
+    if missed:
+        message = f"{pipeline}: {kind} SLO missed: " + "; ".join(missed)
     else:
         message = f"{pipeline}: {kind} within SLO: " + ", ".join(
             f"{k} {measured[k]:g} <= {limits[k]:g}" for k in limits)
-    return SloCheck(kind, pipeline, not misses, measured, limits, message)
+    return SloCheck(kind, pipeline, not missed, measured, limits, message)
 
 
 def check_freshness(status: dict, max_event_age_s: float, max_commit_age_s: float) -> SloCheck:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -147,16 +148,17 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     except SourceError as exc:
         status["kafka"] = {"error": str(exc), "error_type": type(exc).__name__}
         return status
-    partitions = []
+    partitions: list[dict[str, Any]] = []
     committed = offsets.committed_positions(progress.values(), state.earliest)
     for p, ps in sorted(state.partitions.items()):
         partitions.append({"partition": p, "earliest": ps.earliest, "end": ps.end, "committed": committed[p],
                            "lag": max(0, ps.end - committed[p])})
     oldest = topics.record_timestamps(kafka_conf, spec.source.topic,
                                 {p["partition"]: max(p["committed"], p["earliest"]) for p in partitions if p["lag"]})
-    for p in partitions:
-        ts = oldest.get(p["partition"])
-        p["lag_s"] = 0.0 if not p["lag"] else None if ts is None else round(max(0.0, now.timestamp() - ts / 1000), 1)
+    for entry in partitions:
+        ts = oldest.get(entry["partition"])
+        entry["lag_s"] = 0.0 if not entry["lag"] else None if ts is None \
+            else round(max(0.0, now.timestamp() - ts / 1000), 1)
     status["kafka"] = {"topic_id": state.topic_id, "partitions": partitions}
     status["lag_records"] = sum(p["lag"] for p in partitions)
     # lag in seconds: age of the oldest record not yet in the tables (0 when caught up)

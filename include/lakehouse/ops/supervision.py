@@ -36,6 +36,7 @@ import psutil
 
 from lakehouse.core import config, errors, events, offsets
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import JobAlreadyRunningError, JobFencedError, SupervisionError
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import topic_state_for
 from lakehouse.ops import status
@@ -44,19 +45,6 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 600.0
 # Set (to the pipeline name) in the environment of a job the Supervisor started under its lock.
 SUPERVISED_ENV = "LAKEHOUSE_SUPERVISED_PIPELINE"
-
-
-class SupervisionError(errors.LakehouseError, RuntimeError):
-    """The job could not be kept alive (restarts exhausted, or its processes would not die)."""
-
-
-class JobAlreadyRunningError(SupervisionError):
-    """Another job of the same pipeline holds the pipeline's job lock."""
-
-
-class JobFencedError(SupervisionError):
-    """The job exited because a newer ingest job of the pipeline claimed its tables (exit code 4):
-    restarting it would only fence the other job in turn."""
 
 
 class RunningJob(Protocol):
@@ -173,10 +161,17 @@ class JobLock:
         self.holder(os.getpid())
         return self
 
+    @property
+    def held_fd(self) -> int:
+        """The lock file's descriptor, while the lock is held (between `acquire` and `release`)."""
+        if self.fd is None:
+            raise RuntimeError(f"the ingest lock of pipeline {self.pipeline!r} is not held: acquire it first")
+        return self.fd
+
     def holder(self, pid: int) -> None:
         """Note which process holds the lock (for the error message of the next one)."""
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(pid).encode(), 0)
+        os.ftruncate(self.held_fd, 0)
+        os.pwrite(self.held_fd, str(pid).encode(), 0)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -344,7 +339,7 @@ class Supervisor:
         report = SupervisionReport()
         with JobLock(self.platform, self.spec.name) as lock:
             while True:
-                self._job = job = self.launch(lock.fd)
+                self._job = job = self.launch(lock.held_fd)
                 lock.holder(job.pid)
                 code, hung = self._watch(job)
                 if self._stop.is_set():

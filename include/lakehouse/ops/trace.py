@@ -34,15 +34,17 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
 
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import EXIT_SOURCE, ConfigurationError
+from lakehouse.core.errors import EXIT_SOURCE, TraceError
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import TopicState, offsets_for_time, topic_state_for
@@ -57,10 +59,6 @@ BREACHES = ("duplicated", "missing", "foreign")  # verdicts that break exactly-o
 MAX_KEY_SCAN = 5_000_000  # records of a time window read from Kafka to find one key's records
 MAX_VALUE_CHARS = 2000    # raw values shown per row
 MAX_KEY_CHARS = 65536     # a traced Kafka key
-
-
-class TraceError(ConfigurationError):
-    """The trace cannot be answered as asked (a partition the topic lacks, a window too large)."""
 
 
 @dataclass
@@ -215,9 +213,9 @@ class _Tables:
         if table is None or table.current_snapshot() is None:
             return None
         by_source = self.spec.is_cdc and self.role(name) == "data"
-        keyed = AlwaysTrue()
+        keyed: BooleanExpression = AlwaysTrue()
         for column, value in zip(self.spec.target.key, found.values, strict=True):
-            keyed = And(keyed, EqualTo(column, value))
+            keyed = And(keyed, EqualTo(term=column, value=value))
         rows = table.scan(row_filter=keyed, selected_fields=("_kafka", *(("_cdc",) if by_source else ()))) \
             .to_arrow().to_pylist()
         if not rows:
@@ -343,8 +341,9 @@ def _whereabouts(spec: PipelineSpec, tables: _Tables, state: TopicState, committ
     ps = state.partitions[partition]
     gap = next((commit for gaps, commit in tables.gaps() if (partition, offset) in gaps), None)
     row = tomb = None
-    if found is not None and spec.tombstones_delete and ps.earliest <= offset < committed[partition]:
-        row, tomb = (tables.key_coordinates(name, found) for name in (spec.target.table, spec.tombstone_table))
+    ledger = spec.tombstone_table  # there is one when tombstones delete keys
+    if found is not None and ledger is not None and ps.earliest <= offset < committed[partition]:
+        row, tomb = (tables.key_coordinates(name, found) for name in (spec.target.table, ledger))
     return Whereabouts(ps.earliest, ps.end, committed[partition], gap, read, record, row, tomb, found)
 
 
@@ -389,13 +388,17 @@ def _read_records(spec: PipelineSpec, platform: config.PlatformConfig,
     whether it deletes it; the RecordKey beside it is None when its key does not decode."""
     derived: list[RecordKey | None] = []
     keys = TableKeys(spec, platform.schema_registry()) if spec.tombstones_delete else None
+    identify: Callable[[Any, Any], None] | None = None
+    if keys is not None:
+        table_keys = keys
 
-    def identify(key, value) -> None:
-        derived.append(keys.identify(key, value, with_text=True))
+        def record_key(key, value) -> None:
+            derived.append(table_keys.identify(key, value, with_text=True))
+
+        identify = record_key
 
     with reader_consumer(platform.kafka(), spec.name) as (consumer, _watch):
-        records = read_kafka(consumer, rng, stall_timeout=15.0, with_keys=True,
-                             on_record=identify if keys is not None else None).to_pylist()
+        records = read_kafka(consumer, rng, stall_timeout=15.0, with_keys=True, on_record=identify).to_pylist()
     if keys is None:
         return [(record, None) for record in records]
     for record, found in zip(records, derived, strict=True):
@@ -431,8 +434,9 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
     until = until or datetime.now(UTC)
     progress = progress or (lambda line: None)
     tables = _Tables(spec, platform)
-    in_window = And(EqualTo("_kafka.key", key), And(GreaterThanOrEqual("_kafka.timestamp", since.isoformat()),
-                                                    LessThan("_kafka.timestamp", until.isoformat())))
+    in_window = And(EqualTo(term="_kafka.key", value=key),
+                    And(GreaterThanOrEqual(term="_kafka.timestamp", value=since.isoformat()),
+                        LessThan(term="_kafka.timestamp", value=until.isoformat())))
     held: dict[tuple[int, int], list[Sighting]] = {}
     for name, row in tables.rows(in_window):
         held.setdefault((row["_kafka"]["partition"], row["_kafka"]["offset"]), []).append(tables.sighting(name, row))
@@ -457,8 +461,8 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
                 records[(record["partition"], record["offset"])] = (record, found)
     traces = []
     for p, o in sorted({*held, *records}):
-        record, found = records.get((p, o), (None, None))
-        trace = RecordTrace(spec.name, spec.source.topic, p, o, "", "", held.get((p, o), []), record=record)
+        read_record, found = records.get((p, o), (None, None))
+        trace = RecordTrace(spec.name, spec.source.topic, p, o, "", "", held.get((p, o), []), record=read_record)
         if trace.sightings:
             trace.verdict, trace.message = held_verdict(spec, p, o, trace.sightings)
         else:

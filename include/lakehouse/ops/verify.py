@@ -66,21 +66,22 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg import conversions
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, And, EqualTo, GreaterThanOrEqual, IsNull, LessThan, Or
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table.metadata import TableMetadata
 
 from lakehouse.core import config, events, offsets
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import ConfigurationError, TableStateError
+from lakehouse.core.errors import VerifyError
 from lakehouse.core.offsets import OffsetRange, TableProgress
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import TopicState, split_for_tasks, topic_state_for
@@ -91,12 +92,16 @@ from lakehouse.ops.coordinates import (
     Coverage,
     Intervals,
     Lineage,
+    integer_bound,
     is_on_main,
     lineage,
     pinned,
     read_kafka,
     window_filter,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("lakehouse.verify")
 
@@ -109,15 +114,6 @@ MAX_PROBLEMS = 100              # problems listed in a result and its event (cou
 HISTORY_EVENTS = 2000           # `verify` events read back to find what was verified
 ENGINES = ("auto", "local", "spark")
 _SNAPSHOT_RANGE = re.compile(r"(-?[0-9]{1,20})\.\.(-?[0-9]{1,20})")
-
-
-class VerifyError(ConfigurationError):
-    """The verification cannot be run as asked (an unknown snapshot, FROM not before TO); the message
-    says why."""
-
-
-class UnverifiedError(TableStateError):
-    """Snapshots about to be published were not verified by a passing verification."""
 
 
 def parse_snapshot_range(text: str) -> tuple[int, int]:
@@ -337,9 +333,10 @@ def _file_window(table: Table, data_file) -> Coverage | None:
     pid, oid = _field_ids(table)
     lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
     if all(k in lower and k in upper for k in (pid, oid)):
-        p_lo, p_hi = (conversions.from_bytes(IntegerType(), b) for b in (lower[pid], upper[pid]))
-        o_lo, o_hi = (conversions.from_bytes(LongType(), b) for b in (lower[oid], upper[oid]))
-        return Coverage.of({p: [(o_lo, o_hi + 1)] for p in range(p_lo, p_hi + 1)})
+        p_lo, p_hi = (integer_bound(IntegerType(), b) for b in (lower[pid], upper[pid]))
+        o_lo, o_hi = (integer_bound(LongType(), b) for b in (lower[oid], upper[oid]))
+        if p_lo is not None and p_hi is not None and o_lo is not None and o_hi is not None:
+            return Coverage.of({p: [(o_lo, o_hi + 1)] for p in range(p_lo, p_hi + 1)})
     nulls = data_file.null_value_counts or {}
     if all(nulls.get(k, -1) == data_file.record_count for k in (pid, oid)):
         return Coverage()
@@ -369,6 +366,9 @@ def _changed_files(table: Table, snapshot_ids: set[int]) -> tuple[list, bool]:
     changed, deletes = [], False
     for sid in snapshot_ids:
         snapshot = table.metadata.snapshot_by_id(sid)
+        if snapshot is None:
+            raise VerifyError(f"snapshot {sid} is not in the table's metadata any more (expired while the run "
+                              f"planned); run it again")
         for manifest in snapshot.manifests(table.io):
             if manifest.added_snapshot_id != sid:
                 continue
@@ -383,7 +383,7 @@ def _changed_files(table: Table, snapshot_ids: set[int]) -> tuple[list, bool]:
 
 
 def _scope(name: str, table: Table, pipeline: str, to: int, mode: str, verified: set[int],
-           since_ms: int | None, between: tuple[int, int] | None) -> tuple[TableScope, Lineage]:
+           since_ms: int, between: tuple[int, int] | None) -> tuple[TableScope, Lineage]:
     """The TableScope of `table` pinned at `to` in `mode`, and its lineage from `to` back."""
     history = lineage(table, name, pipeline, to)
     progress = offsets.progress_of(pinned(table, to), name, pipeline).require_positions()
@@ -408,7 +408,7 @@ def _plan(spec: PipelineSpec, platform: config.PlatformConfig, mode: str, upto: 
     main, PositionsLostError for a table whose positions cannot be found, the planner's SourceErrors."""
     catalog = open_catalog(platform, spec.catalog)
     verified = verified_snapshots(spec, platform) if mode == "incremental" else {}
-    named = _named_table(spec, catalog, between) if mode == "snapshots" else None
+    named = _named_table(spec, catalog, between) if mode == "snapshots" and between is not None else None
     since_ms = int((now - timedelta(seconds=since_s or 0)).timestamp() * 1000)
     states: list[_TableState] = []
     for name in spec.positioned_tables:
@@ -419,7 +419,8 @@ def _plan(spec: PipelineSpec, platform: config.PlatformConfig, mode: str, upto: 
             states.append(_TableState(name, role, None, TableScope(name, None, None, (), {}), None))
             continue
         head = table.current_snapshot()
-        to = upto.get(name, between[1] if named == name else head.snapshot_id if head else None)
+        to = upto.get(name, between[1] if between is not None and named == name
+                      else head.snapshot_id if head else None)
         if to is None:
             states.append(_TableState(name, role, table, TableScope(name, None, None, (), {}), None))
             continue
@@ -437,24 +438,27 @@ def _plan(spec: PipelineSpec, platform: config.PlatformConfig, mode: str, upto: 
     key_check = upsert and spec.tombstones_delete and spec.target.fanout is None
     full = mode == "full" or (mode == "incremental" and any(
         s.scope.to is not None and s.scope.base is None for s in states))
-    if upsert and spec.tombstone_table:
-        states.append(_ledger(spec, catalog))
+    ledger = spec.tombstone_table
+    if upsert and ledger:
+        states.append(_ledger(spec, catalog, ledger))
     spans: dict[int, list[tuple[int, int]]] = {}
-    gaps, null_rows = Coverage(), {}
+    gaps = Coverage()
+    null_rows: dict[str, set[str]] = {}
 
     def cover(found: Coverage) -> None:
         for p, iv in found.partitions.items():
             spans.setdefault(p, []).extend(iv)
 
-    def cover_files(s: _TableState, data_files: list) -> None:
+    def cover_files(name: str, table: Table, data_files: list) -> None:
         for data_file in data_files:
-            found = _file_window(s.table, data_file)
-            cover(found if found is not None else _read_file_window(s.table, data_file))
-            if _has_null_coordinates(s.table, data_file):
-                null_rows.setdefault(s.name, set()).add(data_file.file_path)
+            found = _file_window(table, data_file)
+            cover(found if found is not None else _read_file_window(table, data_file))
+            if _has_null_coordinates(table, data_file):
+                null_rows.setdefault(name, set()).add(data_file.file_path)
 
     for s in states:
-        if s.table is None or s.scope.to is None:
+        present, to = s.table, s.scope.to
+        if present is None or to is None:
             continue
         if s.lineage is not None:
             gaps = gaps.union(s.lineage.gaps())
@@ -464,21 +468,21 @@ def _plan(spec: PipelineSpec, platform: config.PlatformConfig, mode: str, upto: 
             if s.lineage is not None:
                 every = tuple(c.snapshot_id for c in reversed(s.lineage.commits))
                 s.scope = replace(s.scope, base=None, snapshots=every)
-            cover_files(s, [task.file for task in _plan_files(s.table, s.scope.to)])
+            cover_files(s.name, present, [task.file for task in _plan_files(present, to)])
             continue
         if s.lineage is None:
             continue
         commits = {c.snapshot_id: c for c in s.lineage.commits}
         for sid in s.scope.snapshots:
             cover(commits[sid].ranges.union(commits[sid].gaps))
-        changed, deletes = _changed_files(s.table, set(s.scope.snapshots))
+        changed, deletes = _changed_files(present, set(s.scope.snapshots))
         if deletes and not upsert:
             log.warning("%s: position or equality deletes in the snapshots verified; verifying every row",
                         spec.qualified(s.name))
             return _plan(spec, platform, "full", upto, since_s, between, now)
-        cover_files(s, changed)
+        cover_files(s.name, present, changed)
         if upsert and s.role == "data" and s.scope.base is not None:
-            cover(_changed_rows(s.table, s.scope.base, s.scope.to))
+            cover(_changed_rows(present, s.scope.base, to))
     if full:
         cover(Coverage.of({p: [(state.earliest[p], c)] for p, c in committed.items()}))
     window = Coverage.of(spans)
@@ -509,9 +513,8 @@ def _named_table(spec: PipelineSpec, catalog, between: tuple[int, int]) -> str:
                       f"expired); `lakehouse status --pipeline {spec.name}` shows current snapshots")
 
 
-def _ledger(spec: PipelineSpec, catalog) -> _TableState:
-    """The tombstone ledger, read at its head: its rows are coordinates of tombstones (no positions)."""
-    name = spec.tombstone_table
+def _ledger(spec: PipelineSpec, catalog, name: str) -> _TableState:
+    """The tombstone ledger `name`, read at its head: its rows are coordinates of tombstones (no positions)."""
     try:
         table = catalog.load_table(name)
     except NoSuchTableError:
@@ -574,7 +577,7 @@ class TableRead:
 
     name: str
     role: str
-    metadata: object
+    metadata: TableMetadata
     io_properties: dict
     tasks: tuple[FileScanTask, ...]
     columns: tuple[str, ...]
@@ -684,8 +687,9 @@ def _read_piece_rows(piece: Piece) -> dict[str, pa.Table]:
     """Each table's rows whose coordinates lie in the piece (deleted rows left out), its `columns` as read."""
     from pyiceberg.table import DataScan
 
-    row_filter = And(EqualTo("_kafka.partition", piece.facts.partition),
-                     And(GreaterThanOrEqual("_kafka.offset", piece.start), LessThan("_kafka.offset", piece.end)))
+    row_filter = And(EqualTo(term="_kafka.partition", value=piece.facts.partition),
+                     And(GreaterThanOrEqual(term="_kafka.offset", value=piece.start),
+                         LessThan(term="_kafka.offset", value=piece.end)))
     out = {}
     for read in piece.tables:
         if read.tasks:
@@ -1011,7 +1015,7 @@ def _pieces(plan: _Plan, slots: int = 1) -> list[Piece]:
     return pieces
 
 
-_NO_COORDINATES = Or(IsNull("_kafka.partition"), IsNull("_kafka.offset"))
+_NO_COORDINATES = Or(IsNull(term="_kafka.partition"), IsNull(term="_kafka.offset"))
 
 
 def _strays(plan: _Plan) -> Findings:
@@ -1028,9 +1032,12 @@ def _strays(plan: _Plan) -> Findings:
         scan = s.table.scan(snapshot_id=s.scope.to, selected_fields=("_kafka.topic",), row_filter=_NO_COORDINATES)
         rows = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter).to_table(tasks).num_rows
         found.rows += rows
-        found.add_many("foreign", rows, lambda i, name=s.name: Problem(
-            "foreign", None, None, (name,), "a row without source coordinates (_kafka.partition or _kafka.offset "
-                                            "is null)", topic=None))
+
+        def foreign(i: int, name: str = s.name) -> Problem:
+            return Problem("foreign", None, None, (name,), "a row without source coordinates (_kafka.partition or "
+                                                           "_kafka.offset is null)", topic=None)
+
+        found.add_many("foreign", rows, foreign)
     return found
 
 
@@ -1087,7 +1094,7 @@ def _run_pieces(pieces: list[Piece], kafka_conf: dict, spec: PipelineSpec, regis
 
 def verify(spec: PipelineSpec, platform: config.PlatformConfig | None = None, *, since_s: float | None = None,
            snapshots: tuple[int, int] | None = None, upto: dict[str, int] | None = None, full: bool = False,
-           engine: str = "auto", spark_factory: Callable[[], object] | None = None, record_event: bool = True,
+           engine: str = "auto", spark_factory: Callable[[], SparkSession] | None = None, record_event: bool = True,
            progress: Callable[[str], None] | None = None, now: datetime | None = None) -> Verification:
     """Verify the pipeline's tables exactly once over a window (see the module doc); record a `verify`
     event unless `record_event` is False (or nothing was left to verify: then a `skipped` one).
@@ -1131,15 +1138,15 @@ def verify(spec: PipelineSpec, platform: config.PlatformConfig | None = None, *,
             _key_rows(by_role["data"], keys, spec.is_cdc), _key_rows(by_role.get("tombstones"), keys),
             by_source=spec.is_cdc)
         findings.merge(found)
-    result = Verification(
+    verification = Verification(
         pipeline=spec.name, topic=spec.source.topic, mode=plan.mode, engine=chosen,
         tables={s.name: s.scope for s in plan.tables if s.role != "tombstones"}, window=plan.window,
         kafka=plan.kafka, committed=plan.committed, gaps=plan.gaps, findings=findings, keys_checked=keys_checked,
         seconds=time.monotonic() - started, verified_at=now.isoformat())
-    progress(result.summary())
+    progress(verification.summary())
     if record_event:
-        record(spec, result, platform)
-    return result
+        record(spec, verification, platform)
+    return verification
 
 
 def record(spec: PipelineSpec, result: Verification, platform: config.PlatformConfig) -> None:
@@ -1156,7 +1163,7 @@ def record(spec: PipelineSpec, result: Verification, platform: config.PlatformCo
         details=details), platform=platform, catalog=spec.catalog)
 
 
-def _session(spec: PipelineSpec, platform: config.PlatformConfig):
+def _session(spec: PipelineSpec, platform: config.PlatformConfig) -> SparkSession:
     from lakehouse.core import sparkenv
 
     return sparkenv.session(platform, [spec.catalog], f"lakehouse-verify-{spec.name}")

@@ -17,27 +17,20 @@ commits). The job's arguments are rebuilt from the confirmed ranges.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import ConfigurationError
+from lakehouse.core.errors import BackfillError, PlanMismatchError, ReplayError
 from lakehouse.core.spec import PipelineSpec, is_table_name
 from lakehouse.ingest.plan import offsets_for_time, topic_state_for
-from lakehouse.recovery.replay import ReplayError, parse_offset_ranges
+from lakehouse.recovery.replay import parse_offset_ranges
 
 MODES = ("offsets", "time")
 TARGETS = ("in_place", "candidate")
-
-
-class BackfillError(ConfigurationError):
-    """The backfill request is invalid or cannot be served; the message says which field and why."""
-
-
-class PlanMismatchError(BackfillError):
-    """The plan about to run is not a plan of the run's request (changed after it was made, or missing)."""
 
 
 _CHANGED = ("It was changed after the plan task made it (XCom can be edited). Nothing was written; trigger a new "
@@ -69,7 +62,7 @@ def _blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
-def parse_request(params: dict, live_tables: set[str] = frozenset()) -> BackfillRequest:
+def parse_request(params: dict, live_tables: Collection[str] = frozenset()) -> BackfillRequest:
     """The request in `params` (the DAG's form), checked on its own; raises BackfillError.
 
     `live_tables` are tables some pipeline writes (or serves): a candidate table may not be one.
@@ -187,6 +180,8 @@ def plan(spec: PipelineSpec, request: BackfillRequest, platform: config.Platform
                 raise BackfillError(f"offsets: partition {p}: range [{start}, {end}) goes past the pipeline's "
                                     f"committed position {committed[p]}; later records are the live ingestion's")
     else:
+        if request.start_ms is None:
+            raise BackfillError("start_time: required in mode time (ISO-8601)")
         ends = {p: ps.end for p, ps in state.partitions.items()}
         conf = platform.kafka()
         starts = offsets_for_time(conf, spec.source.topic, ends, request.start_ms, ends)

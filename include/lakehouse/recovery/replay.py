@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from lakehouse.core import config, offsets, sparkenv
-from lakehouse.core.errors import ConfigurationError
+from lakehouse.core.errors import ReplayError
 from lakehouse.core.offsets import OffsetRange, TableProgress
 from lakehouse.core.spec import PipelineSpec, is_table_name
 from lakehouse.ingest import tables
@@ -29,10 +29,6 @@ from lakehouse.ingest.reader import batch_schema, make_redecoder
 
 COORDS = ("t._kafka.topic = s._kafka.topic AND t._kafka.partition = s._kafka.partition "
           "AND t._kafka.offset = s._kafka.offset")
-
-
-class ReplayError(ConfigurationError):
-    """The replay request cannot be served as asked; the message says why."""
 
 
 @dataclass
@@ -132,7 +128,7 @@ def preview(spec: PipelineSpec, platform: config.PlatformConfig, ranges: dict[in
     """What `lakehouse replay` with these arguments would read and write; reads the catalog and Kafka, starts no
     Spark session and creates nothing. Raises ReplayError for what the replay itself would refuse."""
     from pyiceberg.exceptions import NoSuchTableError
-    from pyiceberg.expressions import And, EqualTo
+    from pyiceberg.expressions import And, BooleanExpression, EqualTo
 
     from lakehouse.core.catalog import open_catalog
     from lakehouse.ingest.plan import topic_state_for
@@ -144,9 +140,9 @@ def preview(spec: PipelineSpec, platform: config.PlatformConfig, ranges: dict[in
         except NoSuchTableError:
             count = 0
         else:
-            row_filter = EqualTo("pipeline", spec.name)
+            row_filter: BooleanExpression = EqualTo(term="pipeline", value=spec.name)
             if error_kind:
-                row_filter = And(row_filter, EqualTo("error_kind", error_kind))
+                row_filter = And(row_filter, EqualTo(term="error_kind", value=error_kind))
             count = table.scan(row_filter=row_filter, selected_fields=("pipeline",)).to_arrow().num_rows
         return ReplayPreview(spec.name, "dead-letter-replay", {}, count,  # valid ones move out of the DLQ
                              [spec.qualified(t) for t in (*spec.target.tables, spec.dead_letter_table)])
@@ -156,6 +152,8 @@ def preview(spec: PipelineSpec, platform: config.PlatformConfig, ranges: dict[in
     kafka_conf = platform.kafka(logger=logging.getLogger("lakehouse.kafka"))
     state = topic_state_for(kafka_conf, spec.source.topic, progress)
     if ranges is None:
+        if from_ms is None:
+            raise ReplayError("a replay reads offset ranges, a time range or the dead letters: give one of them")
         ends = {p: ps.end for p, ps in state.partitions.items()}
         starts = offsets_for_time(kafka_conf, spec.source.topic, ends, from_ms, ends)
         stops = ends if to_ms is None else offsets_for_time(kafka_conf, spec.source.topic, ends, to_ms, ends)

@@ -55,7 +55,13 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from lakehouse.core import config, events, kafka_security, offsets, sparkenv, topics
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import SourceError
+from lakehouse.core.errors import (
+    ConfigurationError,
+    RetentionAtRiskError,
+    RetentionChangeRefusedError,
+    RetentionMisalignedError,
+    TopicError,
+)
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import topic_state_for
 from lakehouse.upkeep.maintenance import retrying, timestamp_literal
@@ -68,11 +74,6 @@ GUARD_KIND = "retention_guard"  # the guard's events on the ops timeline
 REFUSALS = {KafkaError.TOPIC_AUTHORIZATION_FAILED: "ALTER_CONFIGS on topic {topic}",
             KafkaError.CLUSTER_AUTHORIZATION_FAILED: "ALTER_CONFIGS on the cluster",
             KafkaError.POLICY_VIOLATION: None}  # a broker-side policy (alter.config.policy) said no
-
-
-class RetentionMisalignedError(SourceError):
-    """The topic's retention.ms cannot cover lag + outage budget + replay window; the message says by how
-    much and which setting fixes it."""
 
 
 @dataclass
@@ -135,7 +136,7 @@ def observed_lag(spec: PipelineSpec, platform: config.PlatformConfig) -> tuple[f
 def check(spec: PipelineSpec, platform: config.PlatformConfig | None = None) -> RetentionReport:
     """Compare the topic's retention.ms with what the pipeline needs (reads Kafka and the catalog only).
 
-    Raises topics.TopicError when the topic does not exist or the broker does not answer.
+    Raises TopicError when the topic does not exist or the broker does not answer.
     """
     platform = platform or config.load()
     topic = spec.source.topic
@@ -176,8 +177,8 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
     Returns the number of rows deleted per qualified table: the rows matching the cutoff in the
     snapshot each delete was applied to. Raises MaintenanceError when the delete keeps conflicting.
     """
-    column = spec.event_time_field
-    cutoff = now - timedelta(seconds=spec.retention.delete_after_s)
+    column, delete_after_s = _data_retention(spec)
+    cutoff = now - timedelta(seconds=delete_after_s)
     catalog = open_catalog(platform, spec.catalog)
     predicate = f"`{column}` < {timestamp_literal(cutoff)}"
     deleted: dict[str, int] = {}
@@ -199,8 +200,18 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
                    if offsets.summary_properties(s).get(offsets.PREFIX + "retention-run") == run_id]
         deleted[qualified] = sum(
             spark.sql(f"SELECT count(*) AS n FROM {qualified} VERSION AS OF {int(s.parent_snapshot_id)} "
-                      f"WHERE {predicate}").collect()[0]["n"] for s in commits)
+                      f"WHERE {predicate}").collect()[0]["n"] for s in commits if s.parent_snapshot_id is not None)
     return deleted
+
+
+def _data_retention(spec: PipelineSpec) -> tuple[str, float]:
+    """(the event-time column, retention.delete_after in seconds) of a spec with data retention (the spec parser
+    refuses retention.delete_after without a timestamp column to age rows by)."""
+    column, delete_after_s = spec.event_time_field, spec.retention.delete_after_s
+    if column is None or delete_after_s is None:
+        raise ConfigurationError(f"pipeline {spec.name!r} has no data retention: it needs retention.delete_after "
+                                 f"and a timestamp column in the contract")
+    return column, delete_after_s
 
 
 def expired_rows(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime) -> dict[str, int]:
@@ -209,9 +220,9 @@ def expired_rows(spec: PipelineSpec, platform: config.PlatformConfig, now: datet
     from pyiceberg.expressions import LessThan, LessThanOrEqual
     from pyiceberg.types import DateType, TimestampType
 
-    cutoff = (now - timedelta(seconds=spec.retention.delete_after_s)).astimezone(UTC)
+    column, delete_after_s = _data_retention(spec)
+    cutoff = (now - timedelta(seconds=delete_after_s)).astimezone(UTC)
     catalog = open_catalog(platform, spec.catalog)
-    column = spec.event_time_field
     found: dict[str, int] = {}
     for name in spec.target.tables:
         try:
@@ -221,11 +232,11 @@ def expired_rows(spec: PipelineSpec, platform: config.PlatformConfig, now: datet
         kind = table.schema().find_field(column).field_type
         if isinstance(kind, DateType):  # Spark compares a date as its midnight: the cutoff's own day goes too
             midnight = cutoff.replace(hour=0, minute=0, second=0, microsecond=0) == cutoff
-            row_filter = (LessThan if midnight else LessThanOrEqual)(column, cutoff.date().isoformat())
+            row_filter = (LessThan if midnight else LessThanOrEqual)(term=column, value=cutoff.date().isoformat())
         elif isinstance(kind, TimestampType):  # without a zone: UTC wall time, as the session time zone is UTC
-            row_filter = LessThan(column, cutoff.replace(tzinfo=None).isoformat())
+            row_filter = LessThan(term=column, value=cutoff.replace(tzinfo=None).isoformat())
         else:
-            row_filter = LessThan(column, cutoff.isoformat())
+            row_filter = LessThan(term=column, value=cutoff.isoformat())
         scan = table.scan(row_filter=row_filter, selected_fields=(column,))
         found[spec.qualified(name)] = scan.to_arrow().num_rows
     return found
@@ -237,7 +248,7 @@ def align(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spa
 
     Returns the report (status `failed` when the topic's retention is too short: call
     `raise_for_status()` to turn that into RetentionMisalignedError). The data-retention delete
-    runs either way, since it does not depend on Kafka. Raises topics.TopicError when the topic
+    runs either way, since it does not depend on Kafka. Raises TopicError when the topic
     is missing or Kafka does not answer. With `dry_run`, `deleted_rows` holds the rows the delete would
     remove, and nothing is deleted or recorded.
     """
@@ -268,20 +279,6 @@ def align(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spa
 
 
 # ---------------------------------------------------------------------------- the retention guard
-
-class RetentionAtRiskError(SourceError):
-    """Records not yet ingested will age out of Kafka and the guard could not extend the topic's
-    retention (no max_retention, the cap reached, or the broker refused); the message says which."""
-
-
-class RetentionChangeRefusedError(SourceError):
-    """The broker refused to change the topic's retention.ms; the message names the missing permission
-    (also in `missing_permission` when an ACL is missing)."""
-
-    def __init__(self, message: str, missing_permission: str | None = None):
-        super().__init__(message)
-        self.missing_permission = missing_permission
-
 
 @dataclass(frozen=True)
 class GuardState:
@@ -396,11 +393,18 @@ def decide(spec: PipelineSpec, report: GuardReport, state: GuardState) -> GuardR
         report.message = (f"topic {topic!r}: the timestamp of the oldest record not yet ingested could not be read "
                           f"({report.partitions}); the guard cannot tell how close it is to the horizon")
         return report
+    declared, threshold = report.declared_ms, report.threshold_ms
+    if declared is None or threshold is None:  # the guard's own event lost what it raised the retention from
+        report.status = "warn"
+        report.message = (f"topic {topic!r}: the retention to keep is unknown (no source.retention_ms, and the "
+                          f"guard's last event does not say what it raised retention.ms from), so the guard cannot "
+                          f"tell how close records are to the horizon; set source.retention_ms of {spec.name!r}")
+        return report
     behind = (f"the oldest record not yet ingested is {_duration(age)} old and topic {topic!r} deletes records "
               f"after {_duration(current)}")
-    if current - age <= report.threshold_ms:
+    if current - age <= threshold:
         cap = report.max_retention_ms
-        wanted = math.ceil((age + report.declared_ms) / MINUTE_MS) * MINUTE_MS  # a full declared retention ahead
+        wanted = math.ceil((age + declared) / MINUTE_MS) * MINUTE_MS  # a full declared retention ahead
         target = wanted if cap is None else min(cap, wanted)
         if cap is None or target <= current:
             report.action, report.status = "at-risk", "failed"
@@ -417,7 +421,7 @@ def decide(spec: PipelineSpec, report: GuardReport, state: GuardState) -> GuardR
                           f"{_duration(report.declared_ms)} once the writer of {spec.name!r} has caught up")
         return report
     if state.raised:
-        caught_up = min(spec.slo.lag_s * 1000, report.declared_ms - report.threshold_ms)
+        caught_up = min(spec.slo.lag_s * 1000, declared - threshold)
         if age <= caught_up:
             report.action, report.new_retention_ms, report.state = "restored", report.declared_ms, GuardState()
             report.message = (f"the writer of {spec.name!r} has caught up (oldest record not yet ingested "
@@ -438,8 +442,8 @@ def alter_retention(pipeline: str, topic: str, retention_ms: int, platform: conf
     for pipeline `pipeline`.
 
     Raises RetentionChangeRefusedError when the broker refuses (an authorization failure names the
-    missing permission), topics.TopicError when it fails otherwise or does not answer, and
-    kafka_security.KafkaAuthError when it refuses the credentials.
+    missing permission), TopicError when it fails otherwise or does not answer, and
+    KafkaAuthError when it refuses the credentials.
     """
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
         ConfigEntry("retention.ms", str(retention_ms), incremental_operation=AlterConfigOpType.SET)])
@@ -453,11 +457,11 @@ def alter_retention(pipeline: str, topic: str, retention_ms: int, platform: conf
 
 
 def refusal(err: KafkaError, topic: str, retention_ms: int,
-            platform: config.PlatformConfig) -> RetentionChangeRefusedError | topics.TopicError:
+            platform: config.PlatformConfig) -> RetentionChangeRefusedError | TopicError:
     """The error for the broker's answer `err` to setting `topic`'s retention.ms to `retention_ms`."""
     change = f"set retention.ms={retention_ms} on topic {topic!r}"
     if err.code() not in REFUSALS:
-        return topics.TopicError(f"could not {change} on {platform.bootstrap_servers}: {err.str()}")
+        return TopicError(f"could not {change} on {platform.bootstrap_servers}: {err.str()}")
     permission = REFUSALS[err.code()]
     if permission is None:
         return RetentionChangeRefusedError(f"the broker's alter-config policy refused to {change}: {err.str()}")
@@ -476,7 +480,7 @@ def guard(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
     `actor`, default this process's) when something changed or an alert is due.
 
     Returns the report; `raise_for_status()` turns a failed one into RetentionAtRiskError or
-    RetentionChangeRefusedError. Raises topics.TopicError when the topic is missing or Kafka does not
+    RetentionChangeRefusedError. Raises TopicError when the topic is missing or Kafka does not
     answer, SourceError when Kafka cannot be read. With `dry_run` the report says what the guard would do
     (`action`, `new_retention_ms`) and the topic's config and the timeline are left as they are.
     """
@@ -485,8 +489,8 @@ def guard(spec: PipelineSpec, platform: config.PlatformConfig | None = None, now
     actor = actor or events.Actor.of_process()
     topic = spec.source.topic
     current = topics.describe_retention(topic, platform)
-    [newest] = events.recent(spec.name, GUARD_KIND, limit=1, platform=platform, catalog=spec.catalog) or [None]
-    state = GuardState.of(newest)
+    newest = events.recent(spec.name, GUARD_KIND, limit=1, platform=platform, catalog=spec.catalog)
+    state = GuardState.of(newest[0] if newest else None)
     declared = spec.source.retention_ms if (spec.source.retention_ms or 0) > 0 \
         else state.declared_ms if state.raised else current
     age, partitions = oldest_unconsumed(spec, platform, now)

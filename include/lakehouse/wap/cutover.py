@@ -34,7 +34,7 @@ from pathlib import Path
 from lakehouse.core import config, events, offsets
 from lakehouse.core import spec as spec_module
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import ConfigurationError
+from lakehouse.core.errors import CutoverError
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ops import status as status_module
 from lakehouse.wap import quality
@@ -42,10 +42,6 @@ from lakehouse.wap.publish import current_view_query, replace_view, view_query
 
 SOURCE_FIELDS = ("pipeline", "table", "branch")
 HISTORY_LIMIT = 1000  # cutover (and rollback) events read back to find the one to roll back
-
-
-class CutoverError(ConfigurationError):
-    """The cutover or rollback was refused; the message says which check failed and by how much."""
 
 
 @dataclass

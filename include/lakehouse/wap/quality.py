@@ -16,9 +16,9 @@ not descend from P (main rolled back below the published head) it fails with
 LineageDivergedError.
 
 The rows are validated with Great Expectations 1.x against the suite
-`include/expectations/<spec.publish.suite or spec.name>.json` (GE's own suite
-JSON). For upsert pipelines a uniqueness expectation on `spec.target.key` is
-added automatically. Each table gets a checkpoint in a file-backed GE context
+`<spec.publish.suite or spec.name>.json` of the expectations folder (LAKEHOUSE_EXPECTATIONS_DIR,
+by default include/expectations/; GE's own suite JSON). For upsert pipelines a uniqueness
+expectation on `spec.target.key` is added automatically. Each table gets a checkpoint in a file-backed GE context
 under `LAKEHOUSE_HOME/quality/<pipeline>/`, which also renders the Data Docs
 site there. The returned `AuditResult` names the snapshot audited per table, the
 lineage it covered, the Kafka offsets of the audited rows, the per-expectation
@@ -48,7 +48,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
-from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import (
     AlwaysFalse,
@@ -67,31 +66,15 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_between_ids, is_ancest
 
 from lakehouse.core import config, events
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import ConfigurationError, TableStateError
+from lakehouse.core.errors import LineageBrokenError, LineageDivergedError, LineageError, QualityConfigError
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ops.coordinates import integer_bound
 
-EXPECTATIONS_DIR = config.REPO_ROOT / "include" / "expectations"
 CLOCK_SKEW = timedelta(minutes=5)  # producers' clocks may run this far ahead of ours
 MAX_OFFENDING = 100  # offending offsets kept in a result (and the ops event)
 MAX_EXAMPLES = 10  # unexpected values quoted per expectation
 COORDINATES = ("_kafka_partition", "_kafka_offset")  # flattened `_kafka`, how GE points at failing rows
 _FILE = "__lakehouse_file"  # the Spark path's column of each row's data file (Iceberg's `_file`), dropped before GE
-
-
-class QualityConfigError(ConfigurationError):
-    """The expectation suite is missing or unreadable."""
-
-
-class LineageError(TableStateError):
-    """Main's snapshot cannot be related to the published head, so what is new cannot be known."""
-
-
-class LineageBrokenError(LineageError):
-    """A snapshot between two snapshots of main's lineage was expired: the rows it added cannot be known."""
-
-
-class LineageDivergedError(LineageError):
-    """Main's snapshot does not descend from the published head (main was rolled back below it)."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +145,8 @@ class AuditResult:
 
 
 def suite_path(spec: PipelineSpec, directory: Path | None = None) -> Path:
-    return (directory or EXPECTATIONS_DIR) / f"{spec.publish.suite or spec.name}.json"
+    """The suite file of `spec` in `directory` (default: LAKEHOUSE_EXPECTATIONS_DIR, config.expectations_dir)."""
+    return (directory or config.expectations_dir()) / f"{spec.publish.suite or spec.name}.json"
 
 
 def load_suite(spec: PipelineSpec, directory: Path | None = None) -> dict:
@@ -295,10 +279,12 @@ def _coordinate_bounds(table: Table, data_files: list[DataFile]) -> dict[int, tu
         ids = (partition_field.field_id, offset_field.field_id)
         if not all(i in lower and i in upper for i in ids):
             return None
-        partition = from_bytes(partition_field.field_type, lower[ids[0]])
-        if partition != from_bytes(partition_field.field_type, upper[ids[0]]):
+        partition = integer_bound(partition_field.field_type, lower[ids[0]])
+        if partition is None or partition != integer_bound(partition_field.field_type, upper[ids[0]]):
             return None
-        low, high = (from_bytes(offset_field.field_type, found[ids[1]]) for found in (lower, upper))
+        low, high = (integer_bound(offset_field.field_type, found[ids[1]]) for found in (lower, upper))
+        if low is None or high is None:
+            return None
         known = bounds.get(partition)
         bounds[partition] = (low, high) if known is None else (min(known[0], low), max(known[1], high))
     return bounds
@@ -308,8 +294,9 @@ def _window_filter(window: dict[int, tuple[int, int]]) -> BooleanExpression:
     """Rows whose offset lies in [start, end) of their partition's entry in `window`."""
     condition: BooleanExpression = AlwaysFalse()
     for partition, (start, end) in window.items():
-        condition = Or(condition, And(EqualTo("_kafka.partition", partition),
-                                      And(GreaterThanOrEqual("_kafka.offset", start), LessThan("_kafka.offset", end))))
+        condition = Or(condition, And(EqualTo(term="_kafka.partition", value=partition),
+                                      And(GreaterThanOrEqual(term="_kafka.offset", value=start),
+                                          LessThan(term="_kafka.offset", value=end))))
     return condition
 
 
@@ -437,16 +424,16 @@ def _expectation_results(table: str, validation) -> tuple[list[dict], list[dict]
         })
         if res.success:
             continue
-        complete = result.get("unexpected_index_list")
-        listed = [row for row in (complete if complete is not None else result.get("partial_unexpected_index_list")
-                                  or []) if isinstance(row, dict) and _has_coordinates(row)]
+        complete, partial = result.get("unexpected_index_list"), result.get("partial_unexpected_index_list")
+        listed = [row for row in (complete if complete is not None else partial or [])
+                  if isinstance(row, dict) and _has_coordinates(row)]
         for row in listed:
             value = _plain({k: v for k, v in row.items() if k not in COORDINATES})
             offending.append({"table": table, "partition": int(row["_kafka_partition"]),
                               "offset": int(row["_kafka_offset"]), "expectation": cfg.type,
                               "column": column or None, "value": value})
         # a sample: every failing row has its coordinates unless the sample shows one without
-        sampled = complete is None and listed and len(listed) == len(result.get("partial_unexpected_index_list"))
+        sampled = complete is None and listed and partial is not None and len(listed) == len(partial)
         total += int(result.get("unexpected_count") or 0) if sampled else len(listed)
     return results, offending, total
 
