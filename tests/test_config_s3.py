@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lakehouse.core import config, errors, sparkenv, warehouse
 from lakehouse.core.catalog import open_catalog
@@ -57,6 +59,21 @@ def catalog_properties(conf: dict[str, str], name: str) -> dict[str, str]:
     prefix = f"spark.sql.catalog.{name}"
     return {key[len(prefix) + 1:]: value for key, value in conf.items()
             if key == prefix or key.startswith(prefix + ".")}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(endpoint=st.none() | st.from_regex(r"https?://[a-z][a-z0-9-]{0,20}(\.[a-z]{2,5})?(:[1-9][0-9]{1,4})?", fullmatch=True),
+       path_style=st.none() | st.booleans(), region=st.none() | st.from_regex(r"[a-z]{2}-[a-z]{4,9}-[1-9]", fullmatch=True))
+def test_a_store_handed_to_a_child_process_is_the_store_it_reads_back(environment, endpoint, path_style, region):
+    """What an Airflow connection gives spark-submit (ObjectStoreConfig.environment) is read back by the job's
+    `config.load()` as the same store; the credentials travel as the AWS chain's own variables."""
+    store = config.ObjectStoreConfig(endpoint=endpoint, path_style_access=path_style, region=region,
+                                     access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
+    env = store.environment()
+    assert {k: env.pop(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")} == {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    read = environment("s3://lakehouse/warehouse", **env).object_store
+    assert (read.endpoint, read.path_style_access, read.region) == (endpoint, path_style, region)
 
 
 # ---------------------------------------------------------------------------- no S3 warehouse

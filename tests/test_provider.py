@@ -273,6 +273,19 @@ def test_catalog_and_object_store_connections_win_over_the_environment_and_reach
     assert "p@ss" not in kwargs and "s3cr3t" not in kwargs and "AKIDEXAMPLE" not in kwargs
 
 
+@given(settings=st.dictionaries(st.from_regex(r"[a-z]{2,12}(\.[a-z]{2,12}){0,3}", fullmatch=True)
+                                .filter(lambda p: p != "bootstrap.servers"),
+                                st.text(min_size=1, max_size=30).filter(lambda v: "\x00" not in v), max_size=6))
+def test_the_kafka_settings_a_connection_hands_a_job_are_the_settings_the_job_reads(settings):
+    """kafka_environment (what a Kafka connection gives spark-submit) and config.load's LAKEHOUSE_KAFKA_* reading
+    are inverses: the job's librdkafka gets the connection's properties, secrets included, exactly."""
+    from lakehouse_airflow.hooks import kafka_environment
+
+    env = kafka_environment({"bootstrap.servers": "broker.internal:9093", **settings})
+    assert env.pop("LAKEHOUSE_BOOTSTRAP_SERVERS") == "broker.internal:9093"
+    assert {config.kafka_property(name): value for name, value in env.items()} == settings
+
+
 @given(login=st.text(min_size=1, max_size=20).filter(lambda s: s.strip() and "\x00" not in s),
        password=st.text(min_size=1, max_size=20).filter(lambda s: "\x00" not in s))
 def test_any_database_user_and_password_of_a_catalog_connection_reach_the_catalog_as_given(login, password):

@@ -25,7 +25,8 @@ import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from lakehouse.core.spec import IDENTIFIER, MAX_DURATION_S, is_table_name, parse_duration, parse_moment
+from lakehouse.core.durations import MAX_DURATION_S, parse_duration, parse_moment
+from lakehouse.core.naming import IDENTIFIER, is_table_name
 
 __all__ = ["at_least", "duration", "instant", "instant_ms", "integer", "number", "pipeline_name", "port", "rate",
            "ratio", "seconds_ago", "seed", "table_name"]

@@ -226,6 +226,11 @@ def kafka_property(variable: str) -> str:
     return variable[len(KAFKA_PREFIX):].lower().replace("_", ".")
 
 
+def kafka_variable(prop: str) -> str:
+    """The LAKEHOUSE_KAFKA_<PROP> variable that sets librdkafka property `prop` (`kafka_property` reads it back)."""
+    return KAFKA_PREFIX + prop.upper().replace(".", "_")
+
+
 def _redacted_repr(self) -> str:
     """The dataclass repr of `self` with every string shown through `redact` (no URI password);
     fields declared repr=False (the Kafka properties) stay out."""
@@ -294,6 +299,18 @@ class ObjectStoreConfig:
         if self.access_key_id and self.secret_access_key:
             props.update({"s3.access-key-id": self.access_key_id, "s3.secret-access-key": self.secret_access_key})
         return props
+
+    def environment(self) -> dict[str, str]:
+        """The variables that give a process started from this one (spark-submit) this store: the
+        LAKEHOUSE_S3_* settings `load()` reads back, and the credentials (`aws_environment`)."""
+        env = {}
+        if self.endpoint:
+            env["LAKEHOUSE_S3_ENDPOINT"] = self.endpoint
+        if self.path_style_access is not None:
+            env["LAKEHOUSE_S3_PATH_STYLE_ACCESS"] = "true" if self.path_style_access else "false"
+        if self.region:
+            env["LAKEHOUSE_S3_REGION"] = self.region
+        return {**env, **self.aws_environment()}
 
     def aws_environment(self) -> dict[str, str]:
         """The AWS SDK's variables for the credentials set here (the JVM side reads them from its environment)."""

@@ -45,6 +45,7 @@ from sqlalchemy.orm import Session
 from lakehouse.core import config, events, retry
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import NotADescendantError, PublishError, UnverifiedError
+from lakehouse.core.naming import fanout_view
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ops import verify
 from lakehouse.wap.quality import lineage
@@ -74,7 +75,7 @@ def view_name(spec: PipelineSpec, table: str) -> str | None:
         return None
     if table == spec.target.table:
         return spec.publish.view
-    return f"{spec.publish.view.split('.')[0]}.{table.split('.')[1]}"
+    return fanout_view(spec.publish.view, table)
 
 
 def view_query(spec: PipelineSpec, table: str | None = None) -> str:

@@ -48,7 +48,7 @@ def kafka_environment(settings: dict[str, str]) -> dict[str, str]:
         if key == "bootstrap.servers":
             env["LAKEHOUSE_BOOTSTRAP_SERVERS"] = value
         else:
-            env[config.KAFKA_PREFIX + key.upper().replace(".", "_")] = value
+            env[config.kafka_variable(key)] = value
     return env
 
 

@@ -62,15 +62,7 @@ class ObjectStoreHook(PartHook):
 
     @classmethod
     def variables(cls, conn) -> dict[str, str]:
-        store = store_of(conn)
-        env = {}
-        if store.endpoint:
-            env["LAKEHOUSE_S3_ENDPOINT"] = store.endpoint
-        if store.path_style_access is not None:
-            env["LAKEHOUSE_S3_PATH_STYLE_ACCESS"] = "true" if store.path_style_access else "false"
-        if store.region:
-            env["LAKEHOUSE_S3_REGION"] = store.region
-        return {**env, **store.aws_environment()}
+        return store_of(conn).environment()
 
     def check(self, platform: config.PlatformConfig, timeout: float):
         from lakehouse.core import warehouse
