@@ -1,5 +1,6 @@
 """One implementation per concept: the pipeline's committed position, DAG ids, the dead-letter mapping, the
-retrying of commit conflicts and outages."""
+retrying of commit conflicts and outages, the type promotions a table takes in place and the folding of
+writer-schema versions into one contract."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 import pytest
 
 import lakehouse
+from lakehouse.core import schemas
 from lakehouse.core import spec as spec_module
-from lakehouse.core.errors import OffsetGapError
+from lakehouse.core.errors import OffsetGapError, SchemaTranslationError
 from lakehouse.core.offsets import TableProgress, committed_positions
+from lakehouse.core.spec import FieldSpec
 from lakehouse.ingest import reader, tables, taskwriter
 from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch
 
@@ -93,3 +96,154 @@ def test_the_scan_finds_a_retry_loop_written_by_hand():
                "    time.sleep(0.02)\n")
     assert _hand_rolled_retries(conflict) == [5] and _hand_rolled_retries(backoff) == [4]
     assert _hand_rolled_retries(polling) == []  # waiting for something to appear is not a retry policy's job
+
+
+# --- type promotions, and writer-schema versions folded into one contract ---------------------------------------
+
+PACKAGE = Path(lakehouse.__file__).parent
+# where Iceberg's type promotions are written: the pairs (vocabulary.WIDENINGS) and the one rule (schemas.promotes)
+PROMOTION_HOMES = {("core/vocabulary.py", "<module>"), ("core/schemas.py", "promotes")}
+# where writer-schema versions are folded by hand, in a loop over `schemas.merge`: nowhere, schemas.follow is the
+# rule (one version at a time). The ingest job's copy stays until the job's split (issue 27) calls
+# `schemas.follow`; then this entry goes (the test below fails while it is stale)
+MERGE_HOMES = {("ingest/job.py", "_with_accepted_schemas")}
+
+
+def _enclosing(tree: ast.AST) -> dict[ast.AST, str]:
+    """Each node of `tree` -> the name of the function it is written in ("<module>" outside any)."""
+    owner: dict[ast.AST, str] = {}
+
+    def visit(node: ast.AST, name: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            here = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else name
+            owner[child] = here
+            visit(child, here)
+
+    visit(tree, "<module>")
+    return owner
+
+
+def _is_precision(node: ast.AST) -> bool:
+    """`x.precision` or `x.digits[0]`: a decimal's precision."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "precision"
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "digits" \
+        and isinstance(node.slice, ast.Constant) and node.slice.value == 0
+
+
+ORDERS = (ast.Gt, ast.GtE, ast.Lt, ast.LtE)
+
+
+def _promotion_rules(source: str) -> list[tuple[int, str]]:
+    """(line, function) of each place `source` writes a type promotion: a collection literal holding the pair
+    ("int", "long") or ("float", "double"), or a comparison of two decimal precisions (a precision widening)."""
+    tree = ast.parse(source)
+    owner = _enclosing(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Set, ast.List, ast.Tuple, ast.Dict)):
+            items = node.keys if isinstance(node, ast.Dict) else node.elts
+            pairs = {tuple(e.value for e in item.elts) for item in items if isinstance(item, ast.Tuple)
+                     and all(isinstance(e, ast.Constant) for e in item.elts)}
+            if pairs & {("int", "long"), ("float", "double")}:
+                found.add((node.lineno, owner[node]))
+        elif isinstance(node, ast.Compare) and any(isinstance(op, ORDERS) for op in node.ops) \
+                and sum(map(_is_precision, [node.left, *node.comparators])) >= 2:
+            found.add((node.lineno, owner[node]))
+    return sorted(found)
+
+
+def _schema_merges(source: str) -> list[tuple[int, str]]:
+    """(line, function) of each loop in `source` that calls lakehouse.core.schemas' `merge` (imported as a module
+    under any name, or by name, or in the module that defines it): writer-schema versions folded into a contract
+    by hand."""
+    tree = ast.parse(source)
+    owner = _enclosing(tree)
+    modules, functions = set(), set()
+    if any(isinstance(node, ast.FunctionDef) and node.name == "merge" for node in tree.body):
+        functions.add("merge")  # lakehouse.core.schemas itself
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "lakehouse.core":
+            modules |= {a.asname or a.name for a in node.names if a.name == "schemas"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "lakehouse.core.schemas":
+            functions |= {a.asname or a.name for a in node.names if a.name == "merge"}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.name == "lakehouse.core.schemas" and a.asname}
+    found = set()
+    for loop in ast.walk(tree):
+        if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor, ast.ListComp, ast.SetComp, ast.GeneratorExp,
+                                 ast.DictComp)):
+            continue
+        for call in (n for n in ast.walk(loop) if isinstance(n, ast.Call)):
+            f = call.func
+            if isinstance(f, ast.Name) and f.id in functions or isinstance(f, ast.Attribute) and f.attr == "merge" \
+                    and isinstance(f.value, ast.Name) and f.value.id in modules:
+                found.add((loop.lineno, owner[loop]))
+    return sorted(found)
+
+
+def _scan(rule) -> set[tuple[str, str]]:
+    """(module path, function) of every place the product's source writes `rule`."""
+    return {(str(path.relative_to(PACKAGE)), function) for path in sorted(PACKAGE.rglob("*.py"))
+            for _, function in rule(path.read_text())}
+
+
+def test_the_type_promotions_a_table_takes_in_place_are_written_once():
+    """vocabulary.WIDENINGS holds Iceberg's promotions between two types, schemas.promotes the one rule (a
+    decimal's precision too) that comparing and merging writer schemas ask."""
+    assert _scan(_promotion_rules) == PROMOTION_HOMES
+
+
+def test_writer_schema_versions_are_folded_into_one_contract_by_one_rule():
+    assert _scan(_schema_merges) == MERGE_HOMES  # a stale entry fails too: remove it once its copy is gone
+
+
+def test_the_scans_find_a_promotion_and_a_merge_written_again():
+    table = "WIDEN = {('int', 'long'), ('float', 'double')}\n"
+    pairs = "def ok(a, b):\n    return (a, b) in [(\"float\", \"double\")]\n"
+    decimal = "def wider(have, new):\n    return have.scale == new.scale and new.digits[0] > have.digits[0]\n"
+    precision = "if new.precision >= old.precision:\n    pass\n"
+    membership = "def integral(f):\n    return f.type in ('int', 'long') and f.precision is None\n"
+    assert _promotion_rules(table) == [(1, "<module>")] and _promotion_rules(pairs) == [(2, "ok")]
+    assert _promotion_rules(decimal) == [(2, "wider")] and _promotion_rules(precision) == [(1, "<module>")]
+    assert _promotion_rules(membership) == []  # a type test is no promotion
+    by_module = ("from lakehouse.core import schemas as translate\n\ndef fold(fields, versions):\n"
+                 "    for v in versions:\n        fields = translate.merge(fields, v)\n    return fields\n")
+    by_name = "from lakehouse.core.schemas import merge\nfields = [merge(a, b) for a, b in pairs]\n"
+    other = "from lakehouse.core import sparkenv\nfor t in tables:\n    sparkenv.merge(spark, t)\n"
+    once = "from lakehouse.core import schemas\n\ndef evolve(c, w):\n    return schemas.merge(c, w)\n"
+    assert _schema_merges(by_module) == [(4, "fold")] and _schema_merges(by_name) == [(2, "<module>")]
+    at_home = ("def merge(a, b):\n    return a\n\ndef derive_all(versions):\n    fields = None\n"
+               "    for v in versions:\n        fields = v if fields is None else merge(fields, v)\n")
+    assert _schema_merges(other) == [] and _schema_merges(once) == [] and _schema_merges(at_home) == [(6, "derive_all")]
+
+
+def test_a_contract_follows_writer_schema_versions_oldest_first():
+    v1 = (FieldSpec("id", "int", required=True), FieldSpec("amount", "decimal", precision=10, scale=2))
+    v2 = (FieldSpec("id", "long", required=True), FieldSpec("amount", "decimal", precision=12, scale=2),
+          FieldSpec("note", "string"))
+    v3 = (FieldSpec("id", "int", required=True), FieldSpec("amount", "decimal", precision=12, scale=2))
+    fields = None
+    for version in (v1, v2, v3):
+        fields = schemas.follow(fields, version)
+    assert fields == (FieldSpec("id", "long", required=True), FieldSpec("amount", "decimal", precision=12, scale=2),
+                      FieldSpec("note", "string"))
+    with pytest.raises(SchemaTranslationError, match="amount"):
+        schemas.follow(fields, (FieldSpec("id", "long"), FieldSpec("amount", "decimal", precision=12, scale=3)))
+
+
+@pytest.mark.parametrize(("narrow", "wide", "promoted"), [
+    (FieldSpec("x", "int"), FieldSpec("x", "long"), True),
+    (FieldSpec("x", "float"), FieldSpec("x", "double"), True),
+    (FieldSpec("x", "decimal", precision=10, scale=2), FieldSpec("x", "decimal", precision=12, scale=2), True),
+    (FieldSpec("x", "long"), FieldSpec("x", "int"), False),
+    (FieldSpec("x", "int"), FieldSpec("x", "double"), False),
+    (FieldSpec("x", "decimal", precision=10, scale=2), FieldSpec("x", "decimal", precision=12, scale=3), False),
+    (FieldSpec("x", "decimal", precision=12, scale=2), FieldSpec("x", "decimal", precision=12, scale=2), False),
+    (FieldSpec("x", "string"), FieldSpec("x", "string"), False),
+])
+def test_a_table_promotes_a_column_only_as_iceberg_allows(narrow, wide, promoted):
+    assert schemas.promotes(narrow, wide) is promoted
+    diff = schemas.compare((narrow,), (wide,))
+    assert (diff.widened == ["x"]) is promoted
+    assert (schemas.merge((narrow,), (wide,)) == (wide,)) is (promoted or narrow == wide)

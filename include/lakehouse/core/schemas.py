@@ -22,12 +22,12 @@ io.debezium.data.Uuid) are honoured on Avro and JSON Schema. With `envelope="deb
 are those of the change event's `after` record, the row.
 
 `compare(contract, writer)` says what a writer schema means for a table that follows a contract:
-fields the writer adds, types Iceberg can widen in place (int -> long, float -> double, a decimal's
-precision), enum symbols added, fields the writer may now leave null, and incompatible changes. A
+fields the writer adds, types Iceberg can widen in place (`promotes`: int -> long, float -> double, a
+decimal's precision), enum symbols added, fields the writer may now leave null, and incompatible changes. A
 narrower writer type (an int where the contract has a long) changes nothing: its values fit.
 `merge` applies the compatible ones. A contract derived from several schema versions is the merge of
-all of them, oldest first, so that records of every version fit it; fields a version adds are
-optional, since records of the older versions lack them.
+all of them, oldest first (`follow`, one version at a time), so that records of every version fit it;
+fields a version adds are optional, since records of the older versions lack them.
 
 Errors are errors.SchemaTranslationError (a ConfigurationError) naming the field path and what is not supported.
 """
@@ -43,7 +43,7 @@ from typing import Any
 from lakehouse.core.errors import PatternError, SchemaTranslationError
 from lakehouse.core.patterns import contract_pattern
 from lakehouse.core.spec_model import FieldSpec
-from lakehouse.core.vocabulary import MAX_DECIMAL_PRECISION
+from lakehouse.core.vocabulary import MAX_DECIMAL_PRECISION, WIDENINGS
 
 ENVELOPE_FIELDS = ("before", "after", "op")  # what makes a record a Debezium change event
 _DEBEZIUM_NAMES = {
@@ -496,9 +496,13 @@ def row_fields(record: FieldSpec, envelope: str | None = None) -> tuple[FieldSpe
     return record.fields
 
 
-# How a writer type may be read into a table column of another type without losing anything:
-# Iceberg's in-place promotions. A decimal's precision may grow at the same scale.
-_PROMOTIONS = {("int", "long"), ("float", "double")}
+def promotes(narrow: FieldSpec, wide: FieldSpec) -> bool:
+    """Whether a column of `narrow`'s type takes `wide`'s in place, without rewriting data: one of Iceberg's
+    type promotions (vocabulary.WIDENINGS: int -> long, float -> double), or a decimal's precision grown at
+    the same scale."""
+    if narrow.type != wide.type:
+        return (narrow.type, wide.type) in WIDENINGS
+    return narrow.type == "decimal" and narrow.digits[1] == wide.digits[1] and wide.digits[0] > narrow.digits[0]
 
 
 @dataclass
@@ -515,14 +519,20 @@ class SchemaDiff:
     def evolves(self) -> bool:
         return bool(self.added or self.widened or self.relaxed)
 
+    def changes(self) -> str:
+        """The compatible changes, as the schema gate's error and `lakehouse schemas` name them: "adds a, b;
+        widens c; may leave null d"."""
+        return "; ".join(f"{what} {', '.join(paths)}" for what, paths in
+                         (("adds", self.added), ("widens", self.widened), ("may leave null", self.relaxed)) if paths)
+
 
 def _compare(path: str, have: FieldSpec, new: FieldSpec, diff: SchemaDiff, labels: tuple[str, str]) -> None:
+    if promotes(have, new):
+        diff.widened.append(path)
+        return
     if have.type != new.type:
-        if (have.type, new.type) in _PROMOTIONS:
-            diff.widened.append(path)
-        elif (new.type, have.type) in _PROMOTIONS:
-            pass  # already wider: an older writer's int fits a long, a contract's int a widened column
-        else:
+        # already wider (promotes(new, have)): an older writer's int fits a long, a contract's int a widened column
+        if not promotes(new, have):
             diff.incompatible.append(f"field {path[1:]!r} is {have.type_text} in {labels[0]} but {new.type_text} in "
                                      f"{labels[1]}; Iceberg cannot change it in place")
             diff.incompatible_paths.append(path)
@@ -532,8 +542,6 @@ def _compare(path: str, have: FieldSpec, new: FieldSpec, diff: SchemaDiff, label
             diff.incompatible.append(f"field {path[1:]!r} is {have.type_text} in {labels[0]} but {new.type_text} "
                                      f"in {labels[1]}; a decimal's scale cannot change")
             diff.incompatible_paths.append(path)
-        elif new.digits[0] > have.digits[0]:
-            diff.widened.append(path)
         return
     if have.enum is not None and new.enum is not None and not set(new.enum) <= set(have.enum):
         diff.widened.append(path)
@@ -573,11 +581,9 @@ def compare(contract: Iterable[FieldSpec], writer: Iterable[FieldSpec],
 
 
 def _merge(have: FieldSpec, new: FieldSpec) -> FieldSpec:
-    if have.type != new.type:
-        return replace(have, type=new.type) if (have.type, new.type) in _PROMOTIONS else have
-    if have.type == "decimal":
-        if have.scale == new.scale and new.digits[0] > have.digits[0]:
-            return replace(have, precision=new.precision)
+    if promotes(have, new):
+        return replace(have, type=new.type, precision=new.precision)
+    if have.type != new.type or have.type == "decimal":
         return have
     updates: dict[str, Any] = {}
     if have.enum is not None:
@@ -611,23 +617,20 @@ def merge(contract: Iterable[FieldSpec], writer: Iterable[FieldSpec]) -> tuple[F
     return merged.fields
 
 
-def derive_all(versions: Iterable[tuple[str, str]], envelope: str | None = None) -> tuple[FieldSpec, ...]:
-    """The contract fields that fit every one of `versions` ((schema type, text), oldest first): the
-    first version's fields, merged with each newer one. Raises SchemaTranslationError for a version
-    that does not translate or changes a field incompatibly."""
-    fields: tuple[FieldSpec, ...] | None = None
-    for schema_type, text in versions:
-        found = derive(schema_type, text, envelope)
-        if fields is None:
-            fields = found
-            continue
-        diff = compare(fields, found)
-        if diff.incompatible:
-            raise SchemaTranslationError("; ".join(diff.incompatible))
-        fields = merge(fields, found)
+def follow(fields: tuple[FieldSpec, ...] | None, version: tuple[FieldSpec, ...]) -> tuple[FieldSpec, ...]:
+    """The contract fields that fit the writer schema versions of `fields` (None before the first) and the
+    newer `version` too: `version`'s own for the first, else `fields` merged with it (see `merge`).
+    Raises SchemaTranslationError when `version` changes a field incompatibly (see `compare`).
+
+    The one rule for folding writer-schema versions, oldest first, into the contract that fits all of
+    them: a contract derived from a schema folder (lakehouse.core.spec_contract) and the contract the
+    ingest job follows as it evolves the tables for new versions."""
     if fields is None:
-        raise SchemaTranslationError("no writer schema to derive the contract from")
-    return fields
+        return version
+    diff = compare(fields, version)
+    if diff.incompatible:
+        raise SchemaTranslationError("; ".join(diff.incompatible))
+    return merge(fields, version)
 
 
 # The writer types whose values a declared contract type takes (the record checks of

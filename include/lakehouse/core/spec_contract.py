@@ -268,15 +268,9 @@ def derive_contract(r: Reader, name: Any, source: SourceSpec) -> tuple[FieldSpec
             record = translate.record_type(schema_type, text)
             if envelope is not None and not translate.is_change_event(record):
                 continue  # the change stream's key schema
-            version = translate.derive(schema_type, text, envelope)
-            if fields is not None:
-                diff = translate.compare(fields, version)
-                if diff.incompatible:
-                    raise SchemaTranslationError("; ".join(diff.incompatible))
-                version = translate.merge(fields, version)
+            fields = translate.follow(fields, translate.derive(schema_type, text, envelope))
         except SchemaTranslationError as exc:
             return r.problem("contract.from", f"writer schema {schema_id}: {exc}")
-        fields = version
     if fields is None:
         return r.problem("contract.from", f"source.schemas holds no {schema_type} "
                                           f"{'change event ' if envelope else ''}schema to derive the contract from")

@@ -37,8 +37,8 @@ DATE_UNITS = ("days",)
 # The types lakehouse.ingest.records' JSON fast path decodes; a contract with others takes the reference.
 FAST_PATH_TYPES = ("string", "int", "long", "float", "double", "boolean", "timestamp", "date")
 KEY_TYPES = ("string", "int", "long", "date", "timestamp", "uuid", "decimal", "boolean")
-# Type changes a table may take without rewriting data (Iceberg's allowed promotions; a decimal's
-# precision may grow at the same scale).
+# Type changes a table may take without rewriting data: Iceberg's allowed promotions between two types
+# (lakehouse.core.schemas.promotes, the one rule, adds a decimal's precision grown at the same scale).
 WIDENINGS = {("int", "long"), ("float", "double")}
 # json: plain JSON values; the others are the Confluent wire format (magic byte 0, a 4-byte schema id,
 # the payload) with writer schemas by id from `source.schemas` or a schema registry (lakehouse.ingest.formats)
