@@ -33,7 +33,7 @@ from lakehouse.core import config, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec, read_schema_folder
 from lakehouse.ingest.reader import BatchBuilder
-from lakehouse.ingest.records import RecordValidator
+from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import produce, record_formats
 
 MB = 1_000_000

@@ -147,7 +147,7 @@ PRODUCT_ROOTS = ("include/lakehouse", "plugins", "providers", "dags", "spark_job
 # Exceptions that may be defined outside lakehouse/core/errors.py, each with the reason
 ELSEWHERE = {
     # a record's verdict, not an error: decoders raise it, the reader turns it into a dead-letter row
-    ("ingest/records.py", "Rejected"),
+    ("ingest/rejects.py", "Rejected"),
 }
 # Airflow's way to fail a task without retries; the product's core cannot import Airflow
 AIRFLOW_FAIL = "airflow.sdk.exceptions.AirflowFailException"
@@ -397,6 +397,28 @@ def test_the_spec_modules_import_no_circle(module):
     assert circle is None, "an import circle: " + " -> ".join(circle or ())
 
 
+INGEST_MODULES = sorted(m.rsplit(".", 1)[1] for m in _modules(importlib.import_module("lakehouse.ingest")))
+
+
+# the modules a record's value goes through, decoded and checked (records.py held all but formats)
+RECORD_MODULES = ("rejects", "json_decode", "checks", "json_fast_path", "writer_schemas", "change_events", "row_plans",
+                  "validator", "formats")
+
+
+def test_the_record_path_is_split_by_concept_into_modules_of_the_ingest_package():
+    """Issue 27: records.py held rejects, JSON decoding, the field checks, the fast path, the schema gate, change
+    events and the validator, and formats.py and it imported each other. Each is its own module now."""
+    assert set(RECORD_MODULES) <= set(INGEST_MODULES)
+    assert "records" not in INGEST_MODULES
+
+
+@pytest.mark.parametrize("module", INGEST_MODULES)
+def test_the_ingest_modules_import_no_circle(module):
+    """formats <-> records was one: a decoder's module and the validator's imported each other."""
+    circle = _circle_through(_import_graph(), f"lakehouse.ingest.{module}")
+    assert circle is None, "an import circle: " + " -> ".join(circle or ())
+
+
 def test_the_spec_module_still_names_everything_its_callers_import():
     from lakehouse.core import spec
 
@@ -415,4 +437,19 @@ def test_no_private_name_crosses_into_or_out_of_a_spec_module():
                 into_spec = node.module.removeprefix("lakehouse.core.") in SPEC_MODULES
                 crossing += [f"{path.relative_to(REPO)}: {node.module}.{a.name}" for a in node.names
                              if a.name.startswith("_") and (spec_module or into_spec)]
+    assert crossing == []
+
+
+def test_no_private_name_crosses_into_or_out_of_a_record_module():
+    """formats.py imported records.py's `_number_interval`; the tests imported `_field_checker`. A name another
+    module (the tests too) needs is public."""
+    record_modules = {f"lakehouse.ingest.{m}" for m in RECORD_MODULES}
+    crossing = []
+    for path in [*_product_files(), *sorted((REPO / "tests").glob("*.py"))]:
+        in_record_module = path.parent == PACKAGE / "ingest" and path.stem in RECORD_MODULES
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lakehouse"):
+                into_record_module = node.module in record_modules
+                crossing += [f"{path.relative_to(REPO)}: {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_") and (in_record_module or into_record_module)]
     assert crossing == []

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from lakehouse.core.spec import SpecError
 from lakehouse.ingest import formats
-from lakehouse.ingest.records import ERROR_KINDS, RecordValidator, Rejected, source_position
+from lakehouse.ingest.change_events import source_position
+from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
+from lakehouse.ingest.validator import RecordValidator
 
 FIELDS = [{"name": "id", "type": "long", "required": True},
           {"name": "email", "type": "string"},

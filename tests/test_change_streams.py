@@ -16,7 +16,7 @@ from test_produce import verdicts
 
 from lakehouse.core import config, errors, schemas
 from lakehouse.ingest.formats import parse_schema
-from lakehouse.ingest.records import RecordValidator
+from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import change_streams
 from lakehouse_dev.produce import ProduceError, synthesize
 

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from lakehouse.core import schemas
 from lakehouse.core.errors import SchemaTranslationError
 from lakehouse.core.spec import MAX_MATCHED_CHARS, MAX_PATTERN_CHARS, FieldSpec, SpecError, contract_pattern
-from lakehouse.ingest.records import RecordValidator, Rejected, _field_checker
+from lakehouse.ingest.checks import field_checker
+from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.validator import RecordValidator
 
 GUARD_S = 60  # generous: RE2 answers in microseconds, Python's re on these would take years
 EVIL = [("(a+)+$", "a" * 50 + "b"), ("(a|aa)*c", "a" * 60), ("(x+x+)+y", "x" * 60),
@@ -54,7 +56,7 @@ def code_spec(make_spec):
 
 @pytest.mark.parametrize("pattern, value", EVIL)
 def test_a_catastrophic_pattern_gets_its_verdict_at_once(pattern, value):
-    check = _field_checker(FieldSpec("code", "string", pattern=pattern))
+    check = field_checker(FieldSpec("code", "string", pattern=pattern))
     assert verdicts(check, [value]) == ["pattern_mismatch"]
 
 

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from lakehouse.core import schemas
 from lakehouse.core.errors import SchemaTranslationError
 from lakehouse.core.spec import FieldSpec, SpecError
-from lakehouse.ingest.records import RecordValidator, Rejected, _field_checker
+from lakehouse.ingest.checks import field_checker
+from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.validator import RecordValidator
 
 NESTED = [
     {"name": "order_id", "type": "string", "required": True},
@@ -28,7 +30,7 @@ NESTED = [
 
 def checker(**spec) -> callable:
     spec.setdefault("name", "v")
-    return _field_checker(FieldSpec(**spec))
+    return field_checker(FieldSpec(**spec))
 
 
 def rejected(check, value) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from lakehouse.core import topics
 from lakehouse.core.spec import load_pipeline
+from lakehouse.ingest.json_decode import DECODERS, JsonDecoder
 from lakehouse.ingest.reader import (
     MAX_KAFKA_TIMESTAMP_MS,
     MIN_KAFKA_TIMESTAMP_MS,
@@ -25,7 +26,8 @@ from lakehouse.ingest.reader import (
     make_reader,
     make_redecoder,
 )
-from lakehouse.ingest.records import DECODERS, ERROR_KINDS, JsonDecoder, RecordValidator, Rejected
+from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
+from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev.produce import produce, synthesize
 
 # Every field type, optional fields, bounds, enums, a pattern and a key: the contract the traps run against.

@@ -19,7 +19,8 @@ from lakehouse.core import config, errors
 from lakehouse.core.spec import SpecError, load_spec, read_schema_folder
 from lakehouse.ingest import formats
 from lakehouse.ingest.formats import parse_schema, register_avro_schema, wire_value
-from lakehouse.ingest.records import ERROR_KINDS, RecordValidator, Rejected
+from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
+from lakehouse.ingest.validator import RecordValidator
 
 SHIPPED = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
 ORDER_SCHEMA = {

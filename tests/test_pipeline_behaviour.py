@@ -31,7 +31,7 @@ from lakehouse.core.offsets import OffsetRange, TableProgress
 from lakehouse.core.spec import load_spec
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch, split_for_tasks, topic_state
-from lakehouse.ingest.records import ERROR_KINDS
+from lakehouse.ingest.rejects import ERROR_KINDS
 from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow

@@ -41,6 +41,7 @@ from lakehouse.core.errors import (
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import Contract, FanoutSpec, FieldSpec, load_pipeline
 from lakehouse.ingest import reader as kafka_source
+from lakehouse.ingest.checks import MAX_TIMESTAMP_US, MIN_TIMESTAMP_US
 from lakehouse.ingest.reader import (
     MAX_KAFKA_TIMESTAMP_MS,
     MIN_KAFKA_TIMESTAMP_MS,
@@ -49,7 +50,8 @@ from lakehouse.ingest.reader import (
     make_redecoder,
     read_range,
 )
-from lakehouse.ingest.records import ERROR_KINDS, MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, RecordValidator
+from lakehouse.ingest.rejects import ERROR_KINDS
+from lakehouse.ingest.validator import RecordValidator
 
 TOPIC = "hostile"
 INGESTED_AT = 1_763_719_200_000_000

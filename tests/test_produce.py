@@ -18,7 +18,8 @@ from confluent_kafka import KafkaError
 
 from e2e import pipeline  # noqa: F401 (pipeline: a fixture)
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, BatchBuilder
-from lakehouse.ingest.records import ERROR_KINDS, RecordValidator
+from lakehouse.ingest.rejects import ERROR_KINDS
+from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import produce as producer_module
 from lakehouse_dev.produce import BAD_KINDS, FORMAT_KINDS, ProduceError, RateLimiter, produce, synthesize
 

@@ -22,7 +22,7 @@ from test_produce import verdicts
 from lakehouse.core import config, schemas
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, SpecError
 from lakehouse.ingest.formats import registry_client
-from lakehouse.ingest.records import RecordValidator
+from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import record_formats
 from lakehouse_dev.produce import FORMAT_KINDS, ProduceError, synthesize
 

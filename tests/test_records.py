@@ -6,7 +6,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from lakehouse.core.spec import load_pipeline
-from lakehouse.ingest.records import ERROR_KINDS, RecordValidator, Rejected
+from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
+from lakehouse.ingest.validator import RecordValidator
 
 GOOD = {"order_id": "ord-1", "customer_id": "c-1", "amount": 12.5, "currency": "EUR", "status": "paid",
         "event_time": "2026-11-21T10:00:00.250+01:00"}

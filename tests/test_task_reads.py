@@ -41,7 +41,7 @@ from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import load_pipeline
 from lakehouse.ingest.plan import topic_state
 from lakehouse.ingest.reader import BatchBuilder, StageClock, read_range, read_ranges, reader_consumer
-from lakehouse.ingest.records import RecordValidator
+from lakehouse.ingest.validator import RecordValidator
 
 SPEC = load_pipeline("orders")
 INGESTED_AT = 1_763_719_200_000_000

@@ -227,7 +227,7 @@ def test_a_records_table_key_is_derived_as_ingestion_derives_it_for_every_key_fo
     column of the row ingestion writes for it; a key that does not decode gives none."""
     from test_produce_formats import in_format
 
-    from lakehouse.ingest.records import RecordValidator
+    from lakehouse.ingest.validator import RecordValidator
     from lakehouse_dev.produce import synthesize
 
     spec = in_format(make_spec, "json", key_format=None if key_format == "string" else key_format,
@@ -249,7 +249,7 @@ def test_a_change_events_table_key_is_its_primary_key_and_deletes_are_told_apart
     key is the text of the primary key in the row it writes (or deletes); op d and tombstones delete."""
     from test_change_streams import applied, cdc_spec
 
-    from lakehouse.ingest.records import RecordValidator
+    from lakehouse.ingest.validator import RecordValidator
     from lakehouse_dev.produce import synthesize
 
     if value_format == "avro":
@@ -546,7 +546,7 @@ def test_a_tombstone_deletes_the_row_of_its_keys_field_whatever_the_key_format(m
     from test_produce_formats import in_format
 
     from lakehouse.ingest.reader import BatchBuilder
-    from lakehouse.ingest.records import RecordValidator
+    from lakehouse.ingest.validator import RecordValidator
     from lakehouse_dev.produce import synthesize
 
     spec = in_format(make_spec, "json", key_format=None if key_format == "string" else key_format,

@@ -19,7 +19,9 @@ from lakehouse.core import errors
 from lakehouse.core.schemas import compile_proto, proto_message, proto_pool
 from lakehouse.core.spec import Contract, FieldSpec, SpecError
 from lakehouse.ingest import formats
-from lakehouse.ingest.records import ERROR_KINDS, RecordValidator, Rejected, WriterSchemas
+from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
+from lakehouse.ingest.validator import RecordValidator
+from lakehouse.ingest.writer_schemas import WriterSchemas
 
 ORDER_PROTO = """
 syntax = "proto3";

@@ -21,7 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakehouse.ingest import formats
-from lakehouse.ingest.records import MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, RecordValidator, Rejected
+from lakehouse.ingest.checks import MAX_TIMESTAMP_US, MIN_TIMESTAMP_US
+from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.validator import RecordValidator
 
 FIELDS = [
     {"name": "order_id", "type": "string", "required": True, "max_length": 12},

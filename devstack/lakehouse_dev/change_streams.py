@@ -20,7 +20,7 @@ Values and keys are written in the spec's formats:
     protobuf, json_schema   Confluent's converters: the envelope's fields as a message / a JSON Schema
 
 Broken events (about `bad_ratio` of the changes) are the kinds the reader gives them
-(lakehouse.ingest.records.RecordValidator.check_change): a row that breaks the contract, a payload that
+(lakehouse.ingest.validator.RecordValidator.check_change): a row that breaks the contract, a payload that
 does not decode, no envelope at all (`bad_envelope`), a logical decoding message (`unsupported_change`),
 a key that is missing, does not decode or names another row. Every record is checked against the
 reader before it is sent, so the summary (`ChangeSummary`) says exactly what the table holds once all

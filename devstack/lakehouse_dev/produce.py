@@ -13,7 +13,7 @@ With `bad_ratio` > 0, about that share of the records is broken on purpose, one 
 the kinds taken in turn from `BAD_KINDS`: those the spec and its formats can carry (no `bad_enum`
 without an enum field, no `null_key` when keys are optional, no `wrong_type` in a typed Avro record,
 a malformed payload of the value's own format). The kind names are the decoder's `error_kind` values,
-and each broken record is checked against the reader's own verdict (lakehouse.ingest.records'
+and each broken record is checked against the reader's own verdict (lakehouse.ingest.validator's
 RecordValidator, in the reader's order) before it is sent, so a report's `bad_by_kind` is what an
 ingest dead-letters. Each broken record also carries a `fault` header naming its kind. Some defects
 are hostile to the reader rather than the contract: a string that is not Unicode, an event time no
@@ -43,8 +43,10 @@ from confluent_kafka import KafkaException, Producer
 
 from lakehouse.core import config, errors
 from lakehouse.core.spec import FieldSpec, PipelineSpec
+from lakehouse.ingest.checks import FLOAT32_MAX
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, MIN_KAFKA_TIMESTAMP_MS
-from lakehouse.ingest.records import FLOAT32_MAX, RecordValidator, Rejected
+from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev.record_formats import (CONTENT_TYPES, EPOCH_DATE, ProduceError, contract_avro_schema, dumps,
                                           epoch, key_writer, value_writer)
 
@@ -59,7 +61,7 @@ __all__ = ["BAD_KINDS", "FORMAT_KINDS", "ProduceError", "ProduceReport", "RateLi
            "SyntheticRecord", "contract_avro_schema", "produce", "producer_config", "synthesize"]
 
 # The defects `produce` can inject, in the order they are taken in turn. These strings
-# are the decoder's error kinds (lakehouse.ingest.records.ERROR_KINDS): keep them identical.
+# are the decoder's error kinds (lakehouse.ingest.rejects.ERROR_KINDS): keep them identical.
 BAD_KINDS = (
     "malformed_json",    # truncated JSON text
     "not_utf8",          # bytes that are not UTF-8 (a Latin-1 string inside the JSON)

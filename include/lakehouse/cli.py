@@ -510,7 +510,7 @@ def _offsets(text: str) -> dict[int, tuple[int, int]]:
 
 
 def _error_kind(text: str) -> str:
-    from lakehouse.ingest.records import ERROR_KINDS
+    from lakehouse.ingest.rejects import ERROR_KINDS
 
     if text not in ERROR_KINDS:
         raise argparse.ArgumentTypeError(f"{text!r} is not an error kind (one of {', '.join(ERROR_KINDS)})")

@@ -634,7 +634,7 @@ def follow(fields: tuple[FieldSpec, ...] | None, version: tuple[FieldSpec, ...])
 
 
 # The writer types whose values a declared contract type takes (the record checks of
-# lakehouse.ingest.records convert them, and still refuse a value that does not fit).
+# lakehouse.ingest.checks convert them, and still refuse a value that does not fit).
 _ACCEPTED = {
     "string": {"string", "uuid"},
     "int": {"int"},

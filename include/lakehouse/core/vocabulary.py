@@ -34,7 +34,7 @@ MAX_DECIMAL_PRECISION = 38  # Iceberg's and Spark's
 TIMESTAMP_UNITS = ("s", "ms", "us")
 DATE_UNITS = ("days",)
 # Types a key column (target.key), a fan-out field or a Kafka-key field may have: values that identify.
-# The types lakehouse.ingest.records' JSON fast path decodes; a contract with others takes the reference.
+# The types lakehouse.ingest.json_fast_path decodes; a contract with others takes the reference.
 FAST_PATH_TYPES = ("string", "int", "long", "float", "double", "boolean", "timestamp", "date")
 KEY_TYPES = ("string", "int", "long", "date", "timestamp", "uuid", "decimal", "boolean")
 # Type changes a table may take without rewriting data: Iceberg's allowed promotions between two types
@@ -45,7 +45,7 @@ WIDENINGS = {("int", "long"), ("float", "double")}
 VALUE_FORMATS = ("json", "avro", "protobuf", "json_schema")
 # a key is UTF-8 text (string) or, like a value, a record: a Debezium key holds the primary key's columns
 KEY_FORMATS = ("string", *VALUE_FORMATS)
-# the change-event envelopes a `mode: cdc` pipeline reads (lakehouse.ingest.changes)
+# the change-event envelopes a `mode: cdc` pipeline reads (lakehouse.ingest.change_events)
 ENVELOPES = ("debezium",)
 # the schema type each wire format's writer schemas have
 FORMAT_SCHEMA_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}

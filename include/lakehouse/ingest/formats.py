@@ -5,7 +5,7 @@ A value (or a record key) in the Confluent wire format is one magic byte 0, the 
 sink's converters) write it; Protobuf payloads start with the message indexes that select the
 message in the schema's file (zig-zag varints; a single 0 for the first message). A decoder turns a
 value into a mapping of field name to Python value for the contract checks
-(lakehouse.ingest.records): Avro's logical types and Protobuf's well-known types arrive as datetimes,
+(lakehouse.ingest.checks): Avro's logical types and Protobuf's well-known types arrive as datetimes,
 dates, Decimals and UUIDs, which the checks accept.
 
 Writer schemas come from a `SchemaStore`, each parsed once per id and process: the folder beside
@@ -24,7 +24,7 @@ credentials. What each failure becomes:
     a registry that does not answer              SchemaRegistryUnavailableError: the batch is
                                                  retried, then the job stops; nothing is dead-lettered
 
-Before the first record of a writer schema is decoded, a `SchemaGate` (lakehouse.ingest.records) is
+Before the first record of a writer schema is decoded, a `SchemaGate` (lakehouse.ingest.writer_schemas) is
 asked whether the contract takes it: a new compatible schema of a contract that follows the writer
 schemas stops the task so the driver evolves the table first (lakehouse.ingest.job), an incompatible
 one follows `schema_policy`.
@@ -49,17 +49,17 @@ from typing import Any
 from lakehouse.core import errors, schemas
 from lakehouse.core.errors import SchemaRegistryUnavailableError, SchemaTranslationError
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, FieldSpec, PipelineSpec, SchemaSource
-from lakehouse.ingest.records import (
+from lakehouse.ingest.checks import (
     FLOAT32_MAX,
     INT32,
     INT64,
     MAX_TIMESTAMP_US,
     MIN_TIMESTAMP_US,
-    JsonDecoder,
-    Rejected,
-    _number_interval,
     lone_surrogate,
+    number_interval,
 )
+from lakehouse.ingest.json_decode import JsonDecoder
+from lakehouse.ingest.rejects import Rejected
 
 log = logging.getLogger("lakehouse.ingest.formats")
 MAGIC = 0
@@ -753,7 +753,7 @@ def _convert(src: _Source, depth: int, var: str, f: FieldSpec, check: str, kind:
         if f.max_length is not None:
             conditions.append(f"len({var}) <= {f.max_length!r}")
     elif f.type in ("int", "long") and kind == "integer":
-        interval = _number_interval(f, *(INT32 if f.type == "int" else INT64), integral=True)
+        interval = number_interval(f, *(INT32 if f.type == "int" else INT64), integral=True)
         if interval is None:
             src.add(depth, "return None")
             return len(src.lines) - before
@@ -762,7 +762,7 @@ def _convert(src: _Source, depth: int, var: str, f: FieldSpec, check: str, kind:
             conditions.append(f"{var} in {src.const(frozenset(f.enum))}")
     elif f.type in ("double", "float") and kind == "real":
         limit = FLOAT32_MAX if f.type == "float" else sys.float_info.max
-        interval = _number_interval(f, -limit, limit, integral=False)
+        interval = number_interval(f, -limit, limit, integral=False)
         if interval is None:
             src.add(depth, "return None")
             return len(src.lines) - before
@@ -1123,8 +1123,7 @@ def describe_schemas(spec: PipelineSpec, registry: dict | None) -> list[SchemaRe
             if diff.incompatible:
                 verdict, why = "incompatible", "; ".join(diff.incompatible)
             elif diff.evolves:
-                verdict, why = "evolves", "; ".join(f"{what} {', '.join(paths)}" for what, paths in (
-                    ("adds", diff.added), ("widens", diff.widened), ("may leave null", diff.relaxed)) if paths)
+                verdict, why = "evolves", diff.changes()
             else:
                 verdict, why = "fits", ""
         else:

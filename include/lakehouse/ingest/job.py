@@ -49,8 +49,9 @@ from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, PipelineSpec, load_spec
 from lakehouse.ingest import committer, formats, tables, taskwriter
 from lakehouse.ingest.plan import BatchPlan, plan_batch, split_for_tasks, task_groups, topic_state_for
 from lakehouse.ingest.reader import batch_schema, make_reader
-from lakehouse.ingest.records import Rejected, WriterSchemas
+from lakehouse.ingest.rejects import Rejected
 from lakehouse.ingest.taskwriter import TableTarget, TaskResult
+from lakehouse.ingest.writer_schemas import WriterSchemas
 
 log = logging.getLogger("lakehouse.ingest")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

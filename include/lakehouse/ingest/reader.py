@@ -1,7 +1,7 @@
 """Reading a batch in Spark tasks: each task reads exactly its offset ranges and decodes them.
 
 Each Spark task reads its planned ranges (lakehouse.ingest.plan) with confluent-kafka, so a
-retried task reads the same records, and decodes them (lakehouse.ingest.records) into Arrow
+retried task reads the same records, and decodes them (lakehouse.ingest.validator) into Arrow
 batches, which the task writes as data files (lakehouse.ingest.taskwriter) or, for replays,
 hands to the JVM.
 
@@ -29,16 +29,11 @@ from lakehouse.core import errors, kafka_security, sparkenv
 from lakehouse.core.errors import BrokerStalledError, OffsetGapError, RecordFailureError, SourceError
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import FieldSpec, PipelineSpec
+from lakehouse.ingest.checks import MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, TIMESTAMP_RANGE, lone_surrogate
 from lakehouse.ingest.plan import kafka_consumer
-from lakehouse.ingest.records import (
-    MAX_TIMESTAMP_US,
-    MIN_TIMESTAMP_US,
-    TIMESTAMP_RANGE,
-    RecordValidator,
-    Rejected,
-    WriterSchemas,
-    lone_surrogate,
-)
+from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.validator import RecordValidator
+from lakehouse.ingest.writer_schemas import WriterSchemas
 
 KAFKA_STRUCT = pa.struct([
     ("topic", pa.string()),
@@ -68,7 +63,7 @@ def arrow_type(f: FieldSpec) -> pa.DataType:
     return ARROW_TYPES[f.type]
 SPARK_KAFKA_STRUCT = "struct<topic:string,partition:int,offset:bigint,timestamp:timestamp,key:string>"
 # A change stream's rows also carry the change that wrote them: Debezium's op, the source's commit time and
-# the event's position in the source's log (records.source_position), which order a key's changes.
+# the event's position in the source's log (change_events.source_position), which order a key's changes.
 CDC_STRUCT = pa.struct([("op", pa.string()), ("source_ts", pa.timestamp("us", tz="UTC")),
                         ("position", pa.decimal128(38, 0))])
 SPARK_CDC_STRUCT = "struct<op:string,source_ts:timestamp,position:decimal(38,0)>"
@@ -91,7 +86,7 @@ DEAD_LETTER_TABLE = (
 # the batch's columns set on dead letters only, in the order a decoded dead letter carries their values
 _DEAD_LETTER_COLUMNS = tuple(source for _, _, source, _ in DEAD_LETTER_TABLE if source and source.startswith("_dlq_"))
 _DEAD_LETTER_ARROW = {"binary": pa.binary(), "string": pa.string(), SPARK_HEADERS: HEADERS}
-# Kafka timestamps (milliseconds) inside records.TIMESTAMP_RANGE; a broker takes any 64-bit value.
+# Kafka timestamps (milliseconds) inside checks.TIMESTAMP_RANGE; a broker takes any 64-bit value.
 MIN_KAFKA_TIMESTAMP_MS = -(-MIN_TIMESTAMP_US // 1000)
 MAX_KAFKA_TIMESTAMP_MS = MAX_TIMESTAMP_US // 1000
 _DETAIL_CHARS = 2000  # error_detail is for people; an exception can quote a whole value
@@ -242,7 +237,7 @@ class BatchBuilder:
         self.schema, _ = batch_schema(spec)
         self.validator = validator
         self.contract = spec.contract.names
-        # a change stream's row ends with its `_cdc` value (records.RecordValidator.check_change)
+        # a change stream's row ends with its `_cdc` value (validator.RecordValidator.check_change)
         self._cdc = spec.is_cdc
         self._null_row = (None,) * (len(self.contract) + self._cdc)
         self._key_index = self.contract.index(validator.key_field) if validator.key_field else None
@@ -706,7 +701,7 @@ def make_reader(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str
     partition=..., offset=...)` in its message (see `read_ranges`).
 
     `writer_schemas` is what the driver says about writer schemas beyond those shipped with `spec`
-    (records.WriterSchemas): tasks never talk to a schema registry; an id they were not shipped stops
+    (writer_schemas.WriterSchemas): tasks never talk to a schema registry; an id they were not shipped stops
     the task (SchemaUnknownError) for the driver to resolve, when it can.
     """
     poisoned = dict(poisoned or {})

@@ -39,7 +39,8 @@ from lakehouse.core import errors, sparkenv
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.reader import DEAD_LETTER_TABLE, BatchBuilder, StageClock, read_ranges, reader_consumer
-from lakehouse.ingest.records import RecordValidator, WriterSchemas
+from lakehouse.ingest.validator import RecordValidator
+from lakehouse.ingest.writer_schemas import WriterSchemas
 
 # Arrow columns of a decoded batch that become a dead-letter row, in the dead-letter table's names
 # (reader.DEAD_LETTER_TABLE), and the columns that hold the pipeline's name

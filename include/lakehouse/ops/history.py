@@ -165,7 +165,7 @@ def _form(pattern: re.Pattern):
 
 
 def _error_kind(value: Any) -> bool:
-    from lakehouse.ingest.records import ERROR_KINDS
+    from lakehouse.ingest.rejects import ERROR_KINDS
 
     return value in ERROR_KINDS
 

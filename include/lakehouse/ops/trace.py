@@ -49,7 +49,7 @@ from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import TopicState, offsets_for_time, topic_state_for
 from lakehouse.ingest.reader import reader_consumer
-from lakehouse.ingest.records import canonical_key
+from lakehouse.ingest.validator import canonical_key
 from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
 from lakehouse.ops.verify import RecordKey, TableKeys, newer
 

@@ -800,7 +800,7 @@ class TableKeys:
 
     def __init__(self, spec: PipelineSpec, registry: dict | None = None):
         from lakehouse.ingest.reader import arrow_type
-        from lakehouse.ingest.records import RecordValidator
+        from lakehouse.ingest.validator import RecordValidator
 
         self.cdc = spec.is_cdc
         self.validator = RecordValidator(spec, registry=registry, gated=False)
@@ -813,7 +813,7 @@ class TableKeys:
     def identify(self, key: bytes | None, value: bytes | None, with_text: bool = False) -> RecordKey | None:
         """The RecordKey of one record; None when ingestion would dead-letter it for its key or envelope."""
         from lakehouse.core import errors
-        from lakehouse.ingest.records import Rejected
+        from lakehouse.ingest.rejects import Rejected
 
         try:
             values = self.validator.table_key(key)
