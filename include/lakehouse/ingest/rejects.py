@@ -55,3 +55,10 @@ def show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
+
+
+def quarantined(name: str) -> Rejected:
+    """The verdict on a value of field `name` while the contract's change of it is quarantined
+    (schema_policy.on_incompatible: quarantine)."""
+    return Rejected("schema_incompatible",
+                    f"{name} changed incompatibly in the contract; quarantined until the table is fixed")

@@ -13,7 +13,7 @@ from typing import Any
 from lakehouse.core import errors
 from lakehouse.core.spec import FieldSpec, PipelineSpec
 from lakehouse.ingest.checks import EPOCH, ONE_MICROSECOND
-from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.rejects import Rejected, quarantined
 
 # a contract field's check: (name, required, check), as RecordValidator.fields holds them
 FieldCheck = tuple[str, bool, Callable[[Any], Any]]
@@ -90,7 +90,6 @@ def _aware_micros(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 def _quarantined(name: str) -> Callable[[Any], Any]:
     def refuse(v: Any) -> Any:
-        raise Rejected("schema_incompatible",
-                       f"{name} changed incompatibly in the contract; quarantined until the table is fixed")
+        raise quarantined(name)
     return refuse
 

@@ -36,7 +36,7 @@ from lakehouse.ingest.change_events import change_meta, unwrap
 from lakehouse.ingest.checks import field_checker
 from lakehouse.ingest.json_decode import DECODERS, Decoder, JsonDecoder
 from lakehouse.ingest.json_fast_path import JsonFastPath
-from lakehouse.ingest.rejects import Rejected, show
+from lakehouse.ingest.rejects import Rejected, quarantined, show
 from lakehouse.ingest.row_plans import row_plan
 from lakehouse.ingest.writer_schemas import SchemaGate, WriterSchemas
 
@@ -216,8 +216,7 @@ class RecordValidator:
                 row[name] = None
                 continue
             if name in self.quarantined:
-                raise Rejected("schema_incompatible",
-                               f"{name} changed incompatibly in the contract; quarantined until the table is fixed")
+                raise quarantined(name)
             row[name] = check(v)
         return row
 
