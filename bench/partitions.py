@@ -16,7 +16,7 @@ Each batch is preceded by a produce round of `--per-partition` records to every 
 (about 1 % broken, so the dead-letter table commits rows too). The run's first batch is a
 warm-up (the JVM and Spark's Python workers start) and is reported apart.
 
-It also probes the commit path alone (IngestJob.commit_table of an empty batch, whose snapshot
+It also probes the commit path alone (BatchCommitter.commit_table of an empty batch, whose snapshot
 summary holds one position per partition) at growing partition counts, times a
 pyiceberg load and write of a synthetic metadata.json holding a long history of such commits, and a
 no-op stage of Python tasks shaped like the reader's (Spark's own cost per task, the reference for
@@ -49,7 +49,8 @@ from bench.env import BenchError, BenchStack
 from lakehouse.core import config, offsets, sparkenv, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest.job import IngestJob, Written
+from lakehouse.ingest.batch_state import BatchState
+from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.plan import BatchPlan, task_groups, topic_state
 from lakehouse_dev import produce
 
@@ -301,7 +302,7 @@ def extrapolate(result: dict[str, Any]) -> dict[str, Any]:
 def offset_filter_probe(stack: BenchStack, spark, platform: config.PlatformConfig, counts: list[int],
                         say) -> list[dict[str, Any]]:
     """The commit path alone at growing partition counts, no Kafka reads: for each count, a pipeline
-    of its own commits an empty batch covering every partition twice with IngestJob.commit_table
+    of its own commits an empty batch covering every partition twice with BatchCommitter.commit_table
     (the data table's commit of a batch). The first commit finds no positions; the second finds and
     rewrites one per partition. Returns both commits' seconds; stops at the first count that fails (a
     larger one fails too)."""
@@ -309,15 +310,17 @@ def offset_filter_probe(stack: BenchStack, spark, platform: config.PlatformConfi
     for count in counts:
         spec = stack.write_spec(f"sizing_probe_p{count}", f"sizing-probe-p{count}", count, 100_000)
         job = IngestJob(spec, platform, spark=spark)
-        job.writer()  # claimed first, as a batch does: the commit checks the claim on the table it loaded
+        # claimed first, as a batch does: the commit checks the claim on the table it loaded
+        commits = job.batch_committer()
         entry: dict[str, Any] = {"partitions": count}
         for step, start in (("first", 0), ("second", 10)):
             plan = BatchPlan(spec.source.topic, None, tuple(
                 offsets.OffsetRange(spec.source.topic, p, start, start + 10) for p in range(count)), {})
             started = time.monotonic()
             try:
-                job.commit_table(spec.target.table, Written(), plan, f"probe-{step}", 0,
-                                 job.catalog.load_table(spec.target.table), None)
+                commits.commit_table(BatchState(spec, plan, f"probe-{step}",
+                                                {spec.target.table: job.catalog.load_table(spec.target.table)}),
+                                     spec.target.table)
             except Exception as exc:  # noqa: BLE001 - the failure is the finding
                 entry.update({"failed_commit": step, "failed_after_s": round(time.monotonic() - started, 3),
                               "error": short_error(exc)})

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import pipeline, run_cli, spawn, summaries  # noqa: F401 (fixture)
 from lakehouse.core import events, offsets
-from lakehouse.ingest import job as ingest
+from lakehouse.ingest import receipts as ingest
 from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow

@@ -5,6 +5,7 @@ writer-schema versions into one contract."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -103,10 +104,12 @@ def test_the_scan_finds_a_retry_loop_written_by_hand():
 PACKAGE = Path(lakehouse.__file__).parent
 # where Iceberg's type promotions are written: the pairs (vocabulary.WIDENINGS) and the one rule (schemas.promotes)
 PROMOTION_HOMES = {("core/vocabulary.py", "<module>"), ("core/schemas.py", "promotes")}
-# where writer-schema versions are folded by hand, in a loop over `schemas.merge`: nowhere, schemas.follow is the
-# rule (one version at a time). The ingest job's copy stays until the job's split (issue 27) calls
-# `schemas.follow`; then this entry goes (the test below fails while it is stale)
-MERGE_HOMES = {("ingest/job.py", "_with_accepted_schemas")}
+# where writer-schema versions are folded by hand, in a loop over `schemas.merge`: schemas.follow is the rule (one
+# version at a time, refusing an incompatible one). The one exception: the ingest job's SchemaFollower lays the
+# versions the tables were already evolved for over a contract reloaded from the folder; each was compared when it
+# was accepted, and a running job keeps the folder's type rather than stopping on a reload (the test below fails
+# when this entry goes stale)
+MERGE_HOMES = {("ingest/schema_follower.py", "with_accepted")}
 
 
 def _enclosing(tree: ast.AST) -> dict[ast.AST, str]:
@@ -247,3 +250,60 @@ def test_a_table_promotes_a_column_only_as_iceberg_allows(narrow, wide, promoted
     diff = schemas.compare((narrow,), (wide,))
     assert (diff.widened == ["x"]) is promoted
     assert (schemas.merge((narrow,), (wide,)) == (wide,)) is (promoted or narrow == wide)
+
+
+# ---------------------------------------------------------------------------- the newer record wins
+
+COORDINATES = ("partition", "offset", "timestamp", "timestamp_ms", "position", "source_ts")
+# SQL or a Column expression comparing one coordinate of two records: `s._kafka.offset > t._kafka.offset`
+SQL_COMPARISON = re.compile(r"\.(offset|timestamp|timestamp_ms|position|source_ts)\b\)?\s*(>=|>)\s*[\w.\[\]\"'(]*"
+                            r"\.\1\b|\.partition\b\)?\s*(<>|!=)\s*[\w.\[\]\"'(]*\.partition\b")
+
+
+def _newer_rule_written_again(source: str) -> list[int]:
+    """Lines that compare a coordinate of one record with the same coordinate of another (which of them is
+    newer): in SQL text or Spark Columns (`s._kafka.offset > t._kafka.offset`), or in Python on attributes
+    (`a.offset > b.offset`) or on tuple positions (`a[1] > b[1]`)."""
+    found = {n for n, line in enumerate(source.splitlines(), 1) if SQL_COMPARISON.search(line)}
+
+    def coordinate(node: ast.expr) -> tuple[str, object] | None:
+        if isinstance(node, ast.Attribute) and node.attr in COORDINATES and isinstance(node.value, ast.Name):
+            return node.value.id, node.attr
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                and isinstance(node.slice, ast.Constant) \
+                and (isinstance(node.slice.value, int) or node.slice.value in COORDINATES):
+            return node.value.id, node.slice.value
+        return None
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Gt, ast.GtE)):
+            left, right = coordinate(node.left), coordinate(node.comparators[0])
+            if left and right and left[1] == right[1] and left[0] != right[0]:
+                found.add(node.lineno)
+    return sorted(found)
+
+
+def test_the_newer_record_wins_is_defined_once():
+    """Which of two records of a key is newer is lakehouse.core.newer's: the MERGE's SQL, replay's tombstone
+    filter and the verifier's comparison are generated from its rules, never written again."""
+    package = Path(lakehouse.__file__).parent
+    found = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
+             if path != package / "core" / "newer.py" for line in _newer_rule_written_again(path.read_text())]
+    assert not found, f"the newer-record rule written again (use lakehouse.core.newer): {found}"
+
+
+def test_the_scan_finds_the_newer_record_rule_written_again():
+    sql = ('NEWER = ("((s._kafka.partition = t._kafka.partition AND s._kafka.offset > t._kafka.offset) OR "\n'
+           '         "(s._kafka.partition <> t._kafka.partition AND s._kafka.timestamp >= t._kafka.timestamp))")\n')
+    columns = ("newer = (((s.partition == t.partition) & (s.offset > t.offset))\n"
+               "         | ((s.partition != t.partition) & (s.timestamp >= t.timestamp)))\n")
+    python = ("def newer(a, b):\n    if a[0] == b[0]:\n        return a[1] > b[1]\n"
+              "    return a[2] >= b[2]\n")
+    attributes = "def newer(a, b):\n    return a.partition == b.partition and a.offset > b.offset\n"
+    assert _newer_rule_written_again(sql) == [1, 2]
+    assert _newer_rule_written_again(columns) == [1, 2]
+    assert _newer_rule_written_again(python) == [3, 4]
+    assert _newer_rule_written_again(attributes) == [2]
+    # one record's coordinate against a bound, or one table's column against a number, is not the rule
+    assert _newer_rule_written_again("kept = rows.where(F.col('_kafka.offset') >= held)\nok = r.offset > 3\n"
+                                     "worse = cs['lag_records'] > ls['lag_records']\n") == []

@@ -23,7 +23,8 @@ from pyiceberg.types import NestedField, StringType
 from e2e import airflow_dags_test, emitted, pipeline, rows, run_cli, send, table  # noqa: F401 (fixture)
 from lakehouse.core import config, lineage
 from lakehouse.core.catalog import open_catalog
-from lakehouse.ingest.job import BatchReceipt, IngestJob, TableCommit
+from lakehouse.ingest.job import IngestJob
+from lakehouse.ingest.receipts import BatchReceipt, TableCommit
 from lakehouse.wap import publish, quality
 
 

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lakehouse.core.offsets import OffsetRange
-from lakehouse.ingest.job import Written
+from lakehouse.ingest.batch_state import Written
 from lakehouse.ingest.plan import task_groups
 from lakehouse.ingest.reader import KAFKA_STRUCT
 from lakehouse.ingest.taskwriter import TaskResult, _below_held

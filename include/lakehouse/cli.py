@@ -183,7 +183,7 @@ def cmd_ingest(args) -> int:
 
 
 def _ingest(job, args) -> int:
-    from lakehouse.ingest.job import receipt_line
+    from lakehouse.ingest.receipts import receipt_line
 
     metrics = None
     if args.metrics_port and not args.once:

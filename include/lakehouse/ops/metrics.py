@@ -13,7 +13,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from lakehouse.ingest.job import STAGES
+from lakehouse.ingest.receipts import STAGES
 
 
 class IngestMetrics:

@@ -18,13 +18,14 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from lakehouse.core import config, events, offsets, topics
+from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import SourceError
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest import tables as table_layout
-from lakehouse.ingest.job import STAGES
-from lakehouse.ingest.plan import topic_state_for
+from lakehouse.ingest.receipts import STAGES
+
+# The timeline (pyarrow), Kafka (confluent_kafka) and the tables' layout (the decoders' schemas) are imported
+# where they are read: formatting a status, a UI page or /metrics loads none of them.
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -46,6 +47,8 @@ def timeline(spec: PipelineSpec, platform: config.PlatformConfig, now: datetime)
     `batches` (up to TIMELINE_BATCHES points, oldest first, with lag and freshness at commit).
     `error` instead when the timeline cannot be read: the rest of the status does not depend on it.
     """
+    from lakehouse.core import events
+
     try:
         found = events.digest(spec.name, now - TIMELINE_WINDOW, TIMELINE_BATCHES, platform, spec.catalog)
     except Exception as exc:  # noqa: BLE001 - the timeline is for people; the tables still answer
@@ -79,6 +82,8 @@ def layout(spec: PipelineSpec, catalog) -> dict:
     """Drift between the spec's layout and its existing data tables (lakehouse.ingest.tables.layout_drift):
     `tables` (one drift each: what differs), `refused` (what the ingest job cannot apply and stops on,
     a renamed default table included), `in_sync`, and `applies`: when the job applies the rest."""
+    from lakehouse.ingest import tables as table_layout
+
     drifts = []
     for name in spec.target.tables:
         try:
@@ -100,6 +105,9 @@ def pipeline_status(spec: PipelineSpec, platform: config.PlatformConfig | None =
     snapshots, `timeline` (see `timeline`) and `layout` (drift between spec and tables, see `layout`);
     both None with `with_timeline=False`, for callers that poll only lag and freshness, such as the
     SLO trigger, and skip their reads)."""
+    from lakehouse.core import topics
+    from lakehouse.ingest.plan import topic_state_for
+
     platform = platform or config.load()
     now = now or datetime.now(UTC)
     catalog = open_catalog(platform, spec.catalog)

@@ -82,6 +82,7 @@ from pyiceberg.table.metadata import TableMetadata
 from lakehouse.core import config, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import VerifyError
+from lakehouse.core.newer import LATEST_ORDER, SOURCE_ORDER, Coordinates, is_newer
 from lakehouse.core.offsets import OffsetRange, TableProgress
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import TopicState, split_for_tasks, topic_state_for
@@ -865,7 +866,7 @@ def newest_per_key(records: pa.Table) -> pa.Table:
     highest offset, across partitions the latest source position, then source time (change streams), then
     the latest Kafka timestamp, then the highest partition (the order of the ingest job's
     `latest_per_key`). Records without a key are left out. Pure."""
-    for name in ("position", "source_ts"):
+    for name in SOURCE_ORDER:
         if name not in records.column_names:
             records = records.append_column(name, pa.nulls(records.num_rows, NEWEST.field(name).type))
     records = records.filter(pc.is_valid(records.column("key"))).select(NEWEST.names).cast(NEWEST)
@@ -875,9 +876,8 @@ def newest_per_key(records: pa.Table) -> pa.Table:
                                                      ("offset", "ascending")]))
     per_partition = _first_of_each(records.sort_by([("key", "ascending"), ("partition", "ascending"),
                                                     ("offset", "descending")]), ("key", "partition"))
-    return _first_of_each(per_partition.sort_by([("key", "ascending"), ("position", "descending"),
-                                                 ("source_ts", "descending"), ("timestamp_ms", "descending"),
-                                                 ("partition", "descending")]), ("key",))
+    across = [({"timestamp": "timestamp_ms"}.get(name, name), "descending") for name in LATEST_ORDER]
+    return _first_of_each(per_partition.sort_by([("key", "ascending"), *across]), ("key",))
 
 
 def _inherit_source_order(ordered: pa.Table) -> pa.Table:
@@ -892,7 +892,7 @@ def _inherit_source_order(ordered: pa.Table) -> pa.Table:
         values = ordered.column(name).to_numpy(zero_copy_only=False)
         starts[1:] |= values[1:] != values[:-1]
     rows = np.arange(ordered.num_rows)
-    for name in ("position", "source_ts"):
+    for name in SOURCE_ORDER:
         column = ordered.column(name)
         # each row's source: itself when it has a value or starts its group, else the last such row before it
         source = np.maximum.accumulate(np.where(pc.is_valid(column).to_numpy(zero_copy_only=False) | starts, rows, 0))
@@ -911,18 +911,10 @@ def _first_of_each(ordered: pa.Table, columns: tuple[str, ...]) -> pa.Table:
 
 
 def newer(a: tuple, b: tuple, by_source: bool = False) -> bool:
-    """Whether record `a` supersedes record `b` in an upsert MERGE (the ingest job's NEWER; with `by_source`,
-    a change stream's NEWER_CDC). Each is (partition, offset, timestamp ms[, position, source_ts]): a higher
-    offset in the same partition; in another, with `by_source` a later source position, else a later
-    source time, when both records have one and they differ; else a Kafka timestamp no older."""
-    if a[0] == b[0]:
-        return a[1] > b[1]
-    if by_source:
-        for i in (3, 4):
-            x, y = (a[i] if len(a) > i else None), (b[i] if len(b) > i else None)
-            if x is not None and y is not None and x != y:
-                return x > y
-    return (a[2] if a[2] is not None else -2 ** 63) >= (b[2] if b[2] is not None else -2 ** 63)
+    """Whether record `a` supersedes record `b` in an upsert MERGE (lakehouse.core.newer: with `by_source`, a
+    change stream's rules). Each is (partition, offset, timestamp ms[, position, source_ts])."""
+    return is_newer(Coordinates(*a[:3], *(a[3:5] if by_source else ())),
+                    Coordinates(*b[:3], *(b[3:5] if by_source else ())), by_source)
 
 
 def check_keys(topic: str, table: str, ledger: str | None, newest: pa.Table, rows: pa.Table,

@@ -225,10 +225,11 @@ class Replay:
             "_route", F.when(F.col("_route").isNotNull(), F.lit(table))).persist()
         try:
             receipt = ReplayReceipt(self.spec.name, "replay", plan.range_map(), plan.record_count)
-            rows = self.job.rows_for(table, df, TableProgress(table, True))
+            upserts = self.job.upserts()
+            rows = upserts.rows_for(table, df, TableProgress(table, True))
             receipt.inserted_by_table[table] = self._absent(rows, table).count()
             if self.spec.target.mode == "upsert":
-                self.job.merge_upsert(table, rows, self._summary(receipt), respect_tombstones=True)
+                upserts.merge(table, rows, self._summary(receipt), respect_tombstones=True)
             else:
                 self._insert_absent(table, rows, self._summary(receipt))
         finally:
@@ -253,8 +254,8 @@ class Replay:
             dlq = dlq.where(F.col("error_kind") == error_kind)
         _, ddl = batch_schema(self.spec)
         redecoded = dlq.select("_kafka", "key", "value", "headers").mapInArrow(
-            make_redecoder(self.job.task_spec(), self.job.quarantined, int(time.time() * 1_000_000),
-                           writer_schemas=self.job.writer_schemas()), ddl).persist()
+            make_redecoder(self.job.schemas.task_spec(self.spec), self.job.quarantined, int(time.time() * 1_000_000),
+                           writer_schemas=self.job.schemas.writer_schemas()), ddl).persist()
         try:
             records = redecoded.count()
             receipt = ReplayReceipt(self.spec.name, "dead-letter-replay", {}, records)
@@ -281,11 +282,12 @@ class Replay:
         from pyspark.sql import functions as F
 
         summary = self._summary(receipt)
+        upserts = self.job.upserts()
         for table in self.spec.target.tables:
-            rows = self.job.rows_for(table, df, TableProgress(table, True))
+            rows = upserts.rows_for(table, df, TableProgress(table, True))
             receipt.inserted_by_table[table] = self._absent(rows, table).count()
             if self.spec.target.mode == "upsert":
-                self.job.merge_upsert(table, rows, summary, respect_tombstones=True)
+                upserts.merge(table, rows, summary, respect_tombstones=True)
             else:
                 self._insert_absent(table, rows, summary)
         # dead letters: drop those now in a table, add rejected ones not there yet

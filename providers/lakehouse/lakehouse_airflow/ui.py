@@ -78,7 +78,7 @@ from starlette.exceptions import HTTPException
 
 from lakehouse.core.errors import LakehouseError
 from lakehouse.core.spec import IDENTIFIER, PipelineSpec, load_pipeline, parse_moment
-from lakehouse.ingest.job import STAGES
+from lakehouse.ingest.receipts import STAGES
 from lakehouse.ops import history
 from lakehouse.ops.cost import human_bytes
 from lakehouse.ops.overview_cache import REFRESH_S, Card, OverviewCache

@@ -1,0 +1,169 @@
+"""An upsert pipeline's rows in Spark: a batch's rows per table, each key's newest record, the MERGE where the
+newer record wins (lakehouse.core.newer), and the pipeline's ledger of tombstones that keeps a deleted key
+deleted against older records (replays, a change stream's older change from another partition).
+
+Used by the ingest job's commit of an upsert table (lakehouse.ingest.batch_commit) and by replays
+(lakehouse.recovery.replay).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pyiceberg.table import Table
+
+from lakehouse.core import newer, sparkenv
+from lakehouse.core.offsets import TableProgress
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest import taskwriter
+
+log = logging.getLogger("lakehouse.ingest")
+
+
+@dataclass(frozen=True)
+class Upserts:
+    """`spec`'s tables' rows in `spark`; `quarantined`: columns a schema change quarantined, left empty."""
+
+    spark: Any  # a SparkSession
+    spec: PipelineSpec
+    quarantined: frozenset[str] = frozenset()
+
+    def newer(self) -> str:
+        """The MERGE's condition that the source's record `s` is newer than the table's `t` (a change stream
+        orders across partitions by its source)."""
+        if self.spec.is_cdc:
+            return newer.sql("s._kafka", "t._kafka", "s._cdc", "t._cdc")
+        return newer.sql("s._kafka", "t._kafka")
+
+    def rows_for(self, table: str, df, tp: TableProgress, starts: dict[int, int] | None = None):
+        """The batch's rows for `table`, minus offsets the table already holds, in the table's columns.
+
+        `starts` (partition -> first offset of the batch) spares the filter for partitions where the
+        table is not past the batch's start; without it every position the table holds is applied.
+        """
+        from pyspark.sql import functions as F
+
+        rows = df.where(F.col("_route") == table)
+        # only partitions where this table is already past the batch's start need a filter (after a
+        # crash between two tables' commits); one flat map lookup, not an OR per partition, which
+        # overflows Spark's analyser at about 1,000 partitions (docs/sizing.md)
+        ahead = {p: pos for p, pos in tp.positions.items() if starts is None or pos > starts.get(p, pos)}
+        if ahead:
+            held = F.create_map(*[c for p, pos in sorted(ahead.items())
+                                  for c in (F.lit(p).cast("int"), F.lit(pos).cast("long"))])
+            rows = rows.where(F.col("_kafka.offset")
+                              >= F.coalesce(F.element_at(held, F.col("_kafka.partition")), F.lit(0).cast("long")))
+        target = self.spark.table(self.spec.qualified(table)).schema
+        keep = ["_op"] if self.spec.target.mode == "upsert" else []
+        cols = []
+        for f in target.fields:
+            if f.name in rows.columns and f.name not in self.quarantined:
+                cols.append(F.col(f.name).cast(f.dataType).alias(f.name) if f.name not in ("_kafka",)
+                            else F.col(f.name))
+            else:
+                cols.append(F.lit(None).cast(f.dataType).alias(f.name))
+        return rows.select(*cols, *keep)
+
+    def latest_per_key(self, rows):
+        """The newest record of each key in `rows` (lakehouse.core.newer.LATEST_ORDER).
+
+        In a change stream, a tombstone (no change event, so no source position) takes the source order of
+        the change before it in its partition (Debezium writes it right after its delete): a delete read in
+        the same batch as an older change of its key from another partition stays the newest."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        keys = list(self.spec.target.key)
+        partition = Window.partitionBy(*keys, "_kafka.partition")
+        inherited = newer.SOURCE_ORDER if self.spec.is_cdc else ()
+        before = partition.orderBy(F.col("_kafka.offset")).rowsBetween(Window.unboundedPreceding, 0)
+        for name in inherited:
+            rows = rows.withColumn(f"_order_{name}", F.last(f"_cdc.{name}", ignorenulls=True).over(before))
+        order = [F.col(f"_order_{name}" if name in inherited else f"_kafka.{name}").desc_nulls_last()
+                 for name in newer.LATEST_ORDER if name in inherited or name in newer.KAFKA_FIELDS]
+        across = Window.partitionBy(*keys).orderBy(*order)
+        return (rows.withColumn("_rn", F.row_number().over(partition.orderBy(F.col("_kafka.offset").desc())))
+                .where("_rn = 1").drop("_rn")
+                .withColumn("_rn", F.row_number().over(across)).where("_rn = 1")
+                .drop("_rn", *[f"_order_{name}" for name in inherited]))
+
+    def merge(self, table: str, rows, summary: dict[str, str], respect_tombstones: bool = False) -> None:
+        """Upsert: the latest record per key wins, within the batch and against the table.
+
+        With `respect_tombstones` (replays; every batch of a change stream), records older than their key's
+        newest tombstone in the pipeline's ledger are left out, so that replaying old records, or an older
+        change from another partition, cannot bring back a deleted key.
+        """
+        latest = self.latest_per_key(rows)
+        ledger = self.spec.tombstone_table
+        if respect_tombstones and ledger:
+            latest = self.after_tombstones(latest, ledger)
+        keys = list(self.spec.target.key)
+        columns = [c for c in latest.columns if c != "_op"]
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+        sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
+        names = ", ".join(f"`{c}`" for c in columns)
+        values = ", ".join(f"s.`{c}`" for c in columns)
+        newer_sql = self.newer()
+        sparkenv.merge(self.spark, latest,
+                       f"MERGE INTO {self.spec.qualified(table)} t USING {{source}} s ON {on} "
+                       f"WHEN MATCHED AND s._op = 'delete' AND {newer_sql} THEN DELETE "
+                       f"WHEN MATCHED AND s._op = 'upsert' AND {newer_sql} THEN UPDATE SET {sets} "
+                       f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
+
+    def record_tombstones(self, rows, ledger: str) -> None:
+        """Keep the batch's tombstones (key, coordinates) in the pipeline's ledger `ledger`, newest per key
+        in Kafka's order (a tombstone carries no source position).
+
+        Runs before the data table's commit: after a crash in between, the ledger knows of a delete the
+        table has not applied yet, which only makes replays skip records that are older anyway.
+        """
+        from pyspark.sql import functions as F
+
+        keys = list(self.spec.target.key)
+        dead = self.latest_per_key(rows).where(F.col("_op") == "delete") \
+            .select(*keys, "_kafka", F.current_timestamp().alias("_deleted_at"))
+        if dead.isEmpty():
+            return
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+        sparkenv.merge(self.spark, dead,
+                       f"MERGE INTO {self.spec.qualified(ledger)} t "
+                       f"USING {{source}} s ON {on} "
+                       f"WHEN MATCHED AND {newer.sql('s._kafka', 't._kafka')} "
+                       f"THEN UPDATE SET t._kafka = s._kafka, t._deleted_at = s._deleted_at "
+                       f"WHEN NOT MATCHED THEN INSERT *", {})
+
+    def after_tombstones(self, latest, ledger: str):
+        """`latest` without the upserts older than their key's newest tombstone in `ledger` (the batch's own
+        tombstones are in it already: its deletes are kept, and only delete what is older).
+        Across partitions, older means by Kafka timestamp: a tombstone carries no source position."""
+        from pyspark.sql import functions as F
+
+        keys = list(self.spec.target.key)
+        tombs = self.spark.table(self.spec.qualified(ledger)).select(
+            *[F.col(k).alias(f"_tomb_{k}") for k in keys], F.col("_kafka").alias("_tomb"))
+        joined = latest.join(tombs, on=[latest[k] == tombs[f"_tomb_{k}"] for k in keys], how="left")
+        kept = F.col("_tomb").isNull() | F.expr(newer.sql("_kafka", "_tomb")) | (F.col("_op") == "delete")
+        return joined.where(kept).drop("_tomb", *[f"_tomb_{k}" for k in keys])
+
+    def staged_rows(self, table: str, paths: list[str]):
+        """The rows the tasks staged for an upsert `table` (its columns and `_op`) as a DataFrame."""
+        from pyspark.sql import functions as F
+
+        target = self.spark.table(self.spec.qualified(table))
+        if not paths:
+            return target.limit(0).withColumn(taskwriter.UPSERT_OP, F.lit(None).cast("string"))
+        staged = self.spark.read.parquet(*paths)
+        return staged.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in target.schema.fields],
+                             taskwriter.UPSERT_OP)
+
+
+def drop_staging(table: Table, paths: list[str]) -> None:
+    """Delete an upsert's staging files once merged (left behind by a crash, maintenance removes them)."""
+    for path in paths:
+        try:
+            table.io.delete(path)
+        except Exception as exc:  # noqa: BLE001 - an orphan, not an error
+            log.warning("could not delete staging file %s: %s", path, exc)
