@@ -1,18 +1,21 @@
 """One implementation per concept: the pipeline's committed position, DAG ids, the dead-letter mapping, the
-retrying of commit conflicts and outages."""
+retrying of commit conflicts and outages, the platform's table property and snapshot summary keys."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
 
 import lakehouse
 from lakehouse.core import spec as spec_module
+from lakehouse.core import table_properties
 from lakehouse.core.errors import OffsetGapError
 from lakehouse.core.offsets import TableProgress, committed_positions
-from lakehouse.ingest import reader, tables, taskwriter
+from lakehouse.ingest import layout, tables, taskwriter
 from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch
 
 
@@ -45,12 +48,12 @@ def test_dag_ids_come_from_the_spec_module(make_spec):
 
 
 def test_the_dead_letter_table_its_ddl_and_the_tasks_projection_follow_one_mapping(make_spec):
-    names = [name for name, *_ in reader.DEAD_LETTER_TABLE]
+    names = [name for name, *_ in layout.DEAD_LETTER_TABLE]
     assert [c.split()[0] for c in tables.DEAD_LETTER_COLUMNS] == names
     assert sorted([n for n, _ in taskwriter.DEAD_LETTER_SOURCES] + list(taskwriter.DEAD_LETTER_PIPELINE)) \
         == sorted(names)
-    schema, _ = reader.batch_schema(make_spec())
-    assert all(source in schema.names for _, _, source, _ in reader.DEAD_LETTER_TABLE if source)
+    schema, _ = layout.batch_schema(make_spec())
+    assert all(source in schema.names for _, _, source, _ in layout.DEAD_LETTER_TABLE if source)
 
 
 # what a loop's `except` names when it catches a commit conflict, or asks whether an error is one or transient
@@ -93,3 +96,85 @@ def test_the_scan_finds_a_retry_loop_written_by_hand():
                "    time.sleep(0.02)\n")
     assert _hand_rolled_retries(conflict) == [5] and _hand_rolled_retries(backoff) == [4]
     assert _hand_rolled_retries(polling) == []  # waiting for something to appear is not a retry policy's job
+
+
+# --- the platform's keys: lakehouse.core.table_properties ----------------------------------------------------
+
+REPO = Path(lakehouse.__file__).parents[2]
+THE_ONE_MODULE = Path(table_properties.__file__)
+# where `lakehouse.*` strings can appear: the product, its Airflow side, the DAGs, the Spark jobs, the development
+# stack and the benchmarks (the tests spell keys as data, e.g. a spec that tries to set one)
+SCANNED = ("include/lakehouse", "plugins", "providers", "dags", "spark_jobs", "devstack", "bench")
+# `lakehouse.*` strings that are not a table property nor a summary key, each with the reason
+NOT_KEYS = {
+    "lakehouse.commands": "an entry-point group: the commands the development stack adds to the CLI",
+    "lakehouse.settings": "an entry-point group: where the development stack tells core.config about the stack",
+    "lakehouse.produce": "the Avro namespace and Protobuf package of the development producer's record schemas",
+    "lakehouse.rest-catalog.home": "a JVM system property naming the development REST catalog's process",
+}
+DOTTED = re.compile(r"lakehouse\.[A-Za-z0-9_.-]*")
+
+
+def _names_code(dotted: str) -> bool:
+    """Whether `dotted` names a module of the code or something in one (`lakehouse.core.fileio.DelayedOpenFileIO`,
+    the modules a Spark worker imports ahead)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            found = getattr(found, name, None)
+        return found is not None
+    return False
+
+
+def _key_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of the string literals in `source` that spell a `lakehouse.*` key (or its prefix): a whole
+    literal, or an f-string's literal part, of the form `lakehouse.<name>`. Docstrings, logger names (the
+    argument of getLogger) and dotted names of the code are not keys."""
+    tree = ast.parse(source)
+    skipped = {id(node.value) for node in ast.walk(tree)
+               if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    skipped |= {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None))
+                == "getLogger" for arg in node.args}
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped
+                  and DOTTED.fullmatch(node.value) and node.value not in NOT_KEYS and not _names_code(node.value))
+
+
+def test_the_platforms_keys_are_spelled_in_the_table_properties_module_only():
+    """A table property or snapshot summary key of the platform (`lakehouse.pipeline`, `lakehouse.offsets`, ...)
+    is a constant of lakehouse.core.table_properties (TableProperties, SnapshotSummary); a literal elsewhere is a
+    second definition that a rename would miss."""
+    files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
+    assert THE_ONE_MODULE in files and len(files) > 100, "the source was not found"
+    found = [f"{path.relative_to(REPO)}:{line}: {text!r}" for path in files if path != THE_ONE_MODULE
+             for line, text in _key_literals(path.read_text())]
+    assert not found, "lakehouse.* keys spelled outside lakehouse.core.table_properties:\n" + "\n".join(found)
+
+
+def test_the_key_scan_finds_a_key_spelled_elsewhere_and_leaves_names_of_code_alone():
+    source = ('"""Records `lakehouse.offsets` in the summary."""\nimport logging\n'
+              'log = logging.getLogger("lakehouse.tables")\n'
+              'OWNER = "lakehouse.pipeline"\n'
+              'platform = {k: v for k, v in props.items() if k.startswith("lakehouse.")}\n'
+              'summary = {f"lakehouse.{name}": value}\n'
+              'WORKERS = ("lakehouse.ingest.taskwriter", "lakehouse.core.fileio.DelayedOpenFileIO")\n'
+              'GROUP = "lakehouse.commands"\n'
+              'print(f"run it first (lakehouse.topics.ensure_topics)")\n')
+    assert _key_literals(source) == [(4, "lakehouse.pipeline"), (5, "lakehouse."), (6, "lakehouse.")]
+
+
+def test_the_keys_are_distinct_within_each_namespace_and_under_the_platforms_prefix():
+    for namespace in (table_properties.TableProperties, table_properties.SnapshotSummary):
+        keys = {name: value for name, value in vars(namespace).items()
+                if name.isupper() and name != "PREFIX" and not name.startswith("ROLE_")}
+        assert len(set(keys.values())) == len(keys), f"{namespace.__name__}: two names for one key"
+        ours = {name for name, value in keys.items() if value.startswith(table_properties.PREFIX)}
+        assert ours, namespace.__name__
+    summary_keys = {value for name, value in vars(table_properties.SnapshotSummary).items() if name.isupper()}
+    assert {table_properties.TableProperties.STAGING, table_properties.TableProperties.TARGET_FILE_SIZE} \
+        .isdisjoint(summary_keys)

@@ -71,10 +71,8 @@ from lakehouse.core.errors import (
     PositionsMovedError,
     WriterFencedError,
 )
+from lakehouse.core.table_properties import TableProperties
 
-WRITER_ID = "lakehouse.writer.id"
-WRITER_EPOCH = "lakehouse.writer.epoch"
-WRITER_INFO = "lakehouse.writer.info"
 CLAIM_ATTEMPTS = 8
 # The REST protocol's multi-table commit (CommitTransactionRequest): every table change or none.
 TRANSACTIONS = Endpoint(http_method=HttpMethod.POST, path="/v1/{prefix}/transactions/commit")
@@ -82,15 +80,15 @@ TRANSACTIONS = Endpoint(http_method=HttpMethod.POST, path="/v1/{prefix}/transact
 
 def _epoch(metadata: TableMetadata) -> int:
     try:
-        return int(metadata.properties.get(WRITER_EPOCH, 0))
+        return int(metadata.properties.get(TableProperties.WRITER_EPOCH, 0))
     except ValueError:
         return 0
 
 
 def _holder(metadata: TableMetadata) -> str:
     props = metadata.properties
-    return (f"writer {props.get(WRITER_ID, '?')} (epoch {props.get(WRITER_EPOCH, '?')}; "
-            f"{props.get(WRITER_INFO, 'no details')})")
+    writer, epoch = props.get(TableProperties.WRITER_ID, "?"), props.get(TableProperties.WRITER_EPOCH, "?")
+    return f"writer {writer} (epoch {epoch}; {props.get(TableProperties.WRITER_INFO, 'no details')})"
 
 
 class AssertEpochBelow(ValidatableTableRequirement):
@@ -136,7 +134,7 @@ class PipelineFence(ValidatableTableRequirement):
     def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]  # pyiceberg's API
         if base_metadata is None:
             raise CommitFailedException("the table is gone")
-        holder = base_metadata.properties.get(WRITER_ID)
+        holder = base_metadata.properties.get(TableProperties.WRITER_ID)
         if holder != self.writer_id:
             raise WriterFencedError(
                 f"pipeline {self.pipeline!r}: another ingest job took over the table ({_holder(base_metadata)}); "
@@ -164,7 +162,7 @@ class Writer:
     def check(self, table: Table) -> None:
         """Raise WriterFencedError now when `table` was claimed by another writer (a cheap early
         check; the commit checks again atomically)."""
-        if table.metadata.properties.get(WRITER_ID) != self.writer_id:
+        if table.metadata.properties.get(TableProperties.WRITER_ID) != self.writer_id:
             self.fence(None).validate(table.metadata)
 
     @classmethod
@@ -184,7 +182,8 @@ class Writer:
             try:
                 for name in sorted(tables):
                     _claim_one(catalog, name, loaded[name], epoch,
-                               {WRITER_ID: writer_id, WRITER_EPOCH: str(epoch), WRITER_INFO: info})
+                               {TableProperties.WRITER_ID: writer_id, TableProperties.WRITER_EPOCH: str(epoch),
+                                TableProperties.WRITER_INFO: info})
             except EpochTakenError as lost:  # a concurrent claim recorded this epoch first: try again above it
                 floor = max(floor, lost.epoch)
                 raise

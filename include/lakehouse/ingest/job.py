@@ -46,9 +46,11 @@ from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import IngestError, PlanStaleError
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, PipelineSpec, load_spec
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import committer, formats, tables, taskwriter
+from lakehouse.ingest.layout import batch_schema
 from lakehouse.ingest.plan import BatchPlan, plan_batch, split_for_tasks, task_groups, topic_state_for
-from lakehouse.ingest.reader import batch_schema, make_reader
+from lakehouse.ingest.reader import make_reader
 from lakehouse.ingest.records import Rejected, WriterSchemas
 from lakehouse.ingest.taskwriter import TableTarget, TaskResult
 
@@ -301,12 +303,13 @@ class IngestJob:
         topic_ids = {tp.topic_id for tp in started if tp.topic_id}
         writer = self.writer()
         for tp in new:
-            summary = {offsets.K_PIPELINE: self.spec.name, offsets.K_KIND: "ingest",
-                       offsets.K_TOPIC: self.spec.source.topic,
-                       offsets.K_TOPIC_ID: next(iter(topic_ids)) if len(topic_ids) == 1 else "",
-                       offsets.K_RANGES: offsets.encode_ranges({}),
-                       offsets.K_POSITIONS: offsets.encode_positions(position),
-                       offsets.K_BATCH: f"start-{uuid.uuid4().hex[:12]}", offsets.K_WRITER: writer.writer_id}
+            summary = {SnapshotSummary.PIPELINE: self.spec.name, SnapshotSummary.KIND: "ingest",
+                       SnapshotSummary.TOPIC: self.spec.source.topic,
+                       SnapshotSummary.TOPIC_ID: next(iter(topic_ids)) if len(topic_ids) == 1 else "",
+                       SnapshotSummary.RANGES: offsets.encode_ranges({}),
+                       SnapshotSummary.POSITIONS: offsets.encode_positions(position),
+                       SnapshotSummary.BATCH: f"start-{uuid.uuid4().hex[:12]}",
+                       SnapshotSummary.WRITER: writer.writer_id}
             committer.append_files(self.catalog, loaded[tp.table], [], summary, writer.fence(None))
             log.info("pipeline %s: new table %s starts at the committed position %s", self.spec.name, tp.table,
                      position)
@@ -960,23 +963,23 @@ class IngestJob:
         for p, (_, end) in plan.range_map().items():
             positions[p] = end
         summary = {
-            offsets.K_PIPELINE: self.spec.name,
-            offsets.K_KIND: "ingest",
-            offsets.K_TOPIC: plan.topic,
-            offsets.K_TOPIC_ID: plan.topic_id or "",
-            offsets.K_RANGES: offsets.encode_ranges(
+            SnapshotSummary.PIPELINE: self.spec.name,
+            SnapshotSummary.KIND: "ingest",
+            SnapshotSummary.TOPIC: plan.topic,
+            SnapshotSummary.TOPIC_ID: plan.topic_id or "",
+            SnapshotSummary.RANGES: offsets.encode_ranges(
                 {p: (max(s, tp.positions.get(p, s)), e) for p, (s, e) in plan.range_map().items()}),
-            offsets.K_POSITIONS: offsets.encode_positions(positions),
-            offsets.K_BATCH: batch_id,
-            offsets.K_WRITER: self.writer().writer_id,
+            SnapshotSummary.POSITIONS: offsets.encode_positions(positions),
+            SnapshotSummary.BATCH: batch_id,
+            SnapshotSummary.WRITER: self.writer().writer_id,
         }
         if newest is not None:
-            summary[offsets.K_MAX_EVENT_TIME] = newest.isoformat()
+            summary[SnapshotSummary.MAX_EVENT_TIME] = newest.isoformat()
         if plan.gaps:
-            summary[offsets.K_GAPS] = offsets.encode_ranges(plan.gaps)
+            summary[SnapshotSummary.GAPS] = offsets.encode_ranges(plan.gaps)
         if oldest_read is not None:
             # commit time minus this is how long Kafka had to hold the batch (retention alignment)
-            summary[offsets.K_MIN_KAFKA_TIME] = oldest_read.isoformat()
+            summary[SnapshotSummary.MIN_KAFKA_TIME] = oldest_read.isoformat()
         return summary
 
     def rows_for(self, table: str, df, tp: TableProgress, starts: dict[int, int] | None = None):

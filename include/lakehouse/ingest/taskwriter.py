@@ -38,11 +38,12 @@ import pyarrow.compute as pc
 from lakehouse.core import errors, sparkenv
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest.reader import DEAD_LETTER_TABLE, BatchBuilder, StageClock, read_ranges, reader_consumer
+from lakehouse.ingest.layout import DEAD_LETTER_TABLE
+from lakehouse.ingest.reader import BatchBuilder, StageClock, read_ranges, reader_consumer
 from lakehouse.ingest.records import RecordValidator, WriterSchemas
 
 # Arrow columns of a decoded batch that become a dead-letter row, in the dead-letter table's names
-# (reader.DEAD_LETTER_TABLE), and the columns that hold the pipeline's name
+# (layout.DEAD_LETTER_TABLE), and the columns that hold the pipeline's name
 DEAD_LETTER_SOURCES = tuple((name, source) for name, _, source, _ in DEAD_LETTER_TABLE if source)
 DEAD_LETTER_PIPELINE = tuple(name for name, _, source, _ in DEAD_LETTER_TABLE if source is None)
 UPSERT_OP = "_op"
