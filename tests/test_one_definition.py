@@ -1,5 +1,6 @@
 """One implementation per concept: the pipeline's committed position, DAG ids, the dead-letter mapping, the
-retrying of commit conflicts and outages, the platform's table property and snapshot summary keys."""
+retrying of commit conflicts and outages, the platform's table property and snapshot summary keys, and each
+library's internals behind its one adapter."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import pytest
 import lakehouse
 from lakehouse.core import spec as spec_module
 from lakehouse.core import table_properties
+from lakehouse.core.adapters import confluent_kafka_internals, pyiceberg_internals, pyspark_internals
 from lakehouse.core.errors import OffsetGapError
 from lakehouse.core.offsets import TableProgress, committed_positions
 from lakehouse.ingest import layout, tables, taskwriter
 from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch
+from lakehouse_dev import re_internals
 
 
 def at(**positions: int) -> TableProgress:
@@ -178,3 +181,92 @@ def test_the_keys_are_distinct_within_each_namespace_and_under_the_platforms_pre
     summary_keys = {value for name, value in vars(table_properties.SnapshotSummary).items() if name.isupper()}
     assert {table_properties.TableProperties.STAGING, table_properties.TableProperties.TARGET_FILE_SIZE} \
         .isdisjoint(summary_keys)
+
+
+# --- third-party internals: each library's behind its one adapter ---------------------------------------------
+
+# The modules that may touch a library's internals, each with the private names it touches: the adapters of
+# lakehouse.core.adapters (tests/test_adapters.py pins their versions) and the development stack's, and two
+# older ones beside the code they serve.
+ADAPTERS = {
+    "include/lakehouse/core/adapters/pyiceberg_internals.py": pyiceberg_internals.INTERNALS,
+    "include/lakehouse/core/adapters/pyspark_internals.py": pyspark_internals.INTERNALS,
+    "include/lakehouse/core/adapters/confluent_kafka_internals.py": confluent_kafka_internals.INTERNALS,
+    "devstack/lakehouse_dev/re_internals.py": re_internals.INTERNALS,
+    # its FileIO subclass overrides the method pyiceberg builds its S3 filesystem in (tests/test_fileio.py pins it)
+    "include/lakehouse/core/fileio.py": frozenset({"_initialize_s3_fs"}),
+    "include/lakehouse/core/patterns.py": frozenset({"_re2"}),  # RE2's binding: an anchored match without a copy
+}
+INTERNALS = frozenset().union(*ADAPTERS.values())
+OURS = ("lakehouse", "lakehouse_dev", "lakehouse_airflow", "bench", "tests", "e2e", "faults")
+# underscored names of a library that are its public API, each with the reason
+PUBLIC_UNDERSCORED = {
+    # librdkafka's local error codes, documented as confluent_kafka.KafkaError._PARTITION_EOF and so on
+    "KafkaError": re.compile(r"_[A-Z][A-Z_]*"),
+    # the action add_subparsers returns: the CLI walks its subcommands (the stdlib's, stable since 3.2)
+    "argparse": re.compile(r"_SubParsersAction"),
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _internals_touched(source: str) -> list[tuple[int, str]]:
+    """(line, what) where `source` touches a library's internals: an import of a private module or name (or one
+    an adapter owns), an underscored attribute of an imported module or class, and any use of a name an adapter
+    owns (`x._jvm`, `getattr(catalog, "_session")`) but on `self` or `cls`."""
+    tree = ast.parse(source)
+    imported, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] not in OURS:
+            names = [a.name for a in node.names]
+            if any(_private(p) or p in INTERNALS for p in node.module.split(".")) \
+                    or any(_private(n) or n in INTERNALS for n in names):
+                found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
+            imported.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in OURS:
+                    continue
+                if any(_private(p) or p in INTERNALS for p in alias.name.split(".")):
+                    found.append((node.lineno, f"import {alias.name}"))
+                imported.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (_private(node.attr) or node.attr in INTERNALS):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner in ("self", "cls"):
+                continue
+            public = owner in PUBLIC_UNDERSCORED and PUBLIC_UNDERSCORED[owner].fullmatch(node.attr)
+            if node.attr in INTERNALS or (owner in imported and not public):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in INTERNALS:
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_third_party_internals_are_touched_by_their_adapter_only():
+    """A library's private module, function or attribute is used in its adapter and nowhere else, so that an
+    upgrade has one module to check (and tests/test_adapters.py fails until someone has)."""
+    files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
+    adapters = {REPO / path for path in ADAPTERS}
+    assert adapters <= set(files), "an adapter was not found"
+    found = [f"{path.relative_to(REPO)}:{line}: {what}" for path in files if path not in adapters
+             for line, what in _internals_touched(path.read_text())]
+    assert not found, "third-party internals touched outside their adapter:\n" + "\n".join(found)
+
+
+def test_the_internals_scan_finds_a_private_touched_outside_its_adapter():
+    source = ("import pyiceberg.io.pyarrow as writer\nfrom pyspark import SparkContext\n"
+              "from confluent_kafka import KafkaError\nfrom re import _parser\nimport sre_parse\n"
+              "files = writer._dataframe_to_data_files(metadata, rows, io)\n"
+              "gateway = SparkContext._gateway\n"
+              "jvm = self.spark.sparkContext._jvm\n"
+              "session = getattr(catalog, '_session', None)\n"
+              "eof = KafkaError._PARTITION_EOF\n"
+              "self._session = parts._replace(path='/')\n"
+              "writer.compute_statistics_plan = plan\n")
+    assert [line for line, _ in _internals_touched(source)] == [4, 5, 6, 7, 8, 9, 12]

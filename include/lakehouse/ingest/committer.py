@@ -48,7 +48,6 @@ from typing import Literal, TypeGuard
 from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import Endpoint, HttpMethod, RestCatalog
-from pyiceberg.catalog.rest.response import _handle_non_200_response
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import CommitTableRequest, Table, TableIdentifier
 from pyiceberg.table.metadata import TableMetadata
@@ -64,6 +63,7 @@ from pyiceberg.table.update import (
 from requests import HTTPError
 
 from lakehouse.core import offsets, retry
+from lakehouse.core.adapters import pyiceberg_internals
 from lakehouse.core.errors import (
     CommitError,
     EpochTakenError,
@@ -281,7 +281,7 @@ def appended(table: Table, files: list, summary: dict[str, str], fence: Pipeline
     append = table.transaction().update_snapshot(snapshot_properties=summary).fast_append()
     for data_file in files:
         append.append_data_file(data_file)
-    updates, pyicebergs = append._commit()
+    updates, pyicebergs = pyiceberg_internals.snapshot_change(append)
     requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), *pyicebergs,
                     AssertDefaultSpecId(default_spec_id=spec_id), fence)
     return TableChange(table, requirements, updates, append.snapshot_id)
@@ -290,7 +290,7 @@ def appended(table: Table, files: list, summary: dict[str, str], fence: Pipeline
 def commits_together(catalog: Catalog) -> TypeGuard[RestCatalog]:
     """Whether `catalog` commits several tables in one atomic request (a REST catalog whose
     configuration lists the multi-table commit endpoint; pyiceberg's SQL, Glue and Hive catalogs do not)."""
-    return isinstance(catalog, RestCatalog) and TRANSACTIONS in getattr(catalog, "_supported_endpoints", ())
+    return isinstance(catalog, RestCatalog) and TRANSACTIONS in pyiceberg_internals.rest_endpoints(catalog)
 
 
 def commit_together(catalog: RestCatalog, changes: list[TableChange]) -> None:
@@ -303,13 +303,14 @@ def commit_together(catalog: RestCatalog, changes: list[TableChange]) -> None:
         identifier=TableIdentifier(namespace=change.table.name()[:-1], name=change.table.name()[-1]),
         requirements=as_checked_by(catalog, change.table, change.requirements),
         updates=change.updates).model_dump_json()) for change in changes]}
-    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True),
-                                     data=json.dumps(request).encode(), headers=catalog._session.headers)
+    session = pyiceberg_internals.rest_session(catalog)
+    response = session.post(catalog.url("transactions/commit", prefixed=True), data=json.dumps(request).encode(),
+                            headers=session.headers)
     try:
         response.raise_for_status()
     except HTTPError as exc:
-        _handle_non_200_response(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
-                                       502: CommitStateUnknownException, 504: CommitStateUnknownException})
+        pyiceberg_internals.raise_rest_error(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
+                                                   502: CommitStateUnknownException, 504: CommitStateUnknownException})
 
 
 def commit_staged(catalog: Catalog, table: Table, staged_id: int, parent_id: int | None,
