@@ -49,6 +49,7 @@ from bench.env import BenchError, BenchStack
 from lakehouse.core import config, offsets, sparkenv, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.batch_state import BatchState
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.plan import BatchPlan, task_groups, topic_state
@@ -159,8 +160,8 @@ def offset_property_bytes(table, snapshot_id: int | None) -> dict[str, int]:
     """Bytes of the offset-carrying summary properties of one commit."""
     snap = table.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
     props = offsets.summary_properties(snap) if snap is not None else {}
-    return {"offsets_prop_bytes": len(props.get(offsets.K_RANGES, "")),
-            "positions_prop_bytes": len(props.get(offsets.K_POSITIONS, ""))}
+    return {"offsets_prop_bytes": len(props.get(SnapshotSummary.RANGES, "")),
+            "positions_prop_bytes": len(props.get(SnapshotSummary.POSITIONS, ""))}
 
 
 def realistic_ranges(partitions: int, offset: int = 12_345_678_901, batch: int = 1_000) -> tuple[str, str]:
@@ -351,7 +352,7 @@ def metadata_probe(table, home: Path, snapshot_counts: list[int], partitions: in
     doc = json.loads(Path(unquote(urlsplit(location).path)).read_bytes())
     entry = copy.deepcopy(doc["snapshots"][-1])
     big = realistic_ranges(partitions)
-    entry["summary"][offsets.K_RANGES], entry["summary"][offsets.K_POSITIONS] = big
+    entry["summary"][SnapshotSummary.RANGES], entry["summary"][SnapshotSummary.POSITIONS] = big
     io = load_file_io(location=str(home))
     out = []
     for count in snapshot_counts:

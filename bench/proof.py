@@ -34,7 +34,8 @@ from bench.env import BenchError, BenchStack
 from lakehouse.core import offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest.reader import ARROW_TYPES, KAFKA_STRUCT
+from lakehouse.core.table_properties import SnapshotSummary
+from lakehouse.ingest.layout import ARROW_TYPES, KAFKA_STRUCT
 
 ROWS_PER_COMMIT = 100_000
 PARTITIONS = 3
@@ -94,9 +95,10 @@ def build_table(catalog, spec: PipelineSpec, rows: int, progress=lambda line: No
                 written += write_data_files(table.io, table.metadata, data, uuid.uuid4(), counter)
         ranges = {p: (positions[p], positions[p] + n) for p, n in shares.items() if n}
         positions = {p: positions[p] + shares[p] for p in positions}
-        summary = {offsets.K_PIPELINE: spec.name, offsets.K_KIND: "ingest", offsets.K_TOPIC: spec.source.topic,
-                   offsets.K_RANGES: offsets.encode_ranges(ranges), offsets.K_POSITIONS: offsets.encode_positions(
-                       positions), offsets.K_BATCH: uuid.uuid4().hex}
+        summary = {SnapshotSummary.PIPELINE: spec.name, SnapshotSummary.KIND: "ingest",
+                   SnapshotSummary.TOPIC: spec.source.topic, SnapshotSummary.RANGES: offsets.encode_ranges(ranges),
+                   SnapshotSummary.POSITIONS: offsets.encode_positions(positions),
+                   SnapshotSummary.BATCH: uuid.uuid4().hex}
         with table.transaction() as tx:
             with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
                 for data_file in written:

@@ -32,6 +32,7 @@ from bench.env import SCHEMA_FILE_SUFFIX, BenchError, BenchStack, stop_process_g
 from lakehouse.core import config, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec, read_schema_folder
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.reader import BatchBuilder
 from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import produce, record_formats
@@ -733,7 +734,7 @@ def paced_phases(producer: Producer, topic: str, source: Iterator[produce.Synthe
 def ingest_snapshots(table, pipeline: str) -> list[stats.Snapshot]:
     """The table's ingest commits of `pipeline`: commit time and offset ranges from the summaries."""
     return [stats.Snapshot(snap.timestamp_ms,
-                           offsets.decode_ranges(offsets.summary_properties(snap).get(offsets.K_RANGES)))
+                           offsets.decode_ranges(offsets.summary_properties(snap).get(SnapshotSummary.RANGES)))
             for snap in offsets.ingest_commits(table, pipeline)]
 
 

@@ -21,8 +21,9 @@ from pyiceberg.transforms import DayTransform
 from lakehouse.core import config, errors, events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import tables
-from lakehouse.ingest.reader import KAFKA_STRUCT, arrow_type
+from lakehouse.ingest.layout import KAFKA_STRUCT, arrow_type
 from lakehouse.wap import publish, quality
 
 
@@ -73,17 +74,17 @@ def ingest(table: Table, spec: PipelineSpec, partition: int, start: int, end: in
     """Commit offsets [start, end) of `partition` as an ingest batch does (ranges and positions in the
     summary); returns the snapshot id."""
     table.append(batch(spec, partition, list(range(start, end)), **changes), snapshot_properties={
-        offsets.K_PIPELINE: spec.name, offsets.K_KIND: "ingest", offsets.K_TOPIC: spec.source.topic,
-        offsets.K_RANGES: offsets.encode_ranges({partition: (start, end)}),
-        offsets.K_POSITIONS: offsets.encode_positions(positions)})
+        SnapshotSummary.PIPELINE: spec.name, SnapshotSummary.KIND: "ingest", SnapshotSummary.TOPIC: spec.source.topic,
+        SnapshotSummary.RANGES: offsets.encode_ranges({partition: (start, end)}),
+        SnapshotSummary.POSITIONS: offsets.encode_positions(positions)})
     return table.current_snapshot().snapshot_id
 
 
 def replay(table: Table, spec: PipelineSpec, partition: int, offsets_: list[int], **changes) -> int:
     """Commit rows at `offsets_` as a replay does: its ranges, no positions; returns the snapshot id."""
     table.append(batch(spec, partition, offsets_, **changes), snapshot_properties={
-        offsets.K_PIPELINE: spec.name, offsets.K_KIND: "replay", offsets.K_TOPIC: spec.source.topic,
-        offsets.K_RANGES: offsets.encode_ranges({partition: (min(offsets_), max(offsets_) + 1)})})
+        SnapshotSummary.PIPELINE: spec.name, SnapshotSummary.KIND: "replay", SnapshotSummary.TOPIC: spec.source.topic,
+        SnapshotSummary.RANGES: offsets.encode_ranges({partition: (min(offsets_), max(offsets_) + 1)})})
     return table.current_snapshot().snapshot_id
 
 

@@ -16,6 +16,7 @@ from conftest import DAGS_FOLDER
 from e2e import assert_exactly_once, pipeline, rows, run_cli, summaries, table, xcom  # noqa: F401 (fixture)
 from lakehouse.core import errors, events, offsets
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.recovery import backfill
 from lakehouse_dev import produce
 
@@ -153,7 +154,7 @@ def test_a_candidate_backfill_fills_a_separate_table_with_exactly_the_range_idem
         assert held == list(range(10, 60))
     assert run.get_task_instance("plan").xcom_pull(task_ids="plan")["target_table"] == spec.qualified(candidate)
     assert [e["metrics"]["inserted"] for e in backfill_events(platform, spec)] == [50, 0]
-    assert all(offsets.K_POSITIONS not in s for s in summaries(platform, spec, candidate))
+    assert all(SnapshotSummary.POSITIONS not in s for s in summaries(platform, spec, candidate))
     # the live table is untouched: same snapshots, same positions
     assert len(summaries(platform, spec, spec.target.table)) == live_snapshots
     assert positions(platform, spec) == live_positions

@@ -27,6 +27,7 @@ from e2e import (  # noqa: F401 (fixture)
     summaries,
 )
 from lakehouse.core import offsets
+from lakehouse.core.table_properties import SnapshotSummary
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +102,7 @@ def assert_applied_once(platform, spec, final: dict, broken: int) -> None:
     assert len({(r["_kafka"]["partition"], r["_kafka"]["offset"]) for r in letters}) == broken
     ends = log_ends(platform, spec.source.topic)
     for name in (spec.target.table, spec.dead_letter_table):
-        assert offsets.decode_positions(summaries(platform, spec, name)[-1][offsets.K_POSITIONS]) == ends
+        assert offsets.decode_positions(summaries(platform, spec, name)[-1][SnapshotSummary.POSITIONS]) == ends
 
 
 def test_a_change_stream_ends_in_the_source_tables_final_state(platform, pipeline, spark):
@@ -228,4 +229,4 @@ def test_kill_9_while_decoding_or_writing_a_batch_neither_loses_nor_reapplies_an
     assert rows(platform, spec, spec.dead_letter_table) == []
     ends = log_ends(platform, spec.source.topic)
     for name in (spec.target.table, spec.dead_letter_table):
-        assert offsets.decode_positions(summaries(platform, spec, name)[-1][offsets.K_POSITIONS]) == ends
+        assert offsets.decode_positions(summaries(platform, spec, name)[-1][SnapshotSummary.POSITIONS]) == ends

@@ -31,6 +31,7 @@ from e2e import (  # noqa: F401 (fixture)
 )
 from lakehouse.core import offsets
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
@@ -58,11 +59,11 @@ def test_once_ingests_every_record_exactly_once_and_records_offsets_in_the_commi
     ends = log_ends(platform, spec.source.topic)
 
     data = summaries(platform, spec, spec.target.table)[-1]
-    assert data[offsets.K_PIPELINE] == spec.name and data[offsets.K_KIND] == "ingest"
-    assert offsets.decode_positions(data[offsets.K_POSITIONS]) == ends
-    assert offsets.decode_ranges(data[offsets.K_RANGES]) == {p: (0, e) for p, e in ends.items() if e}
+    assert data[SnapshotSummary.PIPELINE] == spec.name and data[SnapshotSummary.KIND] == "ingest"
+    assert offsets.decode_positions(data[SnapshotSummary.POSITIONS]) == ends
+    assert offsets.decode_ranges(data[SnapshotSummary.RANGES]) == {p: (0, e) for p, e in ends.items() if e}
     dlq = summaries(platform, spec, spec.dead_letter_table)[-1]
-    assert offsets.decode_positions(dlq[offsets.K_POSITIONS]) == ends
+    assert offsets.decode_positions(dlq[SnapshotSummary.POSITIONS]) == ends
     assert committed_group_offsets(platform, spec) == ends
 
     table_rows = rows(platform, spec, spec.target.table)
@@ -76,8 +77,8 @@ def test_once_ingests_every_record_exactly_once_and_records_offsets_in_the_commi
     assert run.returncode == 0, run.stderr
     assert assert_exactly_once(platform, spec) == 2500
     second = summaries(platform, spec, spec.target.table)[-1]
-    assert {p: s for p, (s, _) in offsets.decode_ranges(second[offsets.K_RANGES]).items()} == \
-        {p: e for p, e in ends.items() if p in offsets.decode_ranges(second[offsets.K_RANGES])}
+    assert {p: s for p, (s, _) in offsets.decode_ranges(second[SnapshotSummary.RANGES]).items()} == \
+        {p: e for p, e in ends.items() if p in offsets.decode_ranges(second[SnapshotSummary.RANGES])}
 
     run = ingest_once(spec)
     assert run.returncode == 0 and receipts(run.stdout) == []

@@ -19,10 +19,10 @@ import pytest
 from lakehouse.core import topics
 from lakehouse.core.spec import load_pipeline
 from lakehouse.ingest.json_decode import DECODERS, JsonDecoder
+from lakehouse.ingest.layout import arrow_type
 from lakehouse.ingest.reader import (
     MAX_KAFKA_TIMESTAMP_MS,
     MIN_KAFKA_TIMESTAMP_MS,
-    arrow_type,
     make_reader,
     make_redecoder,
 )

@@ -20,6 +20,7 @@ from lakehouse.core import events, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import PositionsLostError, TableOwnershipError, WriterFencedError
 from lakehouse.core.spec import load_spec
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import committer
 from lakehouse.ingest.job import IngestJob
 from lakehouse.recovery import backfill
@@ -38,7 +39,7 @@ def order(i: int, status: str = "created") -> tuple[bytes, bytes]:
 
 def writers_of_ingest_commits(platform, spec, name) -> list[str]:
     """The writer id of every ingest commit on `main`, oldest first."""
-    return [offsets.summary_properties(s)[offsets.K_WRITER]
+    return [offsets.summary_properties(s)[SnapshotSummary.WRITER]
             for s in offsets.ingest_commits(table(platform, spec, name), spec.name)]
 
 

@@ -5,11 +5,12 @@ import signal
 import urllib.request
 
 import pytest
+from e2e import pipeline, run_cli, spawn, summaries  # noqa: F401 (fixture)
 from polling import wait_until, while_running
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e import pipeline, run_cli, spawn, summaries  # noqa: F401 (fixture)
 from lakehouse.core import events, offsets
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import receipts as ingest
 from lakehouse_dev import produce
 
@@ -38,8 +39,8 @@ def test_every_batch_is_an_event_with_its_counts_stages_files_and_lag(platform, 
         assert m["files_added"] >= 1 and m["bytes_added"] > 0
         assert m["mean_file_bytes"] == pytest.approx(m["bytes_added"] / m["files_added"])
         assert m["freshness_s"] >= 0
-    committed = {s[offsets.K_BATCH]: offsets.decode_ranges(s[offsets.K_RANGES])
-                 for s in summaries(platform, spec, spec.target.table) if offsets.K_BATCH in s}
+    committed = {s[SnapshotSummary.BATCH]: offsets.decode_ranges(s[SnapshotSummary.RANGES])
+                 for s in summaries(platform, spec, spec.target.table) if SnapshotSummary.BATCH in s}
     for batch in batches:
         ranges = {int(p): tuple(r) for p, r in batch["details"]["ranges"].items()}
         assert committed[batch["details"]["batch_id"]] == ranges, "the event names the offsets its commit holds"

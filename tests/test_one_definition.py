@@ -1,23 +1,27 @@
 """One implementation per concept: the pipeline's committed position, DAG ids, the dead-letter mapping, the
-retrying of commit conflicts and outages, the type promotions a table takes in place and the folding of
-writer-schema versions into one contract."""
+retrying of commit conflicts and outages, the type promotions a table takes in place, the folding of
+writer-schema versions into one contract, the platform's table property and snapshot summary keys, and each
+library's internals behind its one adapter."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
 import pytest
 
 import lakehouse
-from lakehouse.core import schemas
+from lakehouse.core import schemas, table_properties
 from lakehouse.core import spec as spec_module
+from lakehouse.core.adapters import confluent_kafka_internals, pyiceberg_internals, pyspark_internals
 from lakehouse.core.errors import OffsetGapError, SchemaTranslationError
 from lakehouse.core.offsets import TableProgress, committed_positions
 from lakehouse.core.spec import FieldSpec
-from lakehouse.ingest import reader, tables, taskwriter
+from lakehouse.ingest import layout, tables, taskwriter
 from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch
+from lakehouse_dev import re_internals
 
 
 def at(**positions: int) -> TableProgress:
@@ -49,12 +53,12 @@ def test_dag_ids_come_from_the_spec_module(make_spec):
 
 
 def test_the_dead_letter_table_its_ddl_and_the_tasks_projection_follow_one_mapping(make_spec):
-    names = [name for name, *_ in reader.DEAD_LETTER_TABLE]
+    names = [name for name, *_ in layout.DEAD_LETTER_TABLE]
     assert [c.split()[0] for c in tables.DEAD_LETTER_COLUMNS] == names
     assert sorted([n for n, _ in taskwriter.DEAD_LETTER_SOURCES] + list(taskwriter.DEAD_LETTER_PIPELINE)) \
         == sorted(names)
-    schema, _ = reader.batch_schema(make_spec())
-    assert all(source in schema.names for _, _, source, _ in reader.DEAD_LETTER_TABLE if source)
+    schema, _ = layout.batch_schema(make_spec())
+    assert all(source in schema.names for _, _, source, _ in layout.DEAD_LETTER_TABLE if source)
 
 
 # what a loop's `except` names when it catches a commit conflict, or asks whether an error is one or transient
@@ -307,3 +311,174 @@ def test_the_scan_finds_the_newer_record_rule_written_again():
     # one record's coordinate against a bound, or one table's column against a number, is not the rule
     assert _newer_rule_written_again("kept = rows.where(F.col('_kafka.offset') >= held)\nok = r.offset > 3\n"
                                      "worse = cs['lag_records'] > ls['lag_records']\n") == []
+
+
+# --- the platform's keys: lakehouse.core.table_properties ----------------------------------------------------
+
+REPO = Path(lakehouse.__file__).parents[2]
+THE_ONE_MODULE = Path(table_properties.__file__)
+# where `lakehouse.*` strings can appear: the product, its Airflow side, the DAGs, the Spark jobs, the development
+# stack and the benchmarks (the tests spell keys as data, e.g. a spec that tries to set one)
+SCANNED = ("include/lakehouse", "plugins", "providers", "dags", "spark_jobs", "devstack", "bench")
+# `lakehouse.*` strings that are not a table property nor a summary key, each with the reason
+NOT_KEYS = {
+    "lakehouse.commands": "an entry-point group: the commands the development stack adds to the CLI",
+    "lakehouse.settings": "an entry-point group: where the development stack tells core.config about the stack",
+    "lakehouse.produce": "the Avro namespace and Protobuf package of the development producer's record schemas",
+    "lakehouse.rest-catalog.home": "a JVM system property naming the development REST catalog's process",
+}
+DOTTED = re.compile(r"lakehouse\.[A-Za-z0-9_.-]*")
+
+
+def _names_code(dotted: str) -> bool:
+    """Whether `dotted` names a module of the code or something in one (`lakehouse.core.fileio.DelayedOpenFileIO`,
+    the modules a Spark worker imports ahead)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            found = getattr(found, name, None)
+        return found is not None
+    return False
+
+
+def _key_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of the string literals in `source` that spell a `lakehouse.*` key (or its prefix): a whole
+    literal, or an f-string's literal part, of the form `lakehouse.<name>`. Docstrings, logger names (the
+    argument of getLogger) and dotted names of the code are not keys."""
+    tree = ast.parse(source)
+    skipped = {id(node.value) for node in ast.walk(tree)
+               if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    skipped |= {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None))
+                == "getLogger" for arg in node.args}
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped
+                  and DOTTED.fullmatch(node.value) and node.value not in NOT_KEYS and not _names_code(node.value))
+
+
+def test_the_platforms_keys_are_spelled_in_the_table_properties_module_only():
+    """A table property or snapshot summary key of the platform (`lakehouse.pipeline`, `lakehouse.offsets`, ...)
+    is a constant of lakehouse.core.table_properties (TableProperties, SnapshotSummary); a literal elsewhere is a
+    second definition that a rename would miss."""
+    files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
+    assert THE_ONE_MODULE in files and len(files) > 100, "the source was not found"
+    found = [f"{path.relative_to(REPO)}:{line}: {text!r}" for path in files if path != THE_ONE_MODULE
+             for line, text in _key_literals(path.read_text())]
+    assert not found, "lakehouse.* keys spelled outside lakehouse.core.table_properties:\n" + "\n".join(found)
+
+
+def test_the_key_scan_finds_a_key_spelled_elsewhere_and_leaves_names_of_code_alone():
+    source = ('"""Records `lakehouse.offsets` in the summary."""\nimport logging\n'
+              'log = logging.getLogger("lakehouse.tables")\n'
+              'OWNER = "lakehouse.pipeline"\n'
+              'platform = {k: v for k, v in props.items() if k.startswith("lakehouse.")}\n'
+              'summary = {f"lakehouse.{name}": value}\n'
+              'WORKERS = ("lakehouse.ingest.taskwriter", "lakehouse.core.fileio.DelayedOpenFileIO")\n'
+              'GROUP = "lakehouse.commands"\n'
+              'print(f"run it first (lakehouse.topics.ensure_topics)")\n')
+    assert _key_literals(source) == [(4, "lakehouse.pipeline"), (5, "lakehouse."), (6, "lakehouse.")]
+
+
+def test_the_keys_are_distinct_within_each_namespace_and_under_the_platforms_prefix():
+    for namespace in (table_properties.TableProperties, table_properties.SnapshotSummary):
+        keys = {name: value for name, value in vars(namespace).items()
+                if name.isupper() and name != "PREFIX" and not name.startswith("ROLE_")}
+        assert len(set(keys.values())) == len(keys), f"{namespace.__name__}: two names for one key"
+        ours = {name for name, value in keys.items() if value.startswith(table_properties.PREFIX)}
+        assert ours, namespace.__name__
+    summary_keys = {value for name, value in vars(table_properties.SnapshotSummary).items() if name.isupper()}
+    assert {table_properties.TableProperties.STAGING, table_properties.TableProperties.TARGET_FILE_SIZE} \
+        .isdisjoint(summary_keys)
+
+
+# --- third-party internals: each library's behind its one adapter ---------------------------------------------
+
+# The modules that may touch a library's internals, each with the private names it touches: the adapters of
+# lakehouse.core.adapters (tests/test_adapters.py pins their versions) and the development stack's, and two
+# older ones beside the code they serve.
+ADAPTERS = {
+    "include/lakehouse/core/adapters/pyiceberg_internals.py": pyiceberg_internals.INTERNALS,
+    "include/lakehouse/core/adapters/pyspark_internals.py": pyspark_internals.INTERNALS,
+    "include/lakehouse/core/adapters/confluent_kafka_internals.py": confluent_kafka_internals.INTERNALS,
+    "devstack/lakehouse_dev/re_internals.py": re_internals.INTERNALS,
+    # its FileIO subclass overrides the method pyiceberg builds its S3 filesystem in (tests/test_fileio.py pins it)
+    "include/lakehouse/core/fileio.py": frozenset({"_initialize_s3_fs"}),
+    "include/lakehouse/core/patterns.py": frozenset({"_re2"}),  # RE2's binding: an anchored match without a copy
+}
+INTERNALS = frozenset().union(*ADAPTERS.values())
+OURS = ("lakehouse", "lakehouse_dev", "lakehouse_airflow", "bench", "tests", "e2e", "faults")
+# underscored names of a library that are its public API, each with the reason
+PUBLIC_UNDERSCORED = {
+    # librdkafka's local error codes, documented as confluent_kafka.KafkaError._PARTITION_EOF and so on
+    "KafkaError": re.compile(r"_[A-Z][A-Z_]*"),
+    # the action add_subparsers returns: the CLI walks its subcommands (the stdlib's, stable since 3.2)
+    "argparse": re.compile(r"_SubParsersAction"),
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _internals_touched(source: str) -> list[tuple[int, str]]:
+    """(line, what) where `source` touches a library's internals: an import of a private module or name (or one
+    an adapter owns), an underscored attribute of an imported module or class, and any use of a name an adapter
+    owns (`x._jvm`, `getattr(catalog, "_session")`) but on `self` or `cls`."""
+    tree = ast.parse(source)
+    imported, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] not in OURS:
+            names = [a.name for a in node.names]
+            if any(_private(p) or p in INTERNALS for p in node.module.split(".")) \
+                    or any(_private(n) or n in INTERNALS for n in names):
+                found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
+            imported.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in OURS:
+                    continue
+                if any(_private(p) or p in INTERNALS for p in alias.name.split(".")):
+                    found.append((node.lineno, f"import {alias.name}"))
+                imported.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (_private(node.attr) or node.attr in INTERNALS):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner in ("self", "cls"):
+                continue
+            public = owner in PUBLIC_UNDERSCORED and PUBLIC_UNDERSCORED[owner].fullmatch(node.attr)
+            if node.attr in INTERNALS or (owner in imported and not public):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in INTERNALS:
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_third_party_internals_are_touched_by_their_adapter_only():
+    """A library's private module, function or attribute is used in its adapter and nowhere else, so that an
+    upgrade has one module to check (and tests/test_adapters.py fails until someone has)."""
+    files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
+    adapters = {REPO / path for path in ADAPTERS}
+    assert adapters <= set(files), "an adapter was not found"
+    found = [f"{path.relative_to(REPO)}:{line}: {what}" for path in files if path not in adapters
+             for line, what in _internals_touched(path.read_text())]
+    assert not found, "third-party internals touched outside their adapter:\n" + "\n".join(found)
+
+
+def test_the_internals_scan_finds_a_private_touched_outside_its_adapter():
+    source = ("import pyiceberg.io.pyarrow as writer\nfrom pyspark import SparkContext\n"
+              "from confluent_kafka import KafkaError\nfrom re import _parser\nimport sre_parse\n"
+              "files = writer._dataframe_to_data_files(metadata, rows, io)\n"
+              "gateway = SparkContext._gateway\n"
+              "jvm = self.spark.sparkContext._jvm\n"
+              "session = getattr(catalog, '_session', None)\n"
+              "eof = KafkaError._PARTITION_EOF\n"
+              "self._session = parts._replace(path='/')\n"
+              "writer.compute_statistics_plan = plan\n")
+    assert [line for line, _ in _internals_touched(source)] == [4, 5, 6, 7, 8, 9, 12]

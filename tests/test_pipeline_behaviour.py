@@ -29,6 +29,7 @@ from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import OffsetGapError, TopicRecreatedError
 from lakehouse.core.offsets import OffsetRange, TableProgress
 from lakehouse.core.spec import load_spec
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch, split_for_tasks, topic_state
 from lakehouse.ingest.rejects import ERROR_KINDS
@@ -296,7 +297,7 @@ def test_a_stopped_producer_sees_all_its_records_land(platform, pipeline, spark)
     assert state_.partitions[0].end == 100
     IngestJob(spec, platform, spark).run_once()
     assert len(rows(platform, spec, spec.target.table)) == 100
-    assert summaries(platform, spec, spec.target.table)[-1][offsets.K_POSITIONS] == '{"0":100}'
+    assert summaries(platform, spec, spec.target.table)[-1][SnapshotSummary.POSITIONS] == '{"0":100}'
 
 
 def test_a_record_that_crashes_the_reader_is_dead_lettered_and_the_batch_commits(platform, pipeline, spark,

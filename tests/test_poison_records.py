@@ -40,6 +40,7 @@ from lakehouse.core.errors import (
 )
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import Contract, FanoutSpec, FieldSpec, load_pipeline
+from lakehouse.ingest import layout
 from lakehouse.ingest import reader as kafka_source
 from lakehouse.ingest.checks import MAX_TIMESTAMP_US, MIN_TIMESTAMP_US
 from lakehouse.ingest.reader import (
@@ -92,7 +93,7 @@ def builder(validator: RecordValidator | None = None) -> BatchBuilder:
 def assert_sound(batch: pa.RecordBatch, offsets: list[int]) -> list[dict]:
     """Checks what Spark and the tables will rely on; returns the rows."""
     batch.validate(full=True)  # among others: every string is valid UTF-8
-    assert batch.schema == kafka_source.batch_schema(SPEC)[0]
+    assert batch.schema == layout.batch_schema(SPEC)[0]
     for name, column in zip(batch.schema.names, batch.columns):
         column.to_pylist()  # timestamps and dates become datetime and date: in range
         if pa.types.is_timestamp(column.type):
@@ -470,8 +471,8 @@ def test_redecoding_keeps_kafka_timestamps_to_the_millisecond():
         {"_kafka": {"topic": TOPIC, "partition": 0, "offset": i, "key": "k",
                     "timestamp": None if ms is None else epoch + timedelta(milliseconds=ms)},
          "key": b"k", "value": b'{"id": "k"}', "headers": []} for i, ms in enumerate(stamps)],
-        schema=pa.schema([("_kafka", kafka_source.KAFKA_STRUCT), ("key", pa.binary()), ("value", pa.binary()),
-                          ("headers", kafka_source.HEADERS)]))
+        schema=pa.schema([("_kafka", layout.KAFKA_STRUCT), ("key", pa.binary()), ("value", pa.binary()),
+                          ("headers", layout.HEADERS)]))
     [batch] = make_redecoder(SPEC, frozenset(), INGESTED_AT)(iter([dead_letters]))
     kafka = batch.column("_kafka").field("timestamp").cast(pa.int64()).to_pylist()
     assert kafka == [None if ms is None else ms * 1000 for ms in stamps]

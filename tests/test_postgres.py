@@ -43,6 +43,7 @@ from lakehouse.core import config, events, offsets, sparkenv
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec, load_spec
 from lakehouse.core.topics import ensure_topics
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.upkeep import maintenance
 from lakehouse.wap import publish, quality
 from lakehouse_dev import airflow_stack, produce
@@ -155,8 +156,8 @@ def main_chain(tbl) -> list:
 
 
 def ingest_snapshots(tbl, pipeline: str) -> list:
-    return [s for s in main_chain(tbl) if props(s).get(offsets.K_PIPELINE) == pipeline
-            and props(s).get(offsets.K_KIND) == "ingest"]
+    return [s for s in main_chain(tbl) if props(s).get(SnapshotSummary.PIPELINE) == pipeline
+            and props(s).get(SnapshotSummary.KIND) == "ingest"]
 
 
 def tbl_parent(tbl, snapshot_id: int) -> int | None:
@@ -345,10 +346,10 @@ def test_postgresql_catalog_ingests_exactly_once_and_pyiceberg_reads_sparks_offs
         tbl = table(pg_platform, spec, name)
         assert tbl.metadata_location == registered[name]
         summary = props(tbl.current_snapshot())
-        assert summary[offsets.K_PIPELINE] == spec.name and summary[offsets.K_KIND] == "ingest"
-        assert summary[offsets.K_BATCH] == receipt["batch_id"]
-        assert offsets.decode_positions(summary[offsets.K_POSITIONS]) == ends
-        assert offsets.decode_ranges(summary[offsets.K_RANGES]) == {p: (0, e) for p, e in ends.items() if e}
+        assert summary[SnapshotSummary.PIPELINE] == spec.name and summary[SnapshotSummary.KIND] == "ingest"
+        assert summary[SnapshotSummary.BATCH] == receipt["batch_id"]
+        assert offsets.decode_positions(summary[SnapshotSummary.POSITIONS]) == ends
+        assert offsets.decode_ranges(summary[SnapshotSummary.RANGES]) == {p: (0, e) for p, e in ends.items() if e}
     data_rows = table(pg_platform, spec, spec.target.table).scan().to_arrow()
     assert data_rows.num_rows == 1000 - sum(report.bad_by_kind.values()) == receipt["rows_by_table"][spec.target.table]
     # (resuming from these offsets on PostgreSQL is part of the race below: the continuous job
@@ -446,17 +447,18 @@ def test_ingestion_compaction_and_publishing_race_on_postgresql_without_losing_a
         committed = ingest_snapshots(tbl, spec.name)
         others = [s for s in chain if s not in committed]
         assert all(props(s)["operation"] == "replace" for s in others), [props(s) for s in others]
-        on_main = {props(s)[offsets.K_BATCH]: offsets.decode_ranges(props(s)[offsets.K_RANGES]) for s in committed}
+        on_main = {props(s)[SnapshotSummary.BATCH]: offsets.decode_ranges(props(s)[SnapshotSummary.RANGES])
+                   for s in committed}
         assert len(on_main) == len(committed), f"{name}: a batch committed twice"
         assert on_main == reported, f"{name}: batches on main differ from those that reported success"
         position = {p: 0 for p in ends}
         for snap in committed:
-            for p, (start, end) in sorted(offsets.decode_ranges(props(snap)[offsets.K_RANGES]).items()):
+            for p, (start, end) in sorted(offsets.decode_ranges(props(snap)[SnapshotSummary.RANGES]).items()):
                 assert start == position[p], f"{name} partition {p}: snapshot {snap.snapshot_id} starts at " \
                                              f"{start}, the previous commit ended at {position[p]}"
                 position[p] = end
         assert position == ends
-        assert offsets.decode_positions(props(committed[-1])[offsets.K_POSITIONS]) == ends
+        assert offsets.decode_positions(props(committed[-1])[SnapshotSummary.POSITIONS]) == ends
 
         # compaction rewrote files without changing a row: each rewrite commit holds exactly the rows
         # (every column) of the snapshot it replaced

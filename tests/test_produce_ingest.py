@@ -15,6 +15,7 @@ from test_produce_formats import EXTENSIONS
 
 from e2e import assert_exactly_once, log_ends, pipeline, rows, run_cli, summaries  # noqa: F401 (fixture)
 from lakehouse.core import config, offsets
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse_dev import produce, record_formats
 
 pytestmark = pytest.mark.slow
@@ -78,7 +79,7 @@ def test_a_produced_change_stream_lands_in_the_final_state_its_report_names(
     ends = log_ends(platform, spec.source.topic)
     assert sum(ends.values()) == 1500
     for name in (spec.target.table, spec.dead_letter_table):  # an upsert table keeps no overwritten row: positions
-        assert offsets.decode_positions(summaries(platform, spec, name)[-1][offsets.K_POSITIONS]) == ends
+        assert offsets.decode_positions(summaries(platform, spec, name)[-1][SnapshotSummary.POSITIONS]) == ends
     landed = {(r["id"],): as_checked(spec, r) for r in rows(platform, spec, spec.target.table)}
     assert landed == report.changes.final_rows
     assert not report.changes.deleted_keys & set(landed) and report.changes.deleted_keys

@@ -23,6 +23,7 @@ from e2e import (  # noqa: F401 (fixture)
 )
 from lakehouse.core import events, offsets
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
@@ -59,9 +60,9 @@ def test_replaying_an_offset_range_restores_lost_rows_exactly_once(platform, pip
     assert again["inserted_by_table"][spec.target.table] == 0 and again["dead_letters_added"] == 0
     assert assert_exactly_once(platform, spec) == 900
 
-    replays = [s for s in summaries(platform, spec, spec.target.table) if s.get(offsets.K_KIND) == "replay"]
+    replays = [s for s in summaries(platform, spec, spec.target.table) if s.get(SnapshotSummary.KIND) == "replay"]
     assert len(replays) == 2
-    assert offsets.decode_ranges(replays[0][offsets.K_RANGES]) == {p: (0, e) for p, e in ends.items() if e}
+    assert offsets.decode_ranges(replays[0][SnapshotSummary.RANGES]) == {p: (0, e) for p, e in ends.items() if e}
     # replays never move the pipeline's resume position
     positions = offsets.read_progress(open_catalog(platform, spec.catalog), spec.target.table,
                                       spec.name).positions

@@ -24,8 +24,9 @@ from pyiceberg.types import StringType
 from e2e import assert_exactly_once, pipeline, rows, run_cli, send, table  # noqa: F401 - pipeline is a fixture
 from lakehouse.core import errors, events
 from lakehouse.core.spec import PartitionField, PipelineSpec, SpecError, load_spec
+from lakehouse.core.table_properties import TableProperties
 from lakehouse.ingest import committer, tables
-from lakehouse.ingest.reader import ARROW_TYPES, KAFKA_STRUCT
+from lakehouse.ingest.layout import ARROW_TYPES, KAFKA_STRUCT
 
 BASE = datetime(2026, 11, 20, tzinfo=timezone.utc)
 
@@ -67,7 +68,8 @@ def create_as_ingestion_does(catalog: SqlCatalog, spec: PipelineSpec):
         for p in spec.target.partition_by:
             update.add_field(p.column, tables._TRANSFORMS[p.transform](p.arg))
     catalog.create_table(spec.dead_letter_table, schema=pa.schema([("reason", pa.string())]),
-                         properties={tables.OWNER: spec.name, tables.DEFAULT_TABLE: spec.target.table})
+                         properties={TableProperties.OWNER: spec.name,
+                                     TableProperties.DEFAULT_TABLE: spec.target.table})
     return catalog.load_table(spec.target.table)
 
 
@@ -103,7 +105,7 @@ def test_partitioning_and_properties_follow_an_edited_spec_in_one_commit(catalog
     assert after.default_spec_id == 2 and set(after.specs()) == {0, 1, 2}  # 0 unpartitioned, 1 day, 2 now
     assert {str(f.transform) for f in after.spec().fields} == {"hour", "bucket[8]"}
     assert after.properties["write.target-file-size-bytes"] == str(64 * 1024 * 1024)
-    assert after.properties[tables.SPEC_PROPERTIES] == "commit.retry.num-retries,read.split.target-size"
+    assert after.properties[TableProperties.SPEC_PROPERTIES] == "commit.retry.num-retries,read.split.target-size"
     assert tables.layout_drift(edited, spec.target.table, after).in_sync
     assert tables.apply_layout(catalog, edited) == []  # nothing left to do
 
@@ -119,7 +121,7 @@ def test_partitioning_and_properties_follow_an_edited_spec_in_one_commit(catalog
     props = catalog.load_table(spec.target.table).metadata.properties
     assert "commit.retry.num-retries" not in props and props["write.parquet.compression-codec"] == "zstd"
     assert props["write.summary.partition-limit"] == "10"  # not the spec's: left alone
-    assert props[tables.SPEC_PROPERTIES] == "read.split.target-size"
+    assert props[TableProperties.SPEC_PROPERTIES] == "read.split.target-size"
 
 
 def test_a_table_widened_past_its_contract_still_holds_it(catalog, make_spec):
@@ -170,9 +172,9 @@ def test_a_tables_created_before_the_records_adopt_the_spec_quietly(catalog, mak
     spec = make_spec(partition_by=["day(event_time)"])
     create_as_ingestion_does(catalog, spec)
     with catalog.load_table(spec.target.table).transaction() as tx:
-        tx.remove_properties(tables.WRITE_MODE)
+        tx.remove_properties(TableProperties.WRITE_MODE)
     assert tables.apply_layout(catalog, spec) == []  # no drift: only the record is written
-    assert catalog.load_table(spec.target.table).metadata.properties[tables.WRITE_MODE] == "append"
+    assert catalog.load_table(spec.target.table).metadata.properties[TableProperties.WRITE_MODE] == "append"
 
 
 def test_a_renamed_default_table_is_refused_while_the_old_one_exists(catalog, make_spec):
@@ -189,7 +191,7 @@ def test_a_renamed_default_table_is_refused_while_the_old_one_exists(catalog, ma
     catalog.rename_table(spec.target.table, renamed.target.table)  # what the message says to do
     tables.check_default_table(catalog, renamed)
     dlq = catalog.load_table(spec.dead_letter_table).metadata.properties
-    assert dlq[tables.DEFAULT_TABLE] == renamed.target.table
+    assert dlq[TableProperties.DEFAULT_TABLE] == renamed.target.table
 
 
 def written_files(table, batch: pa.Table) -> list:
@@ -219,7 +221,7 @@ def test_the_committer_appends_only_files_of_the_tables_current_partition_spec(c
     # files of the current spec, committed on a table loaded before another evolution: the catalog refuses
     current = catalog.load_table(spec.target.table)
     with current.transaction() as tx:
-        tx.set_properties({committer.WRITER_ID: "w"})
+        tx.set_properties({TableProperties.WRITER_ID: "w"})
     current = catalog.load_table(spec.target.table)
     files = written_files(current, batch)
     with catalog.load_table(spec.target.table).update_spec() as update:
@@ -325,7 +327,7 @@ def test_partitioning_changes_mid_stream_under_continuous_ingestion_exactly_once
         [["day"], ["hour"], ["bucket[4]", "hour"]] and data.metadata.default_spec_id == 2
     props = data.metadata.properties
     assert props["write.target-file-size-bytes"] == str(64 * 1024 * 1024)
-    assert "commit.retry.num-retries" not in props and tables.SPEC_PROPERTIES not in props  # set, then unset
+    assert "commit.retry.num-retries" not in props and TableProperties.SPEC_PROPERTIES not in props  # set, then unset
     # every commit added files of one spec, and the spec only ever moved forward: files written after an
     # evolution carry the new spec (the spec of the manifest that lists them)
     files = {f["file_path"]: f for f in data.inspect.files().to_pylist()}
@@ -399,7 +401,7 @@ def test_changes_a_table_cannot_follow_stop_the_job_with_what_to_do(platform, sp
     with pytest.raises(errors.LayoutChangeRefused, match="was written as append but the spec now says upsert"):
         job.run_batch()
     data = table(platform, rekeyed, rekeyed.target.table)
-    assert data.metadata.properties[tables.WRITE_MODE] == "append"
+    assert data.metadata.properties[TableProperties.WRITE_MODE] == "append"
     assert "write.merge.mode" not in data.metadata.properties
     assert len(rows(platform, rekeyed, rekeyed.target.table)) == 15
     refused = run_cli(spec, "ingest", "--pipeline", spec.name, "--once")  # and a restart stops too

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.ingest.batch_state import Written
+from lakehouse.ingest.layout import KAFKA_STRUCT
 from lakehouse.ingest.plan import task_groups
-from lakehouse.ingest.reader import KAFKA_STRUCT
 from lakehouse.ingest.taskwriter import TaskResult, _below_held
 
 ranges = st.dictionaries(st.integers(0, 2_000), st.tuples(st.integers(0, 10**6), st.integers(0, 300_000)),

@@ -33,6 +33,7 @@ from bench import proof
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import parse_moment
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ops.coordinates import Coverage, coordinate_filter
 from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
 from lakehouse.ops.verify import RecordKey
@@ -140,7 +141,7 @@ def test_a_trace_reads_only_the_file_whose_coordinate_bounds_hold_the_record(mak
     (sighting,) = found.sightings
     assert sighting.row["order_id"] == "ord-1-4321"
     holding = [s for s in table.snapshots() if (1, 4321) in Coverage.of_ranges(offsets.decode_ranges(
-        offsets.summary_properties(s).get(offsets.K_RANGES)))]
+        offsets.summary_properties(s).get(SnapshotSummary.RANGES)))]
     assert [c["snapshot_id"] for c in sighting.commits] == [s.snapshot_id for s in holding] and len(holding) == 1
 
 
@@ -380,7 +381,7 @@ def test_a_recorded_gap_is_traced_as_aged_out_before_ingestion(platform, pipelin
                   .to_pylist())
     assert held == [*range(10), *range(20, 30)]
     recorded = data.current_snapshot()
-    assert offsets.decode_ranges(offsets.summary_properties(recorded)[offsets.K_GAPS]) == {0: (10, 20)}
+    assert offsets.decode_ranges(offsets.summary_properties(recorded)[SnapshotSummary.GAPS]) == {0: (10, 20)}
     assert events.recent(spec.name, kind="gap", platform=platform)[0]["message"] == \
         "10 records aged out of Kafka before they were ingested"
 

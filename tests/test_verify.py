@@ -214,7 +214,7 @@ KEY_FORMATS = ["string", "json", "avro", "protobuf", "json_schema"]
 def table_key_texts(spec, rows: list[dict]) -> list[str]:
     """The key text of table rows holding `rows` (contract values as the reader checks them), as `_key_rows`
     reads a table: each key column in its Arrow type, through `key_text`."""
-    from lakehouse.ingest.reader import arrow_type
+    from lakehouse.ingest.layout import arrow_type
 
     return verify.key_text([pa.array([r[k] for r in rows], arrow_type(spec.contract.field(k)))
                             for k in spec.target.key]).to_pylist()

@@ -47,15 +47,18 @@ from lakehouse.ingest.checks import FLOAT32_MAX
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, MIN_KAFKA_TIMESTAMP_MS
 from lakehouse.ingest.rejects import Rejected
 from lakehouse.ingest.validator import RecordValidator
-from lakehouse_dev.record_formats import (CONTENT_TYPES, EPOCH_DATE, ProduceError, contract_avro_schema, dumps,
-                                          epoch, key_writer, value_writer)
-
-try:  # the regular-expression parser behind `re`, used to generate strings matching a pattern
-    from re import _constants as sre_c
-    from re import _parser as sre_parse
-except ImportError:  # pragma: no cover - Python < 3.11
-    import sre_constants as sre_c  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+from lakehouse_dev.re_internals import opcodes as sre_c
+from lakehouse_dev.re_internals import parse as parse_pattern
+from lakehouse_dev.record_formats import (
+    CONTENT_TYPES,
+    EPOCH_DATE,
+    ProduceError,
+    contract_avro_schema,
+    dumps,
+    epoch,
+    key_writer,
+    value_writer,
+)
 
 __all__ = ["BAD_KINDS", "FORMAT_KINDS", "ProduceError", "ProduceReport", "RateLimiter", "RecordFactory",
            "SyntheticRecord", "contract_avro_schema", "produce", "producer_config", "synthesize"]
@@ -287,7 +290,7 @@ def _from_pattern(pattern: str, rng: Random) -> str:
         return "".join(out)
 
     try:
-        tree = sre_parse.parse(pattern)
+        tree = parse_pattern(pattern)
     except Exception as exc:  # the spec validated it with re.compile; be safe anyway
         raise _PatternUnsupported(str(exc)) from None
     return walk(tree)

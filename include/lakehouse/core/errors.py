@@ -52,6 +52,8 @@ from types import MappingProxyType
 
 from pyiceberg.exceptions import CommitFailedException
 
+from lakehouse.core.adapters import pyspark_internals
+
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_SOURCE, EXIT_FENCED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141  # as shells report a process killed by SIGINT, SIGPIPE
 
@@ -459,7 +461,7 @@ def _rest_transient(exc: BaseException) -> str | None:
 def _java_exception(exc: BaseException):
     """The JVM exception behind a py4j or PySpark error, else None."""
     java = getattr(exc, "java_exception", None)  # py4j.protocol.Py4JJavaError
-    return java if java is not None else getattr(exc, "_origin", None)  # pyspark's CapturedException
+    return java if java is not None else pyspark_internals.captured_java_exception(exc)
 
 
 def _java_class(gateway, name: str):
@@ -475,9 +477,7 @@ def _java_class(gateway, name: str):
 def _java_transient(java) -> str | None:
     """Whether the JVM exception `java` (or a cause of it) is a transient catalog failure."""
     try:
-        from pyspark import SparkContext
-
-        gateway = SparkContext._gateway
+        gateway = pyspark_internals.gateway()
         if gateway is None:
             return None
         transient = [c for c in (_java_class(gateway, name) for name in _JAVA_TRANSIENT) if c is not None]
@@ -515,9 +515,7 @@ def java_instance_of(exc: BaseException, *class_names: str) -> str | None:
         if java is None:
             continue
         try:
-            from pyspark import SparkContext
-
-            gateway = SparkContext._gateway
+            gateway = pyspark_internals.gateway()
             if gateway is None:
                 return None
             classes = [(name, cls) for name in class_names if (cls := _java_class(gateway, name)) is not None]

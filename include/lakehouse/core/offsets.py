@@ -1,9 +1,10 @@
 """Offsets are data: they travel in each Iceberg commit's snapshot summary.
 
-Every ingest commit records, under `lakehouse.*` summary keys, the pipeline, the
-topic and its id, the Kafka offset range `[start, end)` per partition it covers,
-and the resulting position (next offset to read) per partition. The table, not a
-checkpoint folder, is the source of truth for resume: `read_progress` walks the
+Every ingest commit records, under `lakehouse.*` summary keys (`SnapshotSummary` of
+lakehouse.core.table_properties), the pipeline, the topic and its id, the Kafka offset
+range `[start, end)` per partition it covers, and the resulting position (next offset
+to read) per partition. The table, not a checkpoint folder, is the source of truth for
+resume: `read_progress` walks the
 table's current snapshot and its ancestors (`main_ancestry`, the one walk of a table's
 history) back to the newest commit of the pipeline (`resume_point`, the one implementation
 of a table's committed position); `committed_positions` is the pipeline's across its tables.
@@ -28,19 +29,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from lakehouse.core.errors import PositionsLostError
-
-PREFIX = "lakehouse."
-K_PIPELINE = PREFIX + "pipeline"
-K_KIND = PREFIX + "kind"            # ingest | replay | dead-letter-replay
-K_TOPIC = PREFIX + "topic"
-K_TOPIC_ID = PREFIX + "topic-id"
-K_RANGES = PREFIX + "offsets"       # {"partition": [start, end)} contained in this commit
-K_POSITIONS = PREFIX + "positions"  # {"partition": next offset} after this commit (ingest only)
-K_BATCH = PREFIX + "batch-id"
-K_MAX_EVENT_TIME = PREFIX + "max-event-time"
-K_GAPS = PREFIX + "gaps"            # {"partition": [start, end)} aged out of Kafka before ingestion
-K_MIN_KAFKA_TIME = PREFIX + "min-kafka-time"  # oldest Kafka timestamp read by the batch (ingest only)
-K_WRITER = PREFIX + "writer"        # the ingest job instance that made the commit (see committer.Writer)
+from lakehouse.core.table_properties import SnapshotSummary
 
 
 @dataclass(frozen=True, order=True)
@@ -123,7 +112,7 @@ class ResumePoint:
 def carries_positions(snapshot: Snapshot, pipeline: str) -> bool:
     """Whether `snapshot` is an ingest commit of `pipeline` (its summary records positions)."""
     props = summary_properties(snapshot)
-    return props.get(K_PIPELINE) == pipeline and K_POSITIONS in props
+    return props.get(SnapshotSummary.PIPELINE) == pipeline and SnapshotSummary.POSITIONS in props
 
 
 def main_ancestry(metadata: TableMetadata) -> Iterator[Snapshot]:
@@ -172,11 +161,11 @@ def progress_of(table: Table, name: str, pipeline: str) -> TableProgress:
     snap = point.snapshot
     if snap is not None:
         props = summary_properties(snap)
-        event_time = props.get(K_MAX_EVENT_TIME)
+        event_time = props.get(SnapshotSummary.MAX_EVENT_TIME)
         return TableProgress(
             table=name, exists=True,
-            positions=decode_positions(props[K_POSITIONS]),
-            topic_id=props.get(K_TOPIC_ID) or None,
+            positions=decode_positions(props[SnapshotSummary.POSITIONS]),
+            topic_id=props.get(SnapshotSummary.TOPIC_ID) or None,
             snapshot_id=snap.snapshot_id,
             committed_at=datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=UTC),
             max_event_time=datetime.fromisoformat(event_time) if event_time else None,

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from lakehouse.core.adapters import pyspark_internals
 from lakehouse.core.config import PlatformConfig
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
@@ -293,9 +294,7 @@ def _jvm_output_to_stderr():
     standard output is this process's standard error: Spark's Ivy prints its resolution of
     spark.jars.packages to the JVM's standard output, which is this process's `--json` answer. A JVM that
     already runs (a second session, spark-submit's) is left as it is."""
-    from pyspark import SparkContext
-
-    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+    if pyspark_internals.gateway() is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         yield
         return
     sys.stdout.flush()
@@ -313,9 +312,9 @@ def _submitted_master() -> str | None:
     """spark-submit's --master when this driver was started by spark-submit, else None."""
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # set by spark-submit's PythonRunner only
         return None
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkConf
 
-    SparkContext._ensure_initialized()  # joins spark-submit's JVM, whose properties hold --master
+    pyspark_internals.join_submitted_jvm()  # joins spark-submit's JVM, whose properties hold --master
     return SparkConf().get("spark.master", None)
 
 
@@ -345,7 +344,7 @@ def with_commit_properties(spark, properties: dict[str, str], fn) -> None:
     Iceberg's CommitMetadata, which holds the properties in a JVM thread-local.
     PySpark's pinned-thread mode runs the callback on the calling JVM thread.
     """
-    jvm = spark.sparkContext._jvm
+    jvm = pyspark_internals.jvm(spark)
     props = jvm.java.util.HashMap()
     for key, value in properties.items():
         props.put(key, value)
@@ -390,7 +389,7 @@ def job_group(spark, group: str):
     try:
         yield group
     finally:
-        sc._jsc.clearJobGroup()
+        pyspark_internals.java_context(spark).clearJobGroup()
 
 
 def job_seconds(spark, group: str, timeout_s: float = 2.0) -> float | None:
@@ -401,7 +400,7 @@ def job_seconds(spark, group: str, timeout_s: float = 2.0) -> float | None:
     ids = sc.statusTracker().getJobIdsForGroup(group)
     if not ids:
         return 0.0
-    store = sc._jsc.sc().statusStore()
+    store = pyspark_internals.java_context(spark).sc().statusStore()
     deadline = time.monotonic() + timeout_s
     starts, ends = [], []
     for job_id in ids:

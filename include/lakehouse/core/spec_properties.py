@@ -10,11 +10,12 @@ import math
 import re
 from dataclasses import dataclass
 
+from lakehouse.core.table_properties import TableProperties
 from lakehouse.core.vocabulary import INT64
 
 MAX_PROPERTY_VALUE = 4096
 PROPERTY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # what a property name may look like
-TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # declared as target.target_file_size_mb
+TARGET_FILE_SIZE_PROPERTY = TableProperties.TARGET_FILE_SIZE  # declared as target.target_file_size_mb
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,11 @@ _LOCATION_WHY = ("a table's files stay under the location its catalog and wareho
 # Properties refused with the reason (names in lower case; a name ending in "." is a family). Unknown names
 # are refused too; these are the ones that matter, and those a spec might reach for.
 REFUSED_PROPERTIES: dict[str, str] = {
-    "lakehouse.": "properties are the platform's: it records there the pipeline that owns the table and its "
+    TableProperties.PREFIX: "properties are the platform's: it records there the pipeline that owns the table and its "
                   "writer state; remove it",
     **dict.fromkeys(("uuid", "snapshot-count", "current-snapshot-id", "current-snapshot-summary",
                      "current-snapshot-timestamp-ms", "current-schema", "default-partition-spec",
-                     "default-sort-order", "write.wap.enabled"),
+                     "default-sort-order", TableProperties.STAGING),
                     "is managed by Iceberg or by the platform (write-audit-publish staging) and cannot be set from "
                     "a spec; remove it"),
     TARGET_FILE_SIZE_PROPERTY: "is target.target_file_size_mb (the tasks' writes and compaction both use it); "

@@ -27,6 +27,7 @@ from pyiceberg.table.snapshots import Snapshot
 from lakehouse.core import errors, offsets, retry, sparkenv
 from lakehouse.core.errors import IngestError, PlanStaleError
 from lakehouse.core.offsets import TableProgress
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import committer, tables
 from lakehouse.ingest.batch_state import BatchState
 from lakehouse.ingest.receipts import BatchReceipt, TableCommit
@@ -212,24 +213,24 @@ class BatchCommitter:
         for p, (_, end) in plan.range_map().items():
             positions[p] = end
         summary = {
-            offsets.K_PIPELINE: state.spec.name,
-            offsets.K_KIND: "ingest",
-            offsets.K_TOPIC: plan.topic,
-            offsets.K_TOPIC_ID: plan.topic_id or "",
-            offsets.K_RANGES: offsets.encode_ranges(
+            SnapshotSummary.PIPELINE: state.spec.name,
+            SnapshotSummary.KIND: "ingest",
+            SnapshotSummary.TOPIC: plan.topic,
+            SnapshotSummary.TOPIC_ID: plan.topic_id or "",
+            SnapshotSummary.RANGES: offsets.encode_ranges(
                 {p: (max(s, tp.positions.get(p, s)), e) for p, (s, e) in plan.range_map().items()}),
-            offsets.K_POSITIONS: offsets.encode_positions(positions),
-            offsets.K_BATCH: state.batch_id,
-            offsets.K_WRITER: self.writer.writer_id,
+            SnapshotSummary.POSITIONS: offsets.encode_positions(positions),
+            SnapshotSummary.BATCH: state.batch_id,
+            SnapshotSummary.WRITER: self.writer.writer_id,
         }
         newest, oldest_read = state.written.max_event_time, state.written.min_kafka_time
         if newest is not None:
-            summary[offsets.K_MAX_EVENT_TIME] = newest.isoformat()
+            summary[SnapshotSummary.MAX_EVENT_TIME] = newest.isoformat()
         if plan.gaps:
-            summary[offsets.K_GAPS] = offsets.encode_ranges(plan.gaps)
+            summary[SnapshotSummary.GAPS] = offsets.encode_ranges(plan.gaps)
         if oldest_read is not None:
             # commit time minus this is how long Kafka had to hold the batch (retention alignment)
-            summary[offsets.K_MIN_KAFKA_TIME] = oldest_read.isoformat()
+            summary[SnapshotSummary.MIN_KAFKA_TIME] = oldest_read.isoformat()
         return summary
 
     def _merge_staged(self, state: BatchState, table: str, summary: dict[str, str], loaded: Table,

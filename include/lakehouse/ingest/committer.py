@@ -48,7 +48,6 @@ from typing import Literal, TypeGuard
 from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import Endpoint, HttpMethod, RestCatalog
-from pyiceberg.catalog.rest.response import _handle_non_200_response
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import CommitTableRequest, Table, TableIdentifier
 from pyiceberg.table.metadata import TableMetadata
@@ -64,6 +63,7 @@ from pyiceberg.table.update import (
 from requests import HTTPError
 
 from lakehouse.core import offsets, retry
+from lakehouse.core.adapters import pyiceberg_internals
 from lakehouse.core.errors import (
     CommitError,
     EpochTakenError,
@@ -71,10 +71,8 @@ from lakehouse.core.errors import (
     PositionsMovedError,
     WriterFencedError,
 )
+from lakehouse.core.table_properties import TableProperties
 
-WRITER_ID = "lakehouse.writer.id"
-WRITER_EPOCH = "lakehouse.writer.epoch"
-WRITER_INFO = "lakehouse.writer.info"
 CLAIM_ATTEMPTS = 8
 # The REST protocol's multi-table commit (CommitTransactionRequest): every table change or none.
 TRANSACTIONS = Endpoint(http_method=HttpMethod.POST, path="/v1/{prefix}/transactions/commit")
@@ -82,15 +80,15 @@ TRANSACTIONS = Endpoint(http_method=HttpMethod.POST, path="/v1/{prefix}/transact
 
 def _epoch(metadata: TableMetadata) -> int:
     try:
-        return int(metadata.properties.get(WRITER_EPOCH, 0))
+        return int(metadata.properties.get(TableProperties.WRITER_EPOCH, 0))
     except ValueError:
         return 0
 
 
 def _holder(metadata: TableMetadata) -> str:
     props = metadata.properties
-    return (f"writer {props.get(WRITER_ID, '?')} (epoch {props.get(WRITER_EPOCH, '?')}; "
-            f"{props.get(WRITER_INFO, 'no details')})")
+    writer, epoch = props.get(TableProperties.WRITER_ID, "?"), props.get(TableProperties.WRITER_EPOCH, "?")
+    return f"writer {writer} (epoch {epoch}; {props.get(TableProperties.WRITER_INFO, 'no details')})"
 
 
 class AssertEpochBelow(ValidatableTableRequirement):
@@ -136,7 +134,7 @@ class PipelineFence(ValidatableTableRequirement):
     def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]  # pyiceberg's API
         if base_metadata is None:
             raise CommitFailedException("the table is gone")
-        holder = base_metadata.properties.get(WRITER_ID)
+        holder = base_metadata.properties.get(TableProperties.WRITER_ID)
         if holder != self.writer_id:
             raise WriterFencedError(
                 f"pipeline {self.pipeline!r}: another ingest job took over the table ({_holder(base_metadata)}); "
@@ -164,7 +162,7 @@ class Writer:
     def check(self, table: Table) -> None:
         """Raise WriterFencedError now when `table` was claimed by another writer (a cheap early
         check; the commit checks again atomically)."""
-        if table.metadata.properties.get(WRITER_ID) != self.writer_id:
+        if table.metadata.properties.get(TableProperties.WRITER_ID) != self.writer_id:
             self.fence(None).validate(table.metadata)
 
     @classmethod
@@ -184,7 +182,8 @@ class Writer:
             try:
                 for name in sorted(tables):
                     _claim_one(catalog, name, loaded[name], epoch,
-                               {WRITER_ID: writer_id, WRITER_EPOCH: str(epoch), WRITER_INFO: info})
+                               {TableProperties.WRITER_ID: writer_id, TableProperties.WRITER_EPOCH: str(epoch),
+                                TableProperties.WRITER_INFO: info})
             except EpochTakenError as lost:  # a concurrent claim recorded this epoch first: try again above it
                 floor = max(floor, lost.epoch)
                 raise
@@ -282,7 +281,7 @@ def appended(table: Table, files: list, summary: dict[str, str], fence: Pipeline
     append = table.transaction().update_snapshot(snapshot_properties=summary).fast_append()
     for data_file in files:
         append.append_data_file(data_file)
-    updates, pyicebergs = append._commit()
+    updates, pyicebergs = pyiceberg_internals.snapshot_change(append)
     requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), *pyicebergs,
                     AssertDefaultSpecId(default_spec_id=spec_id), fence)
     return TableChange(table, requirements, updates, append.snapshot_id)
@@ -291,7 +290,7 @@ def appended(table: Table, files: list, summary: dict[str, str], fence: Pipeline
 def commits_together(catalog: Catalog) -> TypeGuard[RestCatalog]:
     """Whether `catalog` commits several tables in one atomic request (a REST catalog whose
     configuration lists the multi-table commit endpoint; pyiceberg's SQL, Glue and Hive catalogs do not)."""
-    return isinstance(catalog, RestCatalog) and TRANSACTIONS in getattr(catalog, "_supported_endpoints", ())
+    return isinstance(catalog, RestCatalog) and TRANSACTIONS in pyiceberg_internals.rest_endpoints(catalog)
 
 
 def commit_together(catalog: RestCatalog, changes: list[TableChange]) -> None:
@@ -304,13 +303,14 @@ def commit_together(catalog: RestCatalog, changes: list[TableChange]) -> None:
         identifier=TableIdentifier(namespace=change.table.name()[:-1], name=change.table.name()[-1]),
         requirements=as_checked_by(catalog, change.table, change.requirements),
         updates=change.updates).model_dump_json()) for change in changes]}
-    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True),
-                                     data=json.dumps(request).encode(), headers=catalog._session.headers)
+    session = pyiceberg_internals.rest_session(catalog)
+    response = session.post(catalog.url("transactions/commit", prefixed=True), data=json.dumps(request).encode(),
+                            headers=session.headers)
     try:
         response.raise_for_status()
     except HTTPError as exc:
-        _handle_non_200_response(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
-                                       502: CommitStateUnknownException, 504: CommitStateUnknownException})
+        pyiceberg_internals.raise_rest_error(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
+                                                   502: CommitStateUnknownException, 504: CommitStateUnknownException})
 
 
 def commit_staged(catalog: Catalog, table: Table, staged_id: int, parent_id: int | None,

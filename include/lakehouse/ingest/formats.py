@@ -47,6 +47,7 @@ from functools import partial
 from typing import Any
 
 from lakehouse.core import errors, schemas
+from lakehouse.core.adapters import confluent_kafka_internals
 from lakehouse.core.errors import SchemaRegistryUnavailableError, SchemaTranslationError
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, FieldSpec, PipelineSpec, SchemaSource
 from lakehouse.ingest.checks import (
@@ -468,18 +469,13 @@ class SchemaStore:
         registry that keeps the .proto text only, that text compiled."""
         import binascii
 
-        from confluent_kafka.schema_registry._sync.protobuf import _resolve_named_schema
-        from confluent_kafka.schema_registry.common.protobuf import _init_pool, _str_to_proto
-        from google.protobuf.descriptor_pool import DescriptorPool
-
         try:
-            descriptor = _str_to_proto(f"writer_schema_{schema_id}.proto", schema.schema_str)
+            descriptor = confluent_kafka_internals.serialized_descriptor(f"writer_schema_{schema_id}.proto",
+                                                                         schema.schema_str)
         except (binascii.Error, ValueError, Exception):  # noqa: BLE001 - not base64 descriptors: .proto text
             compiled = _parsed(schema_id, lambda: schemas.proto_pool(schemas.compile_proto(schema.schema_str)))
             return ProtoSchema(*compiled)
-        pool = DescriptorPool()
-        _init_pool(pool)
-        self._ask(schema_id, lambda: _resolve_named_schema(schema, client, pool))
+        pool = self._ask(schema_id, lambda: confluent_kafka_internals.pool_with_references(schema, client))
         _parsed(schema_id, lambda: pool.Add(descriptor))
         return ProtoSchema(pool, descriptor.name)
 

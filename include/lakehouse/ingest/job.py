@@ -48,11 +48,13 @@ from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import IngestError
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import PipelineSpec, load_spec
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import committer, tables, taskwriter
 from lakehouse.ingest.batch_commit import BatchCommitter
 from lakehouse.ingest.batch_state import BatchState, Written
+from lakehouse.ingest.layout import batch_schema
 from lakehouse.ingest.plan import BatchPlan, plan_batch, split_for_tasks, task_groups, topic_state_for
-from lakehouse.ingest.reader import batch_schema, make_reader
+from lakehouse.ingest.reader import make_reader
 from lakehouse.ingest.receipts import BatchReceipt
 from lakehouse.ingest.schema_follower import Evolution, SchemaFollower
 from lakehouse.ingest.taskwriter import TableTarget
@@ -168,12 +170,13 @@ class IngestJob:
         topic_ids = {tp.topic_id for tp in started if tp.topic_id}
         writer = self.writer()
         for tp in new:
-            summary = {offsets.K_PIPELINE: self.spec.name, offsets.K_KIND: "ingest",
-                       offsets.K_TOPIC: self.spec.source.topic,
-                       offsets.K_TOPIC_ID: next(iter(topic_ids)) if len(topic_ids) == 1 else "",
-                       offsets.K_RANGES: offsets.encode_ranges({}),
-                       offsets.K_POSITIONS: offsets.encode_positions(position),
-                       offsets.K_BATCH: f"start-{uuid.uuid4().hex[:12]}", offsets.K_WRITER: writer.writer_id}
+            summary = {SnapshotSummary.PIPELINE: self.spec.name, SnapshotSummary.KIND: "ingest",
+                       SnapshotSummary.TOPIC: self.spec.source.topic,
+                       SnapshotSummary.TOPIC_ID: next(iter(topic_ids)) if len(topic_ids) == 1 else "",
+                       SnapshotSummary.RANGES: offsets.encode_ranges({}),
+                       SnapshotSummary.POSITIONS: offsets.encode_positions(position),
+                       SnapshotSummary.BATCH: f"start-{uuid.uuid4().hex[:12]}",
+                       SnapshotSummary.WRITER: writer.writer_id}
             committer.append_files(self.catalog, loaded[tp.table], [], summary, writer.fence(None))
             log.info("pipeline %s: new table %s starts at the committed position %s", self.spec.name, tp.table,
                      position)

@@ -28,91 +28,20 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from lakehouse.core import errors, kafka_security, sparkenv
 from lakehouse.core.errors import BrokerStalledError, OffsetGapError, RecordFailureError, SourceError
 from lakehouse.core.offsets import OffsetRange
-from lakehouse.core.spec import FieldSpec, PipelineSpec
+from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.checks import MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, TIMESTAMP_RANGE, lone_surrogate
+from lakehouse.ingest.layout import DEAD_LETTER_BATCH_COLUMNS, KAFKA_STRUCT, batch_schema
 from lakehouse.ingest.plan import kafka_consumer
 from lakehouse.ingest.rejects import Rejected
 from lakehouse.ingest.validator import RecordValidator
 from lakehouse.ingest.writer_schemas import WriterSchemas
 
-KAFKA_STRUCT = pa.struct([
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),
-    ("timestamp", pa.timestamp("us", tz="UTC")),
-    ("key", pa.string()),
-])
-HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-ARROW_TYPES = {
-    "string": pa.string(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-    "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32(), "uuid": pa.string(),
-    "binary": pa.binary(),
-}
-
-
-def arrow_type(f: FieldSpec) -> pa.DataType:
-    """The Arrow type of contract field `f`'s values as the validator returns them (nested ones too)."""
-    if f.type == "decimal":
-        return pa.decimal128(*f.digits)
-    if f.type == "struct":
-        return pa.struct([(c.name, arrow_type(c)) for c in f.fields])
-    if f.type == "list":
-        return pa.list_(arrow_type(f.element))
-    if f.type == "map":
-        return pa.map_(pa.string(), arrow_type(f.element))
-    return ARROW_TYPES[f.type]
-SPARK_KAFKA_STRUCT = "struct<topic:string,partition:int,offset:bigint,timestamp:timestamp,key:string>"
-# A change stream's rows also carry the change that wrote them: Debezium's op, the source's commit time and
-# the event's position in the source's log (change_events.source_position), which order a key's changes.
-CDC_STRUCT = pa.struct([("op", pa.string()), ("source_ts", pa.timestamp("us", tz="UTC")),
-                        ("position", pa.decimal128(38, 0))])
-SPARK_CDC_STRUCT = "struct<op:string,source_ts:timestamp,position:decimal(38,0)>"
-SPARK_HEADERS = "array<struct<key:string,value:binary>>"
-# The dead-letter table's columns, in order: (name, Spark type, the decoded batch's column a dead
-# letter's value comes from, or None for the pipeline's name, comment). The one definition of the
-# mapping: the table's DDL (tables.DEAD_LETTER_COLUMNS), the tasks' Arrow projection
-# (taskwriter.DEAD_LETTER_SOURCES), the Spark projection of replays (tables.dead_letter_columns)
-# and a batch's `_dlq_*` columns (batch_schema) all follow it.
-DEAD_LETTER_TABLE = (
-    ("_kafka", SPARK_KAFKA_STRUCT, "_kafka", "source coordinates of the rejected record"),
-    ("key", "binary", "_dlq_key", "raw record key"),
-    ("value", "binary", "_dlq_value", "raw record value"),
-    ("headers", SPARK_HEADERS, "_dlq_headers", "raw record headers"),
-    ("error_kind", "string", "_dlq_error_kind", "why the record was rejected"),
-    ("error_detail", "string", "_dlq_error_detail", None),
-    ("pipeline", "string", None, None),
-    ("_ingested_at", "timestamp", "_ingested_at", None),
-)
-# the batch's columns set on dead letters only, in the order a decoded dead letter carries their values
-_DEAD_LETTER_COLUMNS = tuple(source for _, _, source, _ in DEAD_LETTER_TABLE if source and source.startswith("_dlq_"))
-_DEAD_LETTER_ARROW = {"binary": pa.binary(), "string": pa.string(), SPARK_HEADERS: HEADERS}
 # Kafka timestamps (milliseconds) inside checks.TIMESTAMP_RANGE; a broker takes any 64-bit value.
 MIN_KAFKA_TIMESTAMP_MS = -(-MIN_TIMESTAMP_US // 1000)
 MAX_KAFKA_TIMESTAMP_MS = MAX_TIMESTAMP_US // 1000
 _DETAIL_CHARS = 2000  # error_detail is for people; an exception can quote a whole value
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MILLISECOND = timedelta(milliseconds=1)
-
-
-def batch_schema(spec: PipelineSpec) -> tuple[pa.Schema, str]:
-    """Arrow schema and matching Spark DDL of a decoded batch (table rows and dead letters).
-
-    `_route` names the target table (null for a dead letter); `_op` is `upsert` or
-    `delete`; `_dlq_*` columns are set on dead letters only.
-    """
-    fields = [("_route", pa.string(), "string"), ("_op", pa.string(), "string")]
-    fields += [(f.name, arrow_type(f), f.spark_type) for f in spec.contract.fields]
-    fields += [
-        ("_kafka", KAFKA_STRUCT, SPARK_KAFKA_STRUCT),
-        ("_ingested_at", pa.timestamp("us", tz="UTC"), "timestamp"),
-    ]
-    if spec.is_cdc:
-        fields.append(("_cdc", CDC_STRUCT, SPARK_CDC_STRUCT))
-    fields += [(source, _DEAD_LETTER_ARROW[spark_type], spark_type)
-               for _, spark_type, source, _ in DEAD_LETTER_TABLE if source in _DEAD_LETTER_COLUMNS]
-    schema = pa.schema([(n, t) for n, t, _ in fields])
-    ddl = ", ".join(f"`{n}` {s}" for n, _, s in fields)
-    return schema, ddl
 
 
 # Messages asked of consume() at a time. A Message is a GC-tracked object: a chunk of thousands
@@ -352,9 +281,9 @@ class BatchBuilder:
         columns["_route"] = column(records, 5)
         columns["_op"] = column(records, 6)
         columns["_ingested_at"] = [self.ingested_at] * n
-        columns.update((name, [None] * n) for name in _DEAD_LETTER_COLUMNS)
+        columns.update((name, [None] * n) for name in DEAD_LETTER_BATCH_COLUMNS)
         for position, *values in dead:
-            for name, value in zip(_DEAD_LETTER_COLUMNS, values, strict=True):
+            for name, value in zip(DEAD_LETTER_BATCH_COLUMNS, values, strict=True):
                 columns[name][position] = value
         columns["_kafka"] = pa.StructArray.from_arrays([
             pa.array(column(records, 0), pa.string()),

@@ -9,9 +9,10 @@ Schema policy (spec `schema_policy`):
   records that carry the field (`schema_incompatible`) until someone fixes it.
 
 One table has one owner: every table records the pipeline that created it
-(`lakehouse.pipeline`), and `ensure_tables` refuses a table another pipeline (or
-nobody) owns. Tables are created with `write.wap.enabled=true`, so the ingest job's
-writes are staged and only lakehouse.ingest.committer makes them visible.
+(`lakehouse.pipeline`; the platform's property keys are lakehouse.core.table_properties),
+and `ensure_tables` refuses a table another pipeline (or nobody) owns. Tables are created
+with `write.wap.enabled=true`, so the ingest job's writes are staged and only
+lakehouse.ingest.committer makes them visible.
 
 The data tables follow the spec's layout (`apply_layout`, run by `ensure_tables` at every job
 start and spec reload): a changed `target.partition_by` is applied as Iceberg partition
@@ -73,8 +74,9 @@ from pyiceberg.types import (
 
 from lakehouse.core import retry, schemas
 from lakehouse.core.errors import LayoutChangeRefused, SchemaIncompatibleError, TableOwnershipError, TableStateError
-from lakehouse.core.spec import RESERVED_COLUMNS, TARGET_FILE_SIZE_PROPERTY, FieldSpec, PartitionField, PipelineSpec
-from lakehouse.ingest.reader import DEAD_LETTER_TABLE, SPARK_CDC_STRUCT, SPARK_KAFKA_STRUCT
+from lakehouse.core.spec import RESERVED_COLUMNS, FieldSpec, PartitionField, PipelineSpec
+from lakehouse.core.table_properties import TableProperties
+from lakehouse.ingest.layout import DEAD_LETTER_TABLE, SPARK_CDC_STRUCT, SPARK_KAFKA_STRUCT
 
 log = logging.getLogger("lakehouse.tables")
 
@@ -82,13 +84,13 @@ _ICEBERG_PRIMITIVES = ((StringType, "string"), (IntegerType, "int"), (LongType, 
                        (DoubleType, "double"), (BooleanType, "boolean"), (TimestamptzType, "timestamp"),
                        (TimestampType, "timestamp"), (DateType, "date"), (UUIDType, "string"),
                        (BinaryType, "binary"), (FixedType, "binary"))
-# the dead-letter table's column definitions (DDL), from reader.DEAD_LETTER_TABLE
+# the dead-letter table's column definitions (DDL), from layout.DEAD_LETTER_TABLE
 DEAD_LETTER_COLUMNS = tuple(f"{name} {spark_type}" + (f" COMMENT '{comment}'" if comment else "")
                             for name, spark_type, _, comment in DEAD_LETTER_TABLE)
 
 
 def dead_letter_columns(pipeline: str) -> list:
-    """The dead-letter table's columns (reader.DEAD_LETTER_TABLE), in order, as Spark columns over a
+    """The dead-letter table's columns (layout.DEAD_LETTER_TABLE), in order, as Spark columns over a
     DataFrame of decoded batch rows (`batch_schema`), `pipeline` filling the pipeline's name."""
     from pyspark.sql import functions as F
 
@@ -96,24 +98,17 @@ def dead_letter_columns(pipeline: str) -> list:
             for name, _, source, _ in DEAD_LETTER_TABLE]
 
 
-OWNER = "lakehouse.pipeline"
-STAGING = "write.wap.enabled"  # Spark stages writes that carry spark.wap.id (see sparkenv.staged)
-# what a data table was written as: "append" or "upsert(key, ...)"; a table cannot change it in place
-WRITE_MODE = "lakehouse.write-mode"
-# the keys `target.properties` set at the last layout, comma-separated: a key the spec drops is unset
-SPEC_PROPERTIES = "lakehouse.spec-properties"
-# on the dead-letter table: the default data table the pipeline writes (a renamed target.table is refused)
-DEFAULT_TABLE = "lakehouse.default-table"
 LAYOUT_ATTEMPTS = 5
 
 
 def require_staging(table: Table, name: str) -> None:
     """Raise TableStateError unless `table` stages Spark writes (else a write would bypass the committer
     and become visible without its positions)."""
-    if table.metadata.properties.get(STAGING) != "true":
-        raise TableStateError(f"table {name} has {STAGING}={table.metadata.properties.get(STAGING)!r}: the ingest "
+    staging = TableProperties.STAGING
+    if table.metadata.properties.get(staging) != "true":
+        raise TableStateError(f"table {name} has {staging}={table.metadata.properties.get(staging)!r}: the ingest "
                               f"job stages its writes and publishes them with their positions; set it back with "
-                              f"ALTER TABLE ... SET TBLPROPERTIES ('{STAGING}'='true')")
+                              f"ALTER TABLE ... SET TBLPROPERTIES ('{staging}'='true')")
 
 
 @dataclass
@@ -140,15 +135,15 @@ def table_properties(spec: PipelineSpec) -> dict[str, str]:
     props = {
         "format-version": "2",
         "write.parquet.compression-codec": "zstd",
-        TARGET_FILE_SIZE_PROPERTY: str(spec.target.target_file_size_bytes),
+        TableProperties.TARGET_FILE_SIZE: str(spec.target.target_file_size_bytes),
         "write.metadata.delete-after-commit.enabled": "true",
         "write.metadata.previous-versions-max": "50",
-        OWNER: spec.name,
-        STAGING: "true",
-        WRITE_MODE: write_mode(spec),
+        TableProperties.OWNER: spec.name,
+        TableProperties.STAGING: "true",
+        TableProperties.WRITE_MODE: write_mode(spec),
     }
     if spec.target.properties:
-        props[SPEC_PROPERTIES] = ",".join(sorted(spec.target.properties))
+        props[TableProperties.SPEC_PROPERTIES] = ",".join(sorted(spec.target.properties))
     if spec.target.mode == "upsert":
         props.update({"write.merge.mode": "merge-on-read", "write.update.mode": "merge-on-read",
                       "write.delete.mode": "merge-on-read"})
@@ -174,7 +169,8 @@ def _create_data_table(spark, spec: PipelineSpec, table: str) -> None:
 
 def _create_dead_letter_table(spark, spec: PipelineSpec) -> None:
     props = {"format-version": "2", "write.parquet.compression-codec": "zstd",
-             OWNER: spec.name, "lakehouse.role": "dead-letter", STAGING: "true", DEFAULT_TABLE: spec.target.table,
+             TableProperties.OWNER: spec.name, TableProperties.ROLE: TableProperties.ROLE_DEAD_LETTER,
+             TableProperties.STAGING: "true", TableProperties.DEFAULT_TABLE: spec.target.table,
              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "50"}
     rendered = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(spec.dead_letter_table)} "
@@ -184,7 +180,8 @@ def _create_dead_letter_table(spark, spec: PipelineSpec) -> None:
 
 def _create_tombstone_table(spark, spec: PipelineSpec, ledger: str) -> None:
     keys = [f"`{k}` {spec.contract.field(k).spark_type}" for k in spec.target.key]
-    props = {"format-version": "2", OWNER: spec.name, "lakehouse.role": "tombstones",
+    props = {"format-version": "2", TableProperties.OWNER: spec.name,
+             TableProperties.ROLE: TableProperties.ROLE_TOMBSTONES,
              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "50"}
     rendered = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(ledger)} "
@@ -195,19 +192,20 @@ def _create_tombstone_table(spark, spec: PipelineSpec, ledger: str) -> None:
 
 def check_owner(spec: PipelineSpec, name: str, table: Table) -> None:
     """Raise TableOwnershipError unless `table` records `spec`'s pipeline as its owner."""
-    owner = table.metadata.properties.get(OWNER)
+    key = TableProperties.OWNER
+    owner = table.metadata.properties.get(key)
     if owner == spec.name:
         return
     if owner is None:
         raise TableOwnershipError(
             f"{spec.path}: table {spec.qualified(name)} exists but was not created by a lakehouse pipeline (no "
-            f"{OWNER} property); writing into it could duplicate rows. Choose another table, or adopt it "
-            f"with ALTER TABLE {spec.qualified(name)} SET TBLPROPERTIES ('{OWNER}'='{spec.name}') if it is "
+            f"{key} property); writing into it could duplicate rows. Choose another table, or adopt it "
+            f"with ALTER TABLE {spec.qualified(name)} SET TBLPROPERTIES ('{key}'='{spec.name}') if it is "
             f"meant for this pipeline")
     raise TableOwnershipError(
         f"{spec.path}: table {spec.qualified(name)} belongs to pipeline {owner!r}; two pipelines writing one "
         f"table would duplicate every row. Choose another table for {spec.name!r}, or, if {owner!r} is gone "
-        f"and its table should move to {spec.name!r}, set {OWNER}='{spec.name}' on it")
+        f"and its table should move to {spec.name!r}, set {key}='{spec.name}' on it")
 
 
 def _contract_type(t: IcebergType, path: str) -> FieldSpec:
@@ -278,9 +276,9 @@ def _load_owned(catalog: Catalog, spec: PipelineSpec, name: str) -> Table | None
     except NoSuchTableError:
         return None
     check_owner(spec, name, table)
-    if table.metadata.properties.get(STAGING) != "true":  # created before writes were staged
+    if table.metadata.properties.get(TableProperties.STAGING) != "true":  # created before writes were staged
         with table.transaction() as tx:
-            tx.set_properties({STAGING: "true"})
+            tx.set_properties({TableProperties.STAGING: "true"})
         table = catalog.load_table(name)
     return table
 
@@ -380,7 +378,7 @@ def owned_properties(spec: PipelineSpec) -> dict[str, str]:
     merge-on-read modes) and `target.properties`. Never the platform's records (`lakehouse.*`) nor
     write-audit-publish staging."""
     return {k: v for k, v in table_properties(spec).items()
-            if not k.startswith("lakehouse.") and k not in (STAGING, "format-version")}
+            if not k.startswith(TableProperties.PREFIX) and k not in (TableProperties.STAGING, "format-version")}
 
 
 @dataclass(frozen=True)
@@ -438,7 +436,7 @@ def layout_drift(spec: PipelineSpec, name: str, metadata) -> LayoutDrift:
     current = table_partitioning(metadata)
     wanted = spec.target.partition_by
     refused = []
-    recorded = props.get(WRITE_MODE)
+    recorded = props.get(TableProperties.WRITE_MODE)
     if recorded is not None and recorded != write_mode(spec):
         refused.append(
             f"table {spec.qualified(name)} was written as {recorded} but the spec now says {write_mode(spec)}: "
@@ -454,14 +452,14 @@ def layout_drift(spec: PipelineSpec, name: str, metadata) -> LayoutDrift:
                            f"partition by it once the column exists")
     owned = owned_properties(spec)
     set_properties = {k: v for k, v in owned.items() if props.get(k) != v}
-    previously = set(filter(None, props.get(SPEC_PROPERTIES, "").split(",")))
+    previously = set(filter(None, props.get(TableProperties.SPEC_PROPERTIES, "").split(",")))
     unset = tuple(sorted(k for k in previously - set(owned) if k in props))
     records: dict[str, str | None] = {}
     if recorded is None:  # a table created before the write mode was recorded: it was written as the spec says
-        records[WRITE_MODE] = write_mode(spec)
+        records[TableProperties.WRITE_MODE] = write_mode(spec)
     spec_keys = ",".join(sorted(spec.target.properties)) or None
-    if props.get(SPEC_PROPERTIES) != spec_keys:
-        records[SPEC_PROPERTIES] = spec_keys
+    if props.get(TableProperties.SPEC_PROPERTIES) != spec_keys:
+        records[TableProperties.SPEC_PROPERTIES] = spec_keys
     return LayoutDrift(
         table=spec.qualified(name),
         partitioning=tuple(str(p) for p in current), wanted_partitioning=tuple(str(p) for p in wanted),
@@ -560,9 +558,9 @@ def recorded_default_table(catalog: Catalog, spec: PipelineSpec) -> tuple[Table 
         dead_letters = catalog.load_table(spec.dead_letter_table)
     except NoSuchTableError:
         return None, None, None
-    if dead_letters.metadata.properties.get(OWNER) != spec.name:
+    if dead_letters.metadata.properties.get(TableProperties.OWNER) != spec.name:
         return None, None, None
-    recorded = dead_letters.metadata.properties.get(DEFAULT_TABLE)
+    recorded = dead_letters.metadata.properties.get(TableProperties.DEFAULT_TABLE)
     if recorded is None or recorded == spec.target.table or not catalog.table_exists(recorded):
         return dead_letters, recorded, None
     return dead_letters, recorded, _renamed_table_refusal(spec, recorded)
@@ -578,4 +576,4 @@ def check_default_table(catalog: Catalog, spec: PipelineSpec) -> None:
         raise LayoutChangeRefused(f"{spec.path}: {why}")
     if dead_letters is not None and recorded != spec.target.table:
         with dead_letters.transaction() as tx:
-            tx.set_properties({DEFAULT_TABLE: spec.target.table})
+            tx.set_properties({TableProperties.DEFAULT_TABLE: spec.target.table})

@@ -25,7 +25,6 @@ merges with Spark's MERGE and deletes once committed.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -36,14 +35,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse.core import errors, sparkenv
+from lakehouse.core.adapters import pyiceberg_internals
 from lakehouse.core.offsets import OffsetRange
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest.reader import DEAD_LETTER_TABLE, BatchBuilder, StageClock, read_ranges, reader_consumer
+from lakehouse.ingest.layout import DEAD_LETTER_TABLE
+from lakehouse.ingest.reader import BatchBuilder, StageClock, read_ranges, reader_consumer
 from lakehouse.ingest.validator import RecordValidator
 from lakehouse.ingest.writer_schemas import WriterSchemas
 
 # Arrow columns of a decoded batch that become a dead-letter row, in the dead-letter table's names
-# (reader.DEAD_LETTER_TABLE), and the columns that hold the pipeline's name
+# (layout.DEAD_LETTER_TABLE), and the columns that hold the pipeline's name
 DEAD_LETTER_SOURCES = tuple((name, source) for name, _, source, _ in DEAD_LETTER_TABLE if source)
 DEAD_LETTER_PIPELINE = tuple(name for name, _, source, _ in DEAD_LETTER_TABLE if source is None)
 UPSERT_OP = "_op"
@@ -158,32 +159,16 @@ def _write(target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: 
     return write_data_files(io, target.metadata, rows, write_uuid, itertools.count(task_id * 100_000))
 
 
-_PLAN_LOCK = threading.Lock()
-
-
 def write_data_files(io, metadata, rows: pa.Table, write_uuid: uuid.UUID, counter: itertools.count[int]) -> list:
-    """`rows` as the table's data files, by pyiceberg's writer (`_dataframe_to_data_files`, what its own
-    append runs), with lower and upper bounds for the fields nested in structs too, which pyiceberg leaves at
-    counts only (Iceberg's Java writer, Spark's, keeps them): `_kafka.partition`, `_kafka.offset` and
-    `_kafka.timestamp` must prune scans that look for a record by its coordinates.
+    """`rows` as the table's data files, by pyiceberg's writer (what its own append runs, through
+    lakehouse.core.adapters.pyiceberg_internals), with lower and upper bounds for the fields nested in structs
+    too, which pyiceberg leaves at counts only (Iceberg's Java writer, Spark's, keeps them): `_kafka.partition`,
+    `_kafka.offset` and `_kafka.timestamp` must prune scans that look for a record by its coordinates.
 
-    The bounds come from the footer the writer holds when it closes a file: pyiceberg asks
-    `compute_statistics_plan` which metrics to take from it, and is handed a plan with the struct leaves
-    upgraded for the length of the call. Reading each footer back instead cost a HeadObject and a GetObject
-    per file on an object store."""
-    import pyiceberg.io.pyarrow as writer
-
-    original = writer.compute_statistics_plan
-
-    def plan(schema, properties):
-        return _with_struct_leaves(original(schema, properties), schema, properties)
-
-    with _PLAN_LOCK:
-        writer.compute_statistics_plan = plan
-        try:
-            return list(writer._dataframe_to_data_files(metadata, rows, io, write_uuid=write_uuid, counter=counter))
-        finally:
-            writer.compute_statistics_plan = original
+    The bounds come from the footer the writer holds when it closes a file: pyiceberg asks its statistics
+    plan which metrics to take from it, and is handed one with the struct leaves upgraded for the length of
+    the call. Reading each footer back instead cost a HeadObject and a GetObject per file on an object store."""
+    return pyiceberg_internals.write_data_files(io, metadata, rows, write_uuid, counter, _with_struct_leaves)
 
 
 def _struct_leaves(fields, nested: bool = False) -> Iterator[int]:

@@ -53,6 +53,7 @@ from pyiceberg.types import IcebergType, IntegerType, LongType
 from lakehouse.core import offsets
 from lakehouse.core.errors import BrokerStalledError, SourceError
 from lakehouse.core.offsets import OffsetRange
+from lakehouse.core.table_properties import SnapshotSummary
 
 # -------------------------------------------------------------------------- interval arithmetic
 
@@ -269,17 +270,17 @@ class Commit:
 def commit_of(snapshot, table: str, pipeline: str) -> Commit:
     """The Commit a pyiceberg `snapshot` of `table` is for `pipeline`."""
     props = offsets.summary_properties(snapshot)
-    ours = props.get(offsets.K_PIPELINE) == pipeline
+    ours = props.get(SnapshotSummary.PIPELINE) == pipeline
     return Commit(
         table=table, snapshot_id=snapshot.snapshot_id, parent_id=snapshot.parent_snapshot_id,
         at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC),
         operation=props.get("operation", ""),
-        kind=(props.get(offsets.K_KIND) or "ingest") if ours else None,
-        ranges=Coverage.of_ranges(offsets.decode_ranges(props.get(offsets.K_RANGES))) if ours else Coverage(),
-        gaps=Coverage.of_ranges(offsets.decode_ranges(props.get(offsets.K_GAPS))) if ours else Coverage(),
-        positions=offsets.decode_positions(props[offsets.K_POSITIONS]) if ours and offsets.K_POSITIONS in props
-        else None,
-        batch_id=props.get(offsets.K_BATCH) if ours else None,
+        kind=(props.get(SnapshotSummary.KIND) or "ingest") if ours else None,
+        ranges=Coverage.of_ranges(offsets.decode_ranges(props.get(SnapshotSummary.RANGES))) if ours else Coverage(),
+        gaps=Coverage.of_ranges(offsets.decode_ranges(props.get(SnapshotSummary.GAPS))) if ours else Coverage(),
+        positions=offsets.decode_positions(props[SnapshotSummary.POSITIONS])
+        if ours and SnapshotSummary.POSITIONS in props else None,
+        batch_id=props.get(SnapshotSummary.BATCH) if ours else None,
     )
 
 

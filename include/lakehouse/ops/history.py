@@ -38,6 +38,7 @@ from typing import Any, overload
 from lakehouse.core import config, errors, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import IDENTIFIER, SHARED_DAG_IDS, TABLE_NAME, PipelineSpec, dag_id
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ops import cost
 from lakehouse.ops.status import pipeline_status
 
@@ -70,11 +71,11 @@ def history(spec: PipelineSpec, batches: list[dict] | None, platform: config.Pla
     for snap in offsets.ingest_commits(catalog.load_table(spec.target.table), spec.name):
         props = offsets.summary_properties(snap)
         at = datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=UTC)
-        event_time = props.get(offsets.K_MAX_EVENT_TIME)
+        event_time = props.get(SnapshotSummary.MAX_EVENT_TIME)
         points.append({
             "at": at.isoformat(),
             "snapshot_id": snap.snapshot_id,
-            "committed": sum(offsets.decode_positions(props[offsets.K_POSITIONS]).values()),
+            "committed": sum(offsets.decode_positions(props[SnapshotSummary.POSITIONS]).values()),
             "freshness_s": _seconds(at, datetime.fromisoformat(event_time)) if event_time else None,
         })
     return {"source": "snapshots" if points else "none", "points": points[-limit:]}

@@ -800,7 +800,7 @@ class TableKeys:
     does (NEWEST)."""
 
     def __init__(self, spec: PipelineSpec, registry: dict | None = None):
-        from lakehouse.ingest.reader import arrow_type
+        from lakehouse.ingest.layout import arrow_type
         from lakehouse.ingest.validator import RecordValidator
 
         self.cdc = spec.is_cdc

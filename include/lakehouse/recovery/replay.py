@@ -22,10 +22,12 @@ from lakehouse.core import config, offsets, sparkenv
 from lakehouse.core.errors import ReplayError
 from lakehouse.core.offsets import OffsetRange, TableProgress
 from lakehouse.core.spec import PipelineSpec, is_table_name
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import tables
 from lakehouse.ingest.job import IngestJob
+from lakehouse.ingest.layout import batch_schema
 from lakehouse.ingest.plan import BatchPlan, offsets_for_time
-from lakehouse.ingest.reader import batch_schema, make_redecoder
+from lakehouse.ingest.reader import make_redecoder
 
 COORDS = ("t._kafka.topic = s._kafka.topic AND t._kafka.partition = s._kafka.partition "
           "AND t._kafka.offset = s._kafka.offset")
@@ -267,9 +269,10 @@ class Replay:
         return receipt
 
     def _summary(self, receipt: ReplayReceipt) -> dict[str, str]:
-        return {offsets.K_PIPELINE: self.spec.name, offsets.K_KIND: receipt.kind,
-                offsets.K_TOPIC: self.spec.source.topic, offsets.K_RANGES: offsets.encode_ranges(receipt.ranges),
-                offsets.K_BATCH: uuid.uuid4().hex}
+        return {SnapshotSummary.PIPELINE: self.spec.name, SnapshotSummary.KIND: receipt.kind,
+                SnapshotSummary.TOPIC: self.spec.source.topic,
+                SnapshotSummary.RANGES: offsets.encode_ranges(receipt.ranges),
+                SnapshotSummary.BATCH: uuid.uuid4().hex}
 
     def _absent(self, rows, table: str):
         """`rows` whose source coordinates are not in `table`."""

@@ -69,6 +69,7 @@ from pyiceberg.table import Table, TableProperties
 
 from lakehouse.core import config, errors, events, offsets, retry, sparkenv
 from lakehouse.core import spec as spec_module
+from lakehouse.core.adapters import pyspark_internals
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import MaintenanceError, OwnershipError
 from lakehouse.core.spec import PipelineSpec
@@ -696,8 +697,9 @@ class TableMaintenance:
 
     def _java_table(self):
         """(the JVM, the table as Spark's Iceberg catalog loads it), for Iceberg's Action API."""
-        jvm = self.spark.sparkContext._jvm
-        return jvm, jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.qualified)
+        jvm = pyspark_internals.jvm(self.spark)
+        return jvm, jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(pyspark_internals.java_session(self.spark),
+                                                                             self.qualified)
 
     @staticmethod
     def _options(options: dict[str, object]) -> str:
@@ -866,7 +868,7 @@ class TableMaintenance:
             raise OwnershipError(f"orphan removal of {self.qualified} refused, nothing deleted: its location or file "
                                  f"placement changed while it was checked ({proven.location} {dict(proven.properties)} "
                                  f"-> {iceberg_table.location()} {seen}); run maintenance again")
-        action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession) \
+        action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(pyspark_internals.java_session(self.spark)) \
             .deleteOrphanFiles(iceberg_table).olderThan(int(older_than.timestamp() * 1000))
         if urlsplit(iceberg_table.location()).scheme in config.S3_SCHEMES:
             action = action.usePrefixListing(True)  # list through the table's S3FileIO, not Hadoop
@@ -894,7 +896,7 @@ class TableMaintenance:
                    + (f" and {receipt.would_rewrite_delete_files} delete files" if self.upsert else "")
                    + f", {receipt.would_expire_count} snapshots would expire")
         try:
-            sink = self.spark.sparkContext._jvm.java.util.stream.Stream.builder()  # collects, deletes nothing
+            sink = pyspark_internals.jvm(self.spark).java.util.stream.Stream.builder()  # collects, deletes nothing
             found = sorted(str(path) for path in
                            self._orphan_action(receipt, table).deleteWith(sink).execute().orphanFileLocations())
         except OwnershipError as exc:

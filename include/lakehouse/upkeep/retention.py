@@ -63,6 +63,7 @@ from lakehouse.core.errors import (
     TopicError,
 )
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.plan import topic_state_for
 from lakehouse.upkeep.maintenance import retrying, timestamp_literal
 
@@ -125,7 +126,7 @@ def observed_lag(spec: PipelineSpec, platform: config.PlatformConfig) -> tuple[f
         except NoSuchTableError:
             continue
         for snap in offsets.ingest_commits(table, spec.name):
-            oldest = offsets.summary_properties(snap).get(offsets.K_MIN_KAFKA_TIME)
+            oldest = offsets.summary_properties(snap).get(SnapshotSummary.MIN_KAFKA_TIME)
             if not oldest:
                 continue
             batches += 1
@@ -185,7 +186,7 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
 
     def delete(qualified: str, run_id: str) -> None:
         sparkenv.with_commit_properties(
-            spark, {offsets.K_KIND: KIND_RETENTION, offsets.PREFIX + "retention-run": run_id},
+            spark, {SnapshotSummary.KIND: KIND_RETENTION, SnapshotSummary.RETENTION_RUN: run_id},
             lambda: spark.sql(f"DELETE FROM {qualified} WHERE {predicate}").collect())
 
     for name in spec.target.tables:
@@ -197,7 +198,7 @@ def delete_expired(spark, spec: PipelineSpec, platform: config.PlatformConfig, n
         run_id = uuid.uuid4().hex  # finds this delete's commit among the table's snapshots
         retrying(f"data-retention delete on {qualified}", partial(delete, qualified, run_id))
         commits = [s for s in catalog.load_table(name).snapshots()
-                   if offsets.summary_properties(s).get(offsets.PREFIX + "retention-run") == run_id]
+                   if offsets.summary_properties(s).get(SnapshotSummary.RETENTION_RUN) == run_id]
         deleted[qualified] = sum(
             spark.sql(f"SELECT count(*) AS n FROM {qualified} VERSION AS OF {int(s.parent_snapshot_id)} "
                       f"WHERE {predicate}").collect()[0]["n"] for s in commits if s.parent_snapshot_id is not None)
