@@ -11,6 +11,7 @@ import pytest
 
 from lakehouse.core import offsets
 from lakehouse.core.offsets import OffsetRange, TableProgress
+from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.batch_commit import BatchCommitter
 from lakehouse.ingest.batch_state import BatchState, Written, utc
 from lakehouse.ingest.committer import Writer
@@ -77,12 +78,12 @@ def test_a_tables_commit_summary_holds_what_it_did_not_hold_yet_and_the_position
     committer = BatchCommitter(catalog=None, spark=None, writer=Writer(spec.name, "w-1", 3))  # type: ignore[arg-type]
     ahead = TableProgress(spec.target.table, True, {0: 14, 1: 5, 2: 40}, snapshot_id=9)
     summary = committer.summary(state, ahead)
-    assert offsets.decode_ranges(summary[offsets.K_RANGES]) == {0: (14, 20), 1: (5, 9)}
-    assert offsets.decode_positions(summary[offsets.K_POSITIONS]) == {0: 20, 1: 9, 2: 40}
-    assert (summary[offsets.K_BATCH], summary[offsets.K_WRITER], summary[offsets.K_PIPELINE]) == ("b-1", "w-1",
+    assert offsets.decode_ranges(summary[SnapshotSummary.RANGES]) == {0: (14, 20), 1: (5, 9)}
+    assert offsets.decode_positions(summary[SnapshotSummary.POSITIONS]) == {0: 20, 1: 9, 2: 40}
+    assert (summary[SnapshotSummary.BATCH], summary[SnapshotSummary.WRITER], summary[SnapshotSummary.PIPELINE]) == ("b-1", "w-1",
                                                                                                     spec.name)
-    assert summary[offsets.K_MAX_EVENT_TIME] == utc(2_000_000).isoformat()
-    assert summary[offsets.K_MIN_KAFKA_TIME] == utc(1_000_000).isoformat()
-    assert offsets.K_GAPS not in summary
+    assert summary[SnapshotSummary.MAX_EVENT_TIME] == utc(2_000_000).isoformat()
+    assert summary[SnapshotSummary.MIN_KAFKA_TIME] == utc(1_000_000).isoformat()
+    assert SnapshotSummary.GAPS not in summary
     gapped = dataclasses.replace(state, plan=plan_of(spec, {0: (10, 20)}, gaps={0: (3, 10)}))
-    assert offsets.decode_ranges(committer.summary(gapped, ahead)[offsets.K_GAPS]) == {0: (3, 10)}
+    assert offsets.decode_ranges(committer.summary(gapped, ahead)[SnapshotSummary.GAPS]) == {0: (3, 10)}

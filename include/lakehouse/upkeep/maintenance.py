@@ -349,14 +349,17 @@ def canonical_path(uri: str) -> StoragePath | None:
     """`uri` as the one place every client takes it for, or None when clients may disagree about it: a
     relative path, `.` or `..` segments (an object store keeps them as key characters, a filesystem
     resolves them), an empty segment (`a//b`), a query, fragment or percent-escape (some clients cut or
-    decode them, others do not), a backslash or a control character. A table is proven to own only a
-    location of this plain form."""
+    decode them, others do not), a backslash or a control character, or an opaque `scheme:path` whose path
+    does not start at a root (`a0:0`: a folder "0" to one client, the root to another). A table is proven to
+    own only a location of this plain form."""
     if not uri or any(c in uri for c in "?#%\\") or any(ord(c) < 32 or ord(c) == 127 for c in uri):
         return None
     parts = _split(uri)
     if parts is None:
         return None
     scheme, authority, path = parts
+    if path and not path.startswith("/"):
+        return None
     segments = path.rstrip("/").split("/")[1:] if path.rstrip("/") else []
     if any(s in ("", ".", "..") for s in segments):
         return None
