@@ -21,15 +21,14 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
-
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from lakehouse.audit import verify
+from lakehouse.audit.coordinates import Coverage
 from lakehouse.core import config, errors, events
 from lakehouse.core.catalog import open_catalog
-from lakehouse.ops import verify
-from lakehouse.ops.coordinates import Coverage
 from lakehouse.recovery import backfill
 from lakehouse.wap import publish
 
@@ -230,7 +229,7 @@ TABLES = ("raw.a", "raw.b")
 
 
 def record_verification(spec, platform, snapshots: dict[str, int], status: str, mode: str) -> None:
-    """A verification's `verify` event, as `lakehouse.ops.verify.record` writes it for a run that verified
+    """A verification's `verify` event, as `lakehouse.audit.verify.record` writes it for a run that verified
     `snapshots` (table -> snapshot) in `mode` with `status` (ok: nothing found; failed: one duplicate)."""
     findings = verify.Findings()
     if status == "failed":

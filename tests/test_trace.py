@@ -24,20 +24,20 @@ from datetime import datetime, timedelta, timezone
 import jwt
 import pytest
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from e2e import page_reads, pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixture)
 from fastapi.testclient import TestClient
 from pyiceberg.expressions import EqualTo
+from test_ui import card, field
+from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
-from lakehouse_airflow import ui as lakehouse_ui
-from e2e import page_reads, pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixture)
 from bench import proof
+from lakehouse.audit.coordinates import Coverage, coordinate_filter
+from lakehouse.audit.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
+from lakehouse.audit.verify import RecordKey
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import parse_moment
-from lakehouse.ops.coordinates import Coverage, coordinate_filter
-from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
-from lakehouse.ops.verify import RecordKey
-from test_ui import card, field
-from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
+from lakehouse_airflow import ui as lakehouse_ui
 
 # ---------------------------------------------------------------------------- unit layer: verdicts
 

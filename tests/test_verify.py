@@ -25,16 +25,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (pipeline: a fixture)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyiceberg.expressions import And, EqualTo
 
-from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (pipeline: a fixture)
 from lakehouse import cli
+from lakehouse.audit import verify
+from lakehouse.audit.coordinates import KAFKA_RECORDS, Coverage, Intervals
+from lakehouse.audit.verify import PartitionFacts, check_keys, check_rows, newest_per_key
 from lakehouse.core import config, errors, events
-from lakehouse.ops import verify
-from lakehouse.ops.coordinates import KAFKA_RECORDS, Coverage, Intervals
-from lakehouse.ops.verify import PartitionFacts, check_keys, check_rows, newest_per_key
 from lakehouse.wap import publish
 
 # ---------------------------------------------------------------------------- unit layer: the arithmetic

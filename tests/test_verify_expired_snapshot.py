@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
+from lakehouse.audit import verify
 from lakehouse.core.errors import VerifyError
-from lakehouse.ops import verify
 
 
 @pytest.fixture

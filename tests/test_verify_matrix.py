@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from e2e import send, table
 from pyiceberg.expressions import And, EqualTo
 from test_cdc import avro_cdc_spec
 from test_produce_formats import in_format
 
-from e2e import send, table
+from lakehouse.audit import verify
 from lakehouse.core.errors import UnverifiedError
 from lakehouse.core.topics import ensure_topics
 from lakehouse.ingest.job import IngestJob
-from lakehouse.ops import verify
 from lakehouse.wap import publish
 from lakehouse_dev.produce import synthesize
 

@@ -414,8 +414,8 @@ def cmd_schemas(args) -> int:
 def cmd_trace(args) -> int:
     """One record's (or one key's records') whereabouts; exits 3 when a record is missing, duplicated or
     foreign."""
+    from lakehouse.audit import trace
     from lakehouse.core import topics
-    from lakehouse.ops import trace
 
     spec = load_pipeline(args.pipeline)
     topics.require_broker()
@@ -439,7 +439,7 @@ def cmd_trace(args) -> int:
 
 def cmd_verify(args) -> int:
     """Verification of a range exactly once; exits 3 when anything is missing, duplicated, foreign or stale."""
-    from lakehouse.ops import verify
+    from lakehouse.audit import verify
 
     result = verify.verify(load_pipeline(args.pipeline), since_s=args.since, snapshots=args.snapshots,
                            full=args.full, engine=args.engine,
@@ -526,7 +526,7 @@ def _offset(text: str) -> int:
 
 
 def _key(text: str) -> str:
-    from lakehouse.ops.trace import MAX_KEY_CHARS
+    from lakehouse.audit.trace import MAX_KEY_CHARS
 
     if not text or len(text) > MAX_KEY_CHARS:
         raise argparse.ArgumentTypeError(f"must be a Kafka key of 1 to {MAX_KEY_CHARS} characters")
@@ -534,7 +534,7 @@ def _key(text: str) -> str:
 
 
 def _snapshot_range(text: str) -> tuple[int, int]:
-    from lakehouse.ops.verify import parse_snapshot_range
+    from lakehouse.audit.verify import parse_snapshot_range
 
     try:
         return parse_snapshot_range(text)

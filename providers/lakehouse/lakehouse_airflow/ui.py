@@ -14,7 +14,7 @@ entry point `airflow.plugins`; the cards are those of the configured pipelines f
                                     pipeline's DAGs and the trace forms: one record by partition and
                                     offset, or every record of a Kafka key in a time window
     GET /lakehouse/api/pipelines    the same cards as JSON
-    GET /lakehouse/trace?pipeline=P&partition=N&offset=O    HTML: where that record is (lakehouse.ops.trace)
+    GET /lakehouse/trace?pipeline=P&partition=N&offset=O    HTML: where that record is (lakehouse.audit.trace)
     GET /lakehouse/trace?pipeline=P&key=K&since=T[&until=T]  HTML: every record of Kafka key K in that window
     GET /lakehouse/api/trace?...    the same as JSON (the rows of the tables holding the records included)
 
@@ -198,7 +198,7 @@ def _number(text: str | None, name: str, maximum: int) -> int:
 
 def _window(key: str, since: str | None, until: str | None) -> tuple[str, datetime, datetime | None]:
     """(key, since, until or None for now) of a key trace; ValueError saying what is refused."""
-    from lakehouse.ops.trace import MAX_KEY_CHARS
+    from lakehouse.audit.trace import MAX_KEY_CHARS
 
     if not 0 < len(key) <= MAX_KEY_CHARS:
         raise ValueError(f"key must be a Kafka key of 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
@@ -218,7 +218,7 @@ def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | N
     200 and the trace, 400 for a refused value, 403 when `user` may not read the pipeline's DAGs, 422 when
     the pipeline cannot answer (an unknown pipeline or partition, Kafka unreachable, a window too large;
     the platform's explanation, locations scrubbed), 500 for anything else, as a category and an error id."""
-    from lakehouse.ops.trace import trace_key, trace_record
+    from lakehouse.audit.trace import trace_key, trace_record
 
     try:
         if not IDENTIFIER.fullmatch(pipeline):
@@ -261,7 +261,7 @@ async def _traced(user: BaseUser, *asked: str | None) -> tuple[int, dict]:
 @app.get("/api/trace")
 async def trace_json(user: UserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
                      key: str | None = None, since: str | None = None, until: str | None = None) -> JSONResponse:
-    """Where one record is (lakehouse.ops.trace.trace_record), or every record of a key in a window
+    """Where one record is (lakehouse.audit.trace.trace_record), or every record of a key in a window
     (trace_key), or {"error"} with 400/401/403/422/500."""
     status, body = await _traced(user, pipeline, partition, offset, key, since, until)
     return JSONResponse(body, status_code=status)
@@ -385,7 +385,7 @@ def _verification(event: dict | None) -> str:
 
 def _trace_form(name: str) -> str:
     """Two forms side by side: one record by partition and offset, every record of a key in a time window."""
-    from lakehouse.ops.trace import MAX_KEY_CHARS
+    from lakehouse.audit.trace import MAX_KEY_CHARS
 
     pipeline = f'<input type="hidden" name="pipeline" value="{_e(name)}">'
     return (f'<form class="trace" action="trace" method="get" data-field="trace_form">{pipeline}'

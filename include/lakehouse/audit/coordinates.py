@@ -3,8 +3,8 @@
 Every row carries `_kafka {topic, partition, offset, timestamp, key}` and every commit of a
 pipeline records, in its snapshot summary, the offsets it holds (`lakehouse.offsets`), the
 offsets that aged out before ingestion (`lakehouse.gaps`) and the positions after it
-(lakehouse.core.offsets). `lakehouse.ops.trace` (where is one record?) and
-`lakehouse.ops.verify` (is every offset of a range exactly once?) read the same three
+(lakehouse.core.offsets). `lakehouse.audit.trace` (where is one record?) and
+`lakehouse.audit.verify` (is every offset of a range exactly once?) read the same three
 sources through this module:
 
 - `Intervals` and `Coverage`: offsets of one partition, and of a topic, as disjoint half-open

@@ -50,7 +50,7 @@ key leaves no trace to check without decoding values; that case is left out.
 
 **Where it runs**: the window is cut into pieces of at most PIECE_OFFSETS offsets of one partition.
 A piece reads its offsets from Kafka with the ingest reader's consumer settings
-(lakehouse.ops.coordinates.read_kafka: committed records only, as ingestion reads them) and its rows
+(lakehouse.audit.coordinates.read_kafka: committed records only, as ingestion reads them) and its rows
 with pyiceberg, the data files pruned by their `_kafka` bounds, and checks them (`check_piece`; the
 checks themselves, `check_rows`, `newest_per_key` and `check_keys`, are pure). Pieces run in this
 process, or as the tasks of one Spark job when the window holds more than
@@ -79,15 +79,7 @@ from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntrySt
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 
-from lakehouse.core import config, events, offsets
-from lakehouse.core.catalog import open_catalog
-from lakehouse.core.errors import VerifyError
-from lakehouse.core.offsets import OffsetRange, TableProgress
-from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest.plan import TopicState, split_for_tasks, topic_state_for
-from lakehouse.ingest.reader import reader_consumer
-from lakehouse.ingest.taskwriter import io_properties, shipped_metadata
-from lakehouse.ops.coordinates import (
+from lakehouse.audit.coordinates import (
     KAFKA_RECORDS,
     Coverage,
     Intervals,
@@ -99,6 +91,14 @@ from lakehouse.ops.coordinates import (
     read_kafka,
     window_filter,
 )
+from lakehouse.core import config, events, offsets
+from lakehouse.core.catalog import open_catalog
+from lakehouse.core.errors import VerifyError
+from lakehouse.core.offsets import OffsetRange, TableProgress
+from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest.plan import TopicState, split_for_tasks, topic_state_for
+from lakehouse.ingest.reader import reader_consumer
+from lakehouse.ingest.taskwriter import io_properties, shipped_metadata
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

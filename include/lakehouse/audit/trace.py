@@ -42,6 +42,8 @@ from typing import Any
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
 
+from lakehouse.audit.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
+from lakehouse.audit.verify import RecordKey, TableKeys, newer
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import EXIT_SOURCE, TraceError
@@ -50,8 +52,6 @@ from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import TopicState, offsets_for_time, topic_state_for
 from lakehouse.ingest.reader import reader_consumer
 from lakehouse.ingest.records import canonical_key
-from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
-from lakehouse.ops.verify import RecordKey, TableKeys, newer
 
 VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "foreign", "superseded", "deleted",
             "not-yet-ingested", "gap", "beyond-log-end", "no-record", "aged-out", "missing", "not-held")
