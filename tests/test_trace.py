@@ -32,8 +32,8 @@ from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixtu
 
 from bench import proof
 from lakehouse.audit.coordinates import Coverage, coordinate_filter
+from lakehouse.audit.keys import RecordKey
 from lakehouse.audit.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
-from lakehouse.audit.verify import RecordKey
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import parse_moment

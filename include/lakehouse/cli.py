@@ -534,7 +534,7 @@ def _key(text: str) -> str:
 
 
 def _snapshot_range(text: str) -> tuple[int, int]:
-    from lakehouse.audit.verify import parse_snapshot_range
+    from lakehouse.audit.verify_model import parse_snapshot_range
 
     try:
         return parse_snapshot_range(text)

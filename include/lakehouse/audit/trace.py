@@ -43,7 +43,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
 
 from lakehouse.audit.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
-from lakehouse.audit.verify import RecordKey, TableKeys, newer
+from lakehouse.audit.keys import RecordKey, TableKeys, newer
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import EXIT_SOURCE, TraceError

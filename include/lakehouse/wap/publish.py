@@ -42,7 +42,7 @@ from pyiceberg.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lakehouse.audit import verify
+from lakehouse.audit.verify_model import CHAIN_MODES, HISTORY_EVENTS
 from lakehouse.core import config, events, retry
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import NotADescendantError, PublishError, UnverifiedError
@@ -151,10 +151,10 @@ def verification_of(spec: PipelineSpec, snapshots: dict[str, int],
     `skipped` runs verified nothing themselves and on-demand ranges (`since`, `snapshots`) never prove a
     whole state, so neither counts."""
     wanted = {table: int(sid) for table, sid in snapshots.items()}
-    for event in events.recent(spec.name, kind="verify", limit=verify.HISTORY_EVENTS, platform=platform,
+    for event in events.recent(spec.name, kind="verify", limit=HISTORY_EVENTS, platform=platform,
                                catalog=spec.catalog):
         details = event["details"] or {}
-        if event["status"] not in ("ok", "failed") or details.get("mode") not in verify.CHAIN_MODES:
+        if event["status"] not in ("ok", "failed") or details.get("mode") not in CHAIN_MODES:
             continue
         verified = details.get("snapshots") or {}
         try:

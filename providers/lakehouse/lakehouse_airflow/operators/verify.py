@@ -32,7 +32,7 @@ class VerifyOperator(BaseOperator):
     :param snapshots_task_id: the QualityOperator task whose audited snapshots to verify, or None
         for every table's head.
 
-    XCom: ``return_value`` = the verification (lakehouse.audit.verify.Verification.to_json): ok, status,
+    XCom: ``return_value`` = the verification (lakehouse.audit.verify_model.Verification.to_json): ok, status,
     mode, snapshots {table: snapshot verified}, window, offsets, rows, counts, missing, problems
     [{kind, partition, offset, tables, detail, topic, key}], seconds, offsets_per_s. When it fails
     (problems found) the same dict is pushed under ``result`` and the task fails without retry.
