@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lakehouse.audit import verify, verify_model, windows
-from lakehouse.audit.coordinates import Coverage
+from lakehouse.audit.intervals import Coverage
 from lakehouse.core import config, errors, events
 from lakehouse.core.catalog import open_catalog
 from lakehouse.recovery import backfill

@@ -31,9 +31,11 @@ from test_ui import card, field
 from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
 from bench import proof
-from lakehouse.audit.coordinates import Coverage, coordinate_filter
+from lakehouse.audit.coordinates import coordinate_filter
+from lakehouse.audit.intervals import Coverage
 from lakehouse.audit.keys import RecordKey
-from lakehouse.audit.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
+from lakehouse.audit.trace import trace_record
+from lakehouse.audit.verdicts import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import parse_moment

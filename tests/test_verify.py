@@ -34,7 +34,8 @@ from lakehouse import cli
 from lakehouse.audit import keys as verify_keys
 from lakehouse.audit import verify, verify_model, windows
 from lakehouse.audit.checks import PartitionFacts, check_rows
-from lakehouse.audit.coordinates import KAFKA_RECORDS, Coverage, Intervals
+from lakehouse.audit.coordinates import KAFKA_RECORDS
+from lakehouse.audit.intervals import Coverage, Intervals
 from lakehouse.audit.keys import check_keys, newest_per_key
 from lakehouse.core import config, errors, events
 from lakehouse.wap import publish

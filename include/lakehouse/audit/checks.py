@@ -16,7 +16,8 @@ from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadata
 
-from lakehouse.audit.coordinates import KAFKA_RECORDS, Coverage, Intervals, read_kafka
+from lakehouse.audit.coordinates import KAFKA_RECORDS, read_kafka
+from lakehouse.audit.intervals import Coverage, Intervals
 from lakehouse.audit.keys import TableKeys, key_text, newest_per_key
 from lakehouse.audit.verify_model import Findings, Problem
 from lakehouse.core.offsets import OffsetRange

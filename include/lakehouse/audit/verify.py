@@ -78,7 +78,8 @@ from pyiceberg.io.pyarrow import ArrowScan
 
 from lakehouse.audit import windows
 from lakehouse.audit.checks import PartitionFacts, Piece, PieceResult, TableRead, check_piece
-from lakehouse.audit.coordinates import Coverage, plan_files
+from lakehouse.audit.coordinates import plan_files
+from lakehouse.audit.intervals import Coverage
 from lakehouse.audit.keys import NEWEST, check_keys, key_text, newest_per_key
 from lakehouse.audit.verify_model import Findings, Problem, Verification
 from lakehouse.core import config, events

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
-from lakehouse.audit.coordinates import Coverage
+from lakehouse.audit.intervals import Coverage
 from lakehouse.core.errors import VerifyError
 
 MODES = ("incremental", "full", "since", "snapshots")

@@ -23,8 +23,6 @@ from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntrySt
 from pyiceberg.table import FileScanTask, Table
 
 from lakehouse.audit.coordinates import (
-    Coverage,
-    Intervals,
     Lineage,
     integer_bound,
     is_on_main,
@@ -33,6 +31,7 @@ from lakehouse.audit.coordinates import (
     plan_files,
     window_filter,
 )
+from lakehouse.audit.intervals import Coverage, Intervals
 from lakehouse.audit.verify_model import CHAIN_MODES, HISTORY_EVENTS, TableScope
 from lakehouse.core import config, events, offsets
 from lakehouse.core.catalog import open_catalog
