@@ -58,6 +58,49 @@ from lakehouse.ingest.records import canonical_key
 MAX_KEY_SCAN = 5_000_000  # records of a time window read from Kafka to find one key's records
 MAX_VALUE_CHARS = 2000    # raw values shown per row
 MAX_KEY_CHARS = 65536     # a traced Kafka key
+MAX_PARTITION = 2 ** 31 - 1
+MAX_OFFSET = 2 ** 63 - 1
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """What a trace asks (`trace_request` checks it): one record, `partition` and `offset`; or every record
+    of Kafka key `key` from `since` to `until` (None: now)."""
+
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def trace_request(partition: int | None = None, offset: int | None = None, key: str | None = None,
+                  since: datetime | None = None, until: datetime | None = None,
+                  now: datetime | None = None) -> TraceRequest:
+    """The trace asked for, checked: the one rule `lakehouse trace`, the Airflow UI's trace page and
+    `trace_record`/`trace_key` apply, in one wording. Either a partition and an offset (each from 0 to
+    MAX_PARTITION/MAX_OFFSET) or a key of 1 to MAX_KEY_CHARS characters with `since` and optionally
+    `until`, later than `since` (`until` defaults to `now`, default the current time). Raises TraceError
+    saying what is refused."""
+    if key is None:
+        if since is not None or until is not None:
+            raise TraceError("since and until go with a key, not with a partition and offset")
+        if partition is None or offset is None:
+            raise TraceError("give a partition and an offset, or a key and since (a time window)")
+        for name, value, maximum in (("partition", partition, MAX_PARTITION), ("offset", offset, MAX_OFFSET)):
+            if not 0 <= value <= maximum:
+                raise TraceError(f"{name} must be a whole number from 0 to {maximum}, got {value}")
+        return TraceRequest(partition, offset)
+    if partition is not None or offset is not None:
+        raise TraceError("a key is traced over a time window (since, until), not at a partition and offset")
+    if not 0 < len(key) <= MAX_KEY_CHARS:
+        raise TraceError(f"key must be a Kafka key of 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
+    if since is None:
+        raise TraceError("since is required with a key: an ISO-8601 time or a duration ago (30m, 2h, 7d)")
+    end = until or now or datetime.now(UTC)
+    if since >= end:
+        raise TraceError(f"until ({end.isoformat()}) must be later than since ({since.isoformat()})")
+    return TraceRequest(key=key, since=since, until=until)
 
 
 @dataclass
@@ -247,11 +290,10 @@ def trace_record(spec: PipelineSpec, partition: int, offset: int,
                  platform: config.PlatformConfig | None = None) -> RecordTrace:
     """Where record `partition`@`offset` of the pipeline's topic is (see the module doc for the verdicts).
 
-    Raises TraceError for a partition the topic lacks, the planner's SourceErrors when Kafka must be
-    asked and cannot answer.
+    Raises TraceError for a request `trace_request` refuses or a partition the topic lacks, the planner's
+    SourceErrors when Kafka must be asked and cannot answer.
     """
-    if partition < 0 or offset < 0:
-        raise TraceError(f"partition {partition} and offset {offset} must both be 0 or more")
+    trace_request(partition, offset)
     started = time.monotonic()
     platform = platform or config.load()
     tables = _Tables(spec, platform)
@@ -320,9 +362,10 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
     """Every record of Kafka key `key` from `since` to `until` (default now), each with its verdict: the
     rows whose `_kafka.key` and `_kafka.timestamp` match, and the records Kafka still holds in the window.
 
-    Raises TraceError when the window holds more than `max_scan` records in Kafka (narrow it), the
-    planner's SourceErrors when Kafka cannot answer.
+    Raises TraceError for a request `trace_request` refuses or when the window holds more than `max_scan`
+    records in Kafka (narrow it), the planner's SourceErrors when Kafka cannot answer.
     """
+    trace_request(key=key, since=since, until=until)
     started = time.monotonic()
     platform = platform or config.load()
     key = shown_key(spec, key)
