@@ -94,9 +94,8 @@ def build_table(catalog, spec: PipelineSpec, rows: int, progress=lambda line: No
                 written += write_data_files(table.io, table.metadata, data, uuid.uuid4(), counter)
         ranges = {p: (positions[p], positions[p] + n) for p, n in shares.items() if n}
         positions = {p: positions[p] + shares[p] for p in positions}
-        summary = {offsets.K_PIPELINE: spec.name, offsets.K_KIND: "ingest", offsets.K_TOPIC: spec.source.topic,
-                   offsets.K_RANGES: offsets.encode_ranges(ranges), offsets.K_POSITIONS: offsets.encode_positions(
-                       positions), offsets.K_BATCH: uuid.uuid4().hex}
+        summary = offsets.commit_summary(spec.name, "ingest", spec.source.topic, ranges, uuid.uuid4().hex,
+                                         positions=positions)
         with table.transaction() as tx:
             with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
                 for data_file in written:

@@ -266,9 +266,8 @@ class Replay:
         return receipt
 
     def _summary(self, receipt: ReplayReceipt) -> dict[str, str]:
-        return {offsets.K_PIPELINE: self.spec.name, offsets.K_KIND: receipt.kind,
-                offsets.K_TOPIC: self.spec.source.topic, offsets.K_RANGES: offsets.encode_ranges(receipt.ranges),
-                offsets.K_BATCH: uuid.uuid4().hex}
+        return offsets.commit_summary(self.spec.name, receipt.kind, self.spec.source.topic, receipt.ranges,
+                                      uuid.uuid4().hex)
 
     def _absent(self, rows, table: str):
         """`rows` whose source coordinates are not in `table`."""
