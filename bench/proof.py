@@ -5,11 +5,11 @@ per second `lakehouse verify` proves.
   one, but without pushing the records through Kafka: pyiceberg appends of generated Arrow orders,
   one commit per batch of 100,000 rows carrying the batch's offset ranges and positions in its
   summary, one data file per Kafka partition per batch, each with the `_kafka` bounds the task writer
-  records (`taskwriter.write_data_files`). Then `lakehouse.ops.trace.trace_record` looks up random
+  records (`taskwriter.write_data_files`). Then `lakehouse.audit.trace.trace_record` looks up random
   records of it, each call as a fresh CLI call would (loading the table from the catalog), and the
   seconds of each answer are measured, with the data files the lookup's scan planned against the
   table's total.
-- **Verification throughput**: `lakehouse.ops.verify.verify(full=True)` over a pipeline that
+- **Verification throughput**: `lakehouse.audit.verify.verify(full=True)` over a pipeline that
   `lakehouse ingest --once` filled from the benchmark's topic: in this process (engine local,
   repeated) and as `lakehouse verify --engine spark` in its own process (JVM start included); offsets
   Kafka holds that were proven exactly once per second.
@@ -34,7 +34,6 @@ from bench.env import BenchError, BenchStack
 from lakehouse.core import offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.layout import ARROW_TYPES, KAFKA_STRUCT
 
 ROWS_PER_COMMIT = 100_000
@@ -95,10 +94,8 @@ def build_table(catalog, spec: PipelineSpec, rows: int, progress=lambda line: No
                 written += write_data_files(table.io, table.metadata, data, uuid.uuid4(), counter)
         ranges = {p: (positions[p], positions[p] + n) for p, n in shares.items() if n}
         positions = {p: positions[p] + shares[p] for p in positions}
-        summary = {SnapshotSummary.PIPELINE: spec.name, SnapshotSummary.KIND: "ingest",
-                   SnapshotSummary.TOPIC: spec.source.topic, SnapshotSummary.RANGES: offsets.encode_ranges(ranges),
-                   SnapshotSummary.POSITIONS: offsets.encode_positions(positions),
-                   SnapshotSummary.BATCH: uuid.uuid4().hex}
+        summary = offsets.commit_summary(spec.name, "ingest", spec.source.topic, ranges, uuid.uuid4().hex,
+                                         positions=positions)
         with table.transaction() as tx:
             with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
                 for data_file in written:
@@ -116,8 +113,8 @@ def trace_latency(platform, spec: PipelineSpec, rows: int, lookups: int, seed: i
     """Seconds of `lookups` traces of random records of the table `build_table` filled (each as a fresh
     call: the table loaded from the catalog, its files planned with the coordinate filter); every
     answer must be the row itself."""
-    from lakehouse.ops import trace
-    from lakehouse.ops.coordinates import coordinate_filter
+    from lakehouse.audit import trace
+    from lakehouse.audit.coordinates import coordinate_filter
 
     per_partition = rows // PARTITIONS
     rng = random.Random(seed)
@@ -141,7 +138,7 @@ def trace_latency(platform, spec: PipelineSpec, rows: int, lookups: int, seed: i
 def verify_throughput(stack: BenchStack, spec: PipelineSpec, repeats: int) -> dict[str, Any]:
     """Offsets proven exactly once per second by full verifications of `spec`'s pipeline: in this process
     (engine local, `repeats` times) and once as `lakehouse verify --engine spark` in its own process."""
-    from lakehouse.ops import verify
+    from lakehouse.audit import verify
 
     platform = stack.platform()
     local = []

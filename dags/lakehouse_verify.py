@@ -4,7 +4,7 @@
 the dead-letter table) committed since the last passing verification: every offset Kafka still
 holds in their window is in exactly one table, and no row is foreign (another topic, past the
 committed position, in a recorded gap, or at an offset Kafka holds no record at); for upsert
-tables, each key's row is its newest record (lakehouse.ops.verify). It runs in the task, or as a
+tables, each key's row is its newest record (lakehouse.audit.verify). It runs in the task, or as a
 Spark job on the platform's master when the window is large. Each run is a `verify` event on the
 ops timeline; a failed run lists the missing, duplicated, foreign and stale coordinates and fails
 the task without retry. The publish DAG verifies the snapshots it publishes the same way and

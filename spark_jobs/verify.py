@@ -1,4 +1,4 @@
-"""Spark entry point of exactly-once verification (lakehouse.ops.verify).
+"""Spark entry point of exactly-once verification (lakehouse.audit.verify).
 
     spark-submit --packages <lakehouse.core.config.SPARK_PACKAGES> spark_jobs/verify.py --pipeline orders --engine spark
     lakehouse verify --pipeline orders --engine spark       # the same job, Spark on the platform's master

@@ -3,7 +3,7 @@ never imports the development stack or the tests, and every error it raises on p
 LakehouseError defined in lakehouse/core/errors.py, with an exit code of the one table (EXIT_CODES)
 that the CLI's docstring and docs/cli.md repeat.
 
-Floors (docs/architecture.md): core <- ingest <- {upkeep, recovery, ops} <- wap <- cli.
+Floors (docs/architecture.md): core <- ingest <- {upkeep, recovery, ops, audit} <- wap <- cli.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lakehouse import cli
 from lakehouse.core import config, errors, topics
 
 PACKAGE = Path(lakehouse.__file__).parent
-FLOOR = {"core": 0, "ingest": 1, "upkeep": 2, "recovery": 2, "ops": 2, "wap": 3, "cli": 4}
+FLOOR = {"core": 0, "ingest": 1, "upkeep": 2, "recovery": 2, "ops": 2, "audit": 2, "wap": 3, "cli": 4}
 # exceptions that never leave their module: control flow inside a decoder, a generator or the gateway
 INTERNAL = {"Rejected", "AuthenticationFailed"}
 

@@ -39,7 +39,7 @@ def candidate_of(make_spec, live, **overrides):
 
 
 def view_count(spark, spec) -> int:
-    return spark.sql(f"SELECT count(*) FROM {cutover.view_name(spec)}").collect()[0][0]
+    return spark.sql(f"SELECT count(*) FROM {cutover.cutover_view(spec)}").collect()[0][0]
 
 
 def by_run(event: dict, run) -> dict:
@@ -76,7 +76,7 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
     ingest(live)  # the candidate is now 50 records behind
     with pytest.raises(errors.CutoverError, match="candidate lag 50 records > live lag 0"):
         cutover.cutover(spark, live, candidate, platform)
-    assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(live)
+    assert publish.current_view_query(spark, cutover.cutover_view(live)) == publish.view_query(live)
     refused = events.recent(live.name, kind="cutover", platform=platform)[0]
     assert refused["status"] == "failed" and "lag" in refused["message"]
 
@@ -85,27 +85,27 @@ def test_readers_move_to_a_candidate_only_when_it_is_as_good_and_move_back_on_ro
     audit_and_publish(spark, candidate)
     run = run_dag(f"{live.name}_cutover", make_spec.directory, conf={"candidate": candidate.name, "action": "cutover"})
     assert run.state == "success"
-    assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(candidate)
+    assert publish.current_view_query(spark, cutover.cutover_view(live)) == publish.view_query(candidate)
     assert view_count(spark, live) == 250
-    assert spark.sql(f"SELECT count(DISTINCT _kafka.partition, _kafka.offset) FROM {cutover.view_name(live)}"
+    assert spark.sql(f"SELECT count(DISTINCT _kafka.partition, _kafka.offset) FROM {cutover.cutover_view(live)}"
                      ).collect()[0][0] == 250
     done = events.recent(live.name, kind="cutover", platform=platform)[0]
     assert done["status"] == "ok" and done["details"]["comparison"]["overlap_offsets"] == 250
     assert done["details"]["previous_query"] == publish.view_query(live)
     assert (done["details"]["previous_source"], done["details"]["source"]) == (typed(live), typed(candidate))
     # audited: who triggered the run (dag.test() runs are Airflow's `dag_test`), with what, and the outcome
-    assert (done["actor"], done["message"]) == ("dag_test", f"{cutover.view_name(live)} now reads {candidate.name}")
+    assert (done["actor"], done["message"]) == ("dag_test", f"{cutover.cutover_view(live)} now reads {candidate.name}")
     assert by_run(done, run) == {"user": "dag_test", "via": "airflow", "triggered_by": "dag_test"}
     assert done["details"]["parameters"] == {"candidate": candidate.name, "freshness_tolerance_s": None}
     assert done["metrics"] == {"overlap_offsets": 250.0}
 
     run = run_dag(f"{live.name}_cutover", make_spec.directory, conf={"candidate": candidate.name, "action": "rollback"})
     assert run.state == "success"
-    assert publish.current_view_query(spark, cutover.view_name(live)) == publish.view_query(live)
+    assert publish.current_view_query(spark, cutover.cutover_view(live)) == publish.view_query(live)
     rolled_back = events.recent(live.name, kind="rollback", platform=platform)[0]
     assert rolled_back["status"] == "ok" and rolled_back["details"]["source"] == typed(live)
     assert (rolled_back["actor"], rolled_back["message"]) == ("dag_test",
-                                                              f"{cutover.view_name(live)} reads {live.name} again")
+                                                              f"{cutover.cutover_view(live)} reads {live.name} again")
     assert by_run(rolled_back, run) == {"user": "dag_test", "via": "airflow", "triggered_by": "dag_test"}
     assert rolled_back["details"]["parameters"] == {}  # a rollback takes none: it undoes the newest cutover
     assert (rolled_back["details"]["cutover_event"], rolled_back["details"]["rolled_back_candidate"],
@@ -147,7 +147,7 @@ def test_rollback_refuses_a_forged_cutover_event_and_leaves_the_view_alone(platf
     produce.produce(live, 30, seed=9)
     ingest(live)
     audit_and_publish(spark, live)
-    view = cutover.view_name(live)
+    view = cutover.cutover_view(live)
 
     def forge(**details):
         events.record(events.Event(live.name, "cutover", "ok", f"{view} now reads {candidate.name}",
@@ -229,7 +229,7 @@ def pipelines(make_spec):
 
 def test_rollback_rebuilds_the_view_from_the_specs_and_records_in_the_pipeline_catalog(lake, pipelines):
     live, first, second = pipelines
-    platform, view = config.load(), cutover.view_name(live)
+    platform, view = config.load(), cutover.cutover_view(live)
     lake.views[view] = publish.view_query(live)
     cutover.cutover(None, live, first, platform)
     cutover.cutover(None, live, second, platform)  # from one candidate straight to another
@@ -258,7 +258,7 @@ def test_rollback_rebuilds_the_view_from_the_specs_and_records_in_the_pipeline_c
 ])
 def test_rollback_refuses_a_forged_or_malformed_cutover_event_and_changes_nothing(lake, pipelines, forged, refusal):
     live, candidate, _ = pipelines
-    platform, view = config.load(), cutover.view_name(live)
+    platform, view = config.load(), cutover.cutover_view(live)
     lake.views[view] = publish.view_query(candidate)
     details = {"view": view, "candidate": candidate.name, "previous_source": typed(live),
                "previous_query": publish.view_query(live), "source": typed(candidate),
@@ -280,7 +280,7 @@ def test_rollback_refuses_a_forged_or_malformed_cutover_event_and_changes_nothin
 
 def test_rollback_refuses_when_the_view_changed_since_the_cutover(lake, pipelines):
     live, candidate, _ = pipelines
-    platform, view = config.load(), cutover.view_name(live)
+    platform, view = config.load(), cutover.cutover_view(live)
     lake.views[view] = publish.view_query(live)
     cutover.cutover(None, live, candidate, platform)
     lake.views[view] = publish.view_query(live, f"{live.target.table}_dlq")  # replaced since, not by a rollback
@@ -291,7 +291,7 @@ def test_rollback_refuses_when_the_view_changed_since_the_cutover(lake, pipeline
 
 def test_cutover_refuses_a_view_it_does_not_manage_or_a_candidate_it_cannot_verify(lake, pipelines):
     live, candidate, _ = pipelines
-    platform, view = config.load(), cutover.view_name(live)
+    platform, view = config.load(), cutover.cutover_view(live)
     with pytest.raises(errors.CutoverError, match="does not exist yet"):
         cutover.cutover(None, live, candidate, platform)
     lake.views[view] = "SELECT * FROM other.raw.secrets"

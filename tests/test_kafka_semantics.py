@@ -18,12 +18,12 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
 from e2e import pipeline, run_cli, table  # noqa: F401 (pipeline: a fixture)
+from polling import wait_until
+
+from lakehouse.audit import verify
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.plan import topic_state
-from lakehouse.ops import verify
-from polling import wait_until
 
 pytestmark = pytest.mark.slow
 

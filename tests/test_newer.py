@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakehouse.core.newer import LATEST_ORDER, SOURCE_ORDER, Coordinates, is_newer, sql
-from lakehouse.ops import verify
+from lakehouse.audit import keys as verify
 
 FIELDS = ("partition", "offset", "timestamp", "position", "source_ts")
 # small ranges, so that equal partitions, offsets, timestamps and source positions are frequent

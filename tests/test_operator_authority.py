@@ -21,15 +21,14 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
-
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from lakehouse.audit import verify, verify_model, windows
+from lakehouse.audit.intervals import Coverage
 from lakehouse.core import config, errors, events
 from lakehouse.core.catalog import open_catalog
-from lakehouse.ops import verify
-from lakehouse.ops.coordinates import Coverage
 from lakehouse.recovery import backfill
 from lakehouse.wap import publish
 
@@ -230,14 +229,14 @@ TABLES = ("raw.a", "raw.b")
 
 
 def record_verification(spec, platform, snapshots: dict[str, int], status: str, mode: str) -> None:
-    """A verification's `verify` event, as `lakehouse.ops.verify.record` writes it for a run that verified
+    """A verification's `verify` event, as `lakehouse.audit.verify.record` writes it for a run that verified
     `snapshots` (table -> snapshot) in `mode` with `status` (ok: nothing found; failed: one duplicate)."""
-    findings = verify.Findings()
+    findings = verify_model.Findings()
     if status == "failed":
-        findings.add(verify.Problem("duplicated", 0, 7, tuple(snapshots), "held twice", spec.source.topic))
-    scopes = {t: verify.TableScope(t, s, None, () if status == "skipped" else (s,), {0: 10})
+        findings.add(verify_model.Problem("duplicated", 0, 7, tuple(snapshots), "held twice", spec.source.topic))
+    scopes = {t: verify_model.TableScope(t, s, None, () if status == "skipped" else (s,), {0: 10})
               for t, s in snapshots.items()}
-    verify.record(spec, verify.Verification(
+    verify.record(spec, verify_model.Verification(
         pipeline=spec.name, topic=spec.source.topic, mode=mode, engine="local", tables=scopes,
         window=Coverage.of({0: [(0, 10)]}), kafka=Coverage.of({0: [(0, 10)]}), committed={0: 10},
         gaps=Coverage(), findings=findings), platform)
@@ -264,7 +263,7 @@ def test_the_gate_passes_only_when_the_newest_verification_of_exactly_the_publis
     # the model: the chain's runs that verified something, newest first; the first that pinned every published
     # table at exactly its snapshot decides
     exact = [status for snapshots, (status, mode) in reversed(verifications)
-             if mode in verify.CHAIN_MODES and status != "skipped"
+             if mode in verify_model.CHAIN_MODES and status != "skipped"
              and all(snapshots[t] == s for t, s in wanted.items())]
     if exact and exact[0] == "ok":
         found = publish.require_verification(spec, wanted, platform)
@@ -285,7 +284,7 @@ def test_passing_verifications_of_each_table_with_other_snapshots_of_the_other_d
     platform = config.load()
     record_verification(spec, platform, {"raw.a": 2, "raw.b": 1}, "ok", "incremental")
     record_verification(spec, platform, {"raw.a": 1, "raw.b": 2}, "ok", "incremental")
-    chain = verify.verified_snapshots(spec, platform)
+    chain = windows.verified_snapshots(spec, platform)
     assert 2 in chain["raw.a"] and 2 in chain["raw.b"]  # each was verified, separately
     with pytest.raises(errors.UnverifiedError, match=r"no verification verified exactly raw.a snapshot 2, raw.b "
                                                      r"snapshot 2 together.*_publish again"):
@@ -337,7 +336,7 @@ def test_on_real_tables_no_branch_moves_until_one_verification_verified_exactly_
     heads = {default: a2, usd: b2}
     record_verification(spec, platform, {default: a2, usd: b1}, "ok", "incremental")
     record_verification(spec, platform, {default: a1, usd: b2}, "ok", "incremental")
-    chain = verify.verified_snapshots(spec, platform)
+    chain = windows.verified_snapshots(spec, platform)
     assert all(s in chain[t] for t, s in heads.items())  # the old gate: each head was verified, separately
     with pytest.raises(errors.UnverifiedError, match=f"no verification verified exactly {default} snapshot {a2}, "
                                                      f"{usd} snapshot {b2} together"):

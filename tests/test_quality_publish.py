@@ -13,8 +13,8 @@ import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowSensorTimeout
 from confluent_kafka import Producer
-
 from e2e import pipeline, rows, run_cli, send, table, task_states, xcom  # noqa: F401 (fixture)
+
 from lakehouse.core import errors, events
 from lakehouse.core.spec import load_spec
 from lakehouse.ingest.job import IngestJob
@@ -332,7 +332,7 @@ def test_the_publish_dags_verify_task_verifies_in_full_snapshots_verified_only_b
     task verifies the two heads together in full, finds the copy, and nothing is published."""
     from pyiceberg.expressions import And, EqualTo
 
-    from lakehouse.ops import verify
+    from lakehouse.audit import verify
 
     spec = pipeline(partitions=1, partition_by=[], fanout={"field": "currency",
                                                            "routes": {"USD": "raw.orders_{suffix}_usd"}})

@@ -19,26 +19,30 @@ that no row holds and no commit recorded as a gap.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+import re
+from datetime import UTC, datetime, timedelta, timezone
 
 import jwt
 import pytest
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from e2e import page_reads, pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixture)
 from fastapi.testclient import TestClient
 from pyiceberg.expressions import EqualTo
+from test_ui import card, field
+from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
-from lakehouse_airflow import ui as lakehouse_ui
-from e2e import page_reads, pipeline, run_cli, send, table  # noqa: F401 (pipeline: a fixture)
 from bench import proof
-from lakehouse.core import config, offsets
+from lakehouse import cli
+from lakehouse.audit.coordinates import coordinate_filter
+from lakehouse.audit.intervals import Coverage
+from lakehouse.audit.keys import RecordKey
+from lakehouse.audit.trace import TraceRequest, trace_record, trace_request
+from lakehouse.audit.verdicts import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict
+from lakehouse.core import config, errors, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import parse_moment
 from lakehouse.core.table_properties import SnapshotSummary
-from lakehouse.ops.coordinates import Coverage, coordinate_filter
-from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
-from lakehouse.ops.verify import RecordKey
-from test_ui import card, field
-from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
+from lakehouse_airflow import ui as lakehouse_ui
 
 # ---------------------------------------------------------------------------- unit layer: verdicts
 
@@ -234,7 +238,10 @@ def test_the_page_traces_for_users_who_may_read_the_pipelines_dags(make_spec, ow
 @pytest.mark.parametrize("params, words", [
     ({"pipeline": "no such!", **RECORD}, "is not a pipeline name"),
     ({"partition": "-1", "offset": "4"}, "partition must be a whole number from 0 to 2147483647, got '-1'"),
-    ({"partition": "0"}, "offset must be a whole number from 0 to 9223372036854775807, got ''"),
+    ({"partition": "0"}, "give a partition and an offset, or a key and since (a time window)"),
+    ({"partition": "0", "offset": ""}, "offset must be a whole number from 0 to 9223372036854775807, got ''"),
+    ({"partition": "2147483648", "offset": "0"},
+     "partition must be a whole number from 0 to 2147483647, got 2147483648"),
     ({"partition": "0", "offset": "1e3"}, "offset must be a whole number"),
     ({**RECORD, "since": "2h"}, "since and until go with a key, not with a partition and offset"),
     ({**KEY, "offset": "7"}, "a key is traced over a time window (since, until), not at a partition and offset"),
@@ -254,6 +261,43 @@ def test_the_trace_forms_refuse_values_with_the_reason(make_spec, signed_in, mon
     assert refused.status_code == 400 and words in refused.json()["error"], refused.text
     page = signed_in().get("/trace", params=params)
     assert page.status_code == 400 and words.replace("'", "&#x27;") in page.text
+
+
+@pytest.mark.parametrize("params", [
+    {"partition": "0"},
+    {**RECORD, "since": "2026-11-21T10:00:00Z"},
+    {**KEY, "offset": "7"},
+    {"key": "ord-0-7"},
+    {"key": "ord-0-7", "since": "2026-11-21T10:00:00Z", "until": "2026-11-21T09:00:00Z"},
+    {"key": "", "since": "2h"},
+])
+def test_the_command_line_and_the_trace_page_refuse_a_request_in_the_same_words(make_spec, signed_in, monkeypatch,
+                                                                                   capsys, params):
+    """One rule (lakehouse.audit.trace.trace_request): `lakehouse trace` exits 2 with the page's 400 message."""
+    spec = make_spec()
+    monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
+    refused = signed_in().get("/api/trace", params={"pipeline": spec.name, **params})
+    assert refused.status_code == 400
+    with pytest.raises(SystemExit) as info:
+        cli.main(["trace", "--pipeline", spec.name, *(arg for name, value in params.items()
+                                                      for arg in (f"--{name}", value))])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.endswith(f"lakehouse trace: error: {refused.json()['error']}\n")
+
+
+def test_a_trace_request_is_one_record_or_one_key_over_a_window():
+    now = datetime(2026, 11, 21, 12, tzinfo=UTC)
+    assert trace_request(3, 40) == TraceRequest(partition=3, offset=40)
+    assert trace_request(key="k", since=now - timedelta(hours=2), now=now) == \
+        TraceRequest(key="k", since=now - timedelta(hours=2))
+    for asked, words in [
+        ({"partition": -1, "offset": 0}, "partition must be a whole number from 0 to 2147483647, got -1"),
+        ({"partition": 0, "offset": 2 ** 63}, f"offset must be a whole number from 0 to {2 ** 63 - 1}"),
+        ({"key": "k", "since": now, "now": now}, "until (2026-11-21T12:00:00+00:00) must be later than since"),
+        ({"key": "k", "since": now, "until": now - timedelta(seconds=1)}, "must be later than since"),
+    ]:
+        with pytest.raises(errors.TraceError, match=re.escape(words)):
+            trace_request(**asked)
 
 
 def test_a_pipeline_the_specs_do_not_declare_cannot_be_traced(make_spec, signed_in, monkeypatch):

@@ -25,16 +25,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (pipeline: a fixture)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyiceberg.expressions import And, EqualTo
 
-from e2e import pipeline, run_cli, send, table, task_states  # noqa: F401 (pipeline: a fixture)
 from lakehouse import cli
+from lakehouse.audit import keys as verify_keys
+from lakehouse.audit import verify, verify_model, windows
+from lakehouse.audit.checks import PartitionFacts, check_rows
+from lakehouse.audit.coordinates import KAFKA_RECORDS
+from lakehouse.audit.intervals import Coverage, Intervals
+from lakehouse.audit.keys import check_keys, newest_per_key
 from lakehouse.core import config, errors, events
-from lakehouse.ops import verify
-from lakehouse.ops.coordinates import KAFKA_RECORDS, Coverage, Intervals
-from lakehouse.ops.verify import PartitionFacts, check_keys, check_rows, newest_per_key
 from lakehouse.wap import publish
 
 # ---------------------------------------------------------------------------- unit layer: the arithmetic
@@ -216,7 +219,7 @@ def table_key_texts(spec, rows: list[dict]) -> list[str]:
     reads a table: each key column in its Arrow type, through `key_text`."""
     from lakehouse.ingest.layout import arrow_type
 
-    return verify.key_text([pa.array([r[k] for r in rows], arrow_type(spec.contract.field(k)))
+    return verify_keys.key_text([pa.array([r[k] for r in rows], arrow_type(spec.contract.field(k)))
                             for k in spec.target.key]).to_pylist()
 
 
@@ -233,11 +236,11 @@ def test_a_records_table_key_is_derived_as_ingestion_derives_it_for_every_key_fo
     spec = in_format(make_spec, "json", key_format=None if key_format == "string" else key_format,
                      mode="upsert", table_key=["payment_id"])
     assert spec.tombstones_delete
-    keys, validator = verify.TableKeys(spec), RecordValidator(spec)
+    keys, validator = verify_keys.TableKeys(spec), RecordValidator(spec)
     records = list(synthesize(spec, 300, bad_ratio=0.3, seed=11))
     valid = [r for r in records if r.kind is None]
     expected = table_key_texts(spec, [validator.check(validator.check_key(r.key), r.value) for r in valid])
-    assert [verify.key_text([pa.array([keys.identify(r.key, r.value).values[0]])]).to_pylist()[0]
+    assert [verify_keys.key_text([pa.array([keys.identify(r.key, r.value).values[0]])]).to_pylist()[0]
             for r in valid] == expected
     assert all(keys.identify(r.key, r.value) is None for r in records if r.kind in ("bad_key", "null_key"))
 
@@ -258,7 +261,7 @@ def test_a_change_events_table_key_is_its_primary_key_and_deletes_are_told_apart
     spec = cdc_spec(make_spec, value_format)
     records = list(synthesize(spec, 400, bad_ratio=0.1, seed=5, platform=platform, connect_schemas=connect_schemas))
     validator = RecordValidator(spec, registry=platform.schema_registry())
-    keys = verify.TableKeys(spec, platform.schema_registry())
+    keys = verify_keys.TableKeys(spec, platform.schema_registry())
     for r in records:
         if r.kind is not None:
             continue
@@ -266,13 +269,13 @@ def test_a_change_events_table_key_is_its_primary_key_and_deletes_are_told_apart
         found = keys.identify(r.key, r.value, with_text=True)
         assert found.values == values[:1] and found.delete == (op == "delete")
         assert found.text == validator.check_key(r.key) and found.cdc["position"] == values[-1]["position"]
-        assert verify.key_text([pa.array([found.values[0]], pa.int64())]).to_pylist() == [str(values[0])]
+        assert verify_keys.key_text([pa.array([found.values[0]], pa.int64())]).to_pylist() == [str(values[0])]
     rows, deleted = applied(spec, records, validator)
     assert rows and deleted  # the stream holds creates, updates and deletes
 
 
 def test_a_composite_key_is_one_text_of_its_columns():
-    assert verify.key_text([pa.array(["eu", None]), pa.array([7, 8])]).to_pylist() == ["(eu, 7)", None]
+    assert verify_keys.key_text([pa.array(["eu", None]), pa.array([7, 8])]).to_pylist() == ["(eu, 7)", None]
 
 
 def cdc_records(*items: tuple[str, int, int, int, bool, int | None]) -> pa.Table:
@@ -280,7 +283,7 @@ def cdc_records(*items: tuple[str, int, int, int, bool, int | None]) -> pa.Table
     key, part, off, ts, dead, position = zip(*items)
     return pa.table([pa.array(key, pa.string()), pa.array(part, pa.int32()), pa.array(off, pa.int64()),
                      pa.array(ts, pa.int64()), pa.array(dead), pa.array(position, pa.decimal128(38, 0)),
-                     pa.nulls(len(key), pa.int64())], schema=verify.NEWEST)
+                     pa.nulls(len(key), pa.int64())], schema=verify_keys.NEWEST)
 
 
 def test_a_change_streams_newest_change_is_the_latest_in_the_source_log_across_partitions():
@@ -319,15 +322,19 @@ def test_a_change_streams_tombstone_is_as_new_as_the_delete_before_it_in_its_par
     (["verify", "--pipeline", "orders", "--snapshots", "12..x"], "argument --snapshots: '12..x' is not a snapshot"),
     (["verify", "--pipeline", "orders", "--snapshots", "1..2", "--since", "1h"], "not allowed with argument"),
     (["verify", "--pipeline", "orders", "--engine", "gpu"], "argument --engine: invalid choice"),
-    (["trace", "--pipeline", "orders", "--partition", "0"], "give --partition N --offset O, or --key K"),
+    (["trace", "--pipeline", "orders", "--partition", "0"], "give a partition and an offset, or a key and since"),
     (["trace", "--pipeline", "orders", "--partition", "-1", "--offset", "3"], "argument --partition: '-1'"),
+    (["trace", "--pipeline", "orders", "--key", "", "--since", "1h"], "key must be a Kafka key of 1 to 65536"),
+    (["trace", "--pipeline", "orders", "--key", "k", "--since", "2999-01-01T00:00:00Z"], "must be later than since"),
     (["trace", "--pipeline", "orders", "--partition", "0", "--offset", "1e9"], "argument --offset: '1e9' is not"),
-    (["trace", "--pipeline", "orders", "--key", "k"], "argument --key: needs --since"),
+    (["trace", "--pipeline", "orders", "--key", "k"], "since is required with a key"),
     (["trace", "--pipeline", "orders", "--key", "k", "--since", "yesterday"], "argument --since: 'yesterday' is"),
-    (["trace", "--pipeline", "orders", "--key", "k", "--partition", "0", "--since", "1h"], "not with --partition"),
-    (["trace", "--pipeline", "orders", "--partition", "0", "--offset", "1", "--since", "1h"], "only with --key"),
+    (["trace", "--pipeline", "orders", "--key", "k", "--partition", "0", "--since", "1h"],
+     "not at a partition and offset"),
+    (["trace", "--pipeline", "orders", "--partition", "0", "--offset", "1", "--since", "1h"],
+     "since and until go with a key"),
     (["trace", "--pipeline", "orders", "--key", "k", "--since", "2026-11-21T10:00:00Z",
-      "--until", "2026-11-21T09:00:00Z"], "argument --until: must be later than --since"),
+      "--until", "2026-11-21T09:00:00Z"], "must be later than since (2026-11-21T10:00:00+00:00)"),
 ])
 def test_verify_and_trace_refuse_bad_arguments_before_doing_anything(argv, message, own_home, capsys):
     with pytest.raises(SystemExit) as info:
@@ -349,9 +356,9 @@ def test_the_verify_dag_runs_on_the_specs_schedule(make_spec):
 
 
 def test_a_snapshot_range_is_two_ids():
-    assert verify.parse_snapshot_range("12..-3") == (12, -3)
+    assert verify_model.parse_snapshot_range("12..-3") == (12, -3)
     with pytest.raises(errors.VerifyError, match="FROM..TO"):
-        verify.parse_snapshot_range("12...13")
+        verify_model.parse_snapshot_range("12...13")
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -459,7 +466,7 @@ def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(pl
     monkeypatch.setattr(verify, "SPARK_ABOVE_OFFSETS", 10)
     auto = verify.verify(spec, platform, spark_factory=lambda: spark, record_event=False).to_json()
     assert auto["engine"] == "spark" and auto["counts"] == found["counts"]
-    assert all(problems(auto, kind) == problems(found, kind) for kind in verify.PROBLEMS)
+    assert all(problems(auto, kind) == problems(found, kind) for kind in verify_model.PROBLEMS)
     submitted = subprocess.run(
         [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[1]", "--packages", ",".join(platform.spark_packages),
          str(config.REPO_ROOT / "spark_jobs" / "verify.py"), "--pipeline", spec.name, "--engine", "spark", "--json"],
@@ -478,7 +485,7 @@ def test_verify_proves_the_tables_then_finds_each_damage_with_its_coordinates(pl
     assert code == 3 and ranged["counts"] == found["counts"]
     assert ranged["tables"][spec.target.table] | {"positions": None} == {
         "to": head, "base": None, "snapshots": 4, "positions": None}  # the ingest commit and the 3 damages to it
-    assert head not in verify.verified_snapshots(spec, platform).get(spec.target.table, set())  # found damaged
+    assert head not in windows.verified_snapshots(spec, platform).get(spec.target.table, set())  # found damaged
 
 
 @pytest.mark.slow

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
+from lakehouse.audit import windows
 from lakehouse.core.errors import VerifyError
-from lakehouse.ops import verify
 
 
 @pytest.fixture
@@ -25,11 +25,11 @@ def table(tmp_path):
 def test_a_snapshot_gone_from_the_metadata_is_a_verify_error_saying_to_run_again(table):
     gone = max(s.snapshot_id for s in table.snapshots()) + 1
     with pytest.raises(VerifyError, match=rf"snapshot {gone} is not in the table's metadata any more.*run it again"):
-        verify._changed_files(table, {gone})
+        windows.changed_files(table, {gone})
 
 
 def test_the_files_a_present_snapshot_added_are_found(table):
     head = table.current_snapshot()
-    changed, deletes = verify._changed_files(table, {head.snapshot_id})
+    changed, deletes = windows.changed_files(table, {head.snapshot_id})
     assert (len(changed), deletes) == (1, False)
     assert changed[0].record_count == 2

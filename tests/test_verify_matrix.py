@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from e2e import send, table
 from pyiceberg.expressions import And, EqualTo
 from test_cdc import avro_cdc_spec
 from test_produce_formats import in_format
 
-from e2e import send, table
+from lakehouse.audit import keys as verify_keys
+from lakehouse.audit import verify, verify_model
 from lakehouse.core.errors import UnverifiedError
 from lakehouse.core.topics import ensure_topics
 from lakehouse.ingest.job import IngestJob
-from lakehouse.ops import verify
 from lakehouse.wap import publish
 from lakehouse_dev.produce import synthesize
 
@@ -96,7 +97,7 @@ def produced(spec, case: Case, platform) -> list:
     return records
 
 
-def verified(spec, platform) -> verify.Verification:
+def verified(spec, platform) -> verify_model.Verification:
     return verify.verify(spec, platform, progress=lambda line: None)
 
 
@@ -113,7 +114,7 @@ def deleted_key(spec, platform) -> tuple[str, int, int] | None:
     if not ledger.num_rows:
         return None
     kafka = ledger.column("_kafka")
-    keys = verify.key_text([ledger.column(k) for k in spec.target.key]).to_pylist()
+    keys = verify_keys.key_text([ledger.column(k) for k in spec.target.key]).to_pylist()
     return keys[0], pc.struct_field(kafka, "partition")[0].as_py(), pc.struct_field(kafka, "offset")[0].as_py()
 
 

@@ -289,7 +289,7 @@ class RetentionChangeRefusedError(SourceError):
         self.missing_permission = missing_permission
 
 
-# --- table state (lakehouse.core.offsets, lakehouse.ops.verify, lakehouse.wap.quality) ---------------------
+# --- table state (lakehouse.core.offsets, lakehouse.audit.verify, lakehouse.wap.quality) -------------------
 
 class PositionsLostError(TableStateError):
     """A table holds rows of the pipeline but none of its snapshots reachable from `main` carries

@@ -11,7 +11,7 @@ by the first of these rules that applies (RULES):
 
 A comparison with an unknown value (SQL NULL, Python None) decides nothing, as in SQL: `s` is then not
 newer. From the rules come the Spark SQL condition of an upsert MERGE and of replay's tombstone filter
-(`sql`), the comparison lakehouse.ops.verify checks a table with (`is_newer`), and the order a batch picks
+(`sql`), the comparison lakehouse.audit.keys checks a table with (`is_newer`), and the order a batch picks
 each key's newest record by (`LATEST_ORDER`). Pure; standard library only.
 """
 

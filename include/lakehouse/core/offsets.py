@@ -73,6 +73,30 @@ def decode_positions(text: str | None) -> dict[int, int]:
     return {int(p): int(o) for p, o in json.loads(text).items()}
 
 
+def commit_summary(pipeline: str, kind: str, topic: str, ranges: Mapping[int, tuple[int, int]], batch_id: str, *,
+                   topic_id: str | None = None, positions: Mapping[int, int] | None = None, writer: str | None = None,
+                   gaps: Mapping[int, tuple[int, int]] | None = None, max_event_time: datetime | None = None,
+                   min_kafka_time: datetime | None = None) -> dict[str, str]:
+    """The `lakehouse.*` snapshot summary of one commit of a pipeline, the one place it is put together
+    (ingest, replay, the benchmark's made-up commits; read back by `progress_of` and lakehouse.audit).
+
+    `kind` is ingest, replay or dead-letter-replay; `ranges` the offsets the commit holds; `positions` the
+    pipeline's positions after it (ingest only); `gaps` the offsets that aged out of Kafka before they were
+    ingested (left out when empty); `max_event_time` the newest event time, `min_kafka_time` the oldest
+    Kafka timestamp read; each optional one left out when None.
+    """
+    summary = {SnapshotSummary.PIPELINE: pipeline, SnapshotSummary.KIND: kind, SnapshotSummary.TOPIC: topic,
+               SnapshotSummary.RANGES: encode_ranges(dict(ranges)), SnapshotSummary.BATCH: batch_id}
+    optional = {SnapshotSummary.TOPIC_ID: topic_id,
+                SnapshotSummary.POSITIONS: encode_positions(dict(positions)) if positions is not None else None,
+                SnapshotSummary.WRITER: writer,
+                SnapshotSummary.GAPS: encode_ranges(dict(gaps)) if gaps else None,
+                SnapshotSummary.MAX_EVENT_TIME: max_event_time.isoformat() if max_event_time is not None else None,
+                SnapshotSummary.MIN_KAFKA_TIME: min_kafka_time.isoformat() if min_kafka_time is not None else None}
+    summary.update({key: value for key, value in optional.items() if value is not None})
+    return summary
+
+
 @dataclass(frozen=True)
 class TableProgress:
     """What one table holds of one pipeline, read from its snapshot history."""

@@ -269,7 +269,7 @@ class PublishSpec:
 
 @dataclass(frozen=True)
 class VerifySpec:
-    """When the `<pipeline>_verify` DAG proves the tables exactly once (lakehouse.ops.verify)."""
+    """When the `<pipeline>_verify` DAG proves the tables exactly once (lakehouse.audit.verify)."""
     schedule: str = "@hourly"
 
 

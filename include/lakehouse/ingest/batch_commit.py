@@ -27,7 +27,6 @@ from pyiceberg.table.snapshots import Snapshot
 from lakehouse.core import errors, offsets, retry, sparkenv
 from lakehouse.core.errors import IngestError, PlanStaleError
 from lakehouse.core.offsets import TableProgress
-from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import committer, tables
 from lakehouse.ingest.batch_state import BatchState
 from lakehouse.ingest.receipts import BatchReceipt, TableCommit
@@ -212,26 +211,12 @@ class BatchCommitter:
         positions = dict(tp.positions)
         for p, (_, end) in plan.range_map().items():
             positions[p] = end
-        summary = {
-            SnapshotSummary.PIPELINE: state.spec.name,
-            SnapshotSummary.KIND: "ingest",
-            SnapshotSummary.TOPIC: plan.topic,
-            SnapshotSummary.TOPIC_ID: plan.topic_id or "",
-            SnapshotSummary.RANGES: offsets.encode_ranges(
-                {p: (max(s, tp.positions.get(p, s)), e) for p, (s, e) in plan.range_map().items()}),
-            SnapshotSummary.POSITIONS: offsets.encode_positions(positions),
-            SnapshotSummary.BATCH: state.batch_id,
-            SnapshotSummary.WRITER: self.writer.writer_id,
-        }
-        newest, oldest_read = state.written.max_event_time, state.written.min_kafka_time
-        if newest is not None:
-            summary[SnapshotSummary.MAX_EVENT_TIME] = newest.isoformat()
-        if plan.gaps:
-            summary[SnapshotSummary.GAPS] = offsets.encode_ranges(plan.gaps)
-        if oldest_read is not None:
-            # commit time minus this is how long Kafka had to hold the batch (retention alignment)
-            summary[SnapshotSummary.MIN_KAFKA_TIME] = oldest_read.isoformat()
-        return summary
+        # min_kafka_time: commit time minus it is how long Kafka had to hold the batch (retention alignment)
+        return offsets.commit_summary(
+            state.spec.name, "ingest", plan.topic,
+            {p: (max(s, tp.positions.get(p, s)), e) for p, (s, e) in plan.range_map().items()}, state.batch_id,
+            topic_id=plan.topic_id or "", positions=positions, writer=self.writer.writer_id, gaps=plan.gaps,
+            max_event_time=state.written.max_event_time, min_kafka_time=state.written.min_kafka_time)
 
     def _merge_staged(self, state: BatchState, table: str, summary: dict[str, str], loaded: Table,
                       tp: TableProgress, attempt: int) -> tuple[float, Snapshot]:

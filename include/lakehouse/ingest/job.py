@@ -48,7 +48,6 @@ from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import IngestError
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import PipelineSpec, load_spec
-from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import committer, tables, taskwriter
 from lakehouse.ingest.batch_commit import BatchCommitter
 from lakehouse.ingest.batch_state import BatchState, Written
@@ -170,13 +169,10 @@ class IngestJob:
         topic_ids = {tp.topic_id for tp in started if tp.topic_id}
         writer = self.writer()
         for tp in new:
-            summary = {SnapshotSummary.PIPELINE: self.spec.name, SnapshotSummary.KIND: "ingest",
-                       SnapshotSummary.TOPIC: self.spec.source.topic,
-                       SnapshotSummary.TOPIC_ID: next(iter(topic_ids)) if len(topic_ids) == 1 else "",
-                       SnapshotSummary.RANGES: offsets.encode_ranges({}),
-                       SnapshotSummary.POSITIONS: offsets.encode_positions(position),
-                       SnapshotSummary.BATCH: f"start-{uuid.uuid4().hex[:12]}",
-                       SnapshotSummary.WRITER: writer.writer_id}
+            summary = offsets.commit_summary(
+                self.spec.name, "ingest", self.spec.source.topic, {}, f"start-{uuid.uuid4().hex[:12]}",
+                topic_id=next(iter(topic_ids)) if len(topic_ids) == 1 else "", positions=position,
+                writer=writer.writer_id)
             committer.append_files(self.catalog, loaded[tp.table], [], summary, writer.fence(None))
             log.info("pipeline %s: new table %s starts at the committed position %s", self.spec.name, tp.table,
                      position)

@@ -74,7 +74,7 @@ class RecordValidator:
         if spec.wire_formats:
             store = formats.schema_store(spec, registry, writer_schemas.resolvable, writer_schemas.missing)
         # `gated`: writer schemas pass the SchemaGate before their first value is decoded (ingestion); an
-        # audit of what was ingested (lakehouse.ops.verify) reads values of any writer schema
+        # audit of what was ingested (lakehouse.audit.verify) reads values of any writer schema
         gate = SchemaGate(spec, writer_schemas.accepted) if gated else None
         self.decoder = self._decoder(source.value_format, store, gate, "value")
         self.key_decoder = None if source.key_format == "string" else \

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
+from lakehouse.core.durations import parse_instant
 from lakehouse.core.errors import BackfillError, PlanMismatchError, ReplayError
 from lakehouse.core.spec import PipelineSpec, is_table_name
 from lakehouse.ingest.plan import offsets_for_time, topic_state_for
@@ -49,13 +49,11 @@ class BackfillRequest:
 
 
 def _time_ms(value: Any, name: str) -> int:
+    """The form's ISO-8601 time `value` (UTC without an offset: core.durations.parse_instant) in ms."""
     try:
-        parsed = datetime.fromisoformat(str(value).strip())
-    except ValueError:
-        raise BackfillError(f"{name}: {value!r} is not an ISO-8601 time like 2026-11-20T12:00:00+00:00") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return int(parsed.timestamp() * 1000)
+        return int(parse_instant(str(value).strip()).timestamp() * 1000)
+    except ValueError as exc:
+        raise BackfillError(f"{name}: {exc}") from None
 
 
 def _blank(value: Any) -> bool:

@@ -22,7 +22,6 @@ from lakehouse.core import config, offsets, sparkenv
 from lakehouse.core.errors import ReplayError
 from lakehouse.core.offsets import OffsetRange, TableProgress
 from lakehouse.core.spec import PipelineSpec, is_table_name
-from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import tables
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.layout import batch_schema
@@ -269,10 +268,8 @@ class Replay:
         return receipt
 
     def _summary(self, receipt: ReplayReceipt) -> dict[str, str]:
-        return {SnapshotSummary.PIPELINE: self.spec.name, SnapshotSummary.KIND: receipt.kind,
-                SnapshotSummary.TOPIC: self.spec.source.topic,
-                SnapshotSummary.RANGES: offsets.encode_ranges(receipt.ranges),
-                SnapshotSummary.BATCH: uuid.uuid4().hex}
+        return offsets.commit_summary(self.spec.name, receipt.kind, self.spec.source.topic, receipt.ranges,
+                                      uuid.uuid4().hex)
 
     def _absent(self, rows, table: str):
         """`rows` whose source coordinates are not in `table`."""

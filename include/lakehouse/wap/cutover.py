@@ -38,7 +38,7 @@ from lakehouse.core.errors import CutoverError
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ops import status as status_module
 from lakehouse.wap import quality
-from lakehouse.wap.publish import current_view_query, replace_view, view_query
+from lakehouse.wap.publish import current_view_query, replace_view, view_name, view_query
 
 SOURCE_FIELDS = ("pipeline", "table", "branch")
 HISTORY_LIMIT = 1000  # cutover (and rollback) events read back to find the one to roll back
@@ -84,11 +84,13 @@ class Source:
         return cls(spec.name, table or spec.target.table, spec.publish.branch)
 
 
-def view_name(spec: PipelineSpec) -> str:
-    """The readers' view (catalog.namespace.name) of `spec`. Raises CutoverError when it declares none."""
-    if not spec.publish.view:
+def cutover_view(spec: PipelineSpec) -> str:
+    """The view a cutover of `spec` switches and a rollback restores: the readers' view of its main table
+    (publish.view_name), qualified (catalog.namespace.name). Raises CutoverError when it declares none."""
+    view = view_name(spec, spec.target.table)
+    if not view:
         raise CutoverError(f"pipeline {spec.name!r} declares no readers' view (publish.view); nothing to cut over")
-    return spec.qualified(spec.publish.view)
+    return spec.qualified(view)
 
 
 def known_sources(live: PipelineSpec) -> dict[Source, PipelineSpec]:
@@ -207,7 +209,7 @@ def cutover(spark, live: PipelineSpec, candidate: PipelineSpec, platform: config
     parameters = {"candidate": candidate.name, "freshness_tolerance_s": freshness_tolerance_s}
     with events.audited(live.name, "cutover", actor or events.Actor.of_process(), parameters, platform,
                         live.catalog) as audit:
-        view = view_name(live)
+        view = cutover_view(live)
         known = known_sources(live)
         source = Source.of(candidate)
         if source not in known:
@@ -305,7 +307,7 @@ def rollback(spark, live: PipelineSpec, platform: config.PlatformConfig | None =
     platform = platform or config.load()
     with events.audited(live.name, "rollback", actor or events.Actor.of_process(), {}, platform,
                         live.catalog) as audit:
-        view = view_name(live)
+        view = cutover_view(live)
         event = _open_cutover(live, view, platform)
         audit.details.update(view=view, cutover_event=event["event_id"])
         try:

@@ -20,7 +20,7 @@ publication creates the branch and the view; a fan-out table `ns.t` gets the vie
 `<view namespace>.t`.
 
 With `require_verified` (the publish DAG's PublishOperator sets it) publishing is also gated on
-exactly-once (`require_verification`): one verification of the chain (lakehouse.ops.verify, incremental
+exactly-once (`require_verification`): one verification of the chain (lakehouse.audit.verify, incremental
 or full; the DAG's `verify` task verifies the audited snapshots) must have verified exactly the
 snapshots published, every table at exactly its snapshot id, and the newest such verification must
 have passed. Verifications of other snapshots do not count, not even passing ones of each table's
@@ -42,12 +42,12 @@ from pyiceberg.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from lakehouse.audit.verify_model import CHAIN_MODES, HISTORY_EVENTS
 from lakehouse.core import config, events, retry
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import NotADescendantError, PublishError, UnverifiedError
 from lakehouse.core.naming import fanout_view
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ops import verify
 from lakehouse.wap.quality import lineage
 
 log = logging.getLogger("lakehouse.publish")
@@ -151,10 +151,10 @@ def verification_of(spec: PipelineSpec, snapshots: dict[str, int],
     `skipped` runs verified nothing themselves and on-demand ranges (`since`, `snapshots`) never prove a
     whole state, so neither counts."""
     wanted = {table: int(sid) for table, sid in snapshots.items()}
-    for event in events.recent(spec.name, kind="verify", limit=verify.HISTORY_EVENTS, platform=platform,
+    for event in events.recent(spec.name, kind="verify", limit=HISTORY_EVENTS, platform=platform,
                                catalog=spec.catalog):
         details = event["details"] or {}
-        if event["status"] not in ("ok", "failed") or details.get("mode") not in verify.CHAIN_MODES:
+        if event["status"] not in ("ok", "failed") or details.get("mode") not in CHAIN_MODES:
             continue
         verified = details.get("snapshots") or {}
         try:

@@ -64,11 +64,11 @@ from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_between_ids, is_ancestor_of
 
+from lakehouse.audit.coordinates import integer_bound
 from lakehouse.core import config, events
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import LineageBrokenError, LineageDivergedError, LineageError, QualityConfigError
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ops.coordinates import integer_bound
 
 CLOCK_SKEW = timedelta(minutes=5)  # producers' clocks may run this far ahead of ours
 MAX_OFFENDING = 100  # offending offsets kept in a result (and the ops event)

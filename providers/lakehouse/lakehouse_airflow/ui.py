@@ -14,7 +14,7 @@ entry point `airflow.plugins`; the cards are those of the configured pipelines f
                                     pipeline's DAGs and the trace forms: one record by partition and
                                     offset, or every record of a Kafka key in a time window
     GET /lakehouse/api/pipelines    the same cards as JSON
-    GET /lakehouse/trace?pipeline=P&partition=N&offset=O    HTML: where that record is (lakehouse.ops.trace)
+    GET /lakehouse/trace?pipeline=P&partition=N&offset=O    HTML: where that record is (lakehouse.audit.trace)
     GET /lakehouse/trace?pipeline=P&key=K&since=T[&until=T]  HTML: every record of Kafka key K in that window
     GET /lakehouse/api/trace?...    the same as JSON (the rows of the tables holding the records included)
 
@@ -76,7 +76,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
-from lakehouse.core.errors import LakehouseError
+from lakehouse.core.errors import LakehouseError, TraceError
 from lakehouse.core.spec import IDENTIFIER, PipelineSpec, load_pipeline, parse_moment
 from lakehouse.ingest.receipts import STAGES
 from lakehouse.ops import history
@@ -185,59 +185,39 @@ async def pipelines_page(user: UserDep) -> HTMLResponse:
     return HTMLResponse(await anyio.to_thread.run_sync(_cards_page, user, limiter=_page_threads))
 
 
-MAX_PARTITION, MAX_OFFSET = 2 ** 31 - 1, 2 ** 63 - 1
 PAGE_MAX_KEY_SCAN = 1_000_000  # Kafka records a key trace from the page reads at most (the CLI: MAX_KEY_SCAN)
 
 
-def _number(text: str | None, name: str, maximum: int) -> int:
-    text = text or ""
-    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > maximum:
+def _number(text: str, name: str, maximum: int) -> int:
+    """A form's whole number (ASCII digits); its range is trace_request's to check."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
         raise ValueError(f"{name} must be a whole number from 0 to {maximum}, got {text[:40]!r}")
     return int(text)
-
-
-def _window(key: str, since: str | None, until: str | None) -> tuple[str, datetime, datetime | None]:
-    """(key, since, until or None for now) of a key trace; ValueError saying what is refused."""
-    from lakehouse.ops.trace import MAX_KEY_CHARS
-
-    if not 0 < len(key) <= MAX_KEY_CHARS:
-        raise ValueError(f"key must be a Kafka key of 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
-    if not since:
-        raise ValueError("since is required with a key: an ISO-8601 time or a duration ago (30m, 2h, 7d)")
-    now = datetime.now(UTC)
-    start = parse_moment(since, now)
-    stop = parse_moment(until, now) if until else None
-    if start >= (stop or now):
-        raise ValueError(f"until ({(stop or now).isoformat()}) must be later than since ({start.isoformat()})")
-    return key, start, stop
 
 
 def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | None, key: str | None = None,
            since: str | None = None, until: str | None = None) -> tuple[int, dict]:
     """(HTTP status, body) of one record's trace (partition and offset) or one key's (key, since, until):
-    200 and the trace, 400 for a refused value, 403 when `user` may not read the pipeline's DAGs, 422 when
-    the pipeline cannot answer (an unknown pipeline or partition, Kafka unreachable, a window too large;
-    the platform's explanation, locations scrubbed), 500 for anything else, as a category and an error id."""
-    from lakehouse.ops.trace import trace_key, trace_record
+    200 and the trace, 400 for a refused value (the request as lakehouse.audit.trace.trace_request checks
+    it, as `lakehouse trace` does), 403 when `user` may not read the pipeline's DAGs, 422 when the pipeline
+    cannot answer (an unknown pipeline or partition, Kafka unreachable, a window too large; the platform's
+    explanation, locations scrubbed), 500 for anything else, as a category and an error id."""
+    from lakehouse.audit.trace import MAX_OFFSET, MAX_PARTITION, trace_key, trace_record, trace_request
 
     try:
         if not IDENTIFIER.fullmatch(pipeline):
             raise ValueError(f"{pipeline[:60]!r} is not a pipeline name")
-        if key is None:
-            if since or until:
-                raise ValueError("since and until go with a key, not with a partition and offset")
-            where = (_number(partition, "partition", MAX_PARTITION), _number(offset, "offset", MAX_OFFSET))
+        now = datetime.now(UTC)
+        asked = trace_request(None if partition is None else _number(partition, "partition", MAX_PARTITION),
+                              None if offset is None else _number(offset, "offset", MAX_OFFSET), key,
+                              parse_moment(since, now) if since else None, parse_moment(until, now) if until else None,
+                              now)
 
-            def answer(spec: PipelineSpec) -> dict:
-                return trace_record(spec, *where).to_json()
-        else:
-            if partition is not None or offset is not None:
-                raise ValueError("a key is traced over a time window (since, until), not at a partition and offset")
-            window = _window(key, since, until)
-
-            def answer(spec: PipelineSpec) -> dict:
-                return trace_key(spec, *window, max_scan=PAGE_MAX_KEY_SCAN).to_json()
-    except ValueError as exc:
+        def answer(spec: PipelineSpec) -> dict:
+            if asked.key is None:
+                return trace_record(spec, asked.partition, asked.offset).to_json()
+            return trace_key(spec, asked.key, asked.since, asked.until, max_scan=PAGE_MAX_KEY_SCAN).to_json()
+    except (ValueError, TraceError) as exc:
         return 400, {"pipeline": pipeline[:128], "error": str(exc)}
     try:
         spec = load_pipeline(pipeline, locations.pipelines_dir())
@@ -261,7 +241,7 @@ async def _traced(user: BaseUser, *asked: str | None) -> tuple[int, dict]:
 @app.get("/api/trace")
 async def trace_json(user: UserDep, pipeline: str = "", partition: str | None = None, offset: str | None = None,
                      key: str | None = None, since: str | None = None, until: str | None = None) -> JSONResponse:
-    """Where one record is (lakehouse.ops.trace.trace_record), or every record of a key in a window
+    """Where one record is (lakehouse.audit.trace.trace_record), or every record of a key in a window
     (trace_key), or {"error"} with 400/401/403/422/500."""
     status, body = await _traced(user, pipeline, partition, offset, key, since, until)
     return JSONResponse(body, status_code=status)
@@ -385,7 +365,7 @@ def _verification(event: dict | None) -> str:
 
 def _trace_form(name: str) -> str:
     """Two forms side by side: one record by partition and offset, every record of a key in a time window."""
-    from lakehouse.ops.trace import MAX_KEY_CHARS
+    from lakehouse.audit.trace import MAX_KEY_CHARS, MAX_PARTITION
 
     pipeline = f'<input type="hidden" name="pipeline" value="{_e(name)}">'
     return (f'<form class="trace" action="trace" method="get" data-field="trace_form">{pipeline}'

@@ -1,4 +1,4 @@
-"""VerifyOperator: prove the pipeline's tables hold every offset exactly once (lakehouse.ops.verify)."""
+"""VerifyOperator: prove the pipeline's tables hold every offset exactly once (lakehouse.audit.verify)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from lakehouse.ops import verify
+from lakehouse.audit import verify
 from lakehouse.wap import publish
 from lakehouse_airflow.hooks import LakehouseHook
 
@@ -32,7 +32,7 @@ class VerifyOperator(BaseOperator):
     :param snapshots_task_id: the QualityOperator task whose audited snapshots to verify, or None
         for every table's head.
 
-    XCom: ``return_value`` = the verification (lakehouse.ops.verify.Verification.to_json): ok, status,
+    XCom: ``return_value`` = the verification (lakehouse.audit.verify_model.Verification.to_json): ok, status,
     mode, snapshots {table: snapshot verified}, window, offsets, rows, counts, missing, problems
     [{kind, partition, offset, tables, detail, topic, key}], seconds, offsets_per_s. When it fails
     (problems found) the same dict is pushed under ``result`` and the task fails without retry.

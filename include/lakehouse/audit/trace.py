@@ -42,6 +42,10 @@ from typing import Any
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
 
+from lakehouse.audit.coordinates import Lineage, coordinate_filter, lineage, read_kafka
+from lakehouse.audit.intervals import Coverage
+from lakehouse.audit.keys import RecordKey, TableKeys
+from lakehouse.audit.verdicts import BREACHES, Sighting, Whereabouts, held_verdict, not_held_verdict
 from lakehouse.core import config, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import EXIT_SOURCE, TraceError
@@ -50,27 +54,53 @@ from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.plan import TopicState, offsets_for_time, topic_state_for
 from lakehouse.ingest.reader import reader_consumer
 from lakehouse.ingest.validator import canonical_key
-from lakehouse.ops.coordinates import Coverage, Lineage, coordinate_filter, lineage, read_kafka
-from lakehouse.ops.verify import RecordKey, TableKeys, newer
 
-VERDICTS = ("in-table", "dead-letter", "tombstone", "duplicated", "foreign", "superseded", "deleted",
-            "not-yet-ingested", "gap", "beyond-log-end", "no-record", "aged-out", "missing", "not-held")
-BREACHES = ("duplicated", "missing", "foreign")  # verdicts that break exactly-once: `lakehouse trace` exits 3
 MAX_KEY_SCAN = 5_000_000  # records of a time window read from Kafka to find one key's records
 MAX_VALUE_CHARS = 2000    # raw values shown per row
 MAX_KEY_CHARS = 65536     # a traced Kafka key
+MAX_PARTITION = 2 ** 31 - 1
+MAX_OFFSET = 2 ** 63 - 1
 
 
-@dataclass
-class Sighting:
-    """A row that holds the record: its table, role, the row itself (JSON-safe) and the commits of the
-    pipeline whose ranges hold the offset there, newest first."""
+@dataclass(frozen=True)
+class TraceRequest:
+    """What a trace asks (`trace_request` checks it): one record, `partition` and `offset`; or every record
+    of Kafka key `key` from `since` to `until` (None: now)."""
 
-    table: str
-    role: str  # data | dead-letter | tombstones
-    row: dict
-    commits: list[dict] = field(default_factory=list)
-    history_complete: bool = True
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def trace_request(partition: int | None = None, offset: int | None = None, key: str | None = None,
+                  since: datetime | None = None, until: datetime | None = None,
+                  now: datetime | None = None) -> TraceRequest:
+    """The trace asked for, checked: the one rule `lakehouse trace`, the Airflow UI's trace page and
+    `trace_record`/`trace_key` apply, in one wording. Either a partition and an offset (each from 0 to
+    MAX_PARTITION/MAX_OFFSET) or a key of 1 to MAX_KEY_CHARS characters with `since` and optionally
+    `until`, later than `since` (`until` defaults to `now`, default the current time). Raises TraceError
+    saying what is refused."""
+    if key is None:
+        if since is not None or until is not None:
+            raise TraceError("since and until go with a key, not with a partition and offset")
+        if partition is None or offset is None:
+            raise TraceError("give a partition and an offset, or a key and since (a time window)")
+        for name, value, maximum in (("partition", partition, MAX_PARTITION), ("offset", offset, MAX_OFFSET)):
+            if not 0 <= value <= maximum:
+                raise TraceError(f"{name} must be a whole number from 0 to {maximum}, got {value}")
+        return TraceRequest(partition, offset)
+    if partition is not None or offset is not None:
+        raise TraceError("a key is traced over a time window (since, until), not at a partition and offset")
+    if not 0 < len(key) <= MAX_KEY_CHARS:
+        raise TraceError(f"key must be a Kafka key of 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
+    if since is None:
+        raise TraceError("since is required with a key: an ISO-8601 time or a duration ago (30m, 2h, 7d)")
+    end = until or now or datetime.now(UTC)
+    if since >= end:
+        raise TraceError(f"until ({end.isoformat()}) must be later than since ({since.isoformat()})")
+    return TraceRequest(key=key, since=since, until=until)
 
 
 @dataclass
@@ -207,7 +237,7 @@ class _Tables:
     def key_coordinates(self, name: str, found: RecordKey) -> tuple | None:
         """Where the row of the table key `found` names is in upsert table or ledger `name` (one per key) at its
         head: (partition, offset, timestamp ms), and for a change stream's data table also its `_cdc`
-        position and source time (ms), which order its changes (verify.newer). The scan filters on the key
+        position and source time (ms), which order its changes (keys.newer). The scan filters on the key
         columns, so a key's row is found whichever record key wrote it."""
         table = self.loaded.get(name)
         if table is None or table.current_snapshot() is None:
@@ -230,97 +260,6 @@ class _Tables:
 
 def _millis(moment: datetime | None) -> int | None:
     return int(moment.timestamp() * 1000) if moment is not None else None
-
-
-# ---------------------------------------------------------------------------- verdicts
-
-
-def held_verdict(spec: PipelineSpec, partition: int, offset: int, sightings: list[Sighting]) -> tuple[str, str]:
-    """The verdict and message for a record that rows hold (`sightings`, at least one). Pure."""
-    where = f"{spec.source.topic}[{partition}]@{offset}"
-    counted = [s for s in sightings if s.role != "tombstones"]
-    if len(counted) > 1:
-        return "duplicated", (f"{where} is held {len(counted)} times (" + ", ".join(s.table for s in counted)
-                              + f"): a breach of exactly-once; `lakehouse verify --pipeline {spec.name}` lists every "
-                                f"duplicate")
-    first = counted[0] if counted else sightings[0]
-    if not first.commits and first.history_complete and first.role != "tombstones":
-        return "foreign", (f"a row of {first.table} holds {where}, but no commit of the pipeline covers that offset "
-                           f"(past the committed position, or written by something else): a breach of exactly-once; "
-                           f"`lakehouse verify --pipeline {spec.name}` lists every foreign row")
-    when = (f", committed by snapshot {first.commits[-1]['snapshot_id']} at {first.commits[-1]['at']} "
-            f"({first.commits[-1]['kind']})" if first.commits else "")
-    if first.role == "dead-letter":
-        return "dead-letter", (f"{where} is a dead letter in {first.table}: {first.row.get('error_kind')}: "
-                               f"{first.row.get('error_detail')}{when}. Fix the contract or the producer, then "
-                               f"`lakehouse replay --pipeline {spec.name} --dead-letters`")
-    if first.role == "tombstones":
-        return "tombstone", (f"{where} is a tombstone: it deleted key {first.row['_kafka'].get('key')!r}; the ledger "
-                             f"{first.table} keeps it so that replays cannot bring the key back")
-    return "in-table", f"{where} is a row of {first.table}{when}"
-
-
-@dataclass(frozen=True)
-class Whereabouts:
-    """What decides the verdict of a record no row holds: its partition's earliest offset, log end and
-    committed position, the commit that recorded a gap holding it (if one did), the Kafka record at the
-    offset when it was read (`read`: it was asked for), and for an upsert pipeline keyed by the Kafka key
-    the coordinates (partition, offset, timestamp ms) of its key's row and newest tombstone."""
-
-    earliest: int
-    end: int
-    committed: int
-    gap: dict | None = None
-    read: bool = False
-    record: dict | None = None
-    key_row: tuple | None = None        # (partition, offset, timestamp ms[, position, source_ts]): verify.newer
-    key_tombstone: tuple | None = None
-    table_key: RecordKey | None = None  # the record's table key, derived as ingestion derives it
-
-
-def not_held_verdict(spec: PipelineSpec, partition: int, offset: int, w: Whereabouts) -> tuple[str, str]:
-    """The verdict and message for a record no row holds. Pure."""
-    where = f"{spec.source.topic}[{partition}]@{offset}"
-    if offset >= w.end:
-        return "beyond-log-end", (f"{where} is past the end of the partition (log end {w.end}): Kafka has not "
-                                  f"received it")
-    if w.gap is not None:
-        return "gap", (f"{where} aged out of Kafka before it was ingested: the gap was recorded by snapshot "
-                       f"{w.gap['snapshot_id']} of {w.gap['table']} at {w.gap['at']}")
-    if offset >= w.committed:
-        return "not-yet-ingested", (f"{where} is not ingested yet: the committed position of partition {partition} "
-                                    f"is {w.committed}, {w.end - w.committed} records behind the log end {w.end}")
-    if offset < w.earliest:
-        return "aged-out", (f"no table holds {where}, and Kafka no longer does (its earliest offset is "
-                            f"{w.earliest}), so whether it was lost or replaced cannot be told any more")
-    if not w.read or w.record is None:
-        return "no-record", (f"Kafka delivers no record at {where} (a transaction marker or an aborted record): "
-                             f"there is nothing to ingest")
-    replay = (f"Replay it with `lakehouse replay --pipeline {spec.name} --offsets {partition}:{offset}-{offset + 1}` "
-              f"and run `lakehouse verify --pipeline {spec.name}`")
-    missing = ("missing", f"Kafka holds {where} and the pipeline committed past it (position {w.committed}), but "
-                          f"no table holds it: a breach of exactly-once. {replay}")
-    if spec.target.mode != "upsert":
-        return missing
-    if not spec.tombstones_delete or spec.target.fanout is not None:
-        return "not-held", (f"no row holds {where}: in this upsert table a newer record of its key may have replaced "
-                            f"it; `lakehouse verify --pipeline {spec.name}` checks each key's newest record")
-    if w.table_key is None:
-        return "missing", (f"Kafka holds {where} and the pipeline committed past it (position {w.committed}), but its "
-                           f"key does not decode and the dead-letter table does not hold it: a breach of exactly-once. "
-                           f"{replay}")
-    key = w.record.get("table_key")
-    cdc = w.table_key.cdc or {}
-    source_ts = cdc.get("source_ts")
-    mine = (partition, offset, w.record.get("timestamp_ms"), cdc.get("position"),
-            source_ts // 1000 if source_ts is not None else None)
-    if w.key_row is not None and newer(w.key_row, mine, by_source=spec.is_cdc):
-        return "superseded", (f"{where} was replaced by a newer record of key {key!r} (partition {w.key_row[0]}, "
-                              f"offset {w.key_row[1]})")
-    if w.key_tombstone is not None and newer(w.key_tombstone, mine):
-        return "deleted", (f"key {key!r} of {where} was deleted by the record at partition {w.key_tombstone[0]}, "
-                           f"offset {w.key_tombstone[1]}")
-    return missing
 
 
 def _partition_state(spec: PipelineSpec, tables: _Tables, platform: config.PlatformConfig,
@@ -351,11 +290,10 @@ def trace_record(spec: PipelineSpec, partition: int, offset: int,
                  platform: config.PlatformConfig | None = None) -> RecordTrace:
     """Where record `partition`@`offset` of the pipeline's topic is (see the module doc for the verdicts).
 
-    Raises TraceError for a partition the topic lacks, the planner's SourceErrors when Kafka must be
-    asked and cannot answer.
+    Raises TraceError for a request `trace_request` refuses or a partition the topic lacks, the planner's
+    SourceErrors when Kafka must be asked and cannot answer.
     """
-    if partition < 0 or offset < 0:
-        raise TraceError(f"partition {partition} and offset {offset} must both be 0 or more")
+    trace_request(partition, offset)
     started = time.monotonic()
     platform = platform or config.load()
     tables = _Tables(spec, platform)
@@ -383,7 +321,7 @@ def trace_record(spec: PipelineSpec, partition: int, offset: int,
 def _read_records(spec: PipelineSpec, platform: config.PlatformConfig,
                   rng: OffsetRange) -> list[tuple[dict, RecordKey | None]]:
     """The Kafka records of `rng` as dicts (partition, offset, timestamp_ms, key, tombstone), each with what
-    ingestion derives from it (verify.TableKeys) when tombstones delete keys: `key` is then the key as
+    ingestion derives from it (keys.TableKeys) when tombstones delete keys: `key` is then the key as
     `_kafka.key` shows it (a record key as compact JSON), `table_key` the text of its table key and `delete`
     whether it deletes it; the RecordKey beside it is None when its key does not decode."""
     derived: list[RecordKey | None] = []
@@ -424,9 +362,10 @@ def trace_key(spec: PipelineSpec, key: str, since: datetime, until: datetime | N
     """Every record of Kafka key `key` from `since` to `until` (default now), each with its verdict: the
     rows whose `_kafka.key` and `_kafka.timestamp` match, and the records Kafka still holds in the window.
 
-    Raises TraceError when the window holds more than `max_scan` records in Kafka (narrow it), the
-    planner's SourceErrors when Kafka cannot answer.
+    Raises TraceError for a request `trace_request` refuses or when the window holds more than `max_scan`
+    records in Kafka (narrow it), the planner's SourceErrors when Kafka cannot answer.
     """
+    trace_request(key=key, since=since, until=until)
     started = time.monotonic()
     platform = platform or config.load()
     key = shown_key(spec, key)
