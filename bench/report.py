@@ -303,6 +303,22 @@ def _roles(memory: Mapping[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------- Markdown
 
+BUDGET_S = 20 * 60  # the whole unattended run, peers included, on 2 cores
+
+
+def _time_spent(results: Mapping[str, Any]) -> list[str]:
+    """Each section's wall seconds, longest first, against the run's budget."""
+    spent = results.get("section_seconds") or {}
+    if not spent:
+        return []
+    total = results.get("wall_s") or sum(spent.values())
+    rows = [(name, secs(seconds), pct(seconds / total if total else None))
+            for name, seconds in sorted(spent.items(), key=lambda item: -item[1])]
+    verdict = "within" if total <= BUDGET_S else "over"
+    return ["## Where the run's time went", "", table(["section", "wall time", "share"], rows), "",
+            f"The run took {secs(total)}, {verdict} its budget of {secs(BUDGET_S)}.", ""]
+
+
 def render(results: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
     """The whole report as Markdown."""
     cfg = results.get("config") or {}
@@ -336,6 +352,7 @@ def render(results: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
         out += [f"- **{t.name}**: {t.why}." for t in failing]
         out.append("")
 
+    out += _time_spent(results)
     out += ["## Throughput", "", _throughput_table(results), ""]
     out += ["Ratios: " + "; ".join(_ratios(results, h)) + ".", ""]
     out += ["Steady state sums records and seconds of every batch but the first (cold: JVM warm-up, first "

@@ -186,6 +186,7 @@ class Bench:
     def section(self, name: str, fn: Callable[[], None]) -> None:
         """Run one section; a failure is recorded in results['errors'] and the run goes on."""
         self.say(f"== {name}")
+        started = time.monotonic()
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - one failed measurement must not lose the others
@@ -193,6 +194,8 @@ class Bench:
             self.results["errors"][name] = message
             self.say(f"!! {name} failed: {message}")
             (self.out / f"error-{name}.txt").write_text(traceback.format_exc())
+        finally:  # where the run's time goes, against its budget (report.BUDGET_S)
+            self.results.setdefault("section_seconds", {})[name] = round(time.monotonic() - started, 1)
 
     @property
     def value_bytes_per_record(self) -> float:

@@ -332,6 +332,18 @@ def test_the_report_lists_machine_facts_ratios_and_throughput_rows():
     assert "![throughput](throughput.png)" in text
 
 
+def test_the_report_says_where_the_run_s_time_went_against_its_budget():
+    spent = {"peers": 515.0, "ceilings": 60.0, "freshness": 700.0}
+    text = report.render({**RESULTS, "wall_s": 1_300.0, "section_seconds": spent})
+    part = text.split("## Where the run's time went", 1)[1].split("## Throughput", 1)[0]
+    assert part.index("| freshness | 700.00 s | 53.8 % |") < part.index("| peers | 515.00 s | 39.6 % |") \
+        < part.index("| ceilings | 60.00 s | 4.6 % |")
+    assert "The run took 1300.00 s, over its budget of 1200.00 s." in part
+    quick = report.render({**RESULTS, "wall_s": 900.0, "section_seconds": spent})
+    assert "The run took 900.00 s, within its budget of 1200.00 s." in quick
+    assert "Where the run's time went" not in report.render(RESULTS)  # an old results.json has no section times
+
+
 def test_failed_sections_are_named_in_the_report():
     text = report.render({**RESULTS, "errors": {"maintenance": "BenchError: maintain exited with 1"}})
     assert "- `maintenance`: BenchError: maintain exited with 1" in text

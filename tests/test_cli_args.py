@@ -111,7 +111,9 @@ def test_pipelines_lists_the_valid_specs_reports_broken_files_and_exits_2(home, 
 
     assert cli.main(["pipelines"]) == 2
     out, err = capsys.readouterr()
-    assert out.startswith("orders ") and "broken" not in out
+    header, row = out.splitlines()  # a table: the header, then one row per valid spec
+    assert header.split() == ["PIPELINE", "TOPIC", "TABLES", "MODE", "DEAD", "LETTERS"]
+    assert row.split()[0] == "orders" and "broken" not in out
     assert err == f"error: {specs / 'broken.yaml'}:16: target.mode: 'sideways' is not one of append, upsert, cdc\n"
 
     assert cli.main(["pipelines", "--json"]) == 2

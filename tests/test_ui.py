@@ -2,7 +2,7 @@
 loads leave the API server's shared threads to the Execution API.
 
 Airflow's API server is started by `lakehouse_dev.airflow_stack` as `lakehouse airflow up`
-does; one headless Chromium, driven through chromedriver (the W3C WebDriver protocol, over HTTP),
+does; one headless Chromium, driven by Selenium through Debian's chromedriver,
 opens /lakehouse/ signed out (the answer says to sign in), signs in on Airflow's own login page
 (which sets the `_token` cookie the Airflow UI uses) and comes back to the page, saves a screenshot
 to .artifacts/ui/pipelines.png and submits the trace forms.
@@ -10,20 +10,23 @@ to .artifacts/ui/pipelines.png and submits the trace forms.
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import re
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 from bench import page_loads
 from conftest import free_port
@@ -49,115 +52,43 @@ def cli(spec, *args: str) -> subprocess.CompletedProcess:
     return run
 
 
-class Browser:
-    """One headless Chromium with a throwaway profile (parallel runs must not share one), driven through
-    chromedriver's WebDriver endpoints with the standard library only."""
-
-    ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the W3C key of an element reference
-
-    def __init__(self, port: int, profile: str):
-        for program in (CHROMIUM, CHROMEDRIVER):
-            if not Path(program).exists():
-                pytest.fail(f"{program} is missing: run `make setup` (it installs the Debian chromium and "
-                            f"chromium-driver packages)")
-        self.base = f"http://127.0.0.1:{port}"
-        self.driver = subprocess.Popen([CHROMEDRIVER, f"--port={port}"], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self._call("GET", "/status")
-                break
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline or self.driver.poll() is not None:
-                    self.close()
-                    pytest.fail("chromedriver did not start")
-                time.sleep(0.05)
-        options = {"binary": CHROMIUM, "args": [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]}
-        session = self._call("POST", "/session", {"capabilities": {"alwaysMatch": {
-            "browserName": "chrome", "goog:chromeOptions": options}}})
-        self.session = f"/session/{session['sessionId']}"
-        self._call("POST", f"{self.session}/timeouts", {"implicit": 15_000, "pageLoad": 120_000})
-
-    def _call(self, method: str, path: str, body: dict | None = None):
-        request = urllib.request.Request(self.base + path, method=method, headers={"Content-Type": "application/json"},
-                                         data=None if body is None else json.dumps(body).encode())
-        try:
-            with urllib.request.urlopen(request, timeout=130) as response:
-                return json.load(response)["value"]
-        except urllib.error.HTTPError as exc:
-            raise AssertionError(f"WebDriver {method} {path}: {exc.read()[:2000]!r}") from None
-
-    def open(self, url: str) -> None:
-        self._call("POST", f"{self.session}/url", {"url": url})
-
-    def url(self) -> str:
-        return self._call("GET", f"{self.session}/url")
-
-    def dom(self) -> str:
-        """The page's DOM as HTML, as `chromium --dump-dom` prints it."""
-        return self._call("GET", f"{self.session}/source")
-
-    def screenshot(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(self._call("GET", f"{self.session}/screenshot")))
-
-    def element(self, css: str) -> str:
-        return self._call("POST", f"{self.session}/element", {"using": "css selector", "value": css})[self.ELEMENT]
-
-    def type(self, css: str, text: str) -> None:
-        element = self.element(css)
-        self._call("POST", f"{self.session}/element/{element}/clear", {})
-        self._call("POST", f"{self.session}/element/{element}/value", {"text": text})
-
-    def click(self, css: str) -> None:
-        self._call("POST", f"{self.session}/element/{self.element(css)}/click", {})
-
-    def wait_for_url(self, url: str, timeout: float = 30.0) -> None:
-        """Until the page's address is `url` (the query string's order included)."""
-        deadline = time.monotonic() + timeout
-        while self.url() != url:
-            assert time.monotonic() < deadline, f"the browser is at {self.url()}, not {url}"
-            time.sleep(0.1)
-
-    def submit(self, form: str, **values: str) -> str:
-        """Fill the inputs of form `form` (a CSS selector), press its button; the DOM of the answer."""
-        for name, value in values.items():
-            self.type(f'{form} input[name="{name}"]', value)
-        before = self.url()
-        self.click(f"{form} button")
-        deadline = time.monotonic() + 60
-        while self.url() == before:
-            assert time.monotonic() < deadline, f"submitting {form} did not leave {before}"
-            time.sleep(0.05)
-        return self.dom()
-
-    def close(self) -> None:
-        if getattr(self, "session", None):
-            try:
-                self._call("DELETE", self.session)
-            except (AssertionError, urllib.error.URLError, OSError):
-                pass
-        self.driver.terminate()
-        try:
-            self.driver.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.driver.kill()
-            self.driver.wait()
-
-
 @pytest.fixture
 def browser():
-    """A Browser on a port of its own (free_tcp_port is the API server's)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    """One headless Chromium with a throwaway profile (parallel runs must not share one), driven by Selenium
+    through Debian's chromedriver (never Selenium Manager's downloads)."""
+    for program in (CHROMIUM, CHROMEDRIVER):
+        if not Path(program).exists():
+            pytest.fail(f"{program} is missing: run `make setup` (it installs the Debian chromium and "
+                        f"chromium-driver packages)")
     with tempfile.TemporaryDirectory(prefix="lakehouse-chromium-") as profile:
-        driven = Browser(port, profile)
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
         try:
-            yield driven
+            driver.implicitly_wait(15)
+            driver.set_page_load_timeout(120)
+            yield driver
         finally:
-            driven.close()
+            driver.quit()
+
+
+def type_into(driver: WebDriver, css: str, text: str) -> None:
+    element = driver.find_element(By.CSS_SELECTOR, css)
+    element.clear()
+    element.send_keys(text)
+
+
+def submit(driver: WebDriver, form: str, **values: str) -> str:
+    """Fill the inputs of form `form` (a CSS selector), press its button; the DOM of the answer."""
+    for name, value in values.items():
+        type_into(driver, f'{form} input[name="{name}"]', value)
+    before = driver.current_url
+    driver.find_element(By.CSS_SELECTOR, f"{form} button").click()
+    WebDriverWait(driver, 60).until(expected_conditions.url_changes(before),
+                                    f"submitting {form} did not leave {before}")
+    return driver.page_source
 
 
 def card(dom: str, pipeline_name: str) -> str:
@@ -274,13 +205,13 @@ def test_pipelines_page_shows_live_numbers_in_a_browser(pipeline, make_spec, pla
     listed = read_cards(url, token)
     # signed out, the browser gets the sign-in link; Airflow's login page sets the `_token` cookie as the
     # Airflow UI's login does, then comes back to the page
-    browser.open(page)
-    browser.click('a[data-field="login"]')
-    browser.type('input[name="username"]', started["user"])
-    browser.type('input[name="password"]', started["password"])
-    browser.click('button[type="submit"]')
-    browser.wait_for_url(page)
-    dom = browser.dom()
+    browser.get(page)
+    browser.find_element(By.CSS_SELECTOR, 'a[data-field="login"]').click()
+    type_into(browser, 'input[name="username"]', started["user"])
+    type_into(browser, 'input[name="password"]', started["password"])
+    browser.find_element(By.CSS_SELECTOR, 'button[type="submit"]').click()
+    WebDriverWait(browser, 30).until(expected_conditions.url_to_be(page), f"the browser did not come back to {page}")
+    dom = browser.page_source
     mine = card(dom, spec.name)
     assert field(mine, "rows") == str(data_rows)
     assert field(mine, "dead_letters") == str(dead)
@@ -336,13 +267,14 @@ def test_pipelines_page_shows_live_numbers_in_a_browser(pipeline, make_spec, pla
     assert (listed["broken"]["state"], listed["broken"]["file"]) == ("broken", "broken.yaml")
     assert listed["broken"]["error"]["category"] == "the spec file does not load"
 
-    browser.screenshot(SCREENSHOT)
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(SCREENSHOT))
     assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # the trace form, signed in through the page: the answer with its rows' reason and commit
     form = f'section[data-pipeline="{spec.name}"] form[data-field="trace_form"]'
-    traced = browser.submit(form, **where)
-    assert browser.url() == (f"{url}/lakehouse/trace?pipeline={spec.name}&partition={where['partition']}"
+    traced = submit(browser, form, **where)
+    assert browser.current_url == (f"{url}/lakehouse/trace?pipeline={spec.name}&partition={where['partition']}"
                              f"&offset={where['offset']}")
     assert field(traced, "verdict") == "dead-letter"
     assert field(traced, "dead_letter_reason").startswith(f"{letter['error_kind']}: ")
@@ -350,8 +282,8 @@ def test_pipelines_page_shows_live_numbers_in_a_browser(pipeline, make_spec, pla
 
     # signed in, the key form: every record of a data row's key in the last day, each with its verdict
     row = data[0]
-    browser.open(page)
-    keyed = browser.submit(f'section[data-pipeline="{spec.name}"] form[data-field="trace_key_form"]',
+    browser.get(page)
+    keyed = submit(browser, f'section[data-pipeline="{spec.name}"] form[data-field="trace_key_form"]',
                            key=row["_kafka"]["key"])
     assert int(field(keyed, "records_found")) >= 1 and field(keyed, "key") == row["_kafka"]["key"]
     coordinates = f'{row["_kafka"]["partition"]}@{row["_kafka"]["offset"]}'

@@ -73,7 +73,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
-from lakehouse.core import cli_types, config, errors
+from lakehouse.core import cli_types, config, console, errors
 from lakehouse.core.errors import SpecError
 from lakehouse.core.spec import (
     DURATION_CAPS_S,
@@ -114,9 +114,10 @@ def cmd_pipelines(args) -> int:
                        for path, e in found.errors.items()],
         })
     else:
-        for s in found.specs.values():
-            print(f"{s.name:<16} {s.source.topic} -> {', '.join(s.qualified(t) for t in s.target.tables)} "
-                  f"({s.target.mode}; dead letters {s.qualified(s.dead_letter_table)})")
+        console.show([console.Table.of(
+            ("PIPELINE", "TOPIC", "TABLES", "MODE", "DEAD LETTERS"),
+            [(s.name, s.source.topic, ", ".join(s.qualified(t) for t in s.target.tables), s.target.mode,
+              s.qualified(s.dead_letter_table)) for s in found.specs.values()])] if found.specs else [])
         _report_broken(found.errors)
     return EXIT_CONFIG if found.errors else 0
 
@@ -305,7 +306,7 @@ def cmd_status(args) -> int:
     """Each pipeline's status; Kafka must answer first (a catalog is opened only then, so a status with the
     broker down creates none). JSON: a list of per-pipeline objects, with --pipeline too (one item)."""
     from lakehouse.core import topics
-    from lakehouse.ops.status import pipeline_status, render
+    from lakehouse.ops.status import pipeline_status, report
 
     specs, broken = _specs(args.pipeline)
     topics.require_broker()
@@ -313,7 +314,7 @@ def cmd_status(args) -> int:
     if args.json:
         print_json(statuses)
     else:
-        print(render(statuses))
+        console.show(report(statuses))
     return EXIT_CONFIG if broken else 0
 
 
@@ -406,8 +407,8 @@ def cmd_schemas(args) -> int:
     if args.json:
         print_json([report.__dict__ for report in found])
     else:
-        for r in found:
-            print(f"{r.schema_id:<8} {r.schema_type:<9} {r.where:<9} {r.verdict:<15} {r.why}".rstrip())
+        console.show([console.Table.of(("ID", "TYPE", "WHERE", "VERDICT", "WHY"),
+                                       [(str(r.schema_id), r.schema_type, r.where, r.verdict, r.why) for r in found])])
     return EXIT_CONFIG if any(r.verdict in ("incompatible", "untranslatable") for r in found) else 0
 
 
@@ -421,8 +422,8 @@ def cmd_trace(args) -> int:
     topics.require_broker()
     found: trace.KeyTrace | trace.RecordTrace
     if args.key is not None:
-        found = trace.trace_key(spec, args.key, args.since, args.until,
-                                progress=None if args.json else lambda line: print(line, file=sys.stderr, flush=True))
+        with console.progress() as say:
+            found = trace.trace_key(spec, args.key, args.since, args.until, progress=None if args.json else say)
         shown = found.to_json() | {"partition": None, "offset": None}
     else:
         found = trace.trace_record(spec, args.partition, args.offset)
@@ -441,9 +442,9 @@ def cmd_verify(args) -> int:
     """Verification of a range exactly once; exits 3 when anything is missing, duplicated, foreign or stale."""
     from lakehouse.audit import verify
 
-    result = verify.verify(load_pipeline(args.pipeline), since_s=args.since, snapshots=args.snapshots,
-                           full=args.full, engine=args.engine,
-                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+    with console.progress() as say:
+        result = verify.verify(load_pipeline(args.pipeline), since_s=args.since, snapshots=args.snapshots,
+                               full=args.full, engine=args.engine, progress=say)
     if args.json:
         print_json(result.to_json())
     else:
@@ -459,12 +460,13 @@ def cmd_cost(args) -> int:
 
     platform = config.load()
     prices = cost.UnitPrices.from_settings(platform.prices)  # a bad price stops before anything is read
-    report = cost.daily_cost(load_pipeline(args.pipeline), days=args.days, platform=platform, prices=prices,
-                             progress=lambda message: print(f"{message} ...", file=sys.stderr, flush=True))
+    with console.progress(suffix=" ...") as say:
+        report = cost.daily_cost(load_pipeline(args.pipeline), days=args.days, platform=platform, prices=prices,
+                                 progress=say)
     if args.json:
         print_json(report.to_json())
     else:
-        print(cost.render(report))
+        console.show(cost.blocks(report))
     return 0
 
 

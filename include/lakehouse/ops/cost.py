@@ -42,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import KafkaError, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
 
-from lakehouse.core import config, events, offsets, topics
+from lakehouse.core import config, console, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import ConfigurationError, SourceError
 from lakehouse.core.spec import PipelineSpec
@@ -485,10 +485,15 @@ def human_bytes(n: float | None) -> str:
 
 
 def render(report: CostReport) -> str:
-    """The report as a table for people: one row per day, then totals and notes."""
+    """The plain form of `blocks`."""
+    return console.text(blocks(report))
+
+
+def blocks(report: CostReport) -> list[console.Block]:
+    """The report for people: one row per day, then totals and notes."""
     retention = ("unlimited" if report.retention_ms == -1 else "unknown" if report.retention_ms is None
                  else f"{report.retention_ms / DAY_MS:g} d ({report.retention_source})")
-    lines = [f"{report.pipeline}: topic {report.topic}, retention {retention}, replication "
+    lines: list[console.Block] = [f"{report.pipeline}: topic {report.topic}, retention {retention}, replication "
              f"{report.replication_factor}; per UTC day, today so far last"]
     header = ["DAY", "PRODUCED", "RECORDS", "KAFKA RETAINS", "TABLES", "FILES", "COMMITS", "PUT", "GET",
               "INGEST S", "MAINT S"]
@@ -504,8 +509,7 @@ def render(report: CostReport) -> str:
         if report.prices.configured:
             row.append(f"{(d.price or {}).get('total', 0.0):.4f}")
         rows.append(row)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    lines.append(console.Table.of(header, rows))
     totals = report.totals()
     lines.append(f"window: {human_bytes(totals['produced_bytes'])} produced, {totals['put_requests']:.0f} PUT and "
                  f"{totals['get_requests']:.0f} GET requests, {totals['ingest_seconds']:.1f} s ingesting, "
@@ -513,4 +517,4 @@ def render(report: CostReport) -> str:
                  + (f", price {totals['price']:.4f} {report.prices.currency}".rstrip() if "price" in totals else
                     "; no unit prices set (LAKEHOUSE_PRICE_*): quantities only"))
     lines += [f"note: {n}" for n in report.notes]
-    return "\n".join(lines)
+    return lines

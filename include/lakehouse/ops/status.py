@@ -18,7 +18,7 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from lakehouse.core import config, offsets
+from lakehouse.core import config, console, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import SourceError
 from lakehouse.core.spec import PipelineSpec
@@ -187,7 +187,13 @@ def format_age(seconds: float | None) -> str:
 
 
 def render(statuses: list[dict]) -> str:
-    """A readable table of pipeline statuses, then one line per partition."""
+    """The plain form of `report`."""
+    return console.text(report(statuses))
+
+
+def report(statuses: list[dict]) -> list[console.Block]:
+    """A table of pipeline statuses, then per pipeline a line per partition, table, layout difference and
+    timeline figure."""
     header = ("PIPELINE", "MODE", "ROWS", "DEAD", "LAG", "LAST COMMIT", "FRESHNESS", "SNAPSHOTS")
     rows = []
     for s in statuses:
@@ -196,8 +202,7 @@ def render(statuses: list[dict]) -> str:
                      "?" if s["lag_records"] is None else str(s["lag_records"]),
                      format_age(s["seconds_since_commit"]) + (" ago" if s["seconds_since_commit"] is not None else ""),
                      format_age(s["freshness_s"]), str(sum(t["snapshots"] for t in data))))
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+    lines: list[console.Block] = [console.Table.of(header, rows)]
     for s in statuses:
         lines.append("")
         lines.append(f"{s['pipeline']}: topic {s['topic']} -> "
@@ -218,7 +223,7 @@ def render(statuses: list[dict]) -> str:
                              f"snapshot {t['recovery_snapshot_id']} at {t['last_commit_at'] or '-'}")
         lines.extend(_layout_lines(s.get("layout")))
         lines.extend(_timeline_lines(s.get("timeline") or {}))
-    return "\n".join(lines)
+    return lines
 
 
 def _layout_lines(found: dict | None) -> list[str]:
