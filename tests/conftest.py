@@ -54,6 +54,9 @@ from lakehouse_dev import services as services_module
 from lakehouse_dev import stack as stack_module
 
 config_module = config
+# Every path a test names starts at config.REPO_ROOT (never at a test file's own location). The tests' support
+# modules (e2e, faults, pgserver, polling) are in SUPPORT, on pytest's `pythonpath` (pyproject.toml).
+SUPPORT = config.REPO_ROOT / "tests" / "support"
 DAGS_FOLDER = config.REPO_ROOT / "dags"
 
 # Variables that would send tests to a user's real cluster, catalog or warehouse.
@@ -77,9 +80,9 @@ def pytest_configure(config: pytest.Config) -> None:
     home = Path(tempfile.mkdtemp(prefix="lakehouse-airflow-"))
     os.environ.update({
         "AIRFLOW_HOME": str(home),
-        # the product's fault hook (lakehouse.core.hooks) loads tests/faults.py here and in every process
+        # the product's fault hook (lakehouse.core.hooks) loads tests/support/faults.py here and in every process
         # the tests start, so that LAKEHOUSE_FAULT can inject a fault
-        "LAKEHOUSE_TEST_HOOKS": str(Path(__file__).with_name("faults.py")),
+        "LAKEHOUSE_TEST_HOOKS": str(SUPPORT / "faults.py"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(config_module.REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",

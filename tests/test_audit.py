@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from conftest import forget_auth_manager
+from tests.conftest import forget_auth_manager
 from confluent_kafka import Producer
 from pyiceberg.schema import Schema
 

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.proof import _orders, build_table
+from lakehouse.core.config import REPO_ROOT
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec, SpecError, load_spec
 from lakehouse.wap import quality
@@ -221,7 +222,7 @@ def test_a_window_of_zero_rows_passes_on_both_paths(platform, make_spec, spark):
 # -- the knob ---------------------------------------------------------------------------------------------
 
 def _spec_with(tmp_path: Path, publish: dict) -> PipelineSpec:
-    raw = yaml.safe_load((Path(__file__).parents[1] / "include" / "pipelines" / "orders.yaml").read_text())
+    raw = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "orders.yaml").read_text())
     raw["publish"] = {**raw["publish"], **publish}
     path = tmp_path / "orders.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import consume_everything
+from tests.conftest import consume_everything
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

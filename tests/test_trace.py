@@ -36,8 +36,8 @@ from lakehouse.core.spec import parse_moment
 from lakehouse.ops.coordinates import Coverage, coordinate_filter
 from lakehouse.ops.trace import VERDICTS, Sighting, Whereabouts, held_verdict, not_held_verdict, trace_record
 from lakehouse.ops.verify import RecordKey
-from test_ui import card, field
-from test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
+from tests.e2e.test_ui import card, field
+from tests.test_verify import at, delete, order, orders  # noqa: F401 (orders: a fixture)
 
 # ---------------------------------------------------------------------------- unit layer: verdicts
 

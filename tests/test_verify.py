@@ -225,7 +225,7 @@ def test_a_records_table_key_is_derived_as_ingestion_derives_it_for_every_key_fo
     """An upsert table keyed by the Kafka key: the key of each valid record, decoded as the reader decodes it
     (text, or the key field of a JSON, Avro, Protobuf or JSON Schema record key), is the text of the key
     column of the row ingestion writes for it; a key that does not decode gives none."""
-    from test_produce_formats import in_format
+    from tests.unit.devstack.test_produce_formats import in_format
 
     from lakehouse.ingest.records import RecordValidator
     from lakehouse_dev.produce import synthesize
@@ -247,7 +247,7 @@ def test_a_change_events_table_key_is_its_primary_key_and_deletes_are_told_apart
                                                                                value_format, connect_schemas):
     """Debezium keys with and without their Connect schema, and Avro keys: each valid change event's table
     key is the text of the primary key in the row it writes (or deletes); op d and tombstones delete."""
-    from test_change_streams import applied, cdc_spec
+    from tests.unit.devstack.test_change_streams import applied, cdc_spec
 
     from lakehouse.ingest.records import RecordValidator
     from lakehouse_dev.produce import synthesize
@@ -543,7 +543,7 @@ def test_the_publish_dag_publishes_only_verified_snapshots(platform, orders, mak
 def test_a_tombstone_deletes_the_row_of_its_keys_field_whatever_the_key_format(make_spec, key_format):
     """A tombstone's row (what the MERGE deletes by, and the ledger keeps) holds the key field's value as the
     rows of that key hold it: for a record key the field of the record, not the record's JSON text."""
-    from test_produce_formats import in_format
+    from tests.unit.devstack.test_produce_formats import in_format
 
     from lakehouse.ingest.reader import BatchBuilder
     from lakehouse.ingest.records import RecordValidator
