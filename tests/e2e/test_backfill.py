@@ -194,7 +194,7 @@ def test_the_backfill_task_writes_only_for_a_user_who_may_still_trigger_it_and_o
     checks, when it is about to write, that the user who triggered the run may still trigger the DAG and that
     the plan it got through XCom is what the run's request plans. dag.test() runs are triggered by `dag_test`
     (an OP of the simple auth manager in tests/conftest.py; the other tests here write as it). Every case is
-    refused before spark-submit; the answers of each layer are unit-tested in tests/test_operator_authority.py."""
+    refused before spark-submit; the answers of each layer are unit-tested in tests/unit/ops/test_operator_authority.py."""
     spec = pipeline(partitions=1, partition_by=[])
     produce.produce(spec, 40, seed=9)
     ingest(spec)

@@ -2,7 +2,7 @@
 
 A run that is killed is `lakehouse ingest` as a user would start it, in its own process
 group, on the real embedded broker, Spark and the JDBC catalog; the fault (LAKEHOUSE_FAULT,
-see tests/faults.py) ends in kill -9 of driver and JVM. Runs that nothing kills (the
+see tests/support/faults.py) ends in kill -9 of driver and JVM. Runs that nothing kills (the
 resume, a task retry, a concurrent writer) are the same command run in the test process,
 on its Spark session.
 """

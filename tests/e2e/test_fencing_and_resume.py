@@ -200,7 +200,7 @@ def test_a_table_owned_by_another_pipeline_is_refused(platform, pipeline, make_s
     send(platform, first.source.topic, [order(i) for i in range(10)])
     IngestJob(first, platform, spark).run_once()
     # a second pipeline names the first one's table, declared in another folder (within one folder the
-    # specs already refuse to load: tests/test_spec_hostile.py)
+    # specs already refuse to load: tests/unit/core/test_spec_hostile.py)
     declared = Path(make_spec(target={"table": first.target.table}).path)
     elsewhere = tmp_path / "elsewhere" / declared.name
     elsewhere.parent.mkdir()

@@ -291,7 +291,7 @@ def test_a_dag_run_takes_kafka_credentials_from_the_connection_and_never_shows_t
 
 def test_spark_submit_arguments_forward_kafka_settings_but_no_secret(make_spec, monkeypatch):
     """env_vars is a templated field (stored and shown by Airflow): only the allow-list of non-secret
-    settings goes there; secrets stay in the worker's environment (tests/test_secrets.py has more)."""
+    settings goes there; secrets stay in the worker's environment (tests/unit/house/test_secrets.py has more)."""
     from lakehouse_airflow.spark import submit_kwargs
 
     _with_env(monkeypatch, LAKEHOUSE_KAFKA_SECURITY_PROTOCOL="SASL_SSL", LAKEHOUSE_KAFKA_SASL_PASSWORD=WRONG,

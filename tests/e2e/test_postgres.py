@@ -1,6 +1,6 @@
 """PostgreSQL in the production topology: the Iceberg JDBC catalog and Airflow's metadata DB.
 
-The module starts a throwaway PostgreSQL cluster of its own (tests/pgserver.py: `initdb`, trust
+The module starts a throwaway PostgreSQL cluster of its own (tests/support/pgserver.py: `initdb`, trust
 authentication, a free port on 127.0.0.1), so it relies on no server someone else configured. Every
 test gets a database of its own there (`lakehouse_test_<uuid>`, dropped afterwards) and reaches it the
 way users do: the catalog through LAKEHOUSE_CATALOG_URI and `stack.up()`, Airflow through
@@ -8,7 +8,7 @@ LAKEHOUSE_AIRFLOW_DB_URI and `airflow_stack.up()`. Without the server binaries t
 skip: `make setup` installs them.
 
 The race runs its producer, compaction and publisher as separate processes started from this
-file (`python tests/test_postgres.py produce|compact|publish <spec.yaml> <work dir>`) next to a
+file (`python tests/e2e/test_postgres.py produce|compact|publish <spec.yaml> <work dir>`) next to a
 continuous `lakehouse ingest`, so that their commits meet at the catalog's compare-and-set.
 """
 
@@ -259,7 +259,7 @@ WORKERS = {"produce": produce_until_stopped, "compact": compact_rounds, "publish
 
 
 def start_worker(kind: str, spec: PipelineSpec, work: Path) -> subprocess.Popen:
-    """`python tests/test_postgres.py KIND SPEC WORK` in its own process group, output in WORK/KIND.out|err
+    """`python tests/e2e/test_postgres.py KIND SPEC WORK` in its own process group, output in WORK/KIND.out|err
     (files, not pipes: a full pipe would stall the worker)."""
     return _start([sys.executable, __file__, kind, spec.path, str(work)], spec, work, kind)
 
@@ -620,7 +620,7 @@ def test_airflow_on_postgresql_runs_task_instances_in_parallel_with_the_local_ex
         assert not any(airflow_stack.status()["running"].values())
 
 
-if __name__ == "__main__":  # a worker of the race: python tests/test_postgres.py KIND SPEC WORK
+if __name__ == "__main__":  # a worker of the race: python tests/e2e/test_postgres.py KIND SPEC WORK
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kind, spec_path, work_dir = sys.argv[1:4]
     WORKERS[kind](load_spec(Path(spec_path)), Path(work_dir))

@@ -326,7 +326,7 @@ def test_the_view_shows_columns_the_table_gained_once_they_are_published(platfor
 def test_the_publish_dags_verify_task_verifies_in_full_snapshots_verified_only_beside_others(
         platform, pipeline, make_spec, run_dag, spark):
     """Exactly once holds across a fan-out pipeline's tables, and the gate wants one verification of exactly
-    the snapshots it publishes (tests/test_operator_authority.py). Here each table's head was verified
+    the snapshots it publishes (tests/unit/ops/test_operator_authority.py). Here each table's head was verified
     beside an older snapshot of the other, and both such verifications passed, though an offset the default
     table holds was copied into the route table: an incremental run finds nothing new, so the DAG's `verify`
     task verifies the two heads together in full, finds the copy, and nothing is published."""

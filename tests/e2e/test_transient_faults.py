@@ -1,7 +1,7 @@
 """Transient faults are retried inside the continuous job, not fatal: a SQLite catalog locked longer than
 its busy timeout, and a broker that stops answering for a while. Each retry is a `retry` event on the
 ops timeline, and every offset still lands exactly once. (Killed PostgreSQL connections: see
-tests/test_postgres.py.)"""
+tests/e2e/test_postgres.py.)"""
 
 import contextlib
 import os

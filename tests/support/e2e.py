@@ -119,7 +119,7 @@ def assert_exactly_once(platform: PlatformConfig, spec: PipelineSpec) -> int:
     return len(expected)
 
 
-# Where a kill -9 of `lakehouse ingest` can land in a batch (tests/faults.py): reading, files written but not
+# Where a kill -9 of `lakehouse ingest` can land in a batch (tests/support/faults.py): reading, files written but not
 # committed, one table committed but not the other or the group offsets, all committed but the group's.
 KILL_POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit")
 # The points where a record's format makes a difference (decoding it, writing files from its rows): the commit

@@ -118,7 +118,7 @@ def commit_concurrently(spark, table, key: str | None) -> None:
 
     def commit_when_running() -> None:
         # Runs inside the ingest process (loaded through LAKEHOUSE_TEST_HOOKS, without the tests folder on its
-        # path, so not tests/polling.py) and never fails: after 60 s without a stage it commits anyway.
+        # path, so not tests/support/polling.py) and never fails: after 60 s without a stage it commits anyway.
         deadline = time.monotonic() + 60
         while not tracker.getActiveStageIds() and time.monotonic() < deadline:
             time.sleep(0.01)

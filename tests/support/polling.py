@@ -4,7 +4,7 @@
     while_running(process, predicate)                 -> predicate that first fails if `process` exited
 
 No dependencies beyond the standard library: conftest, the end-to-end helpers, unit tests and the worker
-processes some tests start (`python tests/test_postgres.py ...`) all import it.
+processes some tests start (`python tests/e2e/test_postgres.py ...`) all import it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
   exactly what `lakehouse.core.spec.parse_moment` takes (ISO-8601 or a duration ago), refusing the rest with
   the same words, before anything runs.
 
-All in-process (`lakehouse.cli`), in the unit layer; tests/test_cli_pipes.py runs the console script itself.
+All in-process (`lakehouse.cli`), in the unit layer; tests/e2e/test_cli_pipes.py runs the console script itself.
 """
 
 from __future__ import annotations

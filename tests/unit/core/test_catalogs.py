@@ -4,7 +4,7 @@ LAKEHOUSE_CATALOG_URI), and Spark and pyiceberg open the same one; two catalog n
 directory; secrets never show.
 
 Unit layer: the configuration each side is given. The REST catalog itself, end to end, is in
-tests/test_rest_catalog.py.
+tests/e2e/test_rest_catalog.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ S3 warehouse nothing changes; credentials never enter either configuration.
 
 No S3 server runs here: these tests check the configuration each side is given, and, for
 pyiceberg, the pyarrow S3 filesystem it builds from it. The object store's preflight
-(lakehouse.core.warehouse.check, which open_catalog runs) is left out here; tests/test_rest_catalog.py
+(lakehouse.core.warehouse.check, which open_catalog runs) is left out here; tests/e2e/test_rest_catalog.py
 runs it against the stack's object store.
 """
 

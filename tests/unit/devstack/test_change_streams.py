@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.test_produce import verdicts
+from tests.unit.devstack.test_produce import verdicts
 
 from lakehouse.core import config, errors, schemas
 from lakehouse.ingest.formats import parse_schema

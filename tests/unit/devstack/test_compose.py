@@ -948,7 +948,7 @@ def test_images_are_the_versions_the_stack_runs():
 def test_postgres_is_the_major_version_the_tests_run():
     """The stack runs no PostgreSQL of its own: the tests run docker/postgres-init.sh, Airflow's and the
     registry's logins on the server `make setup` installs (Debian's `postgresql`, the newest major under
-    /usr/lib/postgresql, as tests/pgserver.py picks it). Compose runs that major version (the minor follows
+    /usr/lib/postgresql, as tests/support/pgserver.py picks it). Compose runs that major version (the minor follows
     the distribution's updates)."""
     try:
         installed = postgres_bin_dir().parent.name
@@ -1029,7 +1029,7 @@ def test_the_rest_catalog_runs_with_the_stacks_settings(stack_servers):
 
 def test_the_rest_catalog_creates_its_tables_only_in_a_database_without_them(tmp_path: Path):
     """A restarted server must not run Iceberg's table check, which leaves a SQLite lock behind (see
-    rest_catalog.environment; the restart itself: tests/test_rest_catalog.py)."""
+    rest_catalog.environment; the restart itself: tests/e2e/test_rest_catalog.py)."""
     layout = rest_catalog.Layout(tmp_path)
     variable = rest_catalog.env_name("jdbc.init-catalog-tables")
 

@@ -17,7 +17,7 @@ from itertools import count
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from tests.test_produce import verdicts
+from tests.unit.devstack.test_produce import verdicts
 
 from lakehouse.core import config, schemas
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, SpecError

@@ -54,7 +54,7 @@ def test_a_module_imports_only_its_own_concern_and_the_floors_below(path):
     if here is None:  # lakehouse/__init__.py
         return
     for target in _imports(path):
-        assert not target.startswith(("lakehouse_dev", "tests", "e2e", "faults")), \
+        assert not target.startswith(("lakehouse_dev", "tests", "e2e", "faults", "pgserver", "polling")), \
             f"{path.name} imports {target}: the product must not depend on the dev stack or the tests"
         there = _concern(target)
         if there is not None and there != here:
@@ -131,7 +131,7 @@ def test_the_test_hook_file_is_loaded_by_name_and_validates_the_fault(monkeypatc
     from lakehouse.core import hooks
 
     monkeypatch.setenv("LAKEHOUSE_FAULT", "no_such_point")
-    hook = hooks.faults()  # the suite's conftest points LAKEHOUSE_TEST_HOOKS at tests/faults.py
+    hook = hooks.faults()  # the suite's conftest points LAKEHOUSE_TEST_HOOKS at tests/support/faults.py
     assert type(hook) is not hooks.FaultHook
     with pytest.raises(ValueError, match="no_such_point"):
         hook.check()

@@ -1,4 +1,4 @@
-"""The tests' one polling helper (tests/polling.py): what it returns, how it fails, how it ends early."""
+"""The tests' one polling helper (tests/support/polling.py): what it returns, how it fails, how it ends early."""
 
 import subprocess
 import sys

@@ -2,7 +2,7 @@
 
 Fast: no Spark, no broker. The Spark jobs' `env_vars` (a templated field) get only the allow-list
 of lakehouse.core.config; everything else reaches spark-submit from the worker's environment. That a
-rollback never executes SQL text from the timeline needs Spark and a catalog: tests/test_cutover.py.
+rollback never executes SQL text from the timeline needs Spark and a catalog: tests/e2e/test_cutover_e2e.py.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, cimpl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polling import wait_until
-from tests.test_fast_decode import outcome
+from tests.unit.ingest.test_fast_decode import outcome
 
 from lakehouse.core import errors
 from lakehouse.core.errors import (

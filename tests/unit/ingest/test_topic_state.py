@@ -5,7 +5,7 @@ Right after Apache Kafka comes back from a freeze or a restart it is fenced unti
 the admin client describes the topic, while the consumer's metadata does not know where a partition lives yet
 ("Local: Unknown partition"). That is the broker not answering yet, retried by the job within its budget
 (BrokerUnavailableError), never the end of the job; a refusal stays an error of the source.
-(The broker actually frozen and thawed under a running job: tests/test_transient_faults.py.)
+(The broker actually frozen and thawed under a running job: tests/e2e/test_transient_faults.py.)
 """
 
 from __future__ import annotations

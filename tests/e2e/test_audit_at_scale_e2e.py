@@ -2,7 +2,10 @@
 rows (counted from its manifests) is validated by Great Expectations' Spark datasource instead of being
 loaded into pandas on the worker, and the audit says the same thing either way: the same verdict, the
 same failed expectations and unexpected counts, the same rows and Kafka offsets audited, the same
-offending coordinates (all of them while fewer than MAX_OFFENDING rows fail each expectation)."""
+offending coordinates (all of them while fewer than MAX_OFFENDING rows fail each expectation).
+
+The end-to-end half; the unit half is tests/unit/audit/test_audit_at_scale.py.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +13,22 @@ import dataclasses
 import itertools
 import uuid
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.proof import _orders, build_table
-from lakehouse.core.config import REPO_ROOT
 from lakehouse.core.catalog import open_catalog
-from lakehouse.core.spec import PipelineSpec, SpecError, load_spec
+from lakehouse.core.spec import PipelineSpec
 from lakehouse.wap import quality
 
+
 NEVER = 10 ** 12  # a threshold no test window reaches: the pandas path
+
+
 ALWAYS = 0  # every window, the empty one too: the Spark path
 
 
@@ -217,27 +220,3 @@ def test_a_window_of_zero_rows_passes_on_both_paths(platform, make_spec, spark):
     # the window mode through Spark: the bad row is found when the window covers it
     covered = both_paths(spec, platform, spark, window={0: (5, 6)})
     assert [(r.rows, r.offending_total) for r in covered] == [(1, 1), (1, 1)]
-
-
-# -- the knob ---------------------------------------------------------------------------------------------
-
-def _spec_with(tmp_path: Path, publish: dict) -> PipelineSpec:
-    raw = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "orders.yaml").read_text())
-    raw["publish"] = {**raw["publish"], **publish}
-    path = tmp_path / "orders.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return load_spec(path)
-
-
-def test_the_spark_threshold_defaults_to_a_million_rows_and_is_set_per_pipeline(tmp_path):
-    assert _spec_with(tmp_path, {}).publish.spark_audit_rows == 1_000_000
-    assert _spec_with(tmp_path, {"spark_audit_rows": 0}).publish.spark_audit_rows == 0
-    assert _spec_with(tmp_path, {"spark_audit_rows": 250_000}).publish.spark_audit_rows == 250_000
-
-
-@pytest.mark.parametrize("value, why", [
-    (-1, "must be >= 0"), (True, "must be an integer"), ("1000000", "must be an integer"), (1.5, "must be an integer"),
-    (10 ** 12 + 1, "must be <= 1000000000000"), (None, "must be an integer")])
-def test_a_bad_spark_threshold_is_refused_naming_the_field(tmp_path, value, why):
-    with pytest.raises(SpecError, match=f"publish.spark_audit_rows.*{why}"):
-        _spec_with(tmp_path, {"spark_audit_rows": value})

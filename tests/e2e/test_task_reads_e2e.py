@@ -16,6 +16,8 @@ reading the ranges one after another guaranteed, on the embedded Apache Kafka br
   that partition and offset, after every record of the other partitions came out;
 - the fault points fire where they did: before any read, and half way through a range;
 - and reading 300 tiny ranges together costs a fraction of reading them one after another.
+
+The end-to-end half; the unit half is tests/unit/ingest/test_task_reads.py.
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ from hypothesis import strategies as st
 from lakehouse.core import config, errors
 from lakehouse.core.errors import BrokerStalledError, OffsetGapError, RecordFailureError
 from lakehouse.core.offsets import OffsetRange
-from lakehouse.core.spec import load_pipeline
 from lakehouse.ingest.plan import topic_state
 from lakehouse.ingest.reader import BatchBuilder, StageClock, read_range, read_ranges, reader_consumer
 from lakehouse.ingest.records import RecordValidator
+from tests.unit.ingest.test_task_reads import (  # noqa: F401 - fixtures among them
+    INGESTED_AT,
+    SPEC,
+)
 
-SPEC = load_pipeline("orders")
-INGESTED_AT = 1_763_719_200_000_000
+
 LAYOUTS = settings(max_examples=25, deadline=None, database=None,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -327,13 +331,3 @@ def test_reading_300_tiny_ranges_together_costs_a_fraction_of_reading_them_one_a
     assert sorted(coordinates(together)) == sorted(coordinates(one_by_one)) == \
         [(p, o) for p in range(300) for o in range(3)]
     assert at_once * 4 < in_turn, f"together {at_once:.2f}s, one after another {in_turn:.2f}s"
-
-
-def test_ranges_that_overlap_or_span_topics_are_refused_before_anything_is_read():
-    builder = BatchBuilder(SPEC, RecordValidator(SPEC), INGESTED_AT)
-    with pytest.raises(ValueError, match=r"ranges t\[1\]@\[0,10\) and t\[1\]@\[9,20\) overlap"):
-        next(read_ranges(None, [OffsetRange("t", 1, 9, 20), OffsetRange("t", 0, 0, 5), OffsetRange("t", 1, 0, 10)],
-                         builder, 10, 1.0))
-    with pytest.raises(ValueError, match=r"ranges of one topic, got ranges of \['t', 'u'\]"):
-        next(read_ranges(None, [OffsetRange("t", 0, 0, 5), OffsetRange("u", 0, 0, 5)], builder, 10, 1.0))
-    assert list(read_ranges(None, [OffsetRange("t", 0, 4, 4), OffsetRange("u", 1, 0, 0)], builder, 10, 1.0)) == []

@@ -5,28 +5,24 @@ any doubt) gives exactly what the reference `RecordValidator.check` gives: the
 same row values, down to their types and float bits, or the same rejection kind
 and detail. Valid records take the fast path; the reader's batches carry the
 reference verdicts and each task reports its stage clock once.
+
+The unit half; the end-to-end half is tests/e2e/test_fast_decode_e2e.py.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import time
 
 import pyarrow as pa
 import pytest
 
-from lakehouse.core import topics
 from lakehouse.core.spec import load_pipeline
 from lakehouse.ingest.reader import (
-    MAX_KAFKA_TIMESTAMP_MS,
-    MIN_KAFKA_TIMESTAMP_MS,
-    arrow_type,
-    make_reader,
     make_redecoder,
 )
 from lakehouse.ingest.records import DECODERS, ERROR_KINDS, JsonDecoder, RecordValidator, Rejected
-from lakehouse_dev.produce import produce, synthesize
+from lakehouse_dev.produce import synthesize
 
 # Every field type, optional fields, bounds, enums, a pattern and a key: the contract the traps run against.
 SINK_FIELDS = [
@@ -231,10 +227,10 @@ def test_a_hostile_record_gets_the_reference_verdict(sink, key, value):
 
 # Kinds the reader gives from a record's Kafka metadata or its own failures, never the validator.
 READER_KINDS = {"bad_kafka_timestamp", "reader_failure"}
-# JSON never reaches the wire formats' kinds (tests/test_formats.py)
+# JSON never reaches the wire formats' kinds (tests/unit/ingest/test_formats.py)
 WIRE_KINDS = {"bad_wire_format", "unknown_schema", "malformed_avro", "malformed_protobuf"}
-# kinds of contract types the fast path leaves to the reference (tests/test_contract_types.py), and of
-# change streams (tests/test_cdc.py)
+# kinds of contract types the fast path leaves to the reference (tests/unit/core/test_contract_types.py), and of
+# change streams (tests/unit/ingest/test_cdc.py)
 REFERENCE_TYPE_KINDS = {"bad_uuid", "bad_envelope", "unsupported_change"}
 
 
@@ -364,76 +360,6 @@ class SummedSeconds:
 
     def add(self, seconds: float) -> None:
         self.added.append(seconds)
-
-
-def arrow_value(spec, name: str, value):
-    """A contract value the way a batch row reads back (timestamps and dates as datetime and date)."""
-    return pa.array([value], type=arrow_type(spec.contract.field(name))).to_pylist()[0]
-
-
-@pytest.fixture
-def sent_items(platform, make_spec):
-    """500 items, about a quarter broken, on a one-partition topic."""
-    spec = make_spec(fields=SINK_FIELDS, key={"field": "sku"}, partition_by=None, partitions=1)
-    topics.ensure_topics([spec], platform)
-    report = produce(spec, 500, bad_ratio=0.25, seed=3, platform=platform)
-    return spec, report
-
-
-@pytest.mark.slow
-def test_the_reader_gives_the_reference_verdict_of_every_record_and_reports_its_clock(
-        platform, sent_items, consume_all):
-    spec, report = sent_items
-    messages = consume_all(spec.source.topic, platform)
-    read, decode = SummedSeconds(), SummedSeconds()
-    reader = make_reader(spec, platform.kafka(), frozenset(), ingested_at_us=1, batch_rows=64,
-                         timers=(read, decode))
-    plan = pa.RecordBatch.from_pylist([{"topic": spec.source.topic, "partition": 0, "start": 0,
-                                        "end": len(messages)}])
-    started = time.perf_counter()
-    batches = list(reader(iter([plan])))
-    elapsed = time.perf_counter() - started
-
-    assert max(b.num_rows for b in batches) == 64
-    rows = pa.Table.from_batches(batches).to_pylist()
-    assert [r["_kafka"]["offset"] for r in rows] == [m.offset() for m in messages]
-    reference = RecordValidator(spec)
-    for row, message in zip(rows, messages):
-        verdict = outcome(reference, reference.check, message.key(), message.value())
-        if not MIN_KAFKA_TIMESTAMP_MS <= message.timestamp()[1] <= MAX_KAFKA_TIMESTAMP_MS:
-            verdict = ("rejected", "bad_kafka_timestamp", row["_dlq_error_detail"])
-            assert row["_kafka"]["timestamp"] is None and str(message.timestamp()[1]) in verdict[2]
-        if verdict[0] == "rejected":
-            assert (row["_dlq_error_kind"], row["_dlq_error_detail"]) == verdict[1:]
-            assert (row["_dlq_key"], row["_dlq_value"]) == (message.key(), message.value())
-            assert [(h["key"], h["value"]) for h in row["_dlq_headers"]] == message.headers()
-        else:
-            expected = reference.check(reference.check_key(message.key()), message.value())
-            assert {n: row[n] for n in spec.contract.names} == \
-                {n: arrow_value(spec, n, v) for n, v in expected.items()}
-            assert row["_route"] == spec.target.table and row["_dlq_error_kind"] is None
-    assert sum(r["_dlq_error_kind"] is not None for r in rows) == sum(report.bad_by_kind.values())
-
-    assert len(read.added) == len(decode.added) == 1  # once per task
-    assert read.added[0] > 0 and decode.added[0] > 0
-    assert read.added[0] + decode.added[0] <= elapsed  # disjoint parts of the task's time
-
-
-@pytest.mark.slow
-def test_a_failing_task_still_reports_its_clock(platform, sent_items):
-    spec, _ = sent_items
-
-    def lose_the_task_midway(point: str) -> None:
-        if point == "during_read":
-            raise RuntimeError("executor lost")
-
-    read, decode = SummedSeconds(), SummedSeconds()
-    reader = make_reader(spec, platform.kafka(), frozenset(), ingested_at_us=1, fault=lose_the_task_midway,
-                         timers=(read, decode))
-    plan = pa.RecordBatch.from_pylist([{"topic": spec.source.topic, "partition": 0, "start": 0, "end": 400}])
-    with pytest.raises(RuntimeError, match="executor lost"):
-        list(reader(iter([plan])))
-    assert len(read.added) == len(decode.added) == 1
 
 
 def test_redecoding_dead_letters_reports_decode_time_and_no_read_time(sink):

@@ -4,12 +4,12 @@ on another host; named by a digest of the Java runtime and Spark's jars, so anot
 
 Unit layer: names and JVM flags. Slow layer: a driver started by the platform loads Spark's classes from the
 archive (the JVM's own class-loading log says where each class came from).
+
+The unit half; the end-to-end half is tests/e2e/test_class_archive_e2e.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -91,16 +91,3 @@ def test_airflow_submits_drivers_with_the_same_flags(spark_home, monkeypatch, ma
     assert "SharedArchiveFile" not in conf["spark.executor.extraJavaOptions"]
 
 
-@pytest.mark.slow
-def test_a_driver_loads_sparks_classes_from_the_archive_setup_made(tmp_path):
-    archive = sparkenv.class_archive()
-    assert archive is not None and archive.exists(), "make setup makes the archive (scripts/setup.sh)"
-    log = tmp_path / "classes.log"
-    code = ("from lakehouse.core import config, sparkenv; "
-            "spark = sparkenv.session(config.load(), [], 'archive-check'); spark.sql('SELECT 1').collect()")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "LAKEHOUSE_HOME": str(tmp_path),
-                               "LAKEHOUSE_SPARK_JAVA_OPTIONS": f"-Xlog:class+load=info:file={log}"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    [loaded] = [line for line in log.read_text().splitlines() if " org.apache.spark.SparkContext " in line]
-    assert "source: shared objects file (top)" in loaded, loaded
