@@ -18,16 +18,18 @@ setup:
 demo: setup
 	$(PYTHON) scripts/demo.py
 
-# `make test` runs both layers; `make test-unit` only the tests not marked slow (no Spark, broker,
-# Airflow or `lakehouse` process: tests/conftest.py fails a test that starts one), `make test-e2e`
-# only the end-to-end tests marked slow. pytest exits 5 when it collects no tests: that is a
-# failure, said plainly. Every test's time is in reports/tests.xml (JUnit XML, as CI servers read it).
+# `make test` runs both layers; `make test-unit` the unit layer, tests/unit/<package>/ (not marked slow: no
+# Spark, broker, Airflow or `lakehouse` process; tests/conftest.py fails a test that starts one, and stops a
+# collection that finds a slow test there), `make test-e2e` the end-to-end layer, tests/e2e/ (every test there
+# marked slow by tests/e2e/conftest.py). Each selects by folder and by marker. pytest exits 5 when it collects
+# no tests: that is a failure, said plainly. Every test's time is in reports/tests.xml (JUnit XML, as CI servers
+# read it).
 # `make test` and `make test-e2e` run in XDIST's pytest-xdist workers (each file in one worker, each worker
 # with a stack of its own); `make test XDIST=` runs in one process.
 XDIST ?= -n 2 --dist loadfile
 
 define pytest
-	@rc=0; $(PYTHON) -m pytest -q --durations=30 --junitxml=reports/tests.xml $(1) tests || rc=$$?; \
+	@rc=0; $(PYTHON) -m pytest -q --durations=30 --junitxml=reports/tests.xml $(1) $(2) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make $@: FAILED: pytest collected no tests (exit code 5)" >&2; fi; \
 	exit $$rc
 endef
@@ -52,13 +54,13 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: setup lint
-	$(call pytest,$(XDIST))
+	$(call pytest,$(XDIST),tests/unit tests/e2e)
 
 test-unit: setup lint
-	$(call pytest,-m "not slow")
+	$(call pytest,-m "not slow",tests/unit)
 
 test-e2e: setup
-	$(call pytest,$(XDIST) -m slow)
+	$(call pytest,$(XDIST) -m slow,tests/e2e)
 
 # The benchmark against the machine's ceilings (about 20 min on 2 cores, the peers included): its own scratch stack on
 # broker port 19192, report in reports/bench/report.md. Knobs: BENCH_SCALE, BENCH_RECORDS, BENCH_REPEATS,

@@ -20,7 +20,7 @@ case: every background read waits for Kafka's timeouts), Airflow's API server al
 
 A heartbeat counts as lost when it is not answered within Airflow's [workers] execution_api_timeout (5 s by
 default): that is when a task runner gives up on it. The numbers (seconds, percentiles, status counts,
-threads) are printed as JSON and written to reports/bench/page_loads.json. tests/test_ui.py runs `measure`
+threads) are printed as JSON and written to reports/bench/page_loads.json. tests/e2e/test_ui.py runs `measure`
 and asserts its outcomes (every load and heartbeat answered 200, none lost, threads bounded), not times.
 """
 

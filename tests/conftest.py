@@ -54,6 +54,12 @@ from lakehouse_dev import services as services_module
 from lakehouse_dev import stack as stack_module
 
 config_module = config
+# Every path into the repository a test names starts at config.REPO_ROOT (never at a test file's own location);
+# the test tree's own folders are these: UNIT (tests/unit/<package>/, the unit layer), E2E (tests/e2e/, the
+# end-to-end layer, marked slow by tests/e2e/conftest.py) and SUPPORT (the support modules e2e, faults, pgserver,
+# polling, on pytest's `pythonpath` in pyproject.toml).
+TESTS = Path(__file__).parent
+UNIT, E2E, SUPPORT = TESTS / "unit", TESTS / "e2e", TESTS / "support"
 DAGS_FOLDER = config.REPO_ROOT / "dags"
 
 # Variables that would send tests to a user's real cluster, catalog or warehouse.
@@ -77,9 +83,9 @@ def pytest_configure(config: pytest.Config) -> None:
     home = Path(tempfile.mkdtemp(prefix="lakehouse-airflow-"))
     os.environ.update({
         "AIRFLOW_HOME": str(home),
-        # the product's fault hook (lakehouse.core.hooks) loads tests/faults.py here and in every process
+        # the product's fault hook (lakehouse.core.hooks) loads tests/support/faults.py here and in every process
         # the tests start, so that LAKEHOUSE_FAULT can inject a fault
-        "LAKEHOUSE_TEST_HOOKS": str(Path(__file__).with_name("faults.py")),
+        "LAKEHOUSE_TEST_HOOKS": str(SUPPORT / "faults.py"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(config_module.REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -148,6 +154,18 @@ END_TO_END_PROGRAMS = ("lakehouse", "spark-submit", "spark-class", "airflow")
 def is_end_to_end(item: pytest.Item) -> bool:
     """Whether `item` is in the end-to-end layer (marked slow, itself or through its module's pytestmark)."""
     return item.get_closest_marker("slow") is not None
+
+
+def misplaced(items: list[pytest.Item]) -> list[str]:
+    """The tests under UNIT that are marked slow: the unit layer is a folder and a marker at once
+    (`-m "not slow"` and tests/unit select the same tests), so an end-to-end test belongs in E2E."""
+    return [item.nodeid for item in items if is_end_to_end(item) and Path(item.path).is_relative_to(UNIT)]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Before `-m` deselects (pytest calls a conftest's hook before its own mark plugin's)."""
+    if found := misplaced(items):
+        raise pytest.UsageError(f"marked slow but in {UNIT} (the unit layer): move them to {E2E}: {found}")
 
 
 def _refusal(item: pytest.Item, what: str) -> str:

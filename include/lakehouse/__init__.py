@@ -1,6 +1,6 @@
 """Kafka topics to governed Apache Iceberg tables, exactly once, operated from Airflow.
 
-The package by concern, each importing only the floors above it in this list (tests/test_architecture.py):
+The package by concern, each importing only the floors above it in this list (tests/unit/house/test_architecture.py):
 
     core/      what every part shares: configuration from the environment (config), the pipeline spec
                (spec), one error hierarchy (errors), offsets in snapshot summaries and the committed

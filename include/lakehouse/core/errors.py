@@ -1,7 +1,7 @@
 """Every error the platform raises on purpose, under one base, `LakehouseError`; and the exit codes.
 
 `EXIT_CODES` is the one table of the `lakehouse` command's exit codes: each class's `exit_code` is one of
-its codes, and the CLI's docstring and docs/cli.md say the same (tests/test_architecture.py compares
+its codes, and the CLI's docstring and docs/cli.md say the same (tests/unit/house/test_architecture.py compares
 them). The class says what kind of trouble it is, and so what a caller does about it (its exit code in
 brackets; a subclass has its parent's unless it says otherwise):
 

@@ -21,7 +21,7 @@ With all of it a 10-record batch makes about 15 requests (`make bench`, section 
 pyiceberg (0.12) offers no property for any of this, so this is the one adapter to its internals and
 pyarrow's: `_initialize_s3_fs` (pyiceberg builds the filesystem there), the pickling form of pyarrow's
 S3FileSystem (`__reduce__`: its reconstructor and every option it was built with), and PyArrowFile's
-constructor and fields. tests/test_fileio.py pins the versions it was written against.
+constructor and fields. tests/unit/core/test_fileio.py pins the versions it was written against.
 
 The catalog configuration names it (`py-io-impl`) for every S3 warehouse of the platform
 (lakehouse.core.config.ObjectStoreConfig.pyiceberg_properties); a user's own `py-io-impl` wins.

@@ -3,7 +3,7 @@
 `faults()` is the one hook there is: the points of an ingest batch where the exactly-once tests
 make the process die, a Spark task fail or another writer commit. The product's own hook does
 nothing. A process gets another one only when LAKEHOUSE_TEST_HOOKS names a Python file that
-defines `fault_hook()` (the test suite's `tests/faults.py`); the product never ships one, so a
+defines `fault_hook()` (the test suite's `tests/support/faults.py`); the product never ships one, so a
 production job with a stray LAKEHOUSE_FAULT variable injects nothing.
 
 Points (`FaultHook.reached`), each with the context it is given:

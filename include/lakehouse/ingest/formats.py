@@ -676,7 +676,7 @@ class JsonSchemaDecoder(WireDecoder):
 # might read differently (a varint past 63 bits, a negative length, a union or enum index out of range,
 # a timestamp or date outside the contract's range, bytes missing or left over). None means "ask the
 # reference", never "rejected". Straight-line generated code: per field, a function call would cost
-# more than reading the field (tests/test_wire_rows.py holds it to the reference's verdicts).
+# more than reading the field (tests/unit/ingest/test_wire_rows.py holds it to the reference's verdicts).
 #
 # The row reads the writer's fields as fastavro and the Protobuf reader above give them (every Avro field,
 # in the contract or not, since the reference rejects a record any of whose fields does not decode; the
