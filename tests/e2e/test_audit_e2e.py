@@ -1,19 +1,6 @@
-"""Operator actions are audited and restricted: every replay, backfill, cutover, rollback, publication
-(forced ones too) and maintenance run records who made it happen (the Airflow user who triggered the
-DAG run, `scheduler` for a run nobody triggered, or the OS user of a command), when, with which
-parameters and with what outcome, on the ops timeline and the pipelines page; the DAGs that change
-what readers see are granted to the operator role where the auth manager has DAG-level permissions,
-and LAKEHOUSE_OPERATORS refuses anyone else under any auth manager.
+"""Operator actions are audited and restricted.
 
-With the FAB auth manager (apache-airflow-providers-fab, in requirements.txt), the restriction is also
-checked against real users and roles in a throwaway Airflow: FAB's own authorization lets an operator
-trigger these DAGs and refuses a viewer, and the backfill task, which asks again when it acts, sees a
-role taken away since (and, in an Airflow 3 worker, that FAB cannot be asked from there).
-
-(The audit of write-audit-publish, the quality gate, is tests/unit/wap/test_audit_lineage.py.)
-Airflow's `dag.test()` runs record the user Airflow gives them, `dag_test`.
-
-The end-to-end half; the unit half is tests/unit/provider/test_audit.py.
+The end-to-end half of these tests; what they hold the code to is told in tests/unit/provider/test_audit.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The fast decode path is an optimisation, never a second opinion.
 
-For every record, `RecordValidator.check_row` (msgspec first, the reference on
-any doubt) gives exactly what the reference `RecordValidator.check` gives: the
-same row values, down to their types and float bits, or the same rejection kind
-and detail. Valid records take the fast path; the reader's batches carry the
-reference verdicts and each task reports its stage clock once.
-
-The end-to-end half; the unit half is tests/unit/ingest/test_fast_decode.py.
+The end-to-end half of these tests; what they hold the code to is told in tests/unit/ingest/test_fast_decode.py.
 """
 
 from __future__ import annotations

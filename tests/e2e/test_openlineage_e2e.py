@@ -1,12 +1,6 @@
-"""OpenLineage: every committed ingest batch is one COMPLETE event (the Kafka topic in, the data and
-dead-letter tables out, with schema and row-count facets) from the continuous job's openlineage-python
-client; publishing and maintenance tasks give Airflow's OpenLineage provider their datasets. Transport
-from OpenLineage's own configuration, nothing (and no client) when none is set, and a lineage backend
-that is down never fails a batch. The tests read what the file transport wrote.
+"""OpenLineage.
 
-(tests/unit/wap/test_audit_lineage.py is about the lineage of snapshots that write-audit-publish audits.)
-
-The end-to-end half; the unit half is tests/unit/core/test_openlineage.py.
+The end-to-end half of these tests; what they hold the code to is told in tests/unit/core/test_openlineage.py.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """The Airflow side as an installable provider (providers/lakehouse, distribution airflow-provider-lakehouse).
 
-- Airflow finds it by its entry points alone: ProvidersManager lists it with its hooks, connection types
-  (testable, with their forms), its page and its [lakehouse] configuration; the plugins manager loads the page.
-- It builds as a wheel holding only its package and entry points, and that copy, away from the repository,
-  generates the DAGs from the folders it is configured with.
-- It finds specs, expectation suites and Spark jobs by configuration only (lakehouse_airflow.locations): the
-  environment's variable, else [lakehouse] in Airflow's configuration, else an error naming both; no module of
-  plugins/, dags/ or the provider looks for a file next to its own code.
-- Each connection lays its settings over the environment's and reaches submitted jobs through their process
-  environment; each hook's connection test answers (False, why) for a part that does not answer, and (end to
-  end) True against the real part the `services` fixture runs, through the connection alone.
-
-The end-to-end half; the unit half is tests/unit/provider/test_provider.py.
+The end-to-end half of these tests; what they hold the code to is told in tests/unit/provider/test_provider.py.
 """
 
 from __future__ import annotations

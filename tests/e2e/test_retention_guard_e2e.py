@@ -1,13 +1,6 @@
-"""The retention guard: when the oldest record not yet ingested nears the topic's retention horizon it
-raises the topic's retention.ms (never past the pipeline's cap), alerts, and restores the declared value
-once the writer has caught up; a guard that cannot protect the records (no cap, cap reached, a broker
-refusing the change) alerts naming why.
+"""The retention guard.
 
-The end-to-end tests run on the embedded Apache Kafka. A stalled writer is records whose Kafka timestamps
-are already old, produced and not ingested (the horizon is an hour away: retention deletes none of them).
-The refusal is the broker's own: the guard runs as a SCRAM user whose ACLs lack ALTER_CONFIGS on the topic.
-
-The end-to-end half; the unit half is tests/unit/upkeep/test_retention_guard.py.
+The end-to-end half of these tests; what they hold the code to is told in tests/unit/upkeep/test_retention_guard.py.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """`lakehouse trace` says where one record is, and why there.
 
-Unit layer: the verdict for a record rows hold (in a table, a dead letter, a tombstone, duplicated,
-foreign) and for one no row holds (beyond the log end, a recorded gap, not yet ingested, aged out,
-no record at the offset, missing, and for upsert tables superseded or deleted), from what decides it.
-
-The pipelines page's trace endpoints (unit layer, the plugin's app in this process with Airflow's
-simple auth manager): no login is 401, a token the auth manager rejects 403, a user who may not read
-the pipeline's DAGs 403, refused form values 400 with the reason; the answer from a table alone.
-
-End-to-end (slow), on the real broker, Spark and catalog: each answer of `lakehouse trace` for
-records of an ingested pipeline, by coordinates and by key over a time window, and the page's. A
-recorded gap: records deleted from Kafka (DeleteRecords, what retention does to old segments) before
-the pipeline read them; planning, `--accept-gap` and the commit recording the gap are the product's
-own, and the trace answers `gap` from that commit, and `aged-out` for an offset Kafka no longer holds
-that no row holds and no commit recorded as a gap.
-
-The end-to-end half; the unit half is tests/unit/audit/test_trace.py.
+The end-to-end half of these tests; what they hold the code to is told in tests/unit/audit/test_trace.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """With nothing answering where Kafka should be, a command fails within seconds with one line naming the
-unreachable part and the setting to check, exits non-zero and creates nothing; librdkafka's own lines
-appear only with --verbose. `stack status` and `airflow status` exit 1 when nothing runs.
+unreachable part and the setting to check, exits non-zero and creates nothing.
 
-Kafka "down" is a bootstrap address where nothing listens (a free port): a real refused connection, no
-broker needed. The CLI runs in-process (`lakehouse.cli.main`) in an empty LAKEHOUSE_HOME; librdkafka
-writes to file descriptor 2 directly, so stderr is captured at the descriptor (capfd).
-
-The end-to-end half; the unit half is tests/unit/cli/test_unreachable.py.
+The end-to-end half of these tests; what they hold the code to is told in tests/unit/cli/test_unreachable.py.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """`lakehouse verify` proves a range exactly once.
 
-Unit layer: the interval arithmetic of source coordinates (property-based), the checks of one piece
-of a window (foreign, duplicated and missing offsets), each key's newest record and the upsert
-invariant, and the command's arguments.
-
-End-to-end (slow), on the real broker, Spark and catalog: the tables are damaged on purpose, as a
-careless hand or a broken writer would (a row deleted, a row duplicated, a dead letter removed, a file
-of rows from another range added), and each must be found with its coordinates, incrementally after a
-passing verification, with exit 3 and a failed `verify` event. Upsert tables keep the newest record
-per key: a stale row and a key that vanished without a tombstone are found. The publish DAG verifies
-the audited snapshots and refuses to publish what no passing verification covers.
-
-The end-to-end half; the unit half is tests/unit/audit/test_verify.py.
+The end-to-end half of these tests; what they hold the code to is told in tests/unit/audit/test_verify.py.
 """
 
 from __future__ import annotations
