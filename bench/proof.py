@@ -46,7 +46,7 @@ def _schema(spec: PipelineSpec) -> pa.Schema:
                      + [("_kafka", KAFKA_STRUCT), ("_ingested_at", pa.timestamp("us", tz="UTC"))])
 
 
-def _orders(spec: PipelineSpec, partition: int, start: int, count: int, base: datetime) -> pa.Table:
+def synthetic_orders(spec: PipelineSpec, partition: int, start: int, count: int, base: datetime) -> pa.Table:
     """`count` orders of `partition` at offsets start..start+count, one second apart in event and Kafka time."""
     offsets_ = np.arange(start, start + count, dtype=np.int64)
     ids = pc.binary_join_element_wise(pa.scalar(f"ord-{partition}-"), pc.cast(pa.array(offsets_), pa.string()), "")
@@ -90,7 +90,7 @@ def build_table(catalog, spec: PipelineSpec, rows: int, progress=lambda line: No
         written = []
         for p, count in shares.items():
             if count:
-                data = _orders(spec, p, positions[p], count, base)
+                data = synthetic_orders(spec, p, positions[p], count, base)
                 written += write_data_files(table.io, table.metadata, data, uuid.uuid4(), counter)
         ranges = {p: (positions[p], positions[p] + n) for p, n in shares.items() if n}
         positions = {p: positions[p] + shares[p] for p in positions}

@@ -487,7 +487,7 @@ def table_location(key: str | None) -> str | None:
     return found.group(1) if found else None
 
 
-def _object_file(bucket_folder: Path, key: str) -> Path:
+def object_file(bucket_folder: Path, key: str) -> Path:
     return bucket_folder / (hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest() + OBJECT_SUFFIX)
 
 
@@ -550,7 +550,7 @@ class DiskMirror:
             raise OSError(f"object {key!r} of bucket {bucket!r} kept changing while it was written")
         header = {"key": key, "etag": fake_key.etag, "last_modified": fake_key.last_modified.isoformat(),
                   "size": len(value), "metadata": dict(fake_key.metadata)}
-        path = _object_file(folder, key)
+        path = object_file(folder, key)
         tmp = path.with_name(f"{path.stem}.{threading.get_ident()}.tmp")
         with open(tmp, "wb") as handle:
             handle.write(json.dumps(header, separators=(",", ":")).encode() + b"\n")
@@ -559,7 +559,7 @@ class DiskMirror:
         self.stamps.setdefault(bucket, {})[key] = self._stamp(fake_key)
 
     def _remove(self, bucket: str, key: str) -> None:
-        _object_file(self.root / bucket, key).unlink(missing_ok=True)
+        object_file(self.root / bucket, key).unlink(missing_ok=True)
         self.stamps.get(bucket, {}).pop(key, None)
 
     def _current(self, bucket: str, key: str) -> Any:

@@ -1031,7 +1031,7 @@ def _check_arguments(count: int, bad_ratio: float) -> None:
         raise ValueError(f"bad_ratio must be between 0 and 1, got {bad_ratio}")
 
 
-def _stream(spec: PipelineSpec, seed: int | None, now: Callable[[], datetime] | None,
+def record_stream(spec: PipelineSpec, seed: int | None, now: Callable[[], datetime] | None,
             platform: config.PlatformConfig | None, connect_schemas: bool):
     """The record source of `spec`: a RecordStream, or for a change stream (target.mode cdc) a ChangeStream."""
     if platform is None and spec.wire_formats:
@@ -1059,7 +1059,7 @@ def synthesize(spec: PipelineSpec, count: int, bad_ratio: float = 0.0, seed: int
     be generated or the writer schemas cannot be found.
     """
     _check_arguments(count, bad_ratio)
-    return _stream(spec, seed, now, platform, connect_schemas).records(count, bad_ratio)
+    return record_stream(spec, seed, now, platform, connect_schemas).records(count, bad_ratio)
 
 
 def producer_config(spec: PipelineSpec, platform: config.PlatformConfig) -> dict:
@@ -1118,7 +1118,7 @@ def produce(spec: PipelineSpec, count: int, rate: float | None = None, bad_ratio
     _check_arguments(count, bad_ratio)
     platform = platform or config.load()
     topic = spec.source.topic
-    stream = _stream(spec, seed, None, platform, connect_schemas)  # argument and contract errors first
+    stream = record_stream(spec, seed, None, platform, connect_schemas)  # argument and contract errors first
     producer = Producer(producer_config(spec, platform))
     try:
         existing = producer.list_topics(timeout=10).topics  # all topics: never triggers auto-creation

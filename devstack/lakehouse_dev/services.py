@@ -100,9 +100,9 @@ def start(home: Path, name: str, running: dict[str, dict], port: int | None = No
     port = port or processes.free_port(DEFAULT_PORTS[name], taken)
     try:
         if name == "object_store":
-            return _start_object_store(home, port)
+            return start_object_store(home, port)
         if name == "rest_catalog":
-            return _start_rest_catalog(home, port, running.get("object_store"))
+            return start_rest_catalog(home, port, running.get("object_store"))
         return _start_registry(home, port)
     except (jvm.JvmPartMissing, object_store.ObjectStoreError, rest_catalog.RestCatalogError,
             registry.RegistryError) as exc:
@@ -114,7 +114,7 @@ def _failed(proc, name: str, log: Path, why: str) -> ServiceError:
     return ServiceError(f"the stack's {name.replace('_', ' ')} {why}; the end of {log}:\n{processes.log_tail(log)}")
 
 
-def _start_object_store(home: Path, port: int) -> dict:
+def start_object_store(home: Path, port: int) -> dict:
     layout = object_store.Layout(home)
     credentials = object_store.ensure_credentials(layout.folder)
     endpoint = object_store.endpoint(port)
@@ -139,7 +139,7 @@ def object_store_settings(home: Path, entry: dict) -> dict:
             "access_key_id": credentials.access_key_id, "secret_access_key": credentials.secret_access_key}
 
 
-def _start_rest_catalog(home: Path, port: int, store: dict | None) -> dict:
+def start_rest_catalog(home: Path, port: int, store: dict | None) -> dict:
     layout = rest_catalog.Layout(home)
     base = dict(os.environ)
     if store:

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.proof import _orders, build_table
+from bench.proof import synthetic_orders, build_table
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.wap import quality
@@ -39,7 +39,7 @@ def with_threshold(spec: PipelineSpec, rows: int) -> PipelineSpec:
 def orders(spec: PipelineSpec, partition: int, start: int, count: int, bad: dict[int, str] = {}) -> pa.Table:
     """`count` good orders of `partition` from offset `start` (recent event times), except the offsets in
     `bad`: "currency" (ZZZ, outside the suite's set), "future" (an event two hours ahead) or "both"."""
-    data = _orders(spec, partition, start, count, datetime.now(timezone.utc) - timedelta(hours=1))
+    data = synthetic_orders(spec, partition, start, count, datetime.now(timezone.utc) - timedelta(hours=1))
     offsets = data.column("_kafka").combine_chunks().field("offset").to_pylist()
     kinds = [bad.get(o) for o in offsets]
     currency = pa.array(["ZZZ" if k in ("currency", "both") else "EUR" for k in kinds])

@@ -241,13 +241,13 @@ def test_a_forced_publication_passes_the_slo_gates_and_shows_on_the_page_as_forc
     forget_auth_manager()
     airflow_app.create_auth_manager()
     admin = SimpleAuthManagerUser(username="admin", role="admin")
-    status, cards = lakehouse_ui._cards_json(admin)
+    status, cards = lakehouse_ui.cards_json(admin)
     assert status == 200
     [card] = [e for e in cards if e["pipeline"] == spec.name]
     [shown] = [a for a in card["timeline"]["actions"] if a["kind"] == "publish"]
     assert (shown["actor"], shown["status"], shown["parameters"]["forced"]) == ("dag_test", "ok", True)
     assert (shown["via"], shown["dag_id"]) == ("airflow", f"{spec.name}_publish")
-    page = lakehouse_ui._cards_page(admin)
+    page = lakehouse_ui.cards_page(admin)
     forget_auth_manager()
     assert '<li data-kind="publish">' in page and 'data-field="action_actor" class="">dag_test<' in page
     assert 'data-field="latest_publish_actor" class="">dag_test<' in page

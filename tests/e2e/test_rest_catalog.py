@@ -136,7 +136,7 @@ def aged(home, bucket: str, key: str, seconds: float) -> None:
     (the store reads it back when it restarts)."""
     from datetime import datetime, timedelta, timezone
 
-    path = object_store._object_file(object_store.Layout(home).buckets / bucket, key)
+    path = object_store.object_file(object_store.Layout(home).buckets / bucket, key)
     header, _, value = path.read_bytes().partition(b"\n")
     found = json.loads(header)
     found["last_modified"] = (datetime.now(timezone.utc) - timedelta(seconds=seconds)).isoformat()

@@ -78,7 +78,7 @@ SCHEMA = Schema(
     NestedField(11, "actor", StringType(), required=False, doc="who made an operator action happen"),
 )
 PARTITIONING = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=DayTransform(), name="ts_day"))
-_ARROW = pa.schema([
+ARROW_SCHEMA = pa.schema([
     pa.field("event_id", pa.string(), nullable=False),
     pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
     pa.field("pipeline", pa.string(), nullable=False),
@@ -227,7 +227,7 @@ def record(*events: Event, platform: config.PlatformConfig | None = None, catalo
             raise EventError(f"unknown event kind {event.kind!r}; one of {', '.join(KINDS)}")
         if event.status not in STATUSES:
             raise EventError(f"unknown event status {event.status!r}; one of {', '.join(STATUSES)}")
-    data = pa.Table.from_pylist([e.row() for e in events], schema=_ARROW)
+    data = pa.Table.from_pylist([e.row() for e in events], schema=ARROW_SCHEMA)
     table = events_table(platform, catalog)
 
     def attempt(number: int) -> None:

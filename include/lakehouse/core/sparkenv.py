@@ -84,7 +84,7 @@ def build_class_archive(platform: PlatformConfig) -> Path | None:
         env = {**os.environ, "LAKEHOUSE_SPARK_CLASS_ARCHIVE": "off",
                "LAKEHOUSE_SPARK_JAVA_OPTIONS": f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=off"}
         done = subprocess.run([sys.executable, "-c", f"from lakehouse.core import sparkenv; "
-                               f"sparkenv._exercise_session({scratch!r})"],
+                               f"sparkenv.exercise_session({scratch!r})"],
                               env=env, capture_output=True, text=True, timeout=600)
         if done.returncode != 0 or not partial.exists():
             raise RuntimeError(f"no class archive made (exit code {done.returncode}): {done.stderr[-2000:]}")
@@ -92,7 +92,7 @@ def build_class_archive(platform: PlatformConfig) -> Path | None:
     return target
 
 
-def _exercise_session(scratch: str) -> None:
+def exercise_session(scratch: str) -> None:
     """What a job's driver does, in brief, on a throwaway catalog (build_class_archive's child process)."""
     from lakehouse.core import config
 

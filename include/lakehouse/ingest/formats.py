@@ -438,17 +438,17 @@ class SchemaStore:
 
     def _from_registry(self, schema_id: int) -> WriterSchema:
         client = self._client()
-        schema = self._ask(schema_id, lambda: client.get_schema(schema_id))
+        schema = self.ask(schema_id, lambda: client.get_schema(schema_id))
         schema_type = schema.schema_type or "AVRO"
         if schema_type == "PROTOBUF":
-            serialized = self._ask(schema_id, lambda: client.get_schema(schema_id, fmt="serialized"))
+            serialized = self.ask(schema_id, lambda: client.get_schema(schema_id, fmt="serialized"))
             return WriterSchema(schema_id, schema_type, self._registry_proto(client, schema_id, serialized))
         if schema_type not in ("AVRO", "JSON"):
             raise Rejected("unknown_schema", f"writer schema {schema_id} is {schema_type}")
         parsed = _parsed(schema_id, lambda: _parse_declared(schema_type, schema.schema_str))
         return WriterSchema(schema_id, schema_type, parsed, schema.schema_str)
 
-    def _ask(self, schema_id: int, call: Callable[[], Any]) -> Any:
+    def ask(self, schema_id: int, call: Callable[[], Any]) -> Any:
         """`call()` of the registry client: Rejected("unknown_schema") for a 404,
         SchemaRegistryUnavailableError when the registry does not answer or fails."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -475,7 +475,7 @@ class SchemaStore:
         except (binascii.Error, ValueError, Exception):  # noqa: BLE001 - not base64 descriptors: .proto text
             compiled = _parsed(schema_id, lambda: schemas.proto_pool(schemas.compile_proto(schema.schema_str)))
             return ProtoSchema(*compiled)
-        pool = self._ask(schema_id, lambda: confluent_kafka_internals.pool_with_references(schema, client))
+        pool = self.ask(schema_id, lambda: confluent_kafka_internals.pool_with_references(schema, client))
         _parsed(schema_id, lambda: pool.Add(descriptor))
         return ProtoSchema(pool, descriptor.name)
 
@@ -1152,7 +1152,7 @@ def pull_schemas(spec: PipelineSpec | SchemaSource, registry: dict) -> list[tupl
         for schema_id in store.subject_versions(subject):
             if schema_id in store.declared:
                 continue
-            schema = store._ask(schema_id, partial(client.get_schema, schema_id))
+            schema = store.ask(schema_id, partial(client.get_schema, schema_id))
             schema_type = schema.schema_type or "AVRO"
             if schema_type == "PROTOBUF":
                 try:

@@ -341,7 +341,7 @@ def _width(arg: int | None) -> int:
 
 
 # spec transform -> pyiceberg transform (arguments: bucket width, truncate width)
-_TRANSFORMS: dict[str, Callable[[int | None], Transform]] = {
+TRANSFORMS: dict[str, Callable[[int | None], Transform]] = {
     "identity": lambda _: IdentityTransform(), "year": lambda _: YearTransform(),
     "month": lambda _: MonthTransform(), "day": lambda _: DayTransform(), "hour": lambda _: HourTransform(),
     "bucket": lambda n: BucketTransform(_width(n)), "truncate": lambda w: TruncateTransform(_width(w)),
@@ -479,7 +479,7 @@ def _apply_drift(table: Table, drift: LayoutDrift) -> None:
                 for p in drift.drop_partitions:
                     update.remove_field(names[p])
                 for p in drift.add_partitions:
-                    update.add_field(p.column, _TRANSFORMS[p.transform](p.arg))
+                    update.add_field(p.column, TRANSFORMS[p.transform](p.arg))
         updates = {**drift.set_properties, **{k: v for k, v in drift.records.items() if v is not None}}
         if updates:
             tx.set_properties(updates)

@@ -128,7 +128,7 @@ def _project(decoded: pa.Table, schema: pa.Schema, sources: Mapping[str, str], q
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _below_held(decoded: pa.Table, held: Mapping[int, int]) -> pa.Table:
+def below_held(decoded: pa.Table, held: Mapping[int, int]) -> pa.Table:
     """`decoded` without the offsets a table already holds (partition -> its position): one lookup of
     each row's partition in a dense array of positions, whatever the number of partitions."""
     if not held or decoded.num_rows == 0:
@@ -262,7 +262,7 @@ def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozense
         for target in targets:
             if target.dead_letter:
                 rows = decoded.filter(pc.is_null(route))
-                projected = _project(_below_held(rows, target.held), task_schema(target.metadata),
+                projected = _project(below_held(rows, target.held), task_schema(target.metadata),
                                      dict(DEAD_LETTER_SOURCES), frozenset(), dead_letter_constants)
             else:
                 rows = decoded.filter(pc.equal(route, target.name))
@@ -271,7 +271,7 @@ def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozense
                     newest = pc.max(_epoch_us(rows.column(event_field), event_is_date)).as_py()
                     if newest is not None:
                         result.max_event_us = max(newest, result.max_event_us or newest)
-                rows = _below_held(rows, target.held)
+                rows = below_held(rows, target.held)
                 projected = _project(rows, task_schema(target.metadata), {}, quarantined, {})
                 if upsert and target.staging:
                     projected = projected.append_column(UPSERT_OP, rows.column(UPSERT_OP))

@@ -305,7 +305,7 @@ def _status(value: Any) -> str:
     return value if value in ("ok", "warn", "failed", "skipped") else "unknown"
 
 
-def _parameters(found: Any) -> dict[str, Any]:
+def parameters_of(found: Any) -> dict[str, Any]:
     """An action's parameters: each name, with its value when SHOWN_PARAMETERS names it and the value has
     that parameter's form (None: not given), else WITHHELD."""
     if not isinstance(found, dict):
@@ -336,9 +336,9 @@ def _event(pipeline: str, kind: str, event: dict | None) -> dict | None:
     return out
 
 
-def _action(pipeline: str, action: dict) -> dict:
+def action_of(pipeline: str, action: dict) -> dict:
     """An operator action: who, when, what, through which DAG run or a command, the parameters (see
-    _parameters) and the outcome; never the host or OS user it ran from."""
+    parameters_of) and the outcome; never the host or OS user it ran from."""
     origin = action.get("origin")
     if not isinstance(origin, dict):
         origin = {}
@@ -347,7 +347,7 @@ def _action(pipeline: str, action: dict) -> dict:
     out = {**_event(pipeline, kind, action), "via": via,
            "dag_id": _safe(origin.get("dag_id"), _WORD) if via == "airflow" else None,
            "run_id": _safe(origin.get("run_id"), _RUN_ID) if via == "airflow" else None,
-           "parameters": _parameters(action.get("parameters"))}
+           "parameters": parameters_of(action.get("parameters"))}
     out.pop("metrics")
     return out
 
@@ -368,7 +368,7 @@ def _timeline(pipeline: str, found: dict | None) -> dict | None:
         "recent": _metrics(found.get("recent")),
         "latest": {kind: _event(pipeline, kind, event) for kind, event in sorted((found.get("latest") or {}).items())
                    if isinstance(kind, str) and _NAME.fullmatch(kind)},
-        "actions": [_action(pipeline, a) for a in found.get("actions") or []],
+        "actions": [action_of(pipeline, a) for a in found.get("actions") or []],
         "batches": [{"at": str(b.get("at")), "lag_records": _number(b.get("lag_records")),
                      "freshness_s": _number(b.get("freshness_s"))} for b in found.get("batches") or []],
     }

@@ -154,7 +154,7 @@ async def signed_in_user(request: Request,
 UserDep = Annotated[BaseUser, Depends(signed_in_user)]
 
 
-def _cards_json(user: BaseUser) -> tuple[int, dict | list]:
+def cards_json(user: BaseUser) -> tuple[int, dict | list]:
     """(HTTP status, body) of /api/pipelines: the cards `user` may see (lakehouse.ops.overview_cache.Card.to_json),
     from the cache only; 503 while the pipeline specs have not been read yet."""
     ready, cards, _ = CACHE.cards()
@@ -165,24 +165,24 @@ def _cards_json(user: BaseUser) -> tuple[int, dict | list]:
     return 200, [card.to_json(now) for card in shown]
 
 
-def _cards_page(user: BaseUser) -> str:
+def cards_page(user: BaseUser) -> str:
     """The cards `user` may see as a page, from the cache only."""
     ready, cards, folder_error = CACHE.cards()
     shown, every = _readable(cards, user)
-    return _page(shown, datetime.now(UTC), ready, folder_error if every else None)
+    return render_page(shown, datetime.now(UTC), ready, folder_error if every else None)
 
 
 @app.get("/api/pipelines")
 async def pipelines_json(user: UserDep) -> JSONResponse:
-    """See _cards_json; on a thread of the page's own (see the module doc)."""
-    status, body = await anyio.to_thread.run_sync(_cards_json, user, limiter=_page_threads)
+    """See cards_json; on a thread of the page's own (see the module doc)."""
+    status, body = await anyio.to_thread.run_sync(cards_json, user, limiter=_page_threads)
     return JSONResponse(body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None)
 
 
 @app.get("/", response_class=HTMLResponse)
 async def pipelines_page(user: UserDep) -> HTMLResponse:
-    """See _cards_page; on a thread of the page's own (see the module doc)."""
-    return HTMLResponse(await anyio.to_thread.run_sync(_cards_page, user, limiter=_page_threads))
+    """See cards_page; on a thread of the page's own (see the module doc)."""
+    return HTMLResponse(await anyio.to_thread.run_sync(cards_page, user, limiter=_page_threads))
 
 
 PAGE_MAX_KEY_SCAN = 1_000_000  # Kafka records a key trace from the page reads at most (the CLI: MAX_KEY_SCAN)
@@ -518,7 +518,7 @@ def _read(card: Card, now: datetime) -> str:
     return f' <span class="muted read">read {_field("read_age", age)} ago</span>'
 
 
-def _card(card: Card, now: datetime) -> str:
+def render_card(card: Card, now: datetime) -> str:
     name = card.pipeline
     head = (f'<section class="card{" broken" if card.error else ""}" data-pipeline="{_e(name)}" '
             f'data-state="{_e(card.state)}">')
@@ -607,12 +607,12 @@ td{padding:3px 0} .ok{color:#0b7a3b} .bad{color:#c0392b;font-weight:600} .muted{
 """
 
 
-def _page(cards: list[Card], now: datetime, ready: bool = True, folder_error: dict | None = None) -> str:
+def render_page(cards: list[Card], now: datetime, ready: bool = True, folder_error: dict | None = None) -> str:
     """The cards a user may see; while the specs have not been read yet, a note that reloads sooner."""
     if not ready:
         cards_html, reload = f'<p class="muted" data-field="starting">{_e(STARTING)}</p>', 3
     else:
-        cards_html = "\n".join(_card(c, now) for c in cards) or (
+        cards_html = "\n".join(render_card(c, now) for c in cards) or (
             '<p class="muted" data-field="no_pipelines">No pipeline to show: no spec declares one, or your '
             'Airflow user may not read the DAGs of any.</p>')
         reload = int(REFRESH_S)

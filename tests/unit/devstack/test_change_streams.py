@@ -162,7 +162,7 @@ def test_every_broken_event_is_the_readers_kind_and_the_summary_is_what_the_vali
         spec = cdc_spec(make_spec, value_format)
     from lakehouse_dev import produce
 
-    stream = produce._stream(spec, 7, None, platform, False)
+    stream = produce.record_stream(spec, 7, None, platform, False)
     records = list(stream.records(1200, 0.25))
     validator = RecordValidator(spec, registry=platform.schema_registry())
     assert [produce.verdict(validator, r.key, r.value, r.timestamp) for r in records] == [r.kind for r in records]
@@ -185,7 +185,7 @@ def test_any_stream_ends_in_the_summary_and_keeps_each_keys_events_in_order(make
     spec = cdc_spec(make_spec)
     from lakehouse_dev import produce
 
-    stream = produce._stream(spec, seed, None, None, connect_schemas)
+    stream = produce.record_stream(spec, seed, None, None, connect_schemas)
     records = list(stream.records(count, bad_ratio))
     assert len(records) == count
     assert verdicts(spec, records) == [r.kind for r in records]

@@ -931,8 +931,8 @@ def stack_servers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict:
     monkeypatch.setattr(rest_catalog, "wait_ready", lambda *a, **k: None)
     monkeypatch.setattr(rest_catalog, "java_command", lambda layout, s3=False: ["java", f"s3={s3}"])
     home = tmp_path / "stack"
-    store = services._start_object_store(home, object_store.DEFAULT_PORT)
-    catalog = services._start_rest_catalog(home, services.DEFAULT_PORTS["rest_catalog"], store)
+    store = services.start_object_store(home, object_store.DEFAULT_PORT)
+    catalog = services.start_rest_catalog(home, services.DEFAULT_PORTS["rest_catalog"], store)
     (store_cmd, _), (catalog_cmd, catalog_env) = spawned
     return {"home": home, "object_store": (store, store_cmd), "rest_catalog": (catalog, catalog_cmd, catalog_env)}
 
@@ -987,7 +987,7 @@ def test_kafka_runs_with_the_stacks_broker_settings(tmp_path: Path):
     assert not {k for k in compose if k.startswith(("ssl.", "sasl.", "listener.name."))}
 
 
-# Catalog properties of the stack's REST catalog (rest_catalog.environment, as services._start_rest_catalog
+# Catalog properties of the stack's REST catalog (rest_catalog.environment, as services.start_rest_catalog
 # builds it over the object store) that compose sets otherwise, and why.
 REST_DIFFERENT = {
     "uri": "the JdbcCatalog's SQLite file: in the image's home folder (a volume), not the stack's home",

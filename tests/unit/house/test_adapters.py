@@ -23,10 +23,11 @@ from packaging.utils import canonicalize_name
 
 from lakehouse.core import config
 from lakehouse.core.adapters import confluent_kafka_internals, pyiceberg_internals, pyspark_internals
+from lakehouse_airflow import spark_provider_internals
 from lakehouse_dev import re_internals
 
 REPO = config.REPO_ROOT
-ADAPTERS = (pyiceberg_internals, pyspark_internals, confluent_kafka_internals)
+ADAPTERS = (pyiceberg_internals, pyspark_internals, confluent_kafka_internals, spark_provider_internals)
 
 
 def locked(name: str) -> str:
@@ -173,3 +174,13 @@ def test_the_pattern_parser_gives_the_tree_the_producer_walks():
     assert [name for name in used if not hasattr(o, name)] == []
     with pytest.raises(re.error):
         re_internals.parse("(")
+
+
+# ---------------------------------------------------------------------------------- Airflow's Spark provider
+
+def test_a_spark_submit_hook_holds_no_process_until_it_submits():
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    hook = SparkSubmitHook(conn_id="spark_default")
+    assert spark_provider_internals.submitted_process(hook) is None  # the attribute exists, unset
+    assert "start_new_session" not in parameters(hook.submit)  # it passes **kwargs through to Popen

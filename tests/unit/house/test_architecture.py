@@ -445,7 +445,7 @@ def test_no_private_name_crosses_into_or_out_of_a_record_module():
     module (the tests too) needs is public."""
     record_modules = {f"lakehouse.ingest.{m}" for m in RECORD_MODULES}
     crossing = []
-    for path in [*_product_files(), *sorted((REPO / "tests").glob("*.py"))]:
+    for path in [*_product_files(), *sorted((REPO / "tests").rglob("*.py"))]:
         in_record_module = path.parent == PACKAGE / "ingest" and path.stem in RECORD_MODULES
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lakehouse"):
@@ -453,3 +453,49 @@ def test_no_private_name_crosses_into_or_out_of_a_record_module():
                 crossing += [f"{path.relative_to(REPO)}: {node.module}.{a.name}" for a in node.names
                              if a.name.startswith("_") and (in_record_module or into_record_module)]
     assert crossing == []
+
+
+# the distributions and folders of this repository: a module of one may not reach into another's private names
+OWN_PACKAGES = ("lakehouse", "lakehouse_dev", "lakehouse_airflow", "bench", "tests", "e2e", "faults", "pgserver",
+                "polling")
+OWN_ROOTS = ("include/lakehouse", "providers/lakehouse", "devstack/lakehouse_dev", "bench", "dags", "spark_jobs",
+             "plugins", "tests", "scripts")
+
+
+def _private_crossings(source: str) -> list[str]:
+    """What `source` takes of another module of ours that the module keeps private: `from lakehouse.x import _y`,
+    or `x._y` where `x` is one of our modules (imported whole or by `from ... import x`)."""
+    tree = ast.parse(source)
+    modules: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in OWN_PACKAGES:
+            found += [f"{node.lineno}: from {node.module} import {a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+            modules |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] in OWN_PACKAGES}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                and node.attr.startswith("_") and not node.attr.startswith("__"):
+            found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_of_ours_reaches_into_another_ones_private_names():
+    """A name another module needs (a test too) is public: the product, its Airflow provider, the development
+    stack, the bench, the DAGs and the tests take no `_name` of each other."""
+    crossing = [f"{path.relative_to(REPO)}:{found}" for root in OWN_ROOTS
+                for path in sorted((REPO / root).rglob("*.py")) for found in _private_crossings(path.read_text())]
+    assert crossing == []
+
+
+def test_the_private_name_scan_finds_a_crossing():
+    source = ("from lakehouse.ingest.taskwriter import _below_held\n"
+              "from lakehouse.ingest import tables\n"
+              "import lakehouse_dev.produce as produce\n"
+              "kinds = tables._TRANSFORMS\nstream = produce._stream\n"
+              "own = self._cache\nname = tables.__name__\nfrom pyiceberg.io import _private_helper\n")
+    assert _private_crossings(source) == ["1: from lakehouse.ingest.taskwriter import _below_held",
+                                          "4: tables._TRANSFORMS", "5: produce._stream"]

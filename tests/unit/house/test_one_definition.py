@@ -24,6 +24,7 @@ from lakehouse.core.spec import FieldSpec
 from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest import layout, tables, taskwriter
 from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch
+from lakehouse_airflow import spark_provider_internals
 from lakehouse_dev import re_internals
 
 
@@ -408,6 +409,7 @@ ADAPTERS = {
     "include/lakehouse/core/adapters/pyspark_internals.py": pyspark_internals.INTERNALS,
     "include/lakehouse/core/adapters/confluent_kafka_internals.py": confluent_kafka_internals.INTERNALS,
     "devstack/lakehouse_dev/re_internals.py": re_internals.INTERNALS,
+    "providers/lakehouse/lakehouse_airflow/spark_provider_internals.py": spark_provider_internals.INTERNALS,
     # its FileIO subclass overrides the method pyiceberg builds its S3 filesystem in (tests/test_fileio.py pins it)
     "include/lakehouse/core/fileio.py": frozenset({"_initialize_s3_fs"}),
     "include/lakehouse/core/patterns.py": frozenset({"_re2"}),  # RE2's binding: an anchored match without a copy

@@ -62,7 +62,7 @@ def create_as_ingestion_does(catalog: SqlCatalog, spec: PipelineSpec):
                                    properties=tables.table_properties(spec))
     with created.update_spec() as update:
         for p in spec.target.partition_by:
-            update.add_field(p.column, tables._TRANSFORMS[p.transform](p.arg))
+            update.add_field(p.column, tables.TRANSFORMS[p.transform](p.arg))
     catalog.create_table(spec.dead_letter_table, schema=pa.schema([("reason", pa.string())]),
                          properties={TableProperties.OWNER: spec.name,
                                      TableProperties.DEFAULT_TABLE: spec.target.table})

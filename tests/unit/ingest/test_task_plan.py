@@ -13,7 +13,7 @@ from lakehouse.core.offsets import OffsetRange
 from lakehouse.ingest.batch_state import Written
 from lakehouse.ingest.layout import KAFKA_STRUCT
 from lakehouse.ingest.plan import task_groups
-from lakehouse.ingest.taskwriter import TaskResult, _below_held
+from lakehouse.ingest.taskwriter import TaskResult, below_held
 
 ranges = st.dictionaries(st.integers(0, 2_000), st.tuples(st.integers(0, 10**6), st.integers(0, 300_000)),
                          max_size=60).map(lambda found: [OffsetRange("t", p, s, s + n) for p, (s, n) in found.items()])
@@ -67,7 +67,7 @@ def kafka_rows(coordinates):
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 200)), max_size=300),
        st.dictionaries(st.integers(0, 60), st.integers(0, 250), max_size=20))
 def test_a_task_leaves_out_exactly_the_offsets_a_table_already_holds(coordinates, held):
-    kept = _below_held(kafka_rows(coordinates), held).column("_kafka").to_pylist()
+    kept = below_held(kafka_rows(coordinates), held).column("_kafka").to_pylist()
     assert [(k["partition"], k["offset"]) for k in kept] == \
         [(p, o) for p, o in coordinates if o >= held.get(p, 0)]
 

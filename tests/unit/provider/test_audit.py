@@ -66,7 +66,7 @@ def test_a_timeline_from_before_actors_gains_the_column_and_its_old_events_name_
     old = catalog.create_table(events.EVENTS_TABLE, schema=OLD_SCHEMA, partition_spec=events.PARTITIONING)
     row = events.Event("orders", "maintenance", message="before").row()
     del row["actor"]
-    old.append(pa.Table.from_pylist([row], schema=pa.schema([f for f in events._ARROW if f.name != "actor"])))
+    old.append(pa.Table.from_pylist([row], schema=pa.schema([f for f in events.ARROW_SCHEMA if f.name != "actor"])))
 
     alice = events.Actor.airflow("orders_cutover", "manual__2", "manual", "alice")
     events.record(events.Event("orders", "cutover", message="after", actor=alice), platform=platform)

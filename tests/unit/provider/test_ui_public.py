@@ -109,7 +109,7 @@ def raw_overview(name: str, secret: str, path: str, uri: str, kafka_error: str |
 
 
 def card_html(overview: dict) -> str:
-    return lakehouse_ui._card(Card(f"{overview['pipeline']}.yaml", overview["pipeline"], ("p_ingest",), "ok",
+    return lakehouse_ui.render_card(Card(f"{overview['pipeline']}.yaml", overview["pipeline"], ("p_ingest",), "ok",
                                    overview, None, NOW), NOW)
 
 
@@ -170,14 +170,14 @@ data_like = (st.from_regex(r"\d{4}-\d{4}-\d{4}-\d{4}|\+?\d[\d -]{6,14}\d", fullm
 # same users, since a card shows only to users who may read the pipeline's DAGs.
 @given(name=st.sampled_from(sorted(set(history.SHOWN_PARAMETERS) - {"run_id"})), value=data_like)
 def test_an_action_parameter_shows_its_value_only_in_the_form_that_parameter_takes(name, value):
-    shown = history._action("orders", {"at": AT, "kind": "replay", "status": "ok", "actor": "alice",
+    shown = history.action_of("orders", {"at": AT, "kind": "replay", "status": "ok", "actor": "alice",
                                        "origin": {"via": "cli"}, "parameters": {name: value}})["parameters"]
     assert shown == {name: history.WITHHELD}, shown
     # the forms each parameter does take still show
     taken = {"offsets": "0:100-200, 1:0-50", "start_time": "2025-03-04T10:00:00+00:00", "mode": "time",
              "error_kind": "malformed_json", "into_table": "raw.orders_fix", "candidate": "orders_v2",
              "dry_run": True, "freshness_tolerance_s": 30, "snapshots": {"raw.orders": 17}, "run_id": "r-1"}
-    assert history._parameters(taken) == taken
+    assert history.parameters_of(taken) == taken
 
 
 def test_an_error_is_a_category_and_a_stable_id_and_the_log_has_its_text_once(caplog):
@@ -245,7 +245,7 @@ def test_the_cache_lists_new_files_as_loading_and_broken_ones_as_a_category_with
     kinds = load_spec(folder / "orders_a.yaml").dag_kinds
     assert loading.dags == tuple(f"orders_a_{kind}" for kind in kinds) and "orders_a_ingest" in loading.dags
     assert loading.to_json(NOW)["state"] == "loading" and loading.overview is None
-    html = lakehouse_ui._page(cards, NOW)
+    html = lakehouse_ui.render_page(cards, NOW)
     assert str(tmp_path) not in html
     assert re.search(r'data-pipeline="orders_a" data-state="loading">.*data-field="state"[^>]*>loading<', html, re.S)
     # a removed file's card goes at the next read of the folder, a new one comes as loading
@@ -257,7 +257,7 @@ def test_the_cache_lists_new_files_as_loading_and_broken_ones_as_a_category_with
 
 
 def test_a_page_without_readable_pipelines_says_so_and_a_starting_page_reloads_soon():
-    empty = lakehouse_ui._page([], NOW)
+    empty = lakehouse_ui.render_page([], NOW)
     assert 'data-field="no_pipelines"' in empty and 'content="30"' in empty
-    starting = lakehouse_ui._page([], NOW, ready=False)
+    starting = lakehouse_ui.render_page([], NOW, ready=False)
     assert 'data-field="starting"' in starting and 'content="3"' in starting

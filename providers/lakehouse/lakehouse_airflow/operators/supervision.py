@@ -13,6 +13,7 @@ from lakehouse.core import errors
 from lakehouse.ops import supervision
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
 from lakehouse_airflow.spark import connection_submit_environment
+from lakehouse_airflow.spark_provider_internals import submitted_process
 
 
 class _SubmittedJob:
@@ -30,11 +31,13 @@ class _SubmittedJob:
                                         name=f"spark-submit-{application}")
         self._thread.start()
         # the hook creates its Popen right away; wait for it (or for an early failure) to know the pid
-        while hook._submit_sp is None and self._thread.is_alive():
+        while submitted_process(hook) is None and self._thread.is_alive():
             self._thread.join(0.05)
-        if hook._submit_sp is None:
+        process = submitted_process(hook)
+        if process is None:
             raise errors.SupervisionError(f"spark-submit did not start: {self.failure}")
-        self.pid = hook._submit_sp.pid
+        self.process = process
+        self.pid = process.pid
 
     def _submit(self, application: str, lock_fd: int) -> None:
         try:
@@ -46,7 +49,7 @@ class _SubmittedJob:
 
     def poll(self) -> int | None:
         # the process, not the log thread: an orphan holding the log pipe open must not hide the exit
-        return self.hook._submit_sp.poll()
+        return self.process.poll()
 
 
 class SupervisedSparkSubmitOperator(SparkSubmitOperator):
