@@ -17,6 +17,7 @@ from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse_airflow import ui as lakehouse_ui
 from tests.e2e.test_ui import card, field
 from tests.unit.audit.test_trace import (  # noqa: F401 - fixtures among them
+    auth_manager,
     sighting,
     signed_in,
 )
