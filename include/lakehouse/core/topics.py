@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from lakehouse.core import config, kafka_security
-from lakehouse.core.errors import BrokerUnreachableError, TopicError
+from lakehouse.core import config, kafka_security, retry
+from lakehouse.core.errors import BrokerUnreachableError, RetryableError, TopicError
 from lakehouse.core.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,28 @@ def ensure_topics(specs: Iterable[PipelineSpec], platform: config.PlatformConfig
                                  f"{err.str()}") from None
             log.info("created topic %s (%d partitions)", new.topic, new.num_partitions)
             created.append(new.topic)
+        if created:
+            _await_metadata(admin, watch, {new.topic: new.num_partitions for new in missing if new.topic in created},
+                            timeout)
     return created
+
+
+def _await_metadata(admin: AdminClient, watch: kafka_security.ErrorWatch, expected: dict[str, int],
+                    timeout: float) -> None:
+    """Until every topic of `expected` (name -> partitions) is in the cluster's metadata with each partition led.
+    CreateTopics answers once the controller holds a topic; the brokers learn it a moment later, and a listing
+    or a consumer in between does not see it (Apache Kafka's metadata propagation)."""
+    def visible(_attempt: int) -> None:
+        topics = kafka_security.list_topics(admin, watch, timeout).topics
+        for name, partitions in expected.items():
+            found = topics.get(name)
+            if found is None or found.error is not None or len(found.partitions) < partitions \
+                    or any(p.leader < 0 for p in found.partitions.values()):
+                raise RetryableError(f"topic {name} is not in the brokers' metadata yet")
+
+    retry.transient(f"the new topics {', '.join(expected)}", deadline_s=timeout, first_wait_s=0.05, max_wait_s=0.5,
+                    error=TopicError, next_step="the controller created them but no broker serves them yet: check "
+                    "the brokers' logs").run(visible)
 
 
 def _warn(message: str) -> None:
