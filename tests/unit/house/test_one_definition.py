@@ -27,6 +27,15 @@ from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch
 from lakehouse_airflow import spark_provider_internals
 from lakehouse_dev import re_internals
 
+PACKAGE = Path(lakehouse.__file__).parent
+REPO = PACKAGE.parents[1]
+
+
+def _outside(home: str, scan) -> list[str]:
+    """What `scan` finds (line numbers) in every product module but `home` (a path inside the package), as
+    path:line."""
+    return [f"{path.relative_to(PACKAGE)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+            if path != PACKAGE / home for line in scan(path.read_text())]
 
 def at(**positions: int) -> TableProgress:
     return TableProgress("raw.t", True, positions={int(p[1:]): o for p, o in positions.items()})
@@ -90,9 +99,7 @@ def _hand_rolled_retries(source: str) -> list[int]:
 def test_commit_conflicts_and_outages_are_retried_by_the_retry_policies_only():
     """lakehouse.core.retry is the one place that retries a commit another commit beat, or work an outage
     interrupted: attempts, waits, logging and the error once they run out are decided there."""
-    package = Path(lakehouse.__file__).parent
-    found = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
-             if path != package / "core" / "retry.py" for line in _hand_rolled_retries(path.read_text())]
+    found = _outside("core/retry.py", _hand_rolled_retries)
     assert not found, f"retry loops written by hand (use lakehouse.core.retry's policies): {found}"
 
 
@@ -109,7 +116,6 @@ def test_the_scan_finds_a_retry_loop_written_by_hand():
 
 # --- type promotions, and writer-schema versions folded into one contract ---------------------------------------
 
-PACKAGE = Path(lakehouse.__file__).parent
 # where Iceberg's type promotions are written: the pairs (vocabulary.WIDENINGS) and the one rule (schemas.promotes)
 PROMOTION_HOMES = {("core/vocabulary.py", "<module>"), ("core/schemas.py", "promotes")}
 # where writer-schema versions are folded by hand, in a loop over `schemas.merge`: schemas.follow is the rule (one
@@ -294,9 +300,7 @@ def _newer_rule_written_again(source: str) -> list[int]:
 def test_the_newer_record_wins_is_defined_once():
     """Which of two records of a key is newer is lakehouse.core.newer's: the MERGE's SQL, replay's tombstone
     filter and the verifier's comparison are generated from its rules, never written again."""
-    package = Path(lakehouse.__file__).parent
-    found = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
-             if path != package / "core" / "newer.py" for line in _newer_rule_written_again(path.read_text())]
+    found = _outside("core/newer.py", _newer_rule_written_again)
     assert not found, f"the newer-record rule written again (use lakehouse.core.newer): {found}"
 
 
@@ -319,7 +323,6 @@ def test_the_scan_finds_the_newer_record_rule_written_again():
 
 # --- the platform's keys: lakehouse.core.table_properties ----------------------------------------------------
 
-REPO = Path(lakehouse.__file__).parents[2]
 THE_ONE_MODULE = Path(table_properties.__file__)
 # where `lakehouse.*` strings can appear: the product, its Airflow side, the DAGs, the Spark jobs, the development
 # stack and the benchmarks (the tests spell keys as data, e.g. a spec that tries to set one)
