@@ -41,7 +41,7 @@ import msgspec
 from lakehouse.core import config, schemas
 from lakehouse.core.errors import LakehouseError, SchemaTranslationError
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, FieldSpec, PipelineSpec
-from lakehouse.ingest import formats
+from lakehouse.ingest import schema_store, wire
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 EPOCH_DATE = date(1970, 1, 1)
@@ -541,7 +541,7 @@ class WireWriter:
         self.OWN_KINDS = ("bad_wire_format", "unknown_schema", self.malformed)
 
     def header(self, schema_id: int | None = None) -> bytes:
-        return formats.HEADER.pack(formats.MAGIC, self.schema_id if schema_id is None else schema_id)
+        return wire.HEADER.pack(wire.MAGIC, self.schema_id if schema_id is None else schema_id)
 
     def encode(self, record: dict) -> bytes:
         raise NotImplementedError
@@ -552,7 +552,7 @@ class WireWriter:
         if kind == "bad_wire_format":  # a producer configured with a plain serializer, or magic byte 1
             return dumps(record).encode("utf-8") if rng.random() < 0.7 else b"\x01" + good[1:]
         if kind == "unknown_schema":
-            return self.header(UNKNOWN_SCHEMA_ID - rng.randrange(100)) + good[formats.HEADER.size:]
+            return self.header(UNKNOWN_SCHEMA_ID - rng.randrange(100)) + good[wire.HEADER.size:]
         if kind == self.malformed:
             return self.corrupt(good, rng)
         raise ValueError(f"{kind!r} is not a defect of {self.fmt}")
@@ -567,11 +567,11 @@ class AvroWriter(WireWriter):
     def __init__(self, schema_id: int, text: str, fields: tuple[FieldSpec, ...]):
         super().__init__(schema_id, text, fields)
         self.node = json.loads(text)
-        self.parsed = formats.parse_schema(text)
+        self.parsed = schema_store.parse_schema(text)
         self.names = avro_names(self.node)
 
     def encode(self, record: dict) -> bytes:
-        return formats.wire_value(self.schema_id, self.parsed, render_avro(self.node, record, self.struct, self.names))
+        return wire.wire_value(self.schema_id, self.parsed, render_avro(self.node, record, self.struct, self.names))
 
     def corrupt(self, good: bytes, rng: Random) -> bytes:
         # cut short (the record's last bytes lost), or trailing bytes after a complete record
@@ -585,8 +585,8 @@ class ProtobufWriter(WireWriter):
         from google.protobuf import message_factory
 
         super().__init__(schema_id, text, fields)
-        if text.startswith(formats.DESCRIPTOR_SET):
-            pool, name = schemas.proto_pool(base64.b64decode(text[len(formats.DESCRIPTOR_SET):]))
+        if text.startswith(schema_store.DESCRIPTOR_SET):
+            pool, name = schemas.proto_pool(base64.b64decode(text[len(schema_store.DESCRIPTOR_SET):]))
         else:
             pool, name = schemas.proto_pool(schemas.compile_proto(text))
         self.message_class = message_factory.GetMessageClass(schemas.proto_message(pool, name))
@@ -594,12 +594,12 @@ class ProtobufWriter(WireWriter):
     def encode(self, record: dict) -> bytes:
         message = self.message_class()
         fill_proto(message, record, self.struct)
-        return formats.wire_protobuf(self.schema_id, message)
+        return wire.wire_protobuf(self.schema_id, message)
 
     def corrupt(self, good: bytes, rng: Random) -> bytes:
         if rng.random() < 0.5:  # a length-delimited field 15 that promises 127 bytes and ends
             return good + b"\x7a\x7f\x01"
-        return good[:formats.HEADER.size] + b"\x02\x0e" + good[formats.HEADER.size + 1:]  # message index 7
+        return good[:wire.HEADER.size] + b"\x02\x0e" + good[wire.HEADER.size + 1:]  # message index 7
 
 
 class JsonSchemaWriter(WireWriter, JsonWriter):
@@ -702,7 +702,7 @@ def writer_schema(spec: PipelineSpec, platform: config.PlatformConfig, fmt: str,
                            f"LAKEHOUSE_SCHEMA_REGISTRY_URL to register the contract's schema")
     subject = f"{spec.source.topic}-{what}"
     try:
-        return formats.register_schema(registry, subject, text_for_registry, schema_type), text_for_registry
+        return schema_store.register_schema(registry, subject, text_for_registry, schema_type), text_for_registry
     except Exception as exc:  # noqa: BLE001 - the registry client raises its own errors and connection errors
         raise ProduceError(f"cannot register the {what} schema of pipeline {spec.name!r} under {subject!r} in the "
                            f"schema registry: {type(exc).__name__}: {str(exc)[:300]}") from None

@@ -390,7 +390,7 @@ def cmd_schemas(args) -> int:
     """Lists the pipeline's writer schemas and what the contract makes of each; with --pull, first writes the
     registry subjects' versions the schema folder lacks into it. Returns EXIT_CONFIG when one is
     incompatible or cannot be translated."""
-    from lakehouse.ingest import formats
+    from lakehouse.ingest.schema_reports import describe_schemas, pull_schemas
 
     registry = config.load().schema_registry()
     if args.pull:
@@ -399,11 +399,11 @@ def cmd_schemas(args) -> int:
         _require_wire_formats(pulling.name, pulling.source)
         if registry is None:
             raise errors.ConfigurationError("--pull needs the schema registry: set LAKEHOUSE_SCHEMA_REGISTRY_URL")
-        for schema_id, schema_type, path in formats.pull_schemas(pulling, registry):
+        for schema_id, schema_type, path in pull_schemas(pulling, registry):
             print(f"pulled   {schema_id} ({schema_type}) -> {path}", file=sys.stderr)
     spec = load_pipeline(args.pipeline)  # with --pull: the contract as the folder now derives it
     _require_wire_formats(spec.name, spec.source)
-    found = formats.describe_schemas(spec, registry)
+    found = describe_schemas(spec, registry)
     if args.json:
         print_json([report.__dict__ for report in found])
     else:

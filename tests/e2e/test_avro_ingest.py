@@ -10,7 +10,7 @@ import struct
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from tests.unit.ingest.test_formats import ORDER_SCHEMA, ORDER_SCHEMA_V2
+from tests.unit.ingest.test_avro_values import ORDER_SCHEMA, ORDER_SCHEMA_V2
 
 from e2e import (  # noqa: F401 (fixture)
     assert_exactly_once,
@@ -22,7 +22,8 @@ from e2e import (  # noqa: F401 (fixture)
     send,
 )
 from lakehouse.core.catalog import open_catalog
-from lakehouse.ingest.formats import parse_schema, wire_value
+from lakehouse.ingest.schema_store import parse_schema
+from lakehouse.ingest.wire import wire_value
 
 pytestmark = pytest.mark.slow
 START = datetime(2026, 11, 24, 6, 0, tzinfo=timezone.utc)

@@ -24,7 +24,8 @@ import pytest
 from e2e import assert_exactly_once, lakehouse, pipeline, rows, run_cli, send  # noqa: F401 (pipeline: a fixture)
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
-from lakehouse.ingest import formats
+from lakehouse.ingest.schema_store import parse_schema, register_schema, registry_client
+from lakehouse.ingest.wire import wire_value
 from lakehouse_dev import produce
 from lakehouse_dev import stack as stack_module
 from polling import wait_until
@@ -49,7 +50,7 @@ def test_produced_schemas_are_registered_and_the_job_fetches_them_with_basic_aut
     report = produce.produce(spec, 200, bad_ratio=0.05, seed=70, platform=config.load(fresh=True))
     registry = config.load(fresh=True).schema_registry()
     assert registry["basic.auth.user.info"].startswith("lakehouse:")
-    client = formats.registry_client(registry)
+    client = registry_client(registry)
     assert f"{spec.source.topic}-value" in client.get_subjects()
     done = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -100,24 +101,24 @@ def answers(url: str) -> bool:
 def test_the_registrys_compatibility_rule_decides_what_a_subject_takes(platform, registered, spark):
     spec = registered
     registry = config.load(fresh=True).schema_registry()
-    client = formats.registry_client(registry)
+    client = registry_client(registry)
     subject = f"{spec.source.topic}-value"
     v1 = {"type": "record", "name": "Order", "fields": [{"name": "order_id", "type": "string"},
                                                          {"name": "amount", "type": "double"},
                                                          {"name": "currency", "type": "string"}]}
-    first = formats.register_schema(registry, subject, json.dumps(v1))
+    first = register_schema(registry, subject, json.dumps(v1))
     client.set_compatibility(subject, "BACKWARD")
     v2 = {**v1, "fields": [*v1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
-    second = formats.register_schema(registry, subject, json.dumps(v2))  # a new optional field: backward compatible
+    second = register_schema(registry, subject, json.dumps(v2))  # a new optional field: backward compatible
     assert second != first
     v3 = {**v1, "fields": [f for f in v1["fields"] if f["name"] != "currency"] +
           [{"name": "currency", "type": "int"}]}
     from confluent_kafka.schema_registry.error import SchemaRegistryError
     with pytest.raises(SchemaRegistryError) as refused:
-        formats.register_schema(registry, subject, json.dumps(v3))
+        register_schema(registry, subject, json.dumps(v3))
     assert refused.value.http_status_code == 409  # the registry's rule, not the pipeline's
-    encoded = formats.wire_value(second, formats.parse_schema(json.dumps(v2)),
-                                 {"order_id": "o-1", "amount": 3.5, "currency": "EUR", "note": "gift"})
+    encoded = wire_value(second, parse_schema(json.dumps(v2)),
+                         {"order_id": "o-1", "amount": 3.5, "currency": "EUR", "note": "gift"})
     send(platform, spec.source.topic, [(b"o-1", encoded)])
     done = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert done.returncode == 0, done.stderr[-3000:]

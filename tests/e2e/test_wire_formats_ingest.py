@@ -23,7 +23,8 @@ from e2e import (  # noqa: F401 (fixture)
     table,
 )
 from lakehouse.core import config, events
-from lakehouse.ingest import formats
+from lakehouse.ingest.schema_store import parse_schema, register_schema
+from lakehouse.ingest.wire import wire_json, wire_protobuf, wire_value
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,7 @@ def protobuf_orders(count: int) -> tuple[list[tuple[bytes, bytes]], dict[str, in
     broken_kinds = ("bad_wire_format", "unknown_schema", "malformed_protobuf")
     records, broken = [], dict.fromkeys(broken_kinds, 0)
     for i in range(count):
-        value = formats.wire_protobuf(3, proto_order(order_id=f"ord-{i}", amount=float(i % 300)))
+        value = wire_protobuf(3, proto_order(order_id=f"ord-{i}", amount=float(i % 300)))
         if i % 10 == 9:
             kind = broken_kinds[(i // 10) % 3]
             broken[kind] += 1
@@ -90,19 +91,19 @@ def test_registry_writer_schemas_reach_the_tasks_and_a_new_one_evolves_the_table
     folder = make_spec.directory / "schemas"
     folder.mkdir()
     unique = make_spec.directory.parent.name
-    v1 = formats.register_schema(registry, f"placeholder-{unique}-value", json.dumps(V1), "JSON")
+    v1 = register_schema(registry, f"placeholder-{unique}-value", json.dumps(V1), "JSON")
     (folder / f"{v1}.json").write_text(json.dumps(V1))
     spec = pipeline(source={"value_format": "json_schema", "schemas": "schemas", "partitions": 1, "key": None},
                     contract={"fields": None, "from": "writer_schema"}, partition_by=None, publish={"view": None})
-    v2 = formats.register_schema(registry, f"shop.Order-{unique}", json.dumps(V2), "JSON")
+    v2 = register_schema(registry, f"shop.Order-{unique}", json.dumps(V2), "JSON")
     ghost = 2 ** 30 + v2  # registered nowhere
     when = EVENT_TIME.isoformat()
     send(platform, spec.source.topic, [
-        (None, formats.wire_json(v1, {"order_id": "a", "amount": 1.5, "event_time": when})),
-        (None, formats.wire_json(v2, {"order_id": "b", "amount": 2, "coupon": "WINTER",
-                                      "lines": [{"sku": "x", "qty": 2}]})),
-        (None, formats.wire_json(ghost, {"order_id": "c", "amount": 3})),
-        (None, formats.wire_json(v2, {"order_id": "d", "amount": 4, "lines": [{"qty": 1}]})),  # sku required
+        (None, wire_json(v1, {"order_id": "a", "amount": 1.5, "event_time": when})),
+        (None, wire_json(v2, {"order_id": "b", "amount": 2, "coupon": "WINTER",
+                              "lines": [{"sku": "x", "qty": 2}]})),
+        (None, wire_json(ghost, {"order_id": "c", "amount": 3})),
+        (None, wire_json(v2, {"order_id": "d", "amount": 4, "lines": [{"qty": 1}]})),  # sku required
     ])
     run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -127,10 +128,10 @@ def test_a_new_writer_schema_file_in_the_folder_evolves_the_table_at_the_next_ru
     (folder / "1.json").write_text(json.dumps(V1))
     spec = pipeline(source={"value_format": "json_schema", "schemas": "schemas", "partitions": 1, "key": None},
                     contract={"fields": None, "from": "writer_schema"}, partition_by=None, publish={"view": None})
-    send(platform, spec.source.topic, [(None, formats.wire_json(1, {"order_id": "a", "amount": 1}))])
+    send(platform, spec.source.topic, [(None, wire_json(1, {"order_id": "a", "amount": 1}))])
     assert run_cli(spec, "ingest", "--pipeline", spec.name, "--once").returncode == 0
     (folder / "2.json").write_text(json.dumps(V2))  # the air-gapped path: a reviewed file, no registry
-    send(platform, spec.source.topic, [(None, formats.wire_json(2, {"order_id": "b", "amount": 2, "coupon": "X"}))])
+    send(platform, spec.source.topic, [(None, wire_json(2, {"order_id": "b", "amount": 2, "coupon": "X"}))])
     run = run_cli(spec, "ingest", "--pipeline", spec.name, "--once", "--json")
     assert run.returncode == 0, run.stderr[-3000:]
     assert {r["order_id"]: r["coupon"] for r in rows(platform, spec, spec.target.table)} == {"a": None, "b": "X"}
@@ -149,7 +150,7 @@ def test_kill_9_while_decoding_or_writing_a_batch_neither_loses_nor_duplicates_a
     records = []
     for i in range(500):
         document = {"order_id": f"ord-{i}", "amount": i % 90}
-        value = formats.wire_json(2, {**document, "coupon": "X"}) if i % 2 else formats.wire_json(1, document)
+        value = wire_json(2, {**document, "coupon": "X"}) if i % 2 else wire_json(1, document)
         records.append((f"ord-{i}".encode(), value[:-2] if i % 25 == 24 else value))  # truncated: a dead letter
     send(platform, spec.source.topic, records)
     killed_at_every_point_then_resumed(platform, spec, points=FORMAT_KILL_POINTS)
@@ -175,15 +176,15 @@ WIDENING = {
 def widening_encoder(fmt: str, text: str):
     """(schema id, record dict) -> wire bytes for writer schema `text` of format `fmt`."""
     if fmt == "avro":
-        parsed = formats.parse_schema(text)
-        return lambda schema_id, record: formats.wire_value(schema_id, parsed, record)
+        parsed = parse_schema(text)
+        return lambda schema_id, record: wire_value(schema_id, parsed, record)
     from google.protobuf import message_factory
 
     from lakehouse.core.schemas import compile_proto, proto_message, proto_pool
 
     pool, name = proto_pool(compile_proto(text))
     cls = message_factory.GetMessageClass(proto_message(pool, name, (0,)))
-    return lambda schema_id, record: formats.wire_protobuf(schema_id, cls(**record))
+    return lambda schema_id, record: wire_protobuf(schema_id, cls(**record))
 
 
 @pytest.mark.parametrize("fmt", sorted(WIDENING))
@@ -197,8 +198,8 @@ def test_a_widening_writer_schema_evolves_the_table_and_a_restart_during_a_regis
     monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry_url)
     registry = config.load(fresh=True).schema_registry()
     unique = make_spec.directory.parent.name
-    v1 = formats.register_schema(registry, f"placeholder-{unique}-value", v1_text, schema_type)
-    v2 = formats.register_schema(registry, f"shop.Order-{unique}", v2_text, schema_type)
+    v1 = register_schema(registry, f"placeholder-{unique}-value", v1_text, schema_type)
+    v2 = register_schema(registry, f"shop.Order-{unique}", v2_text, schema_type)
     folder = make_spec.directory / "schemas"
     folder.mkdir()
     (folder / f"{v1}.{suffix}").write_text(v1_text)

@@ -41,7 +41,8 @@ KEY_TYPES = ("string", "int", "long", "date", "timestamp", "uuid", "decimal", "b
 # (lakehouse.core.schemas.promotes, the one rule, adds a decimal's precision grown at the same scale).
 WIDENINGS = {("int", "long"), ("float", "double")}
 # json: plain JSON values; the others are the Confluent wire format (magic byte 0, a 4-byte schema id,
-# the payload) with writer schemas by id from `source.schemas` or a schema registry (lakehouse.ingest.formats)
+# the payload; lakehouse.ingest.wire) with writer schemas by id from `source.schemas` or a schema registry
+# (lakehouse.ingest.schema_store)
 VALUE_FORMATS = ("json", "avro", "protobuf", "json_schema")
 # a key is UTF-8 text (string) or, like a value, a record: a Debezium key holds the primary key's columns
 KEY_FORMATS = ("string", *VALUE_FORMATS)

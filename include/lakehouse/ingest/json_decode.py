@@ -1,6 +1,6 @@
 """Value decoders: what one is (`Decoder`, bytes to a mapping of field name to JSON-like values), and
 the plain JSON one (`JsonDecoder`), the reference the contract checks and the JSON fast path are
-defined against. The wire formats' decoders (Avro, Protobuf, JSON Schema) are lakehouse.ingest.formats'.
+defined against. The wire formats' decoders (Avro, Protobuf, JSON Schema) are lakehouse.ingest.wire_decoders'.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class JsonDecoder:
 
 
 # value_format "json" -> the decoder's factory, given the spec and the schema registry's client settings (or
-# None); the wire formats' decoders are lakehouse.ingest.formats'
+# None); the wire formats' decoders are lakehouse.ingest.wire_decoders'
 DECODERS: dict[str, Callable[[PipelineSpec, dict | None], Decoder]] = {
     "json": lambda spec, registry: JsonDecoder(spec.contract.has_decimals)}
 

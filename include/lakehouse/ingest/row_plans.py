@@ -1,7 +1,7 @@
 """Row plans of Avro and Protobuf writer schemas: `row_plan(...)` is `RecordValidator.check_fields` as a
 tuple for the records of one writer schema, with the check of a field left out where the writer's type
 guarantees it passes and Avro's timestamps converted directly. Equivalent to the contract's checks field
-by field; the reader takes it for the values a compiled row (lakehouse.ingest.formats) does not read.
+by field; the reader takes it for the values a compiled row (lakehouse.ingest.compiled_rows) does not read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ FieldCheck = tuple[str, bool, Callable[[Any], Any]]
 
 def row_plan(spec: PipelineSpec, fields: list[FieldCheck], quarantined: frozenset[str],
              writer) -> Callable[[dict], tuple] | None:
-    """The row plan of writer schema `writer` (a formats.WriterSchema) for `spec`'s contract, whose fields'
+    """The row plan of writer schema `writer` (a schema_store.WriterSchema) for `spec`'s contract, whose fields'
     checks are `fields` and whose `quarantined` fields refuse every value: `check_fields` as a tuple, with
     the check of a field left out where the writer's type guarantees it passes (an int into a long, an
     unconstrained string from Avro, which decodes UTF-8 strictly, bytes, booleans) and timestamps

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from lakehouse.core import errors, schemas
 from lakehouse.core.schemas import SchemaDiff
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, PipelineSpec
-from lakehouse.ingest import formats
 from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.schema_store import schema_store
 from lakehouse.ingest.writer_schemas import WriterSchemas
 
 log = logging.getLogger("lakehouse.ingest")
@@ -42,7 +42,7 @@ class SchemaFollower:
     registry settings (None: none configured)."""
 
     def __init__(self, spec: PipelineSpec, registry: dict | None):
-        self.store = formats.schema_store(spec, registry) if spec.wire_formats else None
+        self.store = schema_store(spec, registry) if spec.wire_formats else None
         self.accepted: dict[int, tuple] = {}  # id -> fields: the tables were evolved for it
         self.resolved: dict[int, tuple[int, str, str]] = {}  # ids fetched from the registry, as shipped
         self.missing: set[int] = set()  # ids the registry does not have
@@ -50,7 +50,7 @@ class SchemaFollower:
     def reload(self, spec: PipelineSpec, registry: dict | None) -> None:
         """Follow an edited `spec`: the folder's writer schemas as they are now."""
         if spec.wire_formats:
-            self.store = formats.schema_store(spec, registry)
+            self.store = schema_store(spec, registry)
 
     def prefetch(self, spec: PipelineSpec) -> PipelineSpec:
         """Fetch every version of the topic's subjects (`<topic>-value`, `<topic>-key`: Confluent's default

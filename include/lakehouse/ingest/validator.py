@@ -4,7 +4,7 @@ The path of a record: `RecordValidator.check(key, value)` either returns the
 typed row (a dict of contract columns) or raises `Rejected(kind, detail)`
 (lakehouse.ingest.rejects), which the reader turns into a dead letter. The value's
 decoder is JSON (lakehouse.ingest.json_decode) or a wire format's
-(lakehouse.ingest.formats: Avro, Protobuf, JSON Schema, whose writer schemas a
+(lakehouse.ingest.wire_decoders: Avro, Protobuf, JSON Schema, whose writer schemas a
 `SchemaGate` of lakehouse.ingest.writer_schemas checks against the contract once
 each); the decoded value's fields go through the contract's checks
 (lakehouse.ingest.checks). A record key is UTF-8 text or, decoded the same way, a
@@ -19,7 +19,7 @@ JSON (and JSON Schema's documents) it first tries the JSON fast path
 that accepts only records the reference accepts, with the same values, and hands
 everything else (errors, anything it cannot vouch for) to `check`; for Avro and
 Protobuf a row compiled per writer schema reads the value straight into the row
-(lakehouse.ingest.formats, "compiled rows") and hands anything unusual to a row
+(lakehouse.ingest.compiled_rows) and hands anything unusual to a row
 plan per writer schema (lakehouse.ingest.row_plans), which leaves out the checks
 the writer's types make moot.
 """
@@ -31,20 +31,22 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest import formats
 from lakehouse.ingest.change_events import change_meta, unwrap
 from lakehouse.ingest.checks import field_checker
+from lakehouse.ingest.compiled_rows import RowContract
 from lakehouse.ingest.json_decode import DECODERS, Decoder, JsonDecoder
 from lakehouse.ingest.json_fast_path import JsonFastPath
 from lakehouse.ingest.rejects import Rejected, quarantined, show
 from lakehouse.ingest.row_plans import row_plan
+from lakehouse.ingest.schema_store import schema_store
+from lakehouse.ingest.wire_decoders import wire_decoder
 from lakehouse.ingest.writer_schemas import SchemaGate, WriterSchemas
 
 
 @runtime_checkable
 class WriterSchemaDecoder(Decoder, Protocol):
-    """A wire-format decoder (lakehouse.ingest.formats.WireDecoder): also names the writer schema (a
-    formats.WriterSchema) each value was written with."""
+    """A wire-format decoder (lakehouse.ingest.wire_decoders.WireDecoder): also names the writer schema (a
+    schema_store.WriterSchema) each value was written with."""
 
     def decode_with_writer(self, value: bytes) -> tuple[Any, dict]: ...
 
@@ -72,7 +74,7 @@ class RecordValidator:
         source = spec.source
         store = None
         if spec.wire_formats:
-            store = formats.schema_store(spec, registry, writer_schemas.resolvable, writer_schemas.missing)
+            store = schema_store(spec, registry, writer_schemas.resolvable, writer_schemas.missing)
         # `gated`: writer schemas pass the SchemaGate before their first value is decoded (ingestion); an
         # audit of what was ingested (lakehouse.audit.verify) reads values of any writer schema
         gate = SchemaGate(spec, writer_schemas.accepted) if gated else None
@@ -94,7 +96,7 @@ class RecordValidator:
             if isinstance(self.decoder, WriterSchemaDecoder) and not hasattr(self.decoder, "payload") else None
         self._plans: dict[int, Callable[[dict], tuple] | None] = {}
         # ... and the compiled rows of those whose values it reads straight into rows, by the bytes their
-        # values start with (a header, Protobuf's message indexes), all of one length (formats.compile_row)
+        # values start with (a header, Protobuf's message indexes), all of one length (WireDecoder.compile_row)
         self._wire_rows: dict[bytes, Callable[[str | None, bytes], tuple | None]] = {}
         self._wire_head = 0
         # the JSON fast path: plain JSON values (or JSON Schema's payloads) with text keys, no quarantine
@@ -108,7 +110,7 @@ class RecordValidator:
     def _decoder(self, fmt: str, store, gate, what: str) -> Decoder:
         if fmt == "json":
             return DECODERS["json"](self.spec, None) if what == "value" else JsonDecoder()
-        return formats.wire_decoder(fmt, self.spec, store, gate, what)
+        return wire_decoder(fmt, self.spec, store, gate, what)
 
     def check_key(self, key: bytes | None) -> str | None:
         """The key as text (`_kafka.key`): UTF-8 text, or a record key as compact JSON (kept decoded in
@@ -289,11 +291,11 @@ class RecordValidator:
         return values
 
     def _compile_row(self, writer) -> None:
-        """Keep the compiled row of admitted writer schema `writer` (lakehouse.ingest.formats: its values read
+        """Keep the compiled row of admitted writer schema `writer` (lakehouse.ingest.compiled_rows: its values read
         straight into rows, None where it cannot vouch for `check`'s verdict), if the decoder has one."""
         if self.spec.source.envelope is not None or (self.key_field is not None and self.key_field not in self.names):
             return
-        contract = formats.RowContract(
+        contract = RowContract(
             self.spec.contract.fields, tuple(check for _, _, check in self.fields), self.quarantined,
             None if self.key_field is None else self.names.index(self.key_field),
             None if self.key_decoder is None else self._key_value, self.max_value_bytes)

@@ -1,7 +1,8 @@
 """Writer schemas, as a reader task sees them: what the ingest job's driver tells its tasks about them
 (`WriterSchemas`), and whether the pipeline takes the records of one (`SchemaGate`), asked once per
-schema id before its first record is decoded. The schemas themselves, and how their records decode, are
-lakehouse.ingest.formats'; what a writer schema means for the contract is lakehouse.core.schemas'.
+schema id before its first record is decoded. The schemas themselves are lakehouse.ingest.schema_store's,
+how their records decode lakehouse.ingest.wire_decoders'; what a writer schema means for the contract is
+lakehouse.core.schemas'.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from lakehouse.core.spec import PipelineSpec
 
 @dataclass(frozen=True)
 class WriterSchemas:
-    """What the ingest job's driver tells reader tasks about writer schemas (lakehouse.ingest.formats):
+    """What the ingest job's driver tells reader tasks about writer schemas (lakehouse.ingest.schema_store):
     whether it resolves ids the tasks were not shipped (it has a registry), the ids it evolved the tables
     for or quarantined (SchemaGate), and the ids no registry has (their records are dead letters)."""
 
@@ -25,7 +26,7 @@ class WriterSchemas:
 
 class SchemaGate:
     """Whether a pipeline takes the records of a writer schema, asked once per schema id by the wire
-    decoders (lakehouse.ingest.formats) before its first record is decoded.
+    decoders (lakehouse.ingest.wire_decoders) before its first record is decoded.
 
     A declared contract takes a writer schema whose fields it can read (schemas.conflicts); a contract
     that follows the writer schemas takes one that adds nothing to it (schemas.compare). Otherwise:

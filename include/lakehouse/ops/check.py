@@ -1,7 +1,7 @@
 """`lakehouse check`: whether this machine can run the platform as configured, part by part (as `dbt debug`).
 
 Each part is asked the cheapest question that proves it works, with the clients every command builds
-(lakehouse.core.config, topics, catalog, warehouse; the schema registry client of ingest.formats), so a
+(lakehouse.core.config, topics, catalog, warehouse; the schema registry client of ingest.schema_store), so a
 part that passes here passes for the commands too:
 
     spec            every spec file of the pipelines folder validates (or the one `--pipeline` names)
@@ -164,14 +164,14 @@ def check_catalog(platform: config.PlatformConfig, settings: config.CatalogConfi
 
 
 def check_registry(platform: config.PlatformConfig, timeout: float) -> PartCheck:
-    from lakehouse.ingest import formats
+    from lakehouse.ingest.schema_store import registry_client
 
     registry = platform.schema_registry() or {}
 
     def ask() -> str:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-        client = formats.registry_client({**registry, "timeout": timeout, "max.retries": 0})
+        client = registry_client({**registry, "timeout": timeout, "max.retries": 0})
         try:
             subjects = client.get_subjects()
         except SchemaRegistryError as exc:

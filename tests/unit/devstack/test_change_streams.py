@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.unit.devstack.test_produce import verdicts
 
 from lakehouse.core import config, errors, schemas
-from lakehouse.ingest.formats import parse_schema
+from lakehouse.ingest.schema_store import parse_schema
 from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import change_streams
 from lakehouse_dev.produce import ProduceError, synthesize

@@ -21,7 +21,7 @@ from tests.unit.devstack.test_produce import verdicts
 
 from lakehouse.core import config, schemas
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, SpecError
-from lakehouse.ingest.formats import registry_client
+from lakehouse.ingest.schema_store import registry_client
 from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import record_formats
 from lakehouse_dev.produce import FORMAT_KINDS, ProduceError, synthesize

@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakehouse.core.spec import SpecError
-from lakehouse.ingest import formats
 from lakehouse.ingest.change_events import source_position
 from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
+from lakehouse.ingest.schema_store import parse_schema
 from lakehouse.ingest.validator import RecordValidator
+from lakehouse.ingest.wire import wire_value
 
 FIELDS = [{"name": "id", "type": "long", "required": True},
           {"name": "email", "type": "string"},
@@ -145,8 +146,8 @@ def avro_cdc_spec(make_spec, **overrides):
 
 def avro_change(i: int, op: str, email: str | None, lsn: int) -> tuple[bytes, bytes]:
     row = None if email is None else {"id": i, "email": email}
-    return (formats.wire_value(1, formats.parse_schema(json.dumps(AVRO_KEY)), {"id": i}),
-            formats.wire_value(2, formats.parse_schema(json.dumps(AVRO_ENVELOPE)), {
+    return (wire_value(1, parse_schema(json.dumps(AVRO_KEY)), {"id": i}),
+            wire_value(2, parse_schema(json.dumps(AVRO_ENVELOPE)), {
                 "before": row if op in ("u", "d") else None, "after": None if op == "d" else row, "op": op,
                 "ts_ms": None, "source": {"connector": "postgresql", "ts_ms": 1_764_000_000_000, "lsn": lsn}}))
 

@@ -229,7 +229,7 @@ def test_a_hostile_record_gets_the_reference_verdict(sink, key, value):
 
 # Kinds the reader gives from a record's Kafka metadata or its own failures, never the validator.
 READER_KINDS = {"bad_kafka_timestamp", "reader_failure"}
-# JSON never reaches the wire formats' kinds (tests/unit/ingest/test_formats.py)
+# JSON never reaches the wire formats' kinds (tests/unit/ingest/test_avro_values.py)
 WIRE_KINDS = {"bad_wire_format", "unknown_schema", "malformed_avro", "malformed_protobuf"}
 # kinds of contract types the fast path leaves to the reference (tests/unit/core/test_contract_types.py), and of
 # change streams (tests/unit/ingest/test_cdc.py)

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from lakehouse.core import errors
 from lakehouse.core.schemas import compile_proto, proto_message, proto_pool
 from lakehouse.core.spec import Contract, FieldSpec, SpecError
-from lakehouse.ingest import formats
 from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
+from lakehouse.ingest.schema_store import DESCRIPTOR_SET, SchemaStore, parse_schema, register_schema
 from lakehouse.ingest.validator import RecordValidator
+from lakehouse.ingest.wire import wire_json, wire_protobuf, wire_value
 from lakehouse.ingest.writer_schemas import WriterSchemas
 
 ORDER_PROTO = """
@@ -84,29 +85,29 @@ def verdict(validator, value, key="ord-1"):
 def test_a_protobuf_value_becomes_the_contract_row_with_enums_by_name_and_timestamps_as_instants(make_spec):
     spec = spec_in(make_spec, "protobuf", {"3.proto": ORDER_PROTO})
     validator = RecordValidator(spec)
-    value = formats.wire_protobuf(3, proto_order())
+    value = wire_protobuf(3, proto_order())
     assert validator.check("ord-1", value) == ROW
     assert validator.check_row("ord-1", value) == tuple(ROW.values())
 
 
 def test_each_broken_protobuf_value_is_a_dead_letter_of_its_own_kind(make_spec):
     validator = RecordValidator(spec_in(make_spec, "protobuf", {"3.proto": ORDER_PROTO}))
-    good = formats.wire_protobuf(3, proto_order())
+    good = wire_protobuf(3, proto_order())
     assert verdict(validator, b'{"order_id": 1}') == "bad_wire_format"
     assert verdict(validator, b"\x00" + struct.pack(">I", 9) + good[5:]) == "unknown_schema"
     assert verdict(validator, good[:-4]) == "malformed_protobuf"  # truncated message
     assert verdict(validator, good[:5] + b"\x02\x0e" + good[6:]) == "malformed_protobuf"  # no message 7
     assert verdict(validator, good[:5] + b"\x7f") == "malformed_protobuf"  # truncated indexes
-    assert verdict(validator, formats.wire_protobuf(3, proto_order(currency="eur"))) == "pattern_mismatch"
-    assert verdict(validator, formats.wire_protobuf(3, proto_order(status=3)))["status"] == "cancelled"
+    assert verdict(validator, wire_protobuf(3, proto_order(currency="eur"))) == "pattern_mismatch"
+    assert verdict(validator, wire_protobuf(3, proto_order(status=3)))["status"] == "cancelled"
     # a nested message selected by its index path decodes as that message
-    nested = formats.wire_protobuf(3, proto_order().first_line.__class__(sku="x", qty=2), indexes=(0, 0))
+    nested = wire_protobuf(3, proto_order().first_line.__class__(sku="x", qty=2), indexes=(0, 0))
     assert verdict(validator, nested) == "missing_required"  # a Line is no Order
 
 
 def test_an_enum_number_the_schema_does_not_know_is_a_bad_enum_not_a_crash(make_spec):
     validator = RecordValidator(spec_in(make_spec, "protobuf", {"3.proto": ORDER_PROTO}))
-    assert verdict(validator, formats.wire_protobuf(3, proto_order(status=42))) == "bad_enum"
+    assert verdict(validator, wire_protobuf(3, proto_order(status=42))) == "bad_enum"
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -119,12 +120,12 @@ def test_arbitrary_protobuf_payloads_get_a_verdict_never_an_escaping_error(make_
 
 def test_a_registry_protobuf_schema_ships_to_tasks_as_descriptors_with_its_imports():
     registry = {"url": "mock://test-wire-proto"}
-    schema_id = formats.register_schema(registry, "orders-value", ORDER_PROTO, "PROTOBUF")
-    driver = formats.SchemaStore({}, registry)
+    schema_id = register_schema(registry, "orders-value", ORDER_PROTO, "PROTOBUF")
+    driver = SchemaStore({}, registry)
     driver.resolve(schema_id)
     shipped = driver.shipped(schema_id)
-    assert shipped[1] == "PROTOBUF" and shipped[2].startswith(formats.DESCRIPTOR_SET)
-    task = formats.SchemaStore(dict([(shipped[0], shipped[1:])]))
+    assert shipped[1] == "PROTOBUF" and shipped[2].startswith(DESCRIPTOR_SET)
+    task = SchemaStore(dict([(shipped[0], shipped[1:])]))
     message_class, to_dict = task.get(schema_id, "PROTOBUF").parsed.reader((0,))
     assert to_dict(message_class.FromString(proto_order().SerializeToString()))["status"] == "paid"
 
@@ -135,13 +136,13 @@ def test_a_json_schema_value_decodes_as_json_after_its_header_on_the_fast_path(m
     spec = spec_in(make_spec, "json_schema", {"5.json": json.dumps(ORDER_JSON_SCHEMA)})
     validator = RecordValidator(spec)
     document = {**ROW, "event_time": EVENT_TIME.isoformat()}
-    value = formats.wire_json(5, document)
+    value = wire_json(5, document)
     assert validator.check("ord-1", value) == ROW
     assert validator.check_row("ord-1", value) == tuple(ROW.values()) and validator.fallbacks == 0
     assert verdict(validator, value[:5] + b"{not json") == "malformed_json"
     assert verdict(validator, b"\x00" + struct.pack(">I", 6) + value[5:]) == "unknown_schema"
-    assert validator.check_row("ord-1", formats.wire_json(5, document)) is not None
-    too_big = formats.wire_json(5, {**document, "pad": "x" * spec.source.max_value_bytes})
+    assert validator.check_row("ord-1", wire_json(5, document)) is not None
+    too_big = wire_json(5, {**document, "pad": "x" * spec.source.max_value_bytes})
     with pytest.raises(Rejected, match="oversize"):
         validator.check_row("ord-1", too_big)
 
@@ -154,11 +155,11 @@ def test_a_record_key_is_decoded_shown_as_json_and_compared_by_its_field(make_sp
                                              "6.avsc": json.dumps(key_schema)},
                    source={"key": {"field": "order_id", "format": "avro"}})
     validator = RecordValidator(spec)
-    key = formats.wire_value(6, formats.parse_schema(json.dumps(key_schema)), {"order_id": "ord-1"})
+    key = wire_value(6, parse_schema(json.dumps(key_schema)), {"order_id": "ord-1"})
     assert validator.check_key(key) == '{"order_id":"ord-1"}'
-    value = formats.wire_json(5, {**ROW, "event_time": EVENT_TIME.isoformat()})
+    value = wire_json(5, {**ROW, "event_time": EVENT_TIME.isoformat()})
     assert validator.check_row(validator.check_key(key), value) == tuple(ROW.values())
-    other = formats.wire_value(6, formats.parse_schema(json.dumps(key_schema)), {"order_id": "ord-2"})
+    other = wire_value(6, parse_schema(json.dumps(key_schema)), {"order_id": "ord-2"})
     assert verdict(validator, value, validator.check_key(other)) == "key_mismatch"
     with pytest.raises(Rejected) as info:
         validator.check_key(b"\x00\x00\x00\x00\x06\xff")
@@ -180,7 +181,7 @@ def followed(make_spec, *versions, policy="fail"):
 
 
 def wire(schema_id, schema, record):
-    return formats.wire_value(schema_id, formats.parse_schema(json.dumps(schema)), record)
+    return wire_value(schema_id, parse_schema(json.dumps(schema)), record)
 
 
 def test_a_contract_from_the_writer_schemas_fits_every_version_in_the_folder(make_spec):
@@ -245,8 +246,8 @@ def test_a_task_reports_an_id_it_was_not_shipped_and_dead_letters_one_no_registr
 
 def test_the_driver_fetches_every_version_of_a_subject_once():
     registry = {"url": "mock://test-wire-subjects"}
-    ids = [formats.register_schema(registry, "subject-value", json.dumps(v)) for v in (V1, V2)]
-    store = formats.SchemaStore({}, registry)
+    ids = [register_schema(registry, "subject-value", json.dumps(v)) for v in (V1, V2)]
+    store = SchemaStore({}, registry)
     assert store.subject_versions("subject-value") == sorted(ids)
     assert store.subject_versions("no-such-subject") == []
     assert [store.shipped(i)[1] for i in ids] == ["AVRO", "AVRO"]
@@ -297,7 +298,7 @@ def test_lakehouse_schemas_pulls_the_registry_versions_and_says_what_the_contrac
 
     registry = {"url": f"mock://test-wire-schemas-cli-{make_spec.directory.parent.name}"}
     spec = followed(make_spec, (1, V1))
-    ids = [formats.register_schema(registry, f"{spec.source.topic}-value", json.dumps(v)) for v in (V1, V2, V3)]
+    ids = [register_schema(registry, f"{spec.source.topic}-value", json.dumps(v)) for v in (V1, V2, V3)]
     assert ids == [1, 2, 3]
     monkeypatch.setenv("LAKEHOUSE_PIPELINES_DIR", str(make_spec.directory))
     monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry["url"])
@@ -322,7 +323,7 @@ def test_schemas_pull_fills_an_empty_folder_a_contract_from_the_writer_schemas_c
     monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", registry["url"])
     with pytest.raises(SpecError, match=rf"`lakehouse schemas --pipeline {spec.name} --pull` fills it"):
         load_pipeline(spec.name)
-    assert [formats.register_schema(registry, f"{spec.source.topic}-value", json.dumps(v)) for v in (V1, V2)] == [1, 2]
+    assert [register_schema(registry, f"{spec.source.topic}-value", json.dumps(v)) for v in (V1, V2)] == [1, 2]
     assert cli.main(["schemas", "--pipeline", spec.name, "--pull"]) == 0
     assert "pulled   2 (AVRO)" in capsys.readouterr().err
     assert sorted(p.name for p in (make_spec.directory / "schemas").iterdir()) == ["1.avsc", "2.avsc"]

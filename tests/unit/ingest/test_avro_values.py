@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from lakehouse.core import config, errors
 from lakehouse.core.spec import SpecError, load_spec, read_schema_folder
-from lakehouse.ingest import formats
-from lakehouse.ingest.formats import parse_schema, register_avro_schema, wire_value
 from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
+from lakehouse.ingest.schema_store import parse_schema, register_avro_schema, schema_store
 from lakehouse.ingest.validator import RecordValidator
+from lakehouse.ingest.wire import wire_value
 
 SHIPPED = config.REPO_ROOT / "include" / "pipelines" / "orders.yaml"
 ORDER_SCHEMA = {
@@ -154,7 +154,7 @@ def test_a_registry_that_refuses_the_credentials_stops_at_once_naming_them(statu
         with pytest.raises(errors.SchemaRegistryAccessError, match=f"HTTP {status}.*LAKEHOUSE_SCHEMA_REGISTRY_URL"):
             validator.check("ord-1", b"\x00" + struct.pack(">I", 1) + b"\x02")
         with pytest.raises(errors.SchemaRegistryAccessError, match="the subjects' versions"):
-            formats.schema_store(spec, registry).subject_versions("orders-value")
+            schema_store(spec, registry).subject_versions("orders-value")
     finally:
         server.shutdown()
     assert not errors.transient_cause(errors.SchemaRegistryAccessError("x"))

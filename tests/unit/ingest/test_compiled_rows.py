@@ -1,7 +1,7 @@
 """Avro and Protobuf values take a compiled row: an optimisation, never a second opinion.
 
 `RecordValidator.check_row` reads an Avro or Protobuf value through a function compiled per writer schema
-(lakehouse.ingest.formats, "compiled rows") and gives exactly what the reference `RecordValidator.check`
+(lakehouse.ingest.compiled_rows) and gives exactly what the reference `RecordValidator.check`
 gives: the same row values, down to their types and float bits, or the same rejection kind and detail.
 The values here are written byte by byte, so that they can be anything a producer could send: valid
 records, values of the wrong range, broken UTF-8, varints past 64 bits, union and enum indexes out of
@@ -20,10 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakehouse.ingest import formats
 from lakehouse.ingest.checks import MAX_TIMESTAMP_US, MIN_TIMESTAMP_US
 from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.schema_store import DESCRIPTOR_SET, parse_schema
 from lakehouse.ingest.validator import RecordValidator
+from lakehouse.ingest.wire import wire_value
 
 FIELDS = [
     {"name": "order_id", "type": "string", "required": True, "max_length": 12},
@@ -197,7 +198,7 @@ def payload(schema: dict) -> st.SearchStrategy:
 def avro_field_bytes(f: dict) -> bytes:
     """Field `f` of a valid record (avro_item's), as fastavro writes it."""
     one = {"type": "record", "name": "One", "namespace": "shop", "fields": [f]}
-    return formats.wire_value(0, formats.parse_schema(json.dumps(one)), {f["name"]: GOOD_ITEM[f["name"]]})[5:]
+    return wire_value(0, parse_schema(json.dumps(one)), {f["name"]: GOOD_ITEM[f["name"]]})[5:]
 
 
 def header(schema_id: int) -> bytes:
@@ -229,8 +230,8 @@ def avro_item(schema: dict = SCHEMA_1, **changes) -> bytes:
     """A valid record of `schema` (fastavro writes it), with fields replaced."""
     item = {**GOOD_ITEM, **changes}
     schema_id = 1 if schema is SCHEMA_1 else 2
-    return formats.wire_value(schema_id, formats.parse_schema(json.dumps(schema)),
-                              {f["name"]: item[f["name"]] for f in schema["fields"]})
+    return wire_value(schema_id, parse_schema(json.dumps(schema)),
+                      {f["name"]: item[f["name"]] for f in schema["fields"]})
 
 
 avro_values = st.one_of(
@@ -502,7 +503,7 @@ def date_proto_text() -> str:
     message = item_file.message_type.add(name="Item")
     message.field.add(name="order_id", number=1, type=9, label=1)  # string
     message.field.add(name="day", number=2, type=11, type_name=".google.type.Date", label=1)
-    return formats.DESCRIPTOR_SET + base64.b64encode(found.SerializeToString()).decode("ascii")
+    return DESCRIPTOR_SET + base64.b64encode(found.SerializeToString()).decode("ascii")
 
 
 def test_a_google_type_date_becomes_epoch_days_on_the_compiled_row_and_a_bad_one_the_reference_verdict(tmp_path):
