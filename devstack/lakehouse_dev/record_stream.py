@@ -129,19 +129,7 @@ class RecordStream:
         state = self.factory.state()
         try:
             for _ in range(SELF_TEST_RECORDS):
-                record = self.factory.valid()
-                key, value = written(self.spec, lambda made=record: (self.key_of(made), self.values.encode(made)))
-                limit = self.spec.source.max_value_bytes
-                if len(value) > limit:
-                    raise ProduceError(f"{self.spec.path}: source.max_value_bytes is {limit} "
-                                       f"but a valid record takes {len(value)} bytes")
-                try:
-                    refused = verdict(self.validator, key, value, None)
-                except errors.LakehouseError as exc:
-                    raise ProduceError(f"{self.spec.path}: the reader refuses the writer schema: {exc}") from None
-                if refused is not None:
-                    raise ProduceError(f"{self.spec.path}: generated a record the reader rejects as {refused} "
-                                       f"({record!r:.300}); the generator needs a rule for this contract")
+                self._check_valid(self.factory.valid())
             kinds = []
             for kind in FORMAT_KINDS[self.values.fmt]:
                 if kind == "oversize" and self.spec.source.max_value_bytes + 1024 >= MAX_SENDABLE_BYTES:
@@ -154,6 +142,22 @@ class RecordStream:
             return tuple(kinds)
         finally:
             self.factory.restore(state)
+
+    def _check_valid(self, record: dict) -> None:
+        """ProduceError unless valid `record` fits the writer schema and source.max_value_bytes and the reader
+        takes it."""
+        key, value = written(self.spec, lambda: (self.key_of(record), self.values.encode(record)))
+        limit = self.spec.source.max_value_bytes
+        if len(value) > limit:
+            raise ProduceError(f"{self.spec.path}: source.max_value_bytes is {limit} "
+                               f"but a valid record takes {len(value)} bytes")
+        try:
+            refused = verdict(self.validator, key, value, None)
+        except errors.LakehouseError as exc:
+            raise ProduceError(f"{self.spec.path}: the reader refuses the writer schema: {exc}") from None
+        if refused is not None:
+            raise ProduceError(f"{self.spec.path}: generated a record the reader rejects as {refused} "
+                               f"({record!r:.300}); the generator needs a rule for this contract")
 
     def _carries(self, kind: str, path: FieldPath | None) -> bool:
         made = self._attempt(kind, path)
