@@ -50,13 +50,13 @@ def decode_rates(spec: PipelineSpec, records: Sequence[workloads.RawRecord], rep
 
 def main(argv: Sequence[str]) -> None:
     from lakehouse.core.spec import load_pipeline
-    from lakehouse_dev import produce
+    from lakehouse_dev import synthesis
 
     spec = load_pipeline(argv[0] if argv else "orders")
     count = int(argv[1]) if len(argv) > 1 else 20_000
     repeats = int(argv[2]) if len(argv) > 2 else 5
     records = [workloads.RawRecord(i % spec.source.partitions, i, 1_795_778_000_000, r.key, r.value, r.headers or [])
-               for i, r in enumerate(produce.synthesize(spec, count, bad_ratio=0.0, seed=1))]
+               for i, r in enumerate(synthesis.synthesize(spec, count, bad_ratio=0.0, seed=1))]
     for fmt, rate in decode_rates(spec, records, repeats).items():
         print(f"{fmt:12s} {rate['records_per_s']:>10,.0f} records/s  {rate.get('of_json', 1):>4.0%} of JSON  "
               f"{rate['rows']} rows")

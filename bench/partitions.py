@@ -53,7 +53,8 @@ from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.batch_state import BatchState
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.plan import BatchPlan, task_groups, topic_state
-from lakehouse_dev import produce
+from lakehouse_dev import producer_settings, synthesis
+from lakehouse_dev.record_stream import SyntheticRecord
 
 DEFAULT_PARTITIONS = (3, 100, 1000)
 DEFAULT_HOME = Path("/tmp/lakehouse-sizing-home")
@@ -107,7 +108,7 @@ class _Acks:
             self.delivered += 1
 
 
-def produce_round(producer: Producer, topic: str, source: Iterator[produce.SyntheticRecord], partitions: int,
+def produce_round(producer: Producer, topic: str, source: Iterator[SyntheticRecord], partitions: int,
                   per_partition: int) -> int:
     """`per_partition` records to every partition (explicit partition numbers); waits for every ack.
 
@@ -132,11 +133,11 @@ def produce_round(producer: Producer, topic: str, source: Iterator[produce.Synth
     return acks.delivered
 
 
-def endless(spec: PipelineSpec, seed: int) -> Iterator[produce.SyntheticRecord]:
+def endless(spec: PipelineSpec, seed: int) -> Iterator[SyntheticRecord]:
     """Synthetic orders (about 1 % broken), generated in chunks, forever."""
     round_ = 0
     while True:
-        yield from produce.synthesize(spec, 50_000, bad_ratio=0.01, seed=seed + round_)
+        yield from synthesis.synthesize(spec, 50_000, bad_ratio=0.01, seed=seed + round_)
         round_ += 1
 
 
@@ -200,9 +201,9 @@ def measure(stack: BenchStack, spark, platform: config.PlatformConfig, partition
                             max_records_per_batch=max(100_000, 2 * per_batch), trigger_interval="5s")
     started = time.monotonic()
     topics.ensure_topics([spec], platform, timeout=60)
-    produce.accept_any_timestamp(spec.source.topic, platform)  # as workloads.create_topic
+    producer_settings.accept_any_timestamp(spec.source.topic, platform)  # as workloads.create_topic
     create_s = time.monotonic() - started
-    producer = Producer({**produce.producer_config(spec, platform), "linger.ms": 20,
+    producer = Producer({**producer_settings.producer_config(spec, platform), "linger.ms": 20,
                          "queue.buffering.max.messages": 1_000_000})
     source = endless(spec, seed=partitions)
     started = time.monotonic()

@@ -35,7 +35,8 @@ from lakehouse.core.spec import PipelineSpec, read_schema_folder
 from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.reader import BatchBuilder
 from lakehouse.ingest.validator import RecordValidator
-from lakehouse_dev import produce, record_formats
+from lakehouse_dev import producer_settings, record_formats, synthesis
+from lakehouse_dev.record_stream import SyntheticRecord
 
 MB = 1_000_000
 YOUNG_PROCESS_S = 1.0  # memory samples skip processes younger than this (see MemorySampler)
@@ -51,7 +52,7 @@ FETCH = {"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
 class Backlog:
     """The synthetic records of the run (generated once), reused by every workload."""
 
-    records: list[produce.SyntheticRecord]
+    records: list[SyntheticRecord]
     seconds: float
 
     @property
@@ -66,14 +67,14 @@ class Backlog:
     def bad(self) -> int:
         return sum(1 for r in self.records if r.kind is not None)
 
-    def head(self, count: int) -> list[produce.SyntheticRecord]:
+    def head(self, count: int) -> list[SyntheticRecord]:
         return self.records[:count]
 
 
 def generate(spec: PipelineSpec, count: int, bad_ratio: float, seed: int) -> Backlog:
-    """`count` realistic orders from lakehouse_dev.produce (about `bad_ratio` of them broken on purpose)."""
+    """`count` realistic orders from lakehouse_dev.synthesis (about `bad_ratio` of them broken on purpose)."""
     started = time.monotonic()
-    records = list(produce.synthesize(spec, count, bad_ratio=bad_ratio, seed=seed))
+    records = list(synthesis.synthesize(spec, count, bad_ratio=bad_ratio, seed=seed))
     return Backlog(records, time.monotonic() - started)
 
 
@@ -107,7 +108,7 @@ class DeliveryCounter:
 
 def make_producer(spec: PipelineSpec, platform: config.PlatformConfig) -> Producer:
     # the platform's producer settings (murmur2, idempotent, acks=all) with larger batches for bulk loads
-    return Producer({**produce.producer_config(spec, platform), "linger.ms": 20,
+    return Producer({**producer_settings.producer_config(spec, platform), "linger.ms": 20,
                      "queue.buffering.max.messages": 1_000_000})
 
 
@@ -116,7 +117,7 @@ def create_topic(spec: PipelineSpec, platform: config.PlatformConfig, timeout: f
     records' `bad_kafka_timestamp` defects reach the reader, as on a cluster configured so (Apache Kafka 4
     refuses a whole batch holding one of them by default)."""
     topics.ensure_topics([spec], platform, timeout=timeout)
-    produce.accept_any_timestamp(spec.source.topic, platform)
+    producer_settings.accept_any_timestamp(spec.source.topic, platform)
 
 
 def ensure_topic(platform: config.PlatformConfig, name: str, partitions: int, timeout: float = 30) -> None:
@@ -134,7 +135,7 @@ def ensure_topic(platform: config.PlatformConfig, name: str, partitions: int, ti
 
 
 def load_topic(spec: PipelineSpec, platform: config.PlatformConfig,
-               records: Sequence[produce.SyntheticRecord]) -> Delivery:
+               records: Sequence[SyntheticRecord]) -> Delivery:
     """Create the spec's topic and produce `records` to it as fast as possible; waits for every ack.
 
     Raises BenchError when any record is not delivered.
@@ -149,7 +150,7 @@ def load_topic(spec: PipelineSpec, platform: config.PlatformConfig,
     return Delivery(counter.delivered, dict(sorted(counter.ends.items())), time.monotonic() - started)
 
 
-def send(producer: Producer, topic: str, rec: produce.SyntheticRecord, counter: DeliveryCounter,
+def send(producer: Producer, topic: str, rec: SyntheticRecord, counter: DeliveryCounter,
           timestamp_ms: int | None = None) -> None:
     """Send `rec` stamped `timestamp_ms` (default: the producer's clock), unless the record brings its
     own Kafka timestamp (a `bad_kafka_timestamp` defect)."""
@@ -381,7 +382,7 @@ def as_format(spec: PipelineSpec, records: Sequence[RawRecord], folder: Path,
     return wire_spec, out
 
 
-def encode_backlog(spec: PipelineSpec, records: Sequence[produce.SyntheticRecord]) -> list[produce.SyntheticRecord]:
+def encode_backlog(spec: PipelineSpec, records: Sequence[SyntheticRecord]) -> list[SyntheticRecord]:
     """`records` as the spec's wire format carries them (`lakehouse produce`'s writer, the spec's schema 1):
     each valid JSON object value re-encoded, the broken values left as they are (they stay broken)."""
     from dataclasses import replace
@@ -433,7 +434,7 @@ def as_change_events(spec: PipelineSpec, records: Sequence[RawRecord], folder: P
 
 
 def change_backlog(spec: PipelineSpec, count: int, seed: int, updates: float, deletes: float,
-                   bad_ratio: float = 0.0) -> tuple[list[produce.SyntheticRecord], Any]:
+                   bad_ratio: float = 0.0) -> tuple[list[SyntheticRecord], Any]:
     """`count` Debezium change events of the spec's source table (a snapshot, then creates, `updates` and
     `deletes` with their tombstones) and the stream's summary: the rows the table holds once all are in."""
     import random
@@ -686,7 +687,7 @@ class _LineReader:
         return False
 
 
-def paced_phase(producer: Producer, topic: str, source: Iterator[produce.SyntheticRecord], rate: int,
+def paced_phase(producer: Producer, topic: str, source: Iterator[SyntheticRecord], rate: int,
                 seconds: float, counter: DeliveryCounter, not_before_ms: int) -> stats.Phase:
     """Produce at `rate` msg/s for `seconds`, every record stamped (CreateTime) at its produce call.
 
@@ -712,7 +713,7 @@ def paced_phase(producer: Producer, topic: str, source: Iterator[produce.Synthet
     return stats.Phase(rate=rate, start_ms=start_ms, end_ms=end_ms, produced=sent - own_stamps)
 
 
-def paced_phases(producer: Producer, topic: str, source: Iterator[produce.SyntheticRecord], rates: Sequence[int],
+def paced_phases(producer: Producer, topic: str, source: Iterator[SyntheticRecord], rates: Sequence[int],
                  phase_s: float, counter: DeliveryCounter, proc: subprocess.Popen, what: str,
                  failure: Callable[[], str], label: str, progress=None) -> list[stats.Phase]:
     """One paced phase per rate, back to back, while `proc` (named `what`) ingests; BenchError with
@@ -781,7 +782,7 @@ def _positions_reached(catalog, spec: PipelineSpec, ends: dict[int, int]) -> boo
     return all(committed[p] >= end for p, end in ends.items())
 
 
-def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
+def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[SyntheticRecord],
                   rates: Sequence[int], phase_s: float, drain_s: float, progress=None) -> FreshnessRun:
     """A continuous `lakehouse ingest` job with the spec's trigger while a paced producer runs one phase
     per rate; then a drain of at most `drain_s` seconds, the job stopped, and freshness computed per
@@ -836,7 +837,7 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[produ
 
 
 def _feed_batch(stack: BenchStack, spec: PipelineSpec, proc: subprocess.Popen, lines: _LineReader,
-                producer: Producer, source: Iterator[produce.SyntheticRecord], counter: DeliveryCounter, count: int,
+                producer: Producer, source: Iterator[SyntheticRecord], counter: DeliveryCounter, count: int,
                 log_name: str, what: str) -> None:
     """Produce `count` records and wait for the continuous job's next receipt; BenchError naming `what`
     when none comes within 180 s or the job exits."""
@@ -864,7 +865,7 @@ class SmallBatchRun:
                 "seconds": [round(x, 3) for x in seconds]}
 
 
-def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
+def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[SyntheticRecord],
                       per_batch: int = 10, rounds: int = 8, warm: Callable[[], None] | None = None,
                       done: Callable[[], None] | None = None) -> SmallBatchRun:
     """A warm continuous `lakehouse ingest` job fed `per_batch` records at a time, each round waiting for
@@ -896,7 +897,7 @@ def run_small_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[p
     return SmallBatchRun(spec.name, per_batch, batches[1:])
 
 
-def run_wide_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[produce.SyntheticRecord],
+def run_wide_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[SyntheticRecord],
                      per_partition: int = 20, rounds: int = 3) -> SmallBatchRun:
     """A warm continuous `lakehouse ingest` job over a topic of many partitions, fed `per_partition` records
     to every partition per round (explicit partition numbers), each round in one Kafka transaction so that
@@ -909,7 +910,7 @@ def run_wide_batches(stack: BenchStack, spec: PipelineSpec, records: Sequence[pr
 
     platform = stack.platform()
     create_topic(spec, platform)
-    producer = Producer({**produce.producer_config(spec, platform), "linger.ms": 20,
+    producer = Producer({**producer_settings.producer_config(spec, platform), "linger.ms": 20,
                          "queue.buffering.max.messages": 1_000_000, "transactional.id": f"bench-{uuid.uuid4()}"})
     producer.init_transactions(60)
     # records that bring their own far-off Kafka timestamp are left out: the broker's acceptance of them

@@ -39,11 +39,27 @@ from typing import Any, Callable, Iterator
 
 from lakehouse.core import config, errors
 from lakehouse.core.spec import FieldSpec, PipelineSpec
-from lakehouse_dev.produce import (ATTEMPTS, BAD_KINDS, FAULT_HEADER, FIELD_KINDS, FORMAT_KINDS, MAX_SENDABLE_BYTES,
-                                   SELF_TEST_RECORDS, SOURCE_HEADER, FieldPath, RecordFactory, SyntheticRecord,
-                                   attempts_failed, deep_copy, reader_validator, verdict, written)
-from lakehouse_dev.record_formats import (CONTENT_TYPES, WIRE_WRITERS, JsonWriter, ProduceError, decimals_as_text,
-                                          contract_schema, writer_schema)
+from lakehouse_dev.defects import (
+    BAD_KINDS,
+    FAULT_HEADER,
+    FIELD_KINDS,
+    FORMAT_KINDS,
+    MAX_SENDABLE_BYTES,
+    FieldPath,
+    RecordBreaker,
+)
+from lakehouse_dev.record_factory import RecordFactory, deep_copy
+from lakehouse_dev.record_formats import (
+    CONTENT_TYPES,
+    WIRE_WRITERS,
+    JsonWriter,
+    ProduceError,
+    contract_schema,
+    decimals_as_text,
+    writer_schema,
+)
+from lakehouse_dev.record_stream import SOURCE_HEADER, SyntheticRecord
+from lakehouse_dev.verdicts import ATTEMPTS, SELF_TEST_RECORDS, attempts_failed, reader_validator, verdict, written
 
 DEBEZIUM_VERSION = "2.7.0.Final"
 # What a change stream can break, beyond the value format's kinds: events that are no row change
@@ -282,6 +298,7 @@ class ChangeStream:
         self.spec = spec
         self.rng = rng
         self.factory = RecordFactory(spec, rng, now=now)
+        self.breaker = RecordBreaker(self.factory)
         self.connect_schemas = connect_schemas
         self.pk = spec.target.key
         self.server, self.schema, self.table = _source_names(spec)
@@ -505,7 +522,7 @@ class ChangeStream:
                 other = self.factory.row()  # a row of another primary key
                 return self._key(self._pk(other)), self._value(event), None
             if kind == "bad_kafka_timestamp":
-                return key, self._value(event), self.factory.kafka_timestamp()
+                return key, self._value(event), self.breaker.kafka_timestamp()
             if kind == "bad_envelope":
                 if self.values.fmt == "json" and self.rng.random() < 0.5:  # an application's row on the topic
                     return key, self._value(event["after"]), None
@@ -515,7 +532,7 @@ class ChangeStream:
                            "message": {"prefix": "audit", "content": "dGVzdA=="}}
                 return key, self._value(message), None
             broken = deep_copy(after)
-            self.factory.corrupt(kind, broken, path)
+            self.breaker.corrupt(kind, broken, path)
             return key, self._value(self._event(op, before, broken, source)), None
         except Exception:  # noqa: BLE001 - the writer schema cannot hold this defect
             return None
@@ -544,7 +561,7 @@ class ChangeStream:
                     continue
                 if kind == "oversize" and self.spec.source.max_value_bytes + 1024 >= MAX_SENDABLE_BYTES:
                     continue
-                candidates = self.factory.paths(kind) if kind in FIELD_KINDS else [None]
+                candidates = self.breaker.paths(kind) if kind in FIELD_KINDS else [None]
                 kept = []
                 for path in candidates:
                     for _ in range(3):

@@ -1,6 +1,6 @@
 """How `lakehouse produce` writes a record's value and key in each format, and breaks them the format's way.
 
-lakehouse_dev.produce makes records as JSON-like values (timestamps as ISO-8601 text, or numbers since
+lakehouse_dev.record_factory makes records as JSON-like values (timestamps as ISO-8601 text, or numbers since
 the epoch for a field with a `unit`; dates likewise; decimals as Decimal; binary as base64 text; uuids as
 text; structs, lists and maps as dicts and lists). A `ValueWriter` turns one into Kafka bytes:
 

@@ -33,7 +33,7 @@ from lakehouse.core.table_properties import SnapshotSummary
 from lakehouse.ingest.job import IngestJob
 from lakehouse.ingest.plan import PartitionState, TopicState, plan_batch, split_for_tasks, topic_state
 from lakehouse.ingest.rejects import ERROR_KINDS
-from lakehouse_dev import produce
+from lakehouse_dev import produce, producer_settings
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,8 @@ def encode(record: dict) -> tuple[bytes, bytes]:
 
 def test_every_kind_of_bad_record_lands_in_the_dead_letter_table_with_its_reason(platform, pipeline, spark):
     spec = pipeline()
-    produce.accept_any_timestamp(spec.source.topic, platform)  # a producer with its clock in microseconds gets through
+    # a producer with its clock in microseconds gets through
+    producer_settings.accept_any_timestamp(spec.source.topic, platform)
     report = produce.produce(spec, 600, bad_ratio=0.5, seed=11)
     IngestJob(spec, platform, spark).run_once()
     assert assert_exactly_once(platform, spec) == 600
@@ -342,7 +343,7 @@ def test_hostile_records_land_exactly_once_in_the_table_or_the_dead_letter_table
                      fanout={"field": "size", "routes": {"S": "raw.orders_{suffix}_small"}},
                      source={"max_value_bytes": 20_000})
     ensure_topics([spec], platform)
-    produce.accept_any_timestamp(spec.source.topic, platform)  # the far-future timestamps too
+    producer_settings.accept_any_timestamp(spec.source.topic, platform)  # the far-future timestamps too
     producer = Producer(platform.kafka(**{"linger.ms": 5}))
     for ts_ms, (key, value), partition in records:
         producer.produce(spec.source.topic, key=key, value=value, partition=partition,

@@ -4,7 +4,7 @@ Records are read back from the real (embedded) broker with assign until partitio
 EOF (those tests are marked slow: the end-to-end layer). Timing is never asserted; the
 rate limiter's schedule is checked on a fake clock.
 
-The end-to-end half; the unit half is tests/unit/devstack/test_produce.py.
+The end-to-end half; the unit half is tests/unit/devstack/test_synthesis.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from e2e import pipeline  # noqa: F401 (pipeline: a fixture)
 
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS
 from lakehouse_dev import produce as producer_module
-from lakehouse_dev.produce import FORMAT_KINDS, ProduceError, produce
-from tests.unit.devstack.test_produce import (  # noqa: F401 - fixtures among them
+from lakehouse_dev.defects import FORMAT_KINDS
+from lakehouse_dev.produce import produce
+from lakehouse_dev.producer_settings import accept_any_timestamp
+from lakehouse_dev.record_formats import ProduceError
+from tests.unit.devstack.test_synthesis import (  # noqa: F401 - fixtures among them
     conforms,
 )
 
@@ -40,7 +43,7 @@ def orders_topic(pipeline):
 def sent(platform, orders_topic, consume_all):
     """600 orders, about 20% broken, and every record read back from the topic (which keeps producers'
     timestamps however far ahead, so the Kafka timestamp defect gets through too)."""
-    producer_module.accept_any_timestamp(orders_topic.source.topic, platform)
+    accept_any_timestamp(orders_topic.source.topic, platform)
     report = produce(orders_topic, 600, bad_ratio=0.2, seed=42, platform=platform)
     return orders_topic, report, consume_all(orders_topic.source.topic, platform)
 

@@ -11,7 +11,7 @@ from collections import Counter
 from datetime import date, datetime, timedelta, timezone
 
 import pytest
-from tests.unit.devstack.test_produce_formats import EXTENSIONS
+from tests.unit.devstack.test_synthesis_formats import EXTENSIONS
 
 from e2e import assert_exactly_once, log_ends, pipeline, rows, run_cli, summaries  # noqa: F401 (fixture)
 from lakehouse.core import config, offsets

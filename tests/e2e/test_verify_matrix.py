@@ -1,6 +1,6 @@
 """Verification and the publish gate on every pipeline mode and every value and key format (end to end).
 
-Each case produces synthetic records in its formats (`lakehouse_dev.produce.synthesize`: valid ones and
+Each case produces synthetic records in its formats (`lakehouse_dev.synthesis.synthesize`: valid ones and
 every defect the formats can carry, so dead letters too), ingests them on the real broker and Spark, and
 then asks the question a reader's publication depends on: does `lakehouse verify` pass on the correct
 tables, and does the publish gate take exactly the verified snapshots? Then the tables are damaged as a
@@ -23,7 +23,7 @@ import pytest
 from e2e import send, table
 from pyiceberg.expressions import And, EqualTo
 from tests.unit.ingest.test_cdc import avro_cdc_spec
-from tests.unit.devstack.test_produce_formats import in_format
+from tests.unit.devstack.test_synthesis_formats import in_format
 
 from lakehouse.audit import keys as verify_keys
 from lakehouse.audit import verify, verify_model
@@ -31,7 +31,7 @@ from lakehouse.core.errors import UnverifiedError
 from lakehouse.core.topics import ensure_topics
 from lakehouse.ingest.job import IngestJob
 from lakehouse.wap import publish
-from lakehouse_dev.produce import synthesize
+from lakehouse_dev.synthesis import synthesize
 
 pytestmark = pytest.mark.slow
 

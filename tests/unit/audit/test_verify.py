@@ -227,8 +227,8 @@ def test_a_records_table_key_is_derived_as_ingestion_derives_it_for_every_key_fo
     (text, or the key field of a JSON, Avro, Protobuf or JSON Schema record key), is the text of the key
     column of the row ingestion writes for it; a key that does not decode gives none."""
     from lakehouse.ingest.validator import RecordValidator
-    from lakehouse_dev.produce import synthesize
-    from tests.unit.devstack.test_produce_formats import in_format
+    from lakehouse_dev.synthesis import synthesize
+    from tests.unit.devstack.test_synthesis_formats import in_format
 
     spec = in_format(make_spec, "json", key_format=None if key_format == "string" else key_format,
                      mode="upsert", table_key=["payment_id"])
@@ -248,7 +248,7 @@ def test_a_change_events_table_key_is_its_primary_key_and_deletes_are_told_apart
     """Debezium keys with and without their Connect schema, and Avro keys: each valid change event's table
     key is the text of the primary key in the row it writes (or deletes); op d and tombstones delete."""
     from lakehouse.ingest.validator import RecordValidator
-    from lakehouse_dev.produce import synthesize
+    from lakehouse_dev.synthesis import synthesize
     from tests.unit.devstack.test_change_streams import applied, cdc_spec
 
     if value_format == "avro":
@@ -399,8 +399,8 @@ def test_a_tombstone_deletes_the_row_of_its_keys_field_whatever_the_key_format(m
     rows of that key hold it: for a record key the field of the record, not the record's JSON text."""
     from lakehouse.ingest.reader import BatchBuilder
     from lakehouse.ingest.validator import RecordValidator
-    from lakehouse_dev.produce import synthesize
-    from tests.unit.devstack.test_produce_formats import in_format
+    from lakehouse_dev.synthesis import synthesize
+    from tests.unit.devstack.test_synthesis_formats import in_format
 
     spec = in_format(make_spec, "json", key_format=None if key_format == "string" else key_format,
                      mode="upsert", table_key=["payment_id"])

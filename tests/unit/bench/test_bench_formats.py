@@ -7,7 +7,7 @@ import pytest
 from bench import workloads
 from bench.formats import FORMATS, decode_rates
 from lakehouse.core.spec import load_pipeline
-from lakehouse_dev.produce import synthesize
+from lakehouse_dev.synthesis import synthesize
 
 
 def test_every_format_decodes_the_same_valid_records_into_as_many_rows():

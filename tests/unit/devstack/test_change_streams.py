@@ -12,13 +12,14 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.unit.devstack.test_produce import verdicts
+from tests.unit.devstack.test_synthesis import verdicts
 
 from lakehouse.core import config, errors, schemas
 from lakehouse.ingest.schema_store import parse_schema
 from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import change_streams
-from lakehouse_dev.produce import ProduceError, synthesize
+from lakehouse_dev.record_formats import ProduceError
+from lakehouse_dev.synthesis import synthesize
 
 FIELDS = [{"name": "id", "type": "long", "required": True},
           {"name": "sku", "type": "string", "required": True, "pattern": "^[A-Z]{3}-[0-9]{4}$"},
@@ -160,12 +161,13 @@ def test_every_broken_event_is_the_readers_kind_and_the_summary_is_what_the_vali
         monkeypatch.setenv("LAKEHOUSE_SCHEMA_REGISTRY_URL", f"mock://cdc-{uuid.uuid4().hex[:8]}")
         platform = config.load(fresh=True)
         spec = cdc_spec(make_spec, value_format)
-    from lakehouse_dev import produce
+    from lakehouse_dev import synthesis
+    from lakehouse_dev.verdicts import verdict
 
-    stream = produce.record_stream(spec, 7, None, platform, False)
+    stream = synthesis.record_source(spec, 7, None, platform, False)
     records = list(stream.records(1200, 0.25))
     validator = RecordValidator(spec, registry=platform.schema_registry())
-    assert [produce.verdict(validator, r.key, r.value, r.timestamp) for r in records] == [r.kind for r in records]
+    assert [verdict(validator, r.key, r.value, r.timestamp) for r in records] == [r.kind for r in records]
     kinds = {r.kind for r in records if r.kind}
     assert {"bad_envelope", "unsupported_change", "key_mismatch", "null_key", "bad_key", "bad_kafka_timestamp",
             "bad_enum", "out_of_range", "pattern_mismatch"} <= kinds
@@ -183,9 +185,9 @@ def test_every_broken_event_is_the_readers_kind_and_the_summary_is_what_the_vali
 def test_any_stream_ends_in_the_summary_and_keeps_each_keys_events_in_order(make_spec, seed, count, bad_ratio,
                                                                           connect_schemas):
     spec = cdc_spec(make_spec)
-    from lakehouse_dev import produce
+    from lakehouse_dev import synthesis
 
-    stream = produce.record_stream(spec, seed, None, None, connect_schemas)
+    stream = synthesis.record_source(spec, seed, None, None, connect_schemas)
     records = list(stream.records(count, bad_ratio))
     assert len(records) == count
     assert verdicts(spec, records) == [r.kind for r in records]

@@ -352,14 +352,15 @@ SPEC_NAMES = (
     "parse_instant parse_moment read_schema_folder refused_property").split()
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Each module of the product -> the product's modules it imports, at its top or inside a function."""
-    names = {"lakehouse", *_modules(lakehouse)}
+def _import_graph(package=lakehouse) -> dict[str, set[str]]:
+    """Each module of `package` (the product unless told) -> the package's modules it imports, at its top or inside
+    a function."""
+    names = {package.__name__, *_modules(package)}
+    root = Path(package.__file__).parent
     graph: dict[str, set[str]] = {}
     for name in names:
         relative = Path(*name.split(".")[1:])
-        path = PACKAGE / relative / "__init__.py" if (PACKAGE / relative).is_dir() else \
-            PACKAGE / relative.with_suffix(".py")
+        path = root / relative / "__init__.py" if (root / relative).is_dir() else root / relative.with_suffix(".py")
         targets = set()
         for dotted in _imports(path):
             parts = dotted.split(".")  # `from lakehouse.core.spec import X` names X: the module is a prefix
@@ -418,6 +419,31 @@ def test_the_record_path_is_split_by_concept_into_modules_of_the_ingest_package(
 def test_the_ingest_modules_import_no_circle(module):
     """formats <-> records was one: a decoder's module and the validator's imported each other."""
     circle = _circle_through(_import_graph(), f"lakehouse.ingest.{module}")
+    assert circle is None, "an import circle: " + " -> ".join(circle or ())
+
+
+# the synthetic producer's modules in the development stack (produce.py held all but record_formats and
+# change_streams)
+PRODUCER_MODULES = ("produce", "synthesis", "record_stream", "record_factory", "defects", "pattern_strings", "verdicts",
+                    "producer_settings", "rate_limit", "record_formats", "change_streams")
+DEV_MODULES = sorted(m.rsplit(".", 1)[1] for m in _modules(lakehouse_dev))
+
+
+def test_the_synthetic_producer_is_split_by_concept_into_modules_of_the_dev_stack():
+    """Issue 27: produce.py held the rate limiter, the pattern strings, valid records and their defects, the record
+    stream, the reader's verdicts, the producer's settings and the entry point, and change_streams and it imported
+    each other. Each is its own module now; produce keeps the entry point and its report."""
+    from lakehouse_dev import produce
+
+    assert set(PRODUCER_MODULES) <= set(DEV_MODULES)
+    own = {name for name, value in vars(produce).items() if getattr(value, "__module__", None) == produce.__name__}
+    assert own == {"produce", "ProduceReport"}
+
+
+@pytest.mark.parametrize("module", DEV_MODULES)
+def test_the_dev_stack_modules_import_no_circle(module):
+    """produce <-> change_streams was one: the change stream took the producer's helpers, the producer chose it."""
+    circle = _circle_through(_import_graph(lakehouse_dev), f"lakehouse_dev.{module}")
     assert circle is None, "an import circle: " + " -> ".join(circle or ())
 
 

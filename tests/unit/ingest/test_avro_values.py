@@ -203,7 +203,7 @@ def test_registry_credentials_travel_as_basic_auth_and_never_in_the_shown_config
 def test_the_producer_writes_avro_the_reader_reads_back_and_each_defect_as_the_kind_it_claims(avro_spec, schemas):
     """`lakehouse produce` on an Avro pipeline: values in the wire format with the newest schema of the
     folder; every broken record is rejected with exactly the kind its `fault` header names."""
-    from lakehouse_dev.produce import synthesize
+    from lakehouse_dev.synthesis import synthesize
 
     (schemas / "3.avsc").write_text(json.dumps(contract_avro_schema_of(avro_spec)))
     avro_spec = with_schemas(avro_spec, schemas)
@@ -225,6 +225,6 @@ def test_the_producer_writes_avro_the_reader_reads_back_and_each_defect_as_the_k
 
 
 def contract_avro_schema_of(spec):
-    from lakehouse_dev.produce import contract_avro_schema
+    from lakehouse_dev.record_formats import contract_avro_schema
 
     return contract_avro_schema(spec)

@@ -24,7 +24,7 @@ from lakehouse.ingest.reader import (
 )
 from lakehouse.ingest.rejects import ERROR_KINDS, Rejected
 from lakehouse.ingest.validator import RecordValidator
-from lakehouse_dev.produce import synthesize
+from lakehouse_dev.synthesis import synthesize
 
 # Every field type, optional fields, bounds, enums, a pattern and a key: the contract the traps run against.
 SINK_FIELDS = [

@@ -1,10 +1,8 @@
-"""The synthetic producer: valid records keep the contract, broken ones break exactly one rule.
+"""The synthetic producer's records (lakehouse_dev.synthesis): valid records keep the contract, broken ones
+break exactly one rule, the one the reader's verdict names.
 
-Records are read back from the real (embedded) broker with assign until partition
-EOF (those tests are marked slow: the end-to-end layer). Timing is never asserted; the
-rate limiter's schedule is checked on a fake clock.
-
-The unit half; the end-to-end half is tests/e2e/test_produce_e2e.py.
+The unit half, without a broker; the end-to-end half (records read back from the embedded broker) is
+tests/e2e/test_produce_e2e.py, the pacing is tests/unit/devstack/test_rate_limit.py.
 """
 
 from __future__ import annotations
@@ -20,7 +18,9 @@ from e2e import pipeline  # noqa: F401 (pipeline: a fixture)
 from lakehouse.ingest.reader import BatchBuilder
 from lakehouse.ingest.rejects import ERROR_KINDS
 from lakehouse.ingest.validator import RecordValidator
-from lakehouse_dev.produce import BAD_KINDS, FORMAT_KINDS, RateLimiter, produce, synthesize
+from lakehouse_dev.defects import BAD_KINDS, FORMAT_KINDS
+from lakehouse_dev.produce import produce
+from lakehouse_dev.synthesis import synthesize
 
 FIXED_NOW = datetime(2026, 11, 21, 10, 0, 0, 123000, tzinfo=timezone.utc)
 
@@ -53,11 +53,6 @@ def conforms(field, value) -> bool:
     return (ok and (field.enum is None or value in field.enum)
             and (field.min is None or value >= field.min) and (field.max is None or value <= field.max))
 
-
-# ---------------------------------------------------------------------------- against the broker
-
-
-# ---------------------------------------------------------------------------- without a broker
 
 def verdicts(spec, records) -> list[str | None]:
     """The dead-letter kind the reader gives each record (Kafka timestamp included), None when accepted."""
@@ -154,39 +149,3 @@ def test_bad_arguments_are_refused_before_anything_is_sent(make_spec):
         synthesize(spec, -1)
     with pytest.raises(ValueError, match="rate"):
         produce(spec, 10, rate=0)
-
-
-# ---------------------------------------------------------------------------- rate limiting
-
-class FakeClock:
-    """A clock that only moves when the limiter sleeps."""
-
-    def __init__(self):
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-def test_the_rate_limiter_spaces_messages_at_the_rate_after_a_burst():
-    clock = FakeClock()
-    limiter = RateLimiter(100, burst=5, clock=clock, sleep=clock.sleep)
-    for _ in range(105):
-        limiter.acquire()
-    assert clock.now == pytest.approx(1.0)  # 5 at once, then 100 more at 100/s
-    assert max(clock.sleeps) <= 0.05        # sleeps are sliced so deliveries keep being served
-
-
-def test_the_rate_limiter_default_burst_is_20ms_of_traffic():
-    clock = FakeClock()
-    limiter = RateLimiter(10_000, clock=clock, sleep=clock.sleep)
-    assert limiter.burst == 200
-    for _ in range(10_200):
-        limiter.acquire()
-    assert clock.now == pytest.approx(1.0)
-    assert RateLimiter(1, clock=clock, sleep=clock.sleep).burst == 1  # never less than one message

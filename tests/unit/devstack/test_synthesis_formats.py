@@ -17,14 +17,16 @@ from itertools import count
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from tests.unit.devstack.test_produce import verdicts
+from tests.unit.devstack.test_synthesis import verdicts
 
 from lakehouse.core import config, schemas
 from lakehouse.core.spec import FORMAT_SCHEMA_TYPES, SpecError
 from lakehouse.ingest.schema_store import registry_client
 from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import record_formats
-from lakehouse_dev.produce import FORMAT_KINDS, ProduceError, synthesize
+from lakehouse_dev.defects import FORMAT_KINDS
+from lakehouse_dev.record_formats import ProduceError
+from lakehouse_dev.synthesis import synthesize
 
 RICH = [
     {"name": "payment_id", "type": "uuid", "required": True},
@@ -153,7 +155,7 @@ def test_without_a_folder_the_contracts_schemas_are_registered_under_the_topic_s
     assert {r.value[1:5] for r in records if r.kind is None} == {value_id.to_bytes(4, "big")}
     # the ingest job's driver fetches them from the registry: every verdict is the one the report names
     validator = RecordValidator(spec, registry=platform.schema_registry())
-    from lakehouse_dev.produce import verdict
+    from lakehouse_dev.verdicts import verdict
     assert [verdict(validator, r.key, r.value, r.timestamp) for r in records] == [r.kind for r in records]
     again = list(synthesize(spec, 10, seed=5, platform=platform))  # registering again finds the same schema
     assert {r.value[1:5] for r in again} == {value_id.to_bytes(4, "big")}
