@@ -158,13 +158,17 @@ class BenchStack:
     # -- pipeline specs --------------------------------------------------------------------
 
     def write_spec(self, name: str, topic: str, partitions: int, max_records_per_batch: int,
-                   trigger_interval: str = "5s", value_format: str = "json") -> PipelineSpec:
+                   trigger_interval: str = "5s", value_format: str = "json",
+                   write_interval: str | None = None) -> PipelineSpec:
         """A pipeline spec derived from include/pipelines/orders.yaml (append, day(event_time), its
         contract) with its own topic and tables, written to the scratch pipelines folder. A wire
         `value_format` (avro, protobuf, json_schema) gets the contract's writer schema as schema 1 of
-        its schema folder (`schemas/<name>` beside the spec), as `lakehouse produce` writes it."""
+        its schema folder (`schemas/<name>` beside the spec), as `lakehouse produce` writes it. A
+        `write_interval` writes files that often between the trigger's commits (trigger.write_interval)."""
         raw = derive_spec(yaml.safe_load(TEMPLATE_SPEC.read_text()), name, topic, partitions,
                           max_records_per_batch, trigger_interval)
+        if write_interval is not None:
+            raw["trigger"]["write_interval"] = write_interval
         if value_format != "json":
             from lakehouse_dev import record_formats
 

@@ -601,13 +601,16 @@ def _freshness(results: Mapping[str, Any]) -> list[str]:
     rows = []
     for run in runs:
         for p in run.get("phases", []):
-            rows.append((f"{p['rate']:,}", f"{run['trigger_s']:g} s", num(p.get("achieved_rate")), num(p["produced"]),
+            steps = f" (files every {run['write_interval_s']:g} s)" if run.get("write_interval_s") else ""
+            rows.append((f"{p['rate']:,}", f"{run['trigger_s']:g} s{steps}", num(p.get("achieved_rate")), num(p["produced"]),
                          num(p["censored"]), secs(p.get("p50")), secs(p.get("p95")), secs(p.get("p99")),
                          f"{num(p.get('early_lag'))} / {num(p.get('late_lag'))}",
                          "yes" if p.get("kept_up") else f"no ({p.get('why')})"))
     cfg = results.get("config") or {}
     lines = ["## Freshness: produce -> visible in the table", "",
-             f"One continuous `lakehouse ingest` job per trigger; a paced producer runs {cfg.get('phase_s', '?')} s "
+             f"One continuous `lakehouse ingest` job per trigger (a trigger longer than the write interval shown reads "
+             f"and writes files every write interval and commits them once per trigger: `trigger.write_interval`); "
+             f"a paced producer runs {cfg.get('phase_s', '?')} s "
              f"per rate, the fastest last, then the job drains for at most {cfg.get('drain_s', '?')} s. Each record's "
              f"freshness is the timestamp of the snapshot whose `lakehouse.offsets` range holds it minus its Kafka "
              f"CreateTime (stamped at produce), read back from the table's `_kafka` column — exact, not polled. "

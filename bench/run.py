@@ -72,6 +72,7 @@ AUDIT_ROWS = 10_000_000  # the publish gate's audit window of the audit section
 TRACE_LOOKUPS = 20
 BASELINE_EVERY = (10_000, 50_000)
 FRESHNESS_BATCH = 200_000  # the orders spec's max_records_per_batch, for the continuous jobs
+WRITE_INTERVAL_S = 1.0  # trigger.write_interval of the continuous jobs whose trigger is longer
 SMALL_BATCH = 10  # records per batch of the small-batch section
 
 
@@ -504,16 +505,20 @@ class Bench:
             # a batch holds what a trigger brings at the highest rate, twice over: capped below it, the job
             # falls behind by construction and the phase measures the cap, not the job
             cap = max(FRESHNESS_BATCH, 2 * max(self.args.rates) * math.ceil(trigger))
-            spec = self.stack.write_spec(name, name.replace("_", "-"), 3, cap, trigger_interval=f"{trigger:g}s")
+            # a trigger longer than a write interval commits files written in steps, as the Connect sink does
+            steps = f"{WRITE_INTERVAL_S:g}s" if trigger > WRITE_INTERVAL_S else None
+            spec = self.stack.write_spec(name, name.replace("_", "-"), 3, cap, trigger_interval=f"{trigger:g}s",
+                                         write_interval=steps)
             self.specs[f"fresh_{trigger:g}"] = spec
             rates = ", ".join(f"{r:,}/s" for r in self.args.rates)
-            self.say(f"continuous job {name}, trigger {trigger:g}s: phases {rates}")
+            self.say(f"continuous job {name}, trigger {trigger:g}s" + (f", files written every {steps}" if steps else "")
+                     + f": phases {rates}")
             run = workloads.run_freshness(self.stack, spec, self.backlog.records, self.args.rates,
                                           self.args.phase_seconds, self.args.drain_seconds, progress=self.say)
             for p in run.phases:
                 self.say(f"  {p.rate:,}/s: p50 {_fmt(p.p50, 2)}s p95 {_fmt(p.p95, 2)}s p99 {_fmt(p.p99, 2)}s, "
                          f"censored {p.censored:,}, kept up: {p.kept_up}")
-            runs.append(run.to_json())
+            runs.append({**run.to_json(), "write_interval_s": WRITE_INTERVAL_S if steps else None})
         self.results["freshness"] = runs
 
     def maintenance(self) -> None:

@@ -3,7 +3,7 @@ the suite sets LAKEHOUSE_TEST_HOOKS to this file): `LAKEHOUSE_FAULT=<point>` kil
 process (kill -9, driver and JVM together), fails a task, or makes another writer commit,
 at a named point, once.
 
-Points: during_read, after_files, after_table_commit, before_group_commit, task_failure,
+Points: during_read, between_steps, after_files, after_table_commit, before_group_commit, task_failure,
 concurrent_commit, executor_lost (on a cluster: the task's executor JVM is killed half way
 through its offset range, as the OOM killer or a lost node would), record_crash (the reader
 raises on the record half way through every range it decodes, on every attempt, as a bug
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from lakehouse.core.hooks import FaultHook
 
-POINTS = ("during_read", "after_files", "after_table_commit", "before_group_commit", "task_failure",
-          "concurrent_commit", "executor_lost", "record_crash")
+POINTS = ("during_read", "between_steps", "after_files", "after_table_commit", "before_group_commit",
+          "task_failure", "concurrent_commit", "executor_lost", "record_crash")
 TASK_POINTS = ("during_read", "task_failure", "executor_lost", "record_crash")  # reached inside Spark tasks
 # Task points that fire where another one is reached: half way through a range.
 _SITE = {"executor_lost": "during_read", "record_crash": "during_read"}

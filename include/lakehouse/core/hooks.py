@@ -8,6 +8,8 @@ production job with a stray LAKEHOUSE_FAULT variable injects nothing.
 
 Points (`FaultHook.reached`), each with the context it is given:
 
+    between_steps        a step of a batch written in steps (trigger.write_interval) wrote its files; more
+                         steps may follow, nothing is committed (home, pipeline)
     after_files          the batch's files are written, nothing is committed (home, pipeline)
     after_table_commit   the data tables are committed, the dead-letter table is not (home, pipeline); never
                          reached where the catalog commits a batch's tables together (committer.commits_together)

@@ -213,6 +213,10 @@ class SchemaPolicy:
 class TriggerSpec:
     interval_s: float = 5.0
     max_records_per_batch: int = 100_000
+    # an append pipeline with a write interval shorter than `interval_s` reads and writes data files every
+    # write interval and commits them every interval (as the Kafka Connect sink and Flink's Iceberg sink do);
+    # None: one read, write and commit per interval
+    write_interval_s: float | None = None
     mode: str = "continuous"  # continuous: one long-running job; scheduled: `--once` on `schedule`
     schedule: str = "*/5 * * * *"
 

@@ -388,6 +388,16 @@ def _pipeline(r: Reader, path: Path, raw: Any) -> PipelineSpec | Refused:
         for section in ("schema_policy", "trigger", "slo", "supervision", "maintenance", "retention", "publish",
                         "verify"))
     interval_s = r.duration(r.get(trig, "interval", "5s"), "trigger.interval", positive=True)
+    raw_write = r.get(trig, "write_interval")
+    write_interval_s = None if raw_write is None else r.duration(raw_write, "trigger.write_interval", positive=True)
+    if ok(interval_s, write_interval_s) and write_interval_s is not None:
+        if write_interval_s > interval_s:
+            r.problem("trigger.write_interval", f"{write_interval_s:g}s is longer than trigger.interval "
+                                                f"({interval_s:g}s): files are written at least once per commit")
+        mode = top["target"].get("mode", "append") if isinstance(top.get("target"), dict) else "append"
+        if mode != "append":
+            r.problem("trigger.write_interval", f"applies to append pipelines; target.mode {mode} merges its rows "
+                                                f"once per batch (leave write_interval out)")
     orphan_window = r.duration(r.get(mnt, "orphan_safety_window", "3d"), "maintenance.orphan_safety_window")
     if ok(interval_s, orphan_window) and orphan_window < max(3600.0, 100 * interval_s):
         r.problem("maintenance.orphan_safety_window",
@@ -423,6 +433,7 @@ def _pipeline(r: Reader, path: Path, raw: Any) -> PipelineSpec | Refused:
         ),
         trigger=INVALID if trig is INVALID else TriggerSpec(
             interval_s=interval_s,
+            write_interval_s=write_interval_s,
             max_records_per_batch=r.integer(trig.get("max_records_per_batch", 100_000),
                                             "trigger.max_records_per_batch", 1),
             mode=r.choice(trig.get("mode", "continuous"), "trigger.mode", TRIGGER_MODES),

@@ -146,6 +146,8 @@ KEYS: dict[str, dict[str, Any]] = {
     "schema_policy.on_incompatible": _choice(INCOMPATIBLE_POLICIES, "An incompatible change: fail, or quarantine "
                                                                     "its records."),
     "trigger.interval": _duration("Time between commits, at most 1d"),
+    "trigger.write_interval": _duration("Append pipelines: read and write data files this often, commit them every "
+                                        "trigger.interval (at most the interval)"),
     "trigger.max_records_per_batch": _integer("Records per batch at most.", 1, "trigger.max_records_per_batch"),
     "trigger.mode": _choice(TRIGGER_MODES, "continuous: one long-running job; scheduled: a job per schedule."),
     "trigger.schedule": _schedule("When a scheduled pipeline runs"),

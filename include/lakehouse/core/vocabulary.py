@@ -74,8 +74,8 @@ INT64 = (-(2 ** 63), 2 ** 63 - 1)  # the range of an integer enum value, fan-out
 MAX_CONTRACT_DEPTH = 16  # struct, list and map levels of one field
 CONTRACT_SOURCES = ("writer_schema",)  # `contract.from`
 # Tighter caps of some durations (seconds): a trigger or a restart delay longer than a day is a typo.
-DURATION_CAPS_S = {"trigger.interval": 86400.0, "supervision.restart_backoff": 86400.0,
-                   "supervision.retry_budget": 7 * 86400.0}
+DURATION_CAPS_S = {"trigger.interval": 86400.0, "trigger.write_interval": 86400.0,
+                   "supervision.restart_backoff": 86400.0, "supervision.retry_budget": 7 * 86400.0}
 # Upper bounds of sizes and counts: far above any real deployment, low enough that what is computed
 # from them stays safe (milliseconds in int64, Kafka's int32 sizes, a backoff that doubles per restart).
 CAPS = {
@@ -108,7 +108,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "dead_letter": ("table",),
     "contract": ("fields", "from"),
     "schema_policy": ("on_additive", "on_incompatible"),
-    "trigger": ("interval", "max_records_per_batch", "mode", "schedule"),
+    "trigger": ("interval", "write_interval", "max_records_per_batch", "mode", "schedule"),
     "slo": ("freshness", "lag_records", "lag_seconds"),
     "supervision": ("hung_after_triggers", "restart_backoff", "max_restarts", "retry_budget"),
     "maintenance": ("schedule", "min_input_files", "orphan_safety_window"),

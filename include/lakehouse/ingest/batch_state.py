@@ -73,6 +73,26 @@ class Written:
                    launch_s=max(0.0, min(r.started for r in results) - started) if results else 0.0,
                    tail_s=max(0.0, ended - max(r.ended for r in results)) if results else 0.0)
 
+    def plus(self, later: Written) -> Written:
+        """What this write and a `later` one of the same batch wrote together (a batch written in steps)."""
+        def joined(mine: Mapping[str, list], theirs: Mapping[str, list]) -> dict[str, list]:
+            return {t: [*mine.get(t, []), *theirs.get(t, [])] for t in {**mine, **theirs}}
+
+        def extreme(pick, *values: int | None) -> int | None:
+            present = [v for v in values if v is not None]
+            return pick(present) if present else None
+
+        return Written(
+            files=joined(self.files, later.files), staged=joined(self.staged, later.staged),
+            rows={t: self.rows.get(t, 0) + later.rows.get(t, 0) for t in {**self.rows, **later.rows}},
+            dead_letters=self.dead_letters + later.dead_letters,
+            max_event_us=extreme(max, self.max_event_us, later.max_event_us),
+            min_kafka_us=extreme(min, self.min_kafka_us, later.min_kafka_us),
+            seconds=self.seconds + later.seconds, read_s=self.read_s + later.read_s,
+            decode_s=self.decode_s + later.decode_s, write_s=self.write_s + later.write_s,
+            tasks=self.tasks + later.tasks, busy_s=self.busy_s + later.busy_s,
+            launch_s=self.launch_s + later.launch_s, tail_s=self.tail_s + later.tail_s)
+
     @property
     def max_event_time(self) -> datetime | None:
         return utc(self.max_event_us) if self.max_event_us is not None else None
@@ -114,6 +134,13 @@ class BatchState:
     def with_written(self, written: Written) -> BatchState:
         """This batch once its tasks wrote `written`."""
         return replace(self, written=written)
+
+    def followed_by(self, step: BatchState) -> BatchState:
+        """This batch grown by `step`, a written state planned from where this one's plan ends: the plans
+        joined, the writes summed, the tables (and spec) as `step` last loaded them. Its tables' progress
+        stays as this batch planned from, which the commit checks."""
+        return replace(self, plan=self.plan.followed_by(step.plan), written=self.written.plus(step.written),
+                       loaded={**self.loaded, **step.loaded}, spec=step.spec)
 
     @property
     def tables(self) -> list[str]:

@@ -240,7 +240,9 @@ class IngestJob:
         return receipts
 
     def run_continuous(self, interval_s: float | None = None, on_batch=None, max_batches: int | None = None) -> int:
-        """Commit one batch per trigger until SIGTERM/SIGINT; the batch in flight finishes first."""
+        """Commit one batch per trigger until SIGTERM/SIGINT; the batch in flight finishes first. With a
+        `trigger.write_interval` shorter than the trigger, a batch is read and written in steps of that
+        interval and committed once per trigger."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
         self.topic_state()  # a refused login fails here at once, not after the group commit's timeout
@@ -248,14 +250,14 @@ class IngestJob:
         batches = 0
         while not self._stop.is_set():
             started = time.monotonic()
-            receipt = self.run_batch()
+            interval = self.spec.trigger.interval_s if interval_s is None else interval_s
+            receipt = self.run_batch(window_s=interval if self.writes_in_steps(interval) else None)
             if receipt is not None:
                 batches += 1
                 if on_batch:
                     on_batch(receipt)
             if max_batches is not None and batches >= max_batches:
                 break
-            interval = self.spec.trigger.interval_s if interval_s is None else interval_s
             self._stop.wait(max(0.0, interval - (time.monotonic() - started)))
         return batches
 
@@ -308,9 +310,15 @@ class IngestJob:
                                                                  "tables": self._tables()}))
         return self._writer
 
-    def run_batch(self, state=None) -> BatchReceipt | None:
+    def writes_in_steps(self, interval_s: float) -> bool:
+        """Whether a batch committed every `interval_s` is read and written in steps (trigger.write_interval)."""
+        step_s = self.spec.trigger.write_interval_s
+        return step_s is not None and step_s < interval_s and self.spec.target.mode == "append"
+
+    def run_batch(self, state=None, window_s: float | None = None) -> BatchReceipt | None:
         """Plan, read, route and commit one batch; None when there is nothing to do (or a stop was
-        requested while waiting to retry).
+        requested while waiting to retry). With `window_s`, the batch is read and written in steps of
+        trigger.write_interval for that long (`_write_steps`), then committed.
 
         A transient failure (lakehouse.core.retry.transient_reason: not a configuration error, a table state
         or a fenced writer) runs the batch again after a backoff, until `supervision.retry_budget` has passed
@@ -334,7 +342,7 @@ class IngestJob:
                 if attempt.number > 1:
                     state = None  # plan again from the tables and the log as they are after the outage
                 try:
-                    return self._run_batch(state)
+                    return self._run_batch(state, window_s)
                 except errors.WriterFencedError as exc:
                     self._record_best_effort(events.Event(self.spec.name, "writer", "failed", str(exc)[:2000]))
                     raise
@@ -355,12 +363,12 @@ class IngestJob:
         else:
             self._unrecorded.clear()
 
-    def _run_batch(self, state=None) -> BatchReceipt | None:
+    def _run_batch(self, state=None, window_s: float | None = None) -> BatchReceipt | None:
         started = time.monotonic()
         progress, loaded = self._progress_and_tables()
         state = state or self.topic_state(progress)
         plan = plan_batch(self.spec, state, progress, self.spec.trigger.max_records_per_batch, self.accept_gap)
-        if not plan.ranges:
+        if not plan.ranges and window_s is None:
             return None
         # after planning, not before: a spec edited before its first records were produced then
         # decodes every record of the plan (they were all in Kafka when the plan fixed its end)
@@ -370,15 +378,20 @@ class IngestJob:
             loaded = {name: self.catalog.load_table(name) for name in self._written_tables()}
         batch = BatchState.planned(self.spec, plan, uuid.uuid4().hex, loaded, progress)
         planned = time.monotonic()
-        batch = self._write_files(batch)
+        if plan.ranges:
+            batch = self._write_files(batch)
+        if window_s is not None:
+            batch = self._write_steps(batch, progress, started, window_s)
+            if not batch.plan.ranges:
+                return None
         self._fault_point("after_files")
         receipt = self.batch_committer().commit(batch)
         self._fault_point("before_group_commit")
         grouped = time.monotonic()
-        self._commit_group({r.partition: r.end for r in plan.ranges})
+        self._commit_group({r.partition: r.end for r in batch.plan.ranges})
         receipt.timings["plan"] = planned - started
         receipt.timings["group_commit"] = time.monotonic() - grouped
-        receipt.log_ends = {p: ps.end for p, ps in state.partitions.items()}
+        receipt.log_ends = {**{p: ps.end for p, ps in state.partitions.items()}, **batch.plan.ends}
         receipt.seconds = time.monotonic() - started
         self._record(receipt)
         lineage.ingest_batch(self.spec, self.platform, receipt, dict(batch.loaded))  # only when configured
@@ -494,6 +507,33 @@ class IngestJob:
             targets = self._targets(batch)
         raise IngestError(f"pipeline {self.spec.name}: more than {MAX_POISONED_PER_BATCH} records crashed the reader "
                           f"in one batch; the reader itself is broken")
+
+    def _write_steps(self, batch: BatchState, progress: list[TableProgress], opened: float,
+                     window_s: float) -> BatchState:
+        """`batch` (its first step written at `opened`, time.monotonic) grown by a step every
+        trigger.write_interval until `window_s` has passed: each step plans from where the batch's plan ends
+        and writes what arrived meanwhile, and the batch is committed once, at the end (as the Kafka Connect
+        sink writes files between commits). The last step starts half a step before the window closes, so
+        that the commit lands about when the window does. Stepping ends early at a stop request, at
+        trigger.max_records_per_batch, or when a step finds records aged out of Kafka: the next batch,
+        planned from the tables, records that gap. Files of steps never committed are orphans."""
+        step_s = self.spec.trigger.write_interval_s or window_s
+        cap = self.spec.trigger.max_records_per_batch
+        due = opened + step_s
+        while due <= opened + window_s - step_s / 2 and batch.plan.record_count < cap:
+            if self._stop.wait(max(0.0, due - time.monotonic())):
+                break
+            plan = plan_batch(batch.spec, self.topic_state(progress), progress, cap - batch.plan.record_count,
+                              self.accept_gap, after=batch.plan)
+            if plan.gaps:
+                break
+            if plan.ranges:
+                step = self._write_files(BatchState.planned(batch.spec, plan, batch.batch_id, batch.loaded, progress))
+                batch = batch.followed_by(step)
+                self._fault_point("between_steps")
+            # a step that overran its interval is followed at once, not by the steps it overran
+            due = max(due + step_s, time.monotonic())
+        return batch
 
     def _schema_event(self, text: str) -> bool:
         """Act on what a reader task reported of a writer schema (SchemaFollower.act_on), the tables following

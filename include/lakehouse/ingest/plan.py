@@ -70,6 +70,24 @@ class BatchPlan:
     def range_map(self) -> dict[int, tuple[int, int]]:
         return {r.partition: (r.start, r.end) for r in self.ranges}
 
+    @property
+    def next_starts(self) -> dict[int, int]:
+        """Per partition planned, the offset a plan following this one starts at."""
+        return {r.partition: r.end for r in self.ranges}
+
+    def followed_by(self, later: BatchPlan) -> BatchPlan:
+        """This plan and `later` (planned from this one's `next_starts`) as one: each partition's ranges joined,
+        the log ends as `later` found them, the gaps of both."""
+        joined = self.range_map()
+        for r in later.ranges:
+            start, end = joined.get(r.partition, (r.start, r.end))
+            if end != r.start and r.partition in joined:
+                raise ValueError(f"partition {r.partition}: [{r.start}, {r.end}) does not follow [{start}, {end})")
+            joined[r.partition] = (start, r.end)
+        return BatchPlan(topic=self.topic, topic_id=self.topic_id,
+                         ranges=tuple(OffsetRange(self.topic, p, s, e) for p, (s, e) in sorted(joined.items())),
+                         ends={**self.ends, **later.ends}, gaps={**self.gaps, **later.gaps})
+
 
 def kafka_consumer(kafka_conf: dict, group: str, **extra) -> Consumer:
     conf = {
@@ -241,8 +259,9 @@ def _probe_ends(consumer: Consumer, topic: str, probe_from: dict[int, int], time
 
 
 def plan_batch(spec: PipelineSpec, state: TopicState, progress: Iterable[TableProgress],
-               max_records: int, accept_gap: bool = False) -> BatchPlan:
-    """The next batch's offset ranges, from the slowest table's position per partition.
+               max_records: int, accept_gap: bool = False, after: BatchPlan | None = None) -> BatchPlan:
+    """The next batch's offset ranges, from the slowest table's position per partition (or, for the
+    partitions `after` planned, from where that plan ends: a batch read in several steps).
 
     Raises TopicRecreatedError when the topic id changed or a position is past
     the log end, and OffsetGapError when a position is below the earliest
@@ -263,7 +282,7 @@ def plan_batch(spec: PipelineSpec, state: TopicState, progress: Iterable[TablePr
                 f"the topic was recreated with fewer partitions.")
     starts: dict[int, int] = {}
     gaps: dict[int, tuple[int, int]] = {}
-    committed = committed_positions(progress, state.earliest)
+    committed = {**committed_positions(progress, state.earliest), **(after.next_starts if after else {})}
     for p, ps in state.partitions.items():
         start = committed[p]
         if start > ps.end:
