@@ -683,7 +683,8 @@ def _peers(results: Mapping[str, Any]) -> list[str]:
             for p in run.get("phases", []):
                 if p["rate"] in {ph["rate"] for r in fresh for ph in r.get("phases", [])} or not fresh:
                     rows.append(("this pipeline", f"{run['trigger_s']:g} s", f"{p['rate']:,}", secs(p.get("p50")),
-                                 secs(p.get("p95")), num(p.get("censored")), "yes" if p.get("kept_up") else "no", "–"))
+                                 secs(p.get("p95")), num(p.get("censored")), "yes" if p.get("kept_up") else "no",
+                                 num(run.get("files_per_hour"))))
         for run in fresh:
             for p in run.get("phases", []):
                 rows.append((run["label"], f"{run['trigger_s']:g} s", f"{p['rate']:,}", secs(p.get("p50")),

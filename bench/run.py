@@ -72,7 +72,6 @@ AUDIT_ROWS = 10_000_000  # the publish gate's audit window of the audit section
 TRACE_LOOKUPS = 20
 BASELINE_EVERY = (10_000, 50_000)
 FRESHNESS_BATCH = 200_000  # the orders spec's max_records_per_batch, for the continuous jobs
-WRITE_INTERVAL_S = 1.0  # trigger.write_interval of the continuous jobs whose trigger is longer
 SMALL_BATCH = 10  # records per batch of the small-batch section
 
 
@@ -121,6 +120,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="produce rates of the freshness phases, msg/s, comma-separated")
     parser.add_argument("--triggers", type=_float_list, default=[1.0, 10.0],
                         help="trigger intervals of the continuous jobs, seconds, comma-separated")
+    parser.add_argument("--write-interval", type=float, default=1.0,
+                        help="trigger.write_interval (seconds) of the continuous jobs whose trigger is longer; 0: none")
     parser.add_argument("--peer-triggers", type=_float_list, default=[1.0, 10.0],
                         help="trigger (commit interval) of the peers' freshness runs, seconds, comma-separated")
     parser.add_argument("--peer-rates", type=_int_list, default=[10_000, 50_000],
@@ -506,7 +507,8 @@ class Bench:
             # falls behind by construction and the phase measures the cap, not the job
             cap = max(FRESHNESS_BATCH, 2 * max(self.args.rates) * math.ceil(trigger))
             # a trigger longer than a write interval commits files written in steps, as the Connect sink does
-            steps = f"{WRITE_INTERVAL_S:g}s" if trigger > WRITE_INTERVAL_S else None
+            write_s = self.args.write_interval
+            steps = f"{write_s:g}s" if write_s and trigger > write_s else None
             spec = self.stack.write_spec(name, name.replace("_", "-"), 3, cap, trigger_interval=f"{trigger:g}s",
                                          write_interval=steps)
             self.specs[f"fresh_{trigger:g}"] = spec
@@ -518,7 +520,7 @@ class Bench:
             for p in run.phases:
                 self.say(f"  {p.rate:,}/s: p50 {_fmt(p.p50, 2)}s p95 {_fmt(p.p95, 2)}s p99 {_fmt(p.p99, 2)}s, "
                          f"censored {p.censored:,}, kept up: {p.kept_up}")
-            runs.append({**run.to_json(), "write_interval_s": WRITE_INTERVAL_S if steps else None})
+            runs.append({**run.to_json(), "write_interval_s": write_s if steps else None})
         self.results["freshness"] = runs
 
     def maintenance(self) -> None:

@@ -758,6 +758,8 @@ class FreshnessRun:
     drained: bool
     batches: list[dict]
     max_records_per_batch: int  # the spec's batch budget
+    files: int = 0  # data files of the data table, before any maintenance
+    seconds: float = 0.0  # from the job's start to its stop
 
     def to_json(self) -> dict[str, Any]:
         metrics = [b["metrics"] for b in self.batches]
@@ -766,7 +768,8 @@ class FreshnessRun:
         return {"pipeline": self.pipeline, "batch_cost": None if cost is None else dict(cost.__dict__),
                 "trigger_s": self.trigger_s, "max_records_per_batch": self.max_records_per_batch,
                 "drain_s": round(self.drain_s, 1),
-                "drained": self.drained, "phases": [p.to_json() for p in self.phases],
+                "drained": self.drained, "phases": [p.to_json() for p in self.phases], "files": self.files,
+                "files_per_hour": round(self.files / self.seconds * 3600) if self.seconds > 0 else None,
                 "batches": len(metrics),
                 "median_batch_s": stats.median(m.get("seconds") for m in metrics),
                 "largest_batch_records": max((m.get("records", 0) for m in metrics), default=0),
@@ -797,6 +800,7 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[Synth
     counter = DeliveryCounter()
     source = itertools.cycle(records)
     log_name = f"ingest-continuous-{spec.name}"
+    started = time.monotonic()
     proc = stack.spawn("ingest", "--pipeline", spec.name, "--json", log_name=log_name)
     lines = _LineReader(proc.stdout)
     catalog = open_catalog(platform, spec.catalog)
@@ -821,6 +825,7 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[Synth
         drain_took = time.monotonic() - drain_started
     finally:
         stop_process_group(proc, timeout=90)
+    ran_s = time.monotonic() - started
     parts, offs, stamps, visible = [], [], [], []
     for name in spec.positioned_tables:
         table = catalog.load_table(name)
@@ -832,8 +837,9 @@ def run_freshness(stack: BenchStack, spec: PipelineSpec, records: Sequence[Synth
     phases_out = stats.freshness_by_phase(phases, np.concatenate(stamps), np.concatenate(visible), deadline_ms,
                                           batches=timings, trigger_s=spec.trigger.interval_s,
                                           max_batch_records=spec.trigger.max_records_per_batch)
+    files = table_totals(catalog.load_table(spec.target.table))[1]
     return FreshnessRun(spec.name, spec.trigger.interval_s, phases_out, drain_took, drained, batches,
-                        spec.trigger.max_records_per_batch)
+                        spec.trigger.max_records_per_batch, files, ran_s)
 
 
 def _feed_batch(stack: BenchStack, spec: PipelineSpec, proc: subprocess.Popen, lines: _LineReader,
