@@ -36,8 +36,9 @@ endef
 
 # The product package and its Airflow provider, linted by ruff as pyproject.toml's [tool.ruff] says (`make test`
 # and `make test-unit` run it before pytest), and every `# noqa` naming its reason: `# noqa: BLE001 - why it must
-# catch everything`. Then mypy type-checks the product package as pyproject.toml's [tool.mypy] says, every
-# `# type: ignore` naming its error code and its reason: `# type: ignore[override]  # why`.
+# catch everything`. Then mypy type-checks the product package, its Airflow provider, the DAGs and the Spark jobs
+# as pyproject.toml's [tool.mypy] says, every `# type: ignore` naming its error code and its reason:
+# `# type: ignore[override]  # why`.
 LINT_PATHS := include/lakehouse providers/lakehouse dags plugins spark_jobs
 
 lint: setup

@@ -32,7 +32,7 @@ from bench.env import SCHEMA_FILE_SUFFIX, BenchError, BenchStack, stop_process_g
 from lakehouse.core import config, events, offsets, topics
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec, read_schema_folder
-from lakehouse.core.table_properties import SnapshotSummary
+from lakehouse.core.table_properties import IcebergProperties, SnapshotSummary
 from lakehouse.ingest.reader import BatchBuilder
 from lakehouse.ingest.validator import RecordValidator
 from lakehouse_dev import producer_settings, record_formats, synthesis
@@ -999,7 +999,7 @@ def create_orders_table(catalog, name: str):
         name, schema=_baseline_schema(),
         partition_spec=PartitionSpec(PartitionField(source_id=6, field_id=1000, transform=DayTransform(),
                                                     name="event_time_day")),
-        properties={"format-version": "2", "write.parquet.compression-codec": "zstd"})
+        properties={IcebergProperties.FORMAT_VERSION: "2", IcebergProperties.PARQUET_COMPRESSION: "zstd"})
 
 
 @dataclass

@@ -16,7 +16,7 @@ from lakehouse_airflow.operators.cutover import ACTIONS, CutoverOperator
 
 _specs = pipelines()
 for _spec in _specs.values():
-    if "cutover" not in _spec.dag_kinds:  # no view to serve, or itself a candidate
+    if "cutover" not in _spec.dag_kinds or _spec.publish.view is None:  # no view to serve, or itself a candidate
         continue
     _candidates = sorted(s.name for s in _specs.values() if s.candidate_for == _spec.name)
     _candidate_param = (Param(_candidates[0], type="string", enum=_candidates,

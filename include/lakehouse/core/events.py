@@ -52,6 +52,7 @@ from pyiceberg.types import DoubleType, MapType, NestedField, StringType, Timest
 from lakehouse.core import config, retry
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import EventError, LakehouseError
+from lakehouse.core.table_properties import IcebergProperties
 
 log = logging.getLogger("lakehouse.events")
 
@@ -62,8 +63,9 @@ STATUSES = ("ok", "warn", "failed", "skipped")
 COMMIT_ATTEMPTS = 10
 # One commit per event call: merge manifests as they pile up and keep only recent metadata files,
 # so appends and scans stay cheap between maintenance runs (which compact files and expire snapshots).
-PROPERTIES = {"format-version": "2", "commit.manifest-merge.enabled": "true",
-              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "20"}
+PROPERTIES = {IcebergProperties.FORMAT_VERSION: "2", IcebergProperties.MANIFEST_MERGE_ENABLED: "true",
+              IcebergProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+              IcebergProperties.METADATA_PREVIOUS_VERSIONS_MAX: "20"}
 
 SCHEMA = Schema(
     NestedField(1, "event_id", StringType(), required=True),

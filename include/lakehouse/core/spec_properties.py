@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from lakehouse.core.table_properties import TableProperties
+from lakehouse.core.table_properties import IcebergProperties, TableProperties
 from lakehouse.core.vocabulary import INT64
 
 MAX_PROPERTY_VALUE = 4096
@@ -78,14 +78,14 @@ SPEC_PROPERTIES: dict[str, PropertyValues] = {
     "write.metadata.metrics.max-inferred-column-defaults": _COUNT,
     **{f"write.{scope}distribution-mode": _DISTRIBUTION for scope in ("", "delete.", "update.", "merge.")},
     "write.spark.fanout.enabled": _SWITCH,
-    "write.metadata.delete-after-commit.enabled": _SWITCH,
-    "write.metadata.previous-versions-max": _POSITIVE,
+    IcebergProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: _SWITCH,
+    IcebergProperties.METADATA_PREVIOUS_VERSIONS_MAX: _POSITIVE,
     "write.metadata.compression-codec": PropertyValues("choice", choices=("none", "gzip")),
     **{f"commit.{scope}.{name}": _COUNT for scope in ("retry", "status-check")
        for name in ("num-retries", "min-wait-ms", "max-wait-ms", "total-timeout-ms")},
     "commit.manifest.target-size-bytes": _POSITIVE,
     "commit.manifest.min-count-to-merge": _POSITIVE,
-    "commit.manifest-merge.enabled": _SWITCH,
+    IcebergProperties.MANIFEST_MERGE_ENABLED: _SWITCH,
     "read.split.target-size": _POSITIVE,
     "read.split.metadata-target-size": _POSITIVE,
     "read.split.planning-lookback": _POSITIVE,
@@ -122,25 +122,29 @@ REFUSED_PROPERTIES: dict[str, str] = {
     TARGET_FILE_SIZE_PROPERTY: "is target.target_file_size_mb (the tasks' writes and compaction both use it); "
                                "set that instead",
     "location": f"decides where the table's files are written: {_LOCATION_WHY}",
-    "write.data.path": f"decides where the table's data files are written: {_LOCATION_WHY}",
-    "write.metadata.path": f"decides where the table's metadata files are written: {_LOCATION_WHY}",
-    "write.folder-storage.path": f"decides where the table's data files are written: {_LOCATION_WHY}",
+    IcebergProperties.WRITE_DATA_LOCATION: f"decides where the table's data files are written: {_LOCATION_WHY}",
+    IcebergProperties.WRITE_METADATA_LOCATION:
+        f"decides where the table's metadata files are written: {_LOCATION_WHY}",
+    IcebergProperties.WRITE_FOLDER_STORAGE_LOCATION:
+        f"decides where the table's data files are written: {_LOCATION_WHY}",
     "write.object-storage.": f"decides where and how the table's data files are laid out: {_LOCATION_WHY}",
-    "write.location-provider.impl": f"names a Java class that decides where the table's files are written: "
-                                    f"{_LOCATION_WHY}",
-    "write.py-location-provider.impl": "names a Python class that pyiceberg imports and runs in every writer "
-                                       "process: a spec cannot bring code into the platform; remove it",
-    "gc.enabled": "would let or stop Iceberg deleting the table's files: the platform's maintenance decides what "
-                  "may be deleted (snapshot expiry, orphan removal) and needs Iceberg's garbage collection on; "
-                  "remove it",
-    "format-version": "is the platform's: it creates its tables at format version 2, which its writers and "
-                      "maintenance are built for; remove it",
+    IcebergProperties.WRITE_LOCATION_PROVIDER_IMPL:
+        f"names a Java class that decides where the table's files are written: {_LOCATION_WHY}",
+    IcebergProperties.WRITE_PY_LOCATION_PROVIDER_IMPL:
+        "names a Python class that pyiceberg imports and runs in every writer process: a spec cannot bring code "
+        "into the platform; remove it",
+    IcebergProperties.GC_ENABLED:
+        "would let or stop Iceberg deleting the table's files: the platform's maintenance decides what may be "
+        "deleted (snapshot expiry, orphan removal) and needs Iceberg's garbage collection on; remove it",
+    IcebergProperties.FORMAT_VERSION:
+        "is the platform's: it creates its tables at format version 2, which its writers and maintenance are "
+        "built for; remove it",
     "history.expire.": "is Iceberg's own snapshot expiry: the platform's maintenance expires snapshots itself, "
                        "keeping retention.replay_window and what resume and publication need (max-ref-age-ms "
                        "would let Iceberg drop the published branch); set retention.replay_window instead",
-    "write.merge.mode": "follows target.mode (an upsert table is merge-on-read); remove it",
-    "write.update.mode": "follows target.mode (an upsert table is merge-on-read); remove it",
-    "write.delete.mode": "follows target.mode (an upsert table is merge-on-read); remove it",
+    IcebergProperties.MERGE_MODE: "follows target.mode (an upsert table is merge-on-read); remove it",
+    IcebergProperties.UPDATE_MODE: "follows target.mode (an upsert table is merge-on-read); remove it",
+    IcebergProperties.DELETE_MODE: "follows target.mode (an upsert table is merge-on-read); remove it",
     "write.format.default": "is the platform's: its writers write Parquet; remove it",
     "write.delete.format.default": "is the platform's: its writers write Parquet; remove it",
     "write.spark.accept-any-schema": "would let a writer change the table's schema: the contract and "

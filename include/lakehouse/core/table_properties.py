@@ -1,8 +1,13 @@
 """The keys the platform writes into Iceberg: table properties and snapshot summary properties.
 
-One namespace each, like pyiceberg's `TableProperties`: every `lakehouse.*` key the product reads or writes
-is spelled here and nowhere else (tests/test_one_definition.py holds this).
+One namespace each, like pyiceberg's `TableProperties`: every `lakehouse.*` key the product reads or writes,
+and every Iceberg key it names, is spelled here and nowhere else (tests/unit/house/test_one_definition.py
+holds this).
 
+- `IcebergProperties`: Iceberg's own table property keys that the platform names (named as Iceberg's Java
+  `TableProperties` constants): those it creates its tables with, those maintenance reads (where a table's
+  files go, whether Iceberg may delete them) and those a spec may not set because the platform decides them.
+  The other Iceberg keys a spec may set are spelled once, as data, in lakehouse.core.spec_properties.
 - `TableProperties`: properties of a table. The platform's records (`lakehouse.*`: the owning pipeline, the
   table's role, its write mode, the keys the spec set, the default table, the writer's claim) and the Iceberg
   properties whose value the platform decides (write-audit-publish staging, the target file size).
@@ -18,6 +23,30 @@ from __future__ import annotations
 from typing import Final
 
 PREFIX: Final = "lakehouse."  # the platform's family of keys: a spec may not set one (spec_properties)
+
+
+class IcebergProperties:
+    """Iceberg's table property keys that the platform names, as Iceberg's Java TableProperties names them."""
+
+    FORMAT_VERSION: Final = "format-version"
+    PARQUET_COMPRESSION: Final = "write.parquet.compression-codec"
+    WRITE_TARGET_FILE_SIZE_BYTES: Final = "write.target-file-size-bytes"
+    METADATA_DELETE_AFTER_COMMIT_ENABLED: Final = "write.metadata.delete-after-commit.enabled"
+    METADATA_PREVIOUS_VERSIONS_MAX: Final = "write.metadata.previous-versions-max"
+    MANIFEST_MERGE_ENABLED: Final = "commit.manifest-merge.enabled"
+    WRITE_AUDIT_PUBLISH_ENABLED: Final = "write.wap.enabled"
+    # how a row-level write changes a table: copy-on-write or merge-on-read
+    MERGE_MODE: Final = "write.merge.mode"
+    UPDATE_MODE: Final = "write.update.mode"
+    DELETE_MODE: Final = "write.delete.mode"
+    # where a table's files go and who may delete them (maintenance reads these before it deletes anything)
+    WRITE_DATA_LOCATION: Final = "write.data.path"
+    WRITE_METADATA_LOCATION: Final = "write.metadata.path"
+    WRITE_FOLDER_STORAGE_LOCATION: Final = "write.folder-storage.path"  # the older name of write.data.path
+    OBJECT_STORE_PATH: Final = "write.object-storage.path"
+    WRITE_LOCATION_PROVIDER_IMPL: Final = "write.location-provider.impl"  # a Java class
+    WRITE_PY_LOCATION_PROVIDER_IMPL: Final = "write.py-location-provider.impl"  # pyiceberg's: a Python class
+    GC_ENABLED: Final = "gc.enabled"
 
 
 class TableProperties:
@@ -40,9 +69,9 @@ class TableProperties:
     WRITER_EPOCH: Final = PREFIX + "writer.epoch"
     WRITER_INFO: Final = PREFIX + "writer.info"
     # Iceberg's: Spark stages writes that carry spark.wap.id (see sparkenv.staged)
-    STAGING: Final = "write.wap.enabled"
+    STAGING: Final = IcebergProperties.WRITE_AUDIT_PUBLISH_ENABLED
     # Iceberg's: declared in a spec as target.target_file_size_mb
-    TARGET_FILE_SIZE: Final = "write.target-file-size-bytes"
+    TARGET_FILE_SIZE: Final = IcebergProperties.WRITE_TARGET_FILE_SIZE_BYTES
 
 
 class SnapshotSummary:

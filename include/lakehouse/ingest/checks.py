@@ -194,10 +194,8 @@ def field_checker(f: FieldSpec, path: str | None = None) -> Callable[[Any], Any]
             raise Rejected("wrong_type", f"{name} must be bytes (base64 text in JSON), got {type(v).__name__}")
     elif f.type == "struct":
         return _struct_checker(f, name)
-    elif f.type == "list":
-        return _list_checker(f, name)
-    elif f.type == "map":
-        return _map_checker(f, name)
+    elif f.type in ("list", "map"):
+        return _collection_checker(f, name)
     else:  # pragma: no cover - spec validation rejects unknown types
         raise ValueError(f"unsupported field type {f.type}")
     return check
@@ -271,52 +269,39 @@ def _struct_checker(f: FieldSpec, name: str) -> Callable[[Any], dict]:
     return check
 
 
-def _list_checker(f: FieldSpec, name: str) -> Callable[[Any], list]:
-    check_item = field_checker(f.element, f"{name}[]")
+def _collection_checker(f: FieldSpec, name: str) -> Callable[[Any], Any]:
+    """A list's or a map's check (`f.type` "list" or "map"): each element, a map's value, checked by its own
+    checker (`f.element`), a null one kept unless the elements are required, a rejected one named by where it
+    is (`lines[3].sku`, not `lines[].sku`; `attrs['color']`). A map's keys must be text, valid Unicode."""
+    keyed = f.type == "map"
+    placeholder = f"{name}{{}}" if keyed else f"{name}[]"
+    check_element = field_checker(f.element, placeholder)
     required = f.element.required
+    accepted: Any = dict if keyed else (list, tuple)  # Any: a checked value stays Any (a list or a dict)
+    expected = "an object (a map)" if keyed else "a list"
+    elements = "the map's values" if keyed else "the list's elements"
 
-    def check(v: Any) -> list:
-        if not isinstance(v, (list, tuple)):
-            raise Rejected("wrong_type", f"{name} must be a list, got {type(v).__name__} {show(v)}")
-        out: list[Any] = []
-        for i, item in enumerate(v):
+    def check(v: Any) -> Any:
+        if not isinstance(v, accepted):
+            raise Rejected("wrong_type", f"{name} must be {expected}, got {type(v).__name__} {show(v)}")
+        out: Any = {} if keyed else [None] * len(v)  # each element stored at its key or index
+        for at, item in v.items() if keyed else enumerate(v):
+            if keyed:
+                if not isinstance(at, str):
+                    raise Rejected("wrong_type", f"{name} has a key that is not text: {show(at)}")
+                if not at.isascii() and lone_surrogate(at) is not None:
+                    raise Rejected("bad_string", f"{name} has a key with a lone surrogate, which is not Unicode")
             if item is None:
                 if required:
-                    raise Rejected("missing_required", f"{name}[{i}] is null; the list's elements are required")
-                out.append(None)
-                continue
-            try:
-                out.append(check_item(item))
-            except Rejected as rejected:  # name the element: `lines[3].sku`, not `lines[].sku`
-                raise Rejected(rejected.kind, rejected.detail.replace(f"{name}[]", f"{name}[{i}]", 1)) from None
-        return out
-
-    return check
-
-
-def _map_checker(f: FieldSpec, name: str) -> Callable[[Any], dict]:
-    check_value = field_checker(f.element, f"{name}{{}}")
-    required = f.element.required
-
-    def check(v: Any) -> dict:
-        if not isinstance(v, dict):
-            raise Rejected("wrong_type", f"{name} must be an object (a map), got {type(v).__name__} {show(v)}")
-        out: dict[str, Any] = {}
-        for key, value in v.items():
-            if not isinstance(key, str):
-                raise Rejected("wrong_type", f"{name} has a key that is not text: {show(key)}")
-            if not key.isascii() and lone_surrogate(key) is not None:
-                raise Rejected("bad_string", f"{name} has a key with a lone surrogate, which is not Unicode")
-            if value is None:
-                if required:
-                    raise Rejected("missing_required", f"{name}[{show(key)}] is null; the map's values are required")
-                out[key] = None
-                continue
-            try:
-                out[key] = check_value(value)
-            except Rejected as rejected:
-                raise Rejected(rejected.kind, rejected.detail.replace(f"{name}{{}}", f"{name}[{show(key)}]", 1)) \
-                    from None
+                    raise Rejected("missing_required", f"{name}[{show(at) if keyed else at}] is null; {elements} "
+                                                       f"are required")
+            else:
+                try:
+                    item = check_element(item)
+                except Rejected as rejected:  # name the element: `lines[3].sku`, not `lines[].sku`
+                    raise Rejected(rejected.kind, rejected.detail.replace(
+                        placeholder, f"{name}[{show(at) if keyed else at}]", 1)) from None
+            out[at] = item
         return out
 
     return check

@@ -75,7 +75,7 @@ from pyiceberg.types import (
 from lakehouse.core import retry, schemas
 from lakehouse.core.errors import LayoutChangeRefused, SchemaIncompatibleError, TableOwnershipError, TableStateError
 from lakehouse.core.spec import RESERVED_COLUMNS, FieldSpec, PartitionField, PipelineSpec
-from lakehouse.core.table_properties import TableProperties
+from lakehouse.core.table_properties import IcebergProperties, TableProperties
 from lakehouse.ingest.layout import DEAD_LETTER_TABLE, SPARK_CDC_STRUCT, SPARK_KAFKA_STRUCT
 
 log = logging.getLogger("lakehouse.tables")
@@ -129,26 +129,55 @@ def write_mode(spec: PipelineSpec) -> str:
     return "append" if spec.target.mode != "upsert" else f"upsert({', '.join(spec.target.key)})"
 
 
+METADATA_VERSIONS_KEPT = 50  # metadata files a table keeps; older ones are deleted at each commit
+MERGE_ON_READ = "merge-on-read"  # how an upsert table's row-level writes change it (Iceberg's write.*.mode)
+
+
+def _created_properties(spec: PipelineSpec, role: str | None, *, staged: bool) -> dict[str, str]:
+    """The properties every table of the pipeline is created with: format version 2, metadata files past the
+    newest METADATA_VERSIONS_KEPT deleted at each commit, the owning pipeline and the table's `role` (None: a
+    data table). The data and dead-letter tables (`staged`) also write zstd Parquet and stage their writes."""
+    props = {IcebergProperties.FORMAT_VERSION: "2",
+             IcebergProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+             IcebergProperties.METADATA_PREVIOUS_VERSIONS_MAX: str(METADATA_VERSIONS_KEPT),
+             TableProperties.OWNER: spec.name}
+    if role is not None:
+        props[TableProperties.ROLE] = role
+    if staged:
+        props.update({IcebergProperties.PARQUET_COMPRESSION: "zstd", TableProperties.STAGING: "true"})
+    return props
+
+
 def table_properties(spec: PipelineSpec) -> dict[str, str]:
     """The properties a data table is created with: the platform's, the spec's (`target.properties`
     last) and the platform's records (owner, staging, write mode, the keys the spec set)."""
-    props = {
-        "format-version": "2",
-        "write.parquet.compression-codec": "zstd",
-        TableProperties.TARGET_FILE_SIZE: str(spec.target.target_file_size_bytes),
-        "write.metadata.delete-after-commit.enabled": "true",
-        "write.metadata.previous-versions-max": "50",
-        TableProperties.OWNER: spec.name,
-        TableProperties.STAGING: "true",
-        TableProperties.WRITE_MODE: write_mode(spec),
-    }
+    props = _created_properties(spec, None, staged=True)
+    props[TableProperties.TARGET_FILE_SIZE] = str(spec.target.target_file_size_bytes)
+    props[TableProperties.WRITE_MODE] = write_mode(spec)
     if spec.target.properties:
         props[TableProperties.SPEC_PROPERTIES] = ",".join(sorted(spec.target.properties))
     if spec.target.mode == "upsert":
-        props.update({"write.merge.mode": "merge-on-read", "write.update.mode": "merge-on-read",
-                      "write.delete.mode": "merge-on-read"})
+        props.update(dict.fromkeys((IcebergProperties.MERGE_MODE, IcebergProperties.UPDATE_MODE,
+                                    IcebergProperties.DELETE_MODE), MERGE_ON_READ))
     props.update(spec.target.properties)
     return props
+
+
+def dead_letter_properties(spec: PipelineSpec) -> dict[str, str]:
+    """The properties the dead-letter table is created with, the default data table recorded."""
+    props = _created_properties(spec, TableProperties.ROLE_DEAD_LETTER, staged=True)
+    props[TableProperties.DEFAULT_TABLE] = spec.target.table
+    return props
+
+
+def tombstone_properties(spec: PipelineSpec) -> dict[str, str]:
+    """The properties the tombstone ledger is created with."""
+    return _created_properties(spec, TableProperties.ROLE_TOMBSTONES, staged=False)
+
+
+def _tblproperties(props: dict[str, str]) -> str:
+    """`props` as a CREATE TABLE's TBLPROPERTIES clause."""
+    return "TBLPROPERTIES (" + ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items()) + ")"
 
 
 def _create_data_table(spark, spec: PipelineSpec, table: str) -> None:
@@ -162,32 +191,22 @@ def _create_data_table(spark, spec: PipelineSpec, table: str) -> None:
     partitioned = ""
     if spec.target.partition_by:
         partitioned = "PARTITIONED BY (" + ", ".join(p.spark_sql() for p in spec.target.partition_by) + ")"
-    props = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in table_properties(spec).items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(table)} ({', '.join(columns)}) USING iceberg "
-              f"{partitioned} TBLPROPERTIES ({props})")
+              f"{partitioned} {_tblproperties(table_properties(spec))}")
 
 
 def _create_dead_letter_table(spark, spec: PipelineSpec) -> None:
-    props = {"format-version": "2", "write.parquet.compression-codec": "zstd",
-             TableProperties.OWNER: spec.name, TableProperties.ROLE: TableProperties.ROLE_DEAD_LETTER,
-             TableProperties.STAGING: "true", TableProperties.DEFAULT_TABLE: spec.target.table,
-             "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "50"}
-    rendered = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(spec.dead_letter_table)} "
               f"({', '.join(DEAD_LETTER_COLUMNS)}) USING iceberg PARTITIONED BY (days(_ingested_at)) "
-              f"TBLPROPERTIES ({rendered})")
+              f"{_tblproperties(dead_letter_properties(spec))}")
 
 
 def _create_tombstone_table(spark, spec: PipelineSpec, ledger: str) -> None:
     keys = [f"`{k}` {spec.contract.field(k).spark_type}" for k in spec.target.key]
-    props = {"format-version": "2", TableProperties.OWNER: spec.name,
-             TableProperties.ROLE: TableProperties.ROLE_TOMBSTONES,
-             "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "50"}
-    rendered = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in props.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.qualified(ledger)} "
               f"({', '.join(keys)}, _kafka {SPARK_KAFKA_STRUCT} COMMENT 'coordinates of the newest tombstone', "
               f"_deleted_at timestamp COMMENT 'when the pipeline applied it') USING iceberg "
-              f"TBLPROPERTIES ({rendered})")
+              f"{_tblproperties(tombstone_properties(spec))}")
 
 
 def check_owner(spec: PipelineSpec, name: str, table: Table) -> None:
@@ -378,7 +397,8 @@ def owned_properties(spec: PipelineSpec) -> dict[str, str]:
     merge-on-read modes) and `target.properties`. Never the platform's records (`lakehouse.*`) nor
     write-audit-publish staging."""
     return {k: v for k, v in table_properties(spec).items()
-            if not k.startswith(TableProperties.PREFIX) and k not in (TableProperties.STAGING, "format-version")}
+            if not k.startswith(TableProperties.PREFIX)
+            and k not in (TableProperties.STAGING, IcebergProperties.FORMAT_VERSION)}
 
 
 @dataclass(frozen=True)

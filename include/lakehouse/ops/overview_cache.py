@@ -23,6 +23,7 @@ queries nothing. Each card says when it was read. Each API server worker process
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -87,7 +88,7 @@ class OverviewCache:
     on first use; `step()` is one bounded unit of the refresher's work, also callable directly.
     """
 
-    def __init__(self, directory: Path | str | None = None, refresh_s: float = REFRESH_S,
+    def __init__(self, directory: os.PathLike[str] | str | None = None, refresh_s: float = REFRESH_S,
                  rescan_s: float = RESCAN_S, idle_s: float = IDLE_S, autostart: bool = True):
         self.directory = directory
         self.refresh_s, self.rescan_s, self.idle_s = refresh_s, rescan_s, idle_s
@@ -159,7 +160,7 @@ class OverviewCache:
 
     def _rescan(self) -> None:
         try:
-            found = load_specs(self.directory)
+            found = load_specs(None if self.directory is None else os.fspath(self.directory))  # read now
         except Exception as exc:  # noqa: BLE001 - an unreadable folder keeps the cards it had
             error = history.public_error("the pipelines folder", exc)
             with self._lock:

@@ -65,7 +65,7 @@ from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import Table
 
 from lakehouse.core import config, errors, events, offsets, retry, sparkenv
 from lakehouse.core import spec as spec_module
@@ -73,6 +73,7 @@ from lakehouse.core.adapters import pyspark_internals
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import MaintenanceError, OwnershipError
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.core.table_properties import IcebergProperties
 
 log = logging.getLogger("lakehouse.maintenance")
 COMMIT_ATTEMPTS = 4
@@ -86,11 +87,12 @@ _REWRITE_KEYS = ("deleted-data-files", "removed-delete-files", "removed-position
 MAX_LISTED = 500
 # Table properties that put a table's files somewhere else than <location>/data and <location>/metadata
 # (Iceberg's Java names; write.folder-storage.path is the older name of write.data.path).
-PATH_PROPERTIES = (TableProperties.WRITE_DATA_PATH, TableProperties.WRITE_METADATA_PATH,
-                   "write.object-storage.path", "write.folder-storage.path")
+PATH_PROPERTIES = (IcebergProperties.WRITE_DATA_LOCATION, IcebergProperties.WRITE_METADATA_LOCATION,
+                   IcebergProperties.OBJECT_STORE_PATH, IcebergProperties.WRITE_FOLDER_STORAGE_LOCATION)
 # A location provider of the table's own (Java or pyiceberg) may place files anywhere.
-LOCATION_PROVIDER_PROPERTIES = ("write.location-provider.impl", TableProperties.WRITE_PY_LOCATION_PROVIDER_IMPL)
-GC_ENABLED = "gc.enabled"
+LOCATION_PROVIDER_PROPERTIES = (IcebergProperties.WRITE_LOCATION_PROVIDER_IMPL,
+                                IcebergProperties.WRITE_PY_LOCATION_PROVIDER_IMPL)
+GC_ENABLED = IcebergProperties.GC_ENABLED
 # The catalogs listed to prove that no other table shares a table's folder: at most this many tables,
 # loaded this many at a time, within this many seconds; beyond either bound nothing is proven.
 INVENTORY_MAX_TABLES = 5000

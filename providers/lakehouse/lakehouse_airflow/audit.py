@@ -41,12 +41,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowFailException
 
 from lakehouse.core import events
 from lakehouse_airflow.hooks import LakehouseHook
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
 
 OPERATOR_ROLE_ENV = "LAKEHOUSE_OPERATOR_ROLE"
 OPERATORS_ENV = "LAKEHOUSE_OPERATORS"
@@ -157,7 +160,7 @@ def _run_access(dag_id: str) -> dict:
     return {"method": "POST", "access_entity": DagAccessEntity.RUN, "details": DagDetails(id=dag_id)}
 
 
-def _simple_authority(manager: type, user: str, dag_id: str) -> Authority:
+def _simple_authority(manager: type[SimpleAuthManager], user: str, dag_id: str) -> Authority:
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
     from airflow.configuration import conf
 
@@ -212,7 +215,7 @@ def require_authority(actor: events.Actor, kind: str, parameters: dict, hook: La
     triggered is refused: the actions guarded so happen only for a person. A refusal is a `failed` event
     naming the actor and what is missing; then NotAnOperatorError."""
     dag_id, user = actor.origin.get("dag_id"), actor.origin.get("triggered_by")
-    if user is None:
+    if user is None or dag_id is None:
         _refuse(actor, kind, parameters, hook,
                 f"nobody triggered {dag_id} run {actor.origin.get('run_id')} ({actor.origin.get('run_type')}): "
                 f"only a person may {kind}, and no user's authority can be checked. Nothing was changed; "

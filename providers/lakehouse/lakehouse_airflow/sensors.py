@@ -79,6 +79,8 @@ class _SloSensor(BaseSensorOperator):
                 super().execute(context)
             except AirflowSensorTimeout:
                 raise AirflowSensorTimeout(self._last.message if self._last else "no check completed") from None
+            if self._last is None:  # cannot be: the sensor returns after a poke that held, which records its check
+                raise AirflowSensorTimeout("no check completed")
             return self._last.to_dict()
         check = self._check()
         if check.ok:

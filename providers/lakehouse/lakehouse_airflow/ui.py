@@ -65,7 +65,7 @@ from __future__ import annotations
 import html
 from datetime import UTC, datetime
 from functools import partial
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import anyio
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -84,6 +84,9 @@ from lakehouse.ops.cost import human_bytes
 from lakehouse.ops.overview_cache import REFRESH_S, Card, OverviewCache
 from lakehouse.ops.status import format_age
 from lakehouse_airflow import locations
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.models.batch_apis import IsAuthorizedDagRequest
 
 app = FastAPI(title="Lakehouse pipelines", description="Lag, freshness, commits, quality and dead letters")
 
@@ -113,7 +116,8 @@ def _dags_refusal(pipeline: str, dags: tuple[str, ...], user: BaseUser, teams: d
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 
-    requests = [{"method": "GET", "details": DagDetails(id=d, team_name=teams.get(d))} for d in dags]
+    requests: list[IsAuthorizedDagRequest] = [{"method": "GET", "details": DagDetails(id=d, team_name=teams.get(d))}
+                                              for d in dags]
     if dags and get_auth_manager().batch_is_authorized_dag(requests, user=user):
         return None
     return (f"user {user.get_name()!r} may not read the DAGs of pipeline {pipeline!r} ({', '.join(dags)}), "
@@ -214,8 +218,9 @@ def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | N
                               now)
 
         def answer(spec: PipelineSpec) -> dict:
-            if asked.key is None:
+            if asked.partition is not None and asked.offset is not None:
                 return trace_record(spec, asked.partition, asked.offset).to_json()
+            assert asked.key is not None and asked.since is not None  # trace_request: else a key and its window
             return trace_key(spec, asked.key, asked.since, asked.until, max_scan=PAGE_MAX_KEY_SCAN).to_json()
     except (ValueError, TraceError) as exc:
         return 400, {"pipeline": pipeline[:128], "error": str(exc)}
@@ -233,9 +238,9 @@ def _trace(user: BaseUser, pipeline: str, partition: str | None, offset: str | N
                                                     f"log has the full text)", "error_id": error["id"]}
 
 
-async def _traced(user: BaseUser, *asked: str | None) -> tuple[int, dict]:
+async def _traced(user: BaseUser, pipeline: str, *asked: str | None) -> tuple[int, dict]:
     """_trace on a thread of the traces' own pool (see the module doc)."""
-    return await anyio.to_thread.run_sync(partial(_trace, user, *asked), limiter=_trace_threads)
+    return await anyio.to_thread.run_sync(partial(_trace, user, pipeline, *asked), limiter=_trace_threads)
 
 
 @app.get("/api/trace")
@@ -489,7 +494,8 @@ def _cost(found: dict) -> str:
     if "error" in found:
         return _error(found["error"], "cost_error")
     priced = found["priced"]
-    head = ("day", "produced", "Kafka retains", "tables", "files", "PUT", "GET", "ingest s", "maintenance s")
+    head: tuple[str, ...] = ("day", "produced", "Kafka retains", "tables", "files", "PUT", "GET", "ingest s",
+                             "maintenance s")
     head += (f'price {found["prices"]["currency"]}'.strip(),) if priced else ()
     rows = []
     for d in found["days"]:
@@ -526,14 +532,16 @@ def render_card(card: Card, now: datetime) -> str:
         return (f'{head}<h2>{_e(name)}</h2><p>{_field("state", "loading", "muted")}<span class="muted">: the '
                 f'first read of this pipeline is under way (one pipeline at a time, in the background); this '
                 f'page reloads itself</span></p></section>')
-    if card.state == "broken":
-        return (f'{head}<h2>{_e(name)} <small>{_field("file", card.file)}</small>{_read(card, now)}</h2>'
-                f'<p>{_error(card.error)}</p><p class="muted">`lakehouse pipelines` validates the specs and says '
-                f'why this file does not load</p></section>')
-    if card.state == "error":
+    if card.state in ("broken", "error"):
+        assert card.error is not None  # a card in either state holds its error (Card)
+        if card.state == "broken":
+            return (f'{head}<h2>{_e(name)} <small>{_field("file", card.file)}</small>{_read(card, now)}</h2>'
+                    f'<p>{_error(card.error)}</p><p class="muted">`lakehouse pipelines` validates the specs and '
+                    f'says why this file does not load</p></section>')
         return (f'{head}<h2>{_e(name)}{_read(card, now)}</h2><p>reading it failed: {_error(card.error)}</p>'
                 f'</section>')
     entry = card.overview
+    assert entry is not None  # a card in state "ok" holds its overview (Card)
     slo = entry["slo"]
     lag = entry["lag_records"]
     lag_text = "?" if lag is None else lag

@@ -156,6 +156,46 @@ def test_nested_values_are_checked_at_every_level_and_name_their_path(make_spec)
         assert (info.value.kind, detail in info.value.detail) == (kind, True), info.value
 
 
+# an element's spec: its type (with its bounds) and whether a null is allowed
+ELEMENT_SPECS = st.builds(
+    lambda kind, required: FieldSpec("element", **kind, required=required),
+    st.sampled_from([{"type": "long"}, {"type": "int", "min": 0}, {"type": "double", "max": 100.0},
+                     {"type": "string", "max_length": 3}, {"type": "decimal", "precision": 4, "scale": 1},
+                     {"type": "struct", "fields": (FieldSpec("n", "int", required=True),)}]),
+    st.booleans())
+ELEMENTS = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(),
+                     st.text(st.characters(blacklist_characters="[]"), max_size=4),
+                     st.decimals(places=1, allow_nan=False, allow_infinity=False),
+                     st.fixed_dictionaries({}, optional={"n": st.one_of(st.none(), st.integers(-5, 2**32))}))
+
+
+def _outcome(check, value, label: str, position):
+    """What `check` did with `value`: ("kept", its result) or (kind, detail with the element's name `label`
+    and the element's position, as the check names it, replaced by `v<i>`)."""
+    try:
+        return "kept", check(value)
+    except Rejected as rejected:
+        detail = rejected.detail.replace("the list's elements", "the elements").replace("the map's values",
+                                                                                         "the elements")
+        for i in range(len(value)):
+            detail = detail.replace(label.format(position(i)), f"v<{i}>")
+        return rejected.kind, detail
+
+
+@given(ELEMENT_SPECS, st.lists(ELEMENTS, max_size=6))
+def test_a_map_checks_its_values_as_a_list_checks_its_elements(element, values):
+    """Lists and maps share one check: the same elements, as a list's and as a map's values, are kept (each
+    converted alike, a map's keys in order) or rejected alike, the rejection naming the same element."""
+    keys = [f"k{i}" for i in range(len(values))]
+    as_list = _outcome(field_checker(FieldSpec("v", "list", items=element)), values, "v[{}]", str)
+    as_map = _outcome(field_checker(FieldSpec("v", "map", values=element)), dict(zip(keys, values, strict=True)),
+                      "v[{}]", lambda i: repr(keys[i]))
+    if as_list[0] == "kept":
+        assert as_map == ("kept", dict(zip(keys, as_list[1], strict=True)))
+    else:
+        assert as_map == as_list
+
+
 def test_json_numbers_reach_a_decimal_column_with_every_digit_sent(make_spec):
     validator = RecordValidator(make_spec(fields=[{"name": "order_id", "type": "string", "required": True},
                                                   {"name": "amount", "type": "decimal(38,18)"},

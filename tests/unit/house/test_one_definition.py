@@ -1,7 +1,7 @@
 """One implementation per concept: the pipeline's committed position, DAG ids, the dead-letter mapping, the
 retrying of commit conflicts and outages, the type promotions a table takes in place, the folding of
-writer-schema versions into one contract, the platform's table property and snapshot summary keys, and each
-library's internals behind its one adapter."""
+writer-schema versions into one contract, the platform's table property and snapshot summary keys and the
+Iceberg keys it names, and each library's internals behind its one adapter."""
 
 from __future__ import annotations
 
@@ -390,6 +390,47 @@ def test_the_key_scan_finds_a_key_spelled_elsewhere_and_leaves_names_of_code_alo
     assert _key_literals(source) == [(4, "lakehouse.pipeline"), (5, "lakehouse."), (6, "lakehouse.")]
 
 
+# Iceberg's own keys that the platform names (IcebergProperties: what its tables are created with, what
+# maintenance reads, what a spec may not set): spelled once, there, like the platform's keys
+ICEBERG_KEYS = frozenset(value for name, value in vars(table_properties.IcebergProperties).items() if name.isupper())
+
+
+def _iceberg_key_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of the string literals in `source` that spell one of ICEBERG_KEYS: a whole literal, or an
+    f-string's literal part, equal to the key (a key named inside a message or a docstring is prose)."""
+    tree = ast.parse(source)
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ICEBERG_KEYS)
+
+
+def test_icebergs_keys_that_the_platform_names_are_spelled_in_the_table_properties_module_only():
+    """The Iceberg keys the platform creates its tables with (`format-version`, the metadata files kept, the
+    merge-on-read modes), reads (where a table's files go, gc.enabled) or refuses from a spec are constants of
+    lakehouse.core.table_properties.IcebergProperties; a literal elsewhere is a second definition of what the
+    platform sets that a change of it would miss."""
+    files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
+    assert THE_ONE_MODULE in files and len(files) > 100, "the source was not found"
+    found = [f"{path.relative_to(REPO)}:{line}: {text!r}" for path in files if path != THE_ONE_MODULE
+             for line, text in _iceberg_key_literals(path.read_text())]
+    assert not found, "Iceberg keys spelled outside lakehouse.core.table_properties:\n" + "\n".join(found)
+
+
+def test_the_iceberg_key_scan_finds_a_key_spelled_elsewhere_and_leaves_prose_and_other_keys_alone():
+    source = ('"""Creates its tables with `format-version` 2."""\n'
+              'props = {"format-version": "2", "write.metadata.previous-versions-max": "50"}\n'
+              'PLACING = (IcebergProperties.WRITE_DATA_LOCATION, "write.object-storage.path")\n'
+              'why = f"set write.wap.enabled=true on {table}"\n'
+              'tuning = {"write.parquet.row-group-limit": 1, "mode": "merge-on-read"}\n'
+              'key = f"{scope}gc.enabled"\n')
+    assert _iceberg_key_literals(source) == [(2, "format-version"), (2, "write.metadata.previous-versions-max"),
+                                             (3, "write.object-storage.path"), (6, "gc.enabled")]
+    # the copy the base properties were before they had one definition, planted back into tables.py
+    planted = Path(tables.__file__).read_text() + \
+        '\nBASE = {"format-version": "2", "write.parquet.compression-codec": "zstd"}\n'
+    line = planted.count("\n")
+    assert _iceberg_key_literals(planted) == [(line, "format-version"), (line, "write.parquet.compression-codec")]
+
+
 def test_the_keys_are_distinct_within_each_namespace_and_under_the_platforms_prefix():
     for namespace in (table_properties.TableProperties, table_properties.SnapshotSummary):
         keys = {name: value for name, value in vars(namespace).items()
@@ -400,6 +441,11 @@ def test_the_keys_are_distinct_within_each_namespace_and_under_the_platforms_pre
     summary_keys = {value for name, value in vars(table_properties.SnapshotSummary).items() if name.isupper()}
     assert {table_properties.TableProperties.STAGING, table_properties.TableProperties.TARGET_FILE_SIZE} \
         .isdisjoint(summary_keys)
+    iceberg = [value for name, value in vars(table_properties.IcebergProperties).items() if name.isupper()]
+    assert len(set(iceberg)) == len(iceberg), "IcebergProperties: two names for one key"
+    assert not [key for key in iceberg if key.startswith(table_properties.PREFIX)]
+    assert {table_properties.TableProperties.STAGING, table_properties.TableProperties.TARGET_FILE_SIZE} \
+        <= set(iceberg), "TableProperties names Iceberg's keys that IcebergProperties does not hold"
 
 
 # --- third-party internals: each library's behind its one adapter ---------------------------------------------

@@ -20,7 +20,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.transforms import BucketTransform
 
-from lakehouse.core import errors
+from lakehouse.core import errors, events
 from lakehouse.core.spec import PartitionField, PipelineSpec, SpecError, load_spec
 from lakehouse.core.table_properties import TableProperties
 from lakehouse.ingest import committer, tables
@@ -67,6 +67,36 @@ def create_as_ingestion_does(catalog: SqlCatalog, spec: PipelineSpec):
                          properties={TableProperties.OWNER: spec.name,
                                      TableProperties.DEFAULT_TABLE: spec.target.table})
     return catalog.load_table(spec.target.table)
+
+
+def test_each_table_is_created_with_its_exact_properties(make_spec):
+    """The data, dead-letter and tombstone tables share the platform's base (format version 2, metadata files
+    kept to 50, the owner); the data and dead-letter tables stage their writes and write zstd Parquet; an
+    upsert table is merge-on-read; the spec's own properties come last. The ops timeline keeps 20 metadata
+    files and merges its manifests."""
+    base = {"format-version": "2", "write.metadata.delete-after-commit.enabled": "true",
+            "write.metadata.previous-versions-max": "50"}
+    appends = make_spec()
+    assert tables.table_properties(appends) == {
+        **base, "write.parquet.compression-codec": "zstd", "write.target-file-size-bytes": str(128 * 1024 * 1024),
+        "lakehouse.pipeline": appends.name, "write.wap.enabled": "true", "lakehouse.write-mode": "append"}
+    upserts = make_spec(mode="upsert", table_key=["order_id"],
+                        target={"target_file_size_mb": 64, "properties": {"write.metadata.previous-versions-max": 7,
+                                                                          "commit.retry.num-retries": 3}})
+    assert tables.table_properties(upserts) == {
+        **base, "write.parquet.compression-codec": "zstd", "write.target-file-size-bytes": str(64 * 1024 * 1024),
+        "lakehouse.pipeline": upserts.name, "write.wap.enabled": "true", "lakehouse.write-mode": "upsert(order_id)",
+        "lakehouse.spec-properties": "commit.retry.num-retries,write.metadata.previous-versions-max",
+        "write.merge.mode": "merge-on-read", "write.update.mode": "merge-on-read", "write.delete.mode": "merge-on-read",
+        "write.metadata.previous-versions-max": "7", "commit.retry.num-retries": "3"}
+    assert tables.dead_letter_properties(upserts) == {
+        **base, "write.parquet.compression-codec": "zstd", "lakehouse.pipeline": upserts.name,
+        "lakehouse.role": "dead-letter", "write.wap.enabled": "true", "lakehouse.default-table": upserts.target.table}
+    assert tables.tombstone_properties(upserts) == {**base, "lakehouse.pipeline": upserts.name,
+                                                    "lakehouse.role": "tombstones"}
+    assert events.PROPERTIES == {"format-version": "2", "commit.manifest-merge.enabled": "true",
+                                 "write.metadata.delete-after-commit.enabled": "true",
+                                 "write.metadata.previous-versions-max": "20"}
 
 
 def test_a_table_created_from_its_spec_follows_it(catalog, make_spec):

@@ -45,7 +45,7 @@ class MaintenanceOperator(SparkSubmitOperator):
         self.kafka_conn_id = kafka_conn_id
         self._lineage: tuple[list, list] = ([], [])  # OpenLineage datasets (in, out), gathered when enabled
 
-    def execute(self, context: Any) -> dict:
+    def execute(self, context: Any) -> dict:  # type: ignore[override]  # SparkSubmitOperator.execute is annotated None; Airflow pushes what execute returns as its XCom
         lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
         run_id = uuid.uuid4().hex
         since = datetime.now(UTC) - timedelta(minutes=1)

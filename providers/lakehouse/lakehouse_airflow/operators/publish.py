@@ -103,7 +103,9 @@ class PublishOperator(BaseOperator):
             if snapshot is None:  # expired since: nothing to say about what readers read
                 continue
             rows = offsets.summary_properties(snapshot).get("total-records")
-            at_snapshot = {"output": True, "schema": table.schemas().get(snapshot.schema_id, table.schema()),
+            schema = table.schema() if snapshot.schema_id is None else \
+                table.schemas().get(snapshot.schema_id, table.schema())
+            at_snapshot: dict[str, Any] = {"output": True, "schema": schema,
                            "version": published.snapshot_id, "rows": None if rows is None else int(rows)}
             if published.view:
                 outputs.append(lineage.table_dataset(spec, platform, published.view, view=True, **at_snapshot))

@@ -80,7 +80,7 @@ class SupervisedSparkSubmitOperator(SparkSubmitOperator):
         self.stop_grace_s = stop_grace_s
         self._supervisor: supervision.Supervisor | None = None
 
-    def execute(self, context: Any) -> dict:
+    def execute(self, context: Any) -> dict:  # type: ignore[override]  # SparkSubmitOperator.execute is annotated None; Airflow pushes what execute returns as its XCom
         lakehouse = LakehouseHook(self.pipeline, kafka_conn_id=self.kafka_conn_id)
         with connection_submit_environment(self, lakehouse.submit_environment):
             self._supervisor = supervision.Supervisor(
