@@ -801,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     # the user as one error naming what to check
     logging.getLogger("lakehouse.kafka").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
     try:
-        code = args.fn(args)
+        code: int = args.fn(args)
         sys.stdout.flush()  # inside the try: what is still buffered meets a vanished reader here, not at exit
         return code
     except BrokenPipeError as exc:  # `lakehouse ... | head -1`: stop quietly, as Unix tools do on SIGPIPE

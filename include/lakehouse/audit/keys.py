@@ -89,7 +89,8 @@ class TableKeys:
 
     def text(self, found: RecordKey) -> str:
         """The text of `found`'s table key, as the key columns of its row show it (`key_text`)."""
-        return key_text([pa.array([v], t) for v, t in zip(found.values, self.types, strict=True)]).to_pylist()[0]
+        text: str = key_text([pa.array([v], t) for v, t in zip(found.values, self.types, strict=True)]).to_pylist()[0]
+        return text
 
     def attach(self, records: pa.Table) -> pa.Table:
         """`records` (the KAFKA_RECORDS rows `add` saw, in order) with their table keys (NEWEST's columns)."""

@@ -205,7 +205,9 @@ def _run_pieces(pieces: list[Piece], kafka_conf: dict, spec: PipelineSpec, regis
                 yield check_piece(piece, kafka_conf, spec, registry)
 
         with sparkenv.job_group(spark, f"lakehouse-verify-{spec.name}"):
-            return spark.sparkContext.parallelize(pieces, len(pieces)).mapPartitions(run).collect()
+            collected: list[PieceResult] = \
+                spark.sparkContext.parallelize(pieces, len(pieces)).mapPartitions(run).collect()
+            return collected
     results, done = [], 0
     for i, piece in enumerate(pieces, 1):
         results.append(check_piece(piece, kafka_conf, spec, registry))
@@ -289,4 +291,5 @@ def record(spec: PipelineSpec, result: Verification, platform: config.PlatformCo
 def _session(spec: PipelineSpec, platform: config.PlatformConfig) -> SparkSession:
     from lakehouse.core import sparkenv
 
-    return sparkenv.session(platform, [spec.catalog], f"lakehouse-verify-{spec.name}")
+    session: SparkSession = sparkenv.session(platform, [spec.catalog], f"lakehouse-verify-{spec.name}")
+    return session

@@ -283,7 +283,7 @@ def audited(pipeline: str, kind: str, actor: Actor, parameters: dict[str, Any],
 
 
 def _rows(arrow: pa.Table) -> list[dict]:
-    rows = arrow.to_pylist()
+    rows: list[dict] = arrow.to_pylist()
     for row in rows:
         row["metrics"] = dict(row["metrics"] or [])
         row["details"] = json.loads(row["details"] or "{}")

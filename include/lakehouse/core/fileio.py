@@ -114,7 +114,8 @@ class _Written:
     def write(self, data: Any) -> int:
         if self._kept is not None:
             self._kept.append(bytes(data))
-        return self._stream.write(data)
+        written: int = self._stream.write(data)
+        return written
 
     def close(self) -> None:
         if self._closed:

@@ -65,6 +65,7 @@ def contract_pattern(pattern: str) -> Callable[[str], bool]:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate: no Unicode pattern matches it
             return False
-        return match(_ANCHOR_BOTH, data, 0, len(data))[0][0] >= 0
+        start: int = match(_ANCHOR_BOTH, data, 0, len(data))[0][0]  # -1: no match
+        return start >= 0
 
     return fullmatch

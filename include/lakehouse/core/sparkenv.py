@@ -417,7 +417,8 @@ def job_seconds(spark, group: str, timeout_s: float = 2.0) -> float | None:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.02)
-    return (max(ends) - min(starts)) / 1000
+    seconds: float = (max(ends) - min(starts)) / 1000
+    return seconds
 
 
 # SparkContexts (by application id) whose Python workers warm_python_workers has started

@@ -82,7 +82,8 @@ class _Source:
     def function(self, name: str) -> Callable:
         namespace = dict(self.names)
         exec(compile("\n".join(self.lines), f"<{name}>", "exec"), namespace)  # our own text, never a record's
-        return namespace["row"]
+        row: Callable = namespace["row"]
+        return row
 
 
 _MIN_DAYS = (date.min - date(1970, 1, 1)).days

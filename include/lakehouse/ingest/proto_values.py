@@ -67,7 +67,8 @@ def _proto_value(fd, readers: dict) -> Callable[[Any], Any]:
 def proto_timestamp(ts) -> datetime:
     """A google.protobuf.Timestamp as an aware datetime; Rejected("timestamp_out_of_range") outside its range."""
     try:
-        return ts.ToDatetime(tzinfo=UTC)
+        when: datetime = ts.ToDatetime(tzinfo=UTC)
+        return when
     except (ValueError, OverflowError, OSError):
         raise Rejected("timestamp_out_of_range", f"google.protobuf.Timestamp {ts.seconds}s {ts.nanos}ns is not "
                                                  f"a time a table can hold") from None

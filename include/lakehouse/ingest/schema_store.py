@@ -55,7 +55,8 @@ def register_schema(registry: dict, subject: str, text: str, schema_type: str = 
     there); its id."""
     from confluent_kafka.schema_registry import Schema
 
-    return registry_client(registry).register_schema(subject, Schema(text, schema_type))
+    schema_id: int = registry_client(registry).register_schema(subject, Schema(text, schema_type))
+    return schema_id
 
 
 def register_avro_schema(registry: dict, subject: str, text: str) -> int:

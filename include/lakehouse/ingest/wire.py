@@ -83,7 +83,8 @@ def wire_protobuf(schema_id: int, message: Any, indexes: tuple[int, ...] = (0,))
     """A protobuf `message` in the wire format with writer schema `schema_id`, its message selected by
     `indexes` in the schema's file (for producers and tests)."""
     head = b"\x00" if indexes == (0,) else _zigzag(len(indexes)) + b"".join(_zigzag(i) for i in indexes)
-    return HEADER.pack(MAGIC, schema_id) + head + message.SerializeToString()
+    body: bytes = message.SerializeToString()
+    return HEADER.pack(MAGIC, schema_id) + head + body
 
 
 def wire_json(schema_id: int, document: Any) -> bytes:

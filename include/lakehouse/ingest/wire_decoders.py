@@ -175,4 +175,5 @@ def wire_decoder(fmt: str, spec: PipelineSpec, store: SchemaStore,
         raise ValueError(f"{fmt!r} is not a wire format")
     if fmt == "json_schema":
         return JsonSchemaDecoder(store, gate, what, decimals=spec.contract.has_decimals)
-    return WIRE_DECODERS[fmt](store, gate, what)
+    decoder: WireDecoder = WIRE_DECODERS[fmt](store, gate, what)
+    return decoder

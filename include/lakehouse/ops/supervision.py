@@ -130,7 +130,8 @@ class HangDetector:
 
 def backoff_s(spec: PipelineSpec, restart: int) -> float:
     """Delay before restart number `restart` (1-based): the spec's backoff, doubled per restart."""
-    return min(MAX_BACKOFF_S, spec.supervision.restart_backoff_s * 2 ** (restart - 1))
+    doubled: float = spec.supervision.restart_backoff_s * 2 ** (restart - 1)
+    return min(MAX_BACKOFF_S, doubled)
 
 
 class JobLock:

@@ -90,7 +90,7 @@ def current_view_query(spark, view: str) -> str | None:
         return None
     if not spark.sql(f"SHOW VIEWS IN {catalog}.{namespace} LIKE '{name}'").collect():
         return None
-    statement = spark.sql(f"SHOW CREATE TABLE {view}").collect()[0][0]
+    statement: str = spark.sql(f"SHOW CREATE TABLE {view}").collect()[0][0]
     _, sep, query = statement.partition("\nAS\n")
     if not sep:
         raise PublishError(f"cannot read the query of view {view} from: {statement!r}")

@@ -97,7 +97,8 @@ class _SloSensor(BaseSensorOperator):
         if event["status"] != "ok":
             raise AirflowSensorTimeout(event["check"]["message"])
         self.log.info("%s", event["check"]["message"])
-        return event["check"]
+        check: dict = event["check"]
+        return check
 
 
 class FreshnessSensor(_SloSensor):
