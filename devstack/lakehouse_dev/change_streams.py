@@ -59,7 +59,15 @@ from lakehouse_dev.record_formats import (
     writer_schema,
 )
 from lakehouse_dev.record_stream import SOURCE_HEADER, SyntheticRecord
-from lakehouse_dev.verdicts import ATTEMPTS, SELF_TEST_RECORDS, attempts_failed, reader_validator, verdict, written
+from lakehouse_dev.verdicts import (
+    ATTEMPTS,
+    SELF_TEST_RECORDS,
+    attempts_failed,
+    check_valid,
+    reader_validator,
+    verdict,
+    written,
+)
 
 DEBEZIUM_VERSION = "2.7.0.Final"
 # What a change stream can break, beyond the value format's kinds: events that are no row change
@@ -548,13 +556,7 @@ class ChangeStream:
                 row = self.factory.row()
                 key, value = written(self.spec, lambda: (self._key(self._pk(row)),
                                                          self._value(self._event("c", None, row, source))))
-                try:
-                    refused = verdict(self.validator, key, value, None)
-                except errors.LakehouseError as exc:
-                    raise ProduceError(f"{self.spec.path}: the reader refuses the writer schema: {exc}") from None
-                if refused is not None:
-                    raise ProduceError(f"{self.spec.path}: generated a change event the reader rejects as "
-                                       f"{refused} ({row!r:.300}); the generator needs a rule for this contract")
+                check_valid(self.validator, key, value, "change event", row)
             kinds = []
             for kind in (*FORMAT_KINDS[self.values.fmt], *CHANGE_KINDS):
                 if kind in kinds or kind == "null_value":

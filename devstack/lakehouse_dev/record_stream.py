@@ -16,12 +16,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from random import Random
 
-from lakehouse.core import config, errors
+from lakehouse.core import config
 from lakehouse.core.spec import PipelineSpec
 from lakehouse_dev.defects import FAULT_HEADER, FIELD_KINDS, FORMAT_KINDS, MAX_SENDABLE_BYTES, FieldPath, RecordBreaker
 from lakehouse_dev.record_factory import RecordFactory
 from lakehouse_dev.record_formats import CONTENT_TYPES, ProduceError, key_writer, value_writer
-from lakehouse_dev.verdicts import ATTEMPTS, SELF_TEST_RECORDS, attempts_failed, reader_validator, verdict, written
+from lakehouse_dev.verdicts import (
+    ATTEMPTS,
+    SELF_TEST_RECORDS,
+    attempts_failed,
+    check_valid,
+    reader_validator,
+    verdict,
+    written,
+)
 
 SOURCE_HEADER = ("source", b"lakehouse-produce")
 
@@ -151,13 +159,7 @@ class RecordStream:
         if len(value) > limit:
             raise ProduceError(f"{self.spec.path}: source.max_value_bytes is {limit} "
                                f"but a valid record takes {len(value)} bytes")
-        try:
-            refused = verdict(self.validator, key, value, None)
-        except errors.LakehouseError as exc:
-            raise ProduceError(f"{self.spec.path}: the reader refuses the writer schema: {exc}") from None
-        if refused is not None:
-            raise ProduceError(f"{self.spec.path}: generated a record the reader rejects as {refused} "
-                               f"({record!r:.300}); the generator needs a rule for this contract")
+        check_valid(self.validator, key, value, "record", record)
 
     def _carries(self, kind: str, path: FieldPath | None) -> bool:
         made = self._attempt(kind, path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lakehouse.core import config
+from lakehouse.core import config, errors
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.reader import MAX_KAFKA_TIMESTAMP_MS, MIN_KAFKA_TIMESTAMP_MS
 from lakehouse.ingest.rejects import Rejected
@@ -38,6 +38,19 @@ def verdict(validator: RecordValidator, key: bytes | None, value: bytes | None, 
     except Rejected as rejected:
         return rejected.kind
     return None
+
+
+def check_valid(validator: RecordValidator, key: bytes | None, value: bytes | None, what: str, shown: Any) -> None:
+    """A stream's self-test of one valid `what` (record, change event): ProduceError when the reader refuses
+    the writer schema or rejects it (`shown` in the message), since the generator then lacks a rule."""
+    spec = validator.spec
+    try:
+        refused = verdict(validator, key, value, None)
+    except errors.LakehouseError as exc:
+        raise ProduceError(f"{spec.path}: the reader refuses the writer schema: {exc}") from None
+    if refused is not None:
+        raise ProduceError(f"{spec.path}: generated a {what} the reader rejects as {refused} ({shown!r:.300}); "
+                           f"the generator needs a rule for this contract")
 
 
 def reader_validator(spec: PipelineSpec, platform: config.PlatformConfig | None) -> RecordValidator:

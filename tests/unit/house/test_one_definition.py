@@ -371,11 +371,17 @@ def test_the_platforms_keys_are_spelled_in_the_table_properties_module_only():
     """A table property or snapshot summary key of the platform (`lakehouse.pipeline`, `lakehouse.offsets`, ...)
     is a constant of lakehouse.core.table_properties (TableProperties, SnapshotSummary); a literal elsewhere is a
     second definition that a rename would miss."""
+    found = _spelled_outside_the_one_module(_key_literals)
+    assert not found, "lakehouse.* keys spelled outside lakehouse.core.table_properties:\n" + "\n".join(found)
+
+
+def _spelled_outside_the_one_module(scan) -> list[str]:
+    """What `scan` (source -> [(line, text)]) finds in the scanned roots outside lakehouse.core.table_properties,
+    as path:line: text."""
     files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
     assert THE_ONE_MODULE in files and len(files) > 100, "the source was not found"
-    found = [f"{path.relative_to(REPO)}:{line}: {text!r}" for path in files if path != THE_ONE_MODULE
-             for line, text in _key_literals(path.read_text())]
-    assert not found, "lakehouse.* keys spelled outside lakehouse.core.table_properties:\n" + "\n".join(found)
+    return [f"{path.relative_to(REPO)}:{line}: {text!r}" for path in files if path != THE_ONE_MODULE
+            for line, text in scan(path.read_text())]
 
 
 def test_the_key_scan_finds_a_key_spelled_elsewhere_and_leaves_names_of_code_alone():
@@ -408,10 +414,7 @@ def test_icebergs_keys_that_the_platform_names_are_spelled_in_the_table_properti
     merge-on-read modes), reads (where a table's files go, gc.enabled) or refuses from a spec are constants of
     lakehouse.core.table_properties.IcebergProperties; a literal elsewhere is a second definition of what the
     platform sets that a change of it would miss."""
-    files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
-    assert THE_ONE_MODULE in files and len(files) > 100, "the source was not found"
-    found = [f"{path.relative_to(REPO)}:{line}: {text!r}" for path in files if path != THE_ONE_MODULE
-             for line, text in _iceberg_key_literals(path.read_text())]
+    found = _spelled_outside_the_one_module(_iceberg_key_literals)
     assert not found, "Iceberg keys spelled outside lakehouse.core.table_properties:\n" + "\n".join(found)
 
 
