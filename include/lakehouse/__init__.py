@@ -11,7 +11,8 @@ The package by concern, each importing only the floors above it in this list (te
                tasks (taskwriter), commit them from the driver (committer), create and evolve the tables
                (tables), the job loop (job)
     upkeep/    the tables' and the topic's housekeeping: compaction and snapshot maintenance
-               (maintenance), retention alignment (retention)
+               (maintenance; its receipts: maintenance_receipts; the proof that a table owns its folder:
+               ownership, over storage_paths), retention alignment (retention)
     recovery/  re-ingesting what Kafka still holds: replay of offsets, time ranges and dead letters
                (replay), DAG-triggered backfills (backfill)
     ops/       what operators watch: status and lag (status), history, SLOs, Prometheus metrics,

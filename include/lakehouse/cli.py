@@ -323,13 +323,13 @@ def cmd_maintain(args) -> int:
     failed (or, with --dry-run, would fail: an orphan removal that would be refused). A dry run lists the data
     files compaction would rewrite, the snapshots expiry would name and the orphan files removal would delete,
     and rewrites, expires and deletes nothing (its receipts are recorded as `maintenance` events)."""
-    from lakehouse.upkeep import maintenance
+    from lakehouse.upkeep import maintenance, maintenance_receipts
 
     receipt = maintenance.run(load_pipeline(args.pipeline), run_id=args.run_id, dry_run=args.dry_run)
     if args.json:
         print(json.dumps(receipt.to_json(), separators=(",", ":"), default=str), flush=True)
     else:
-        print(maintenance.render(receipt), flush=True)
+        print(maintenance_receipts.render(receipt), flush=True)
     return 0 if receipt.ok else EXIT_FAILURE
 
 

@@ -32,7 +32,7 @@ from e2e import (  # noqa: F401 (fixture)
 from lakehouse.core import config, events, lineage, offsets
 from lakehouse.core.catalog import open_catalog
 from lakehouse.ingest.job import IngestJob
-from lakehouse.upkeep import maintenance
+from lakehouse.upkeep import maintenance, storage_paths
 from lakehouse_dev import produce
 
 pytestmark = pytest.mark.slow
@@ -253,7 +253,7 @@ def test_orphan_removal_is_refused_where_another_catalog_name_shares_the_folder(
     theirs = twin.create_table(spec.target.table, schema=pa.schema([pa.field("id", pa.int64())]))
     try:
         theirs.append(pa.table({"id": [1, 2, 3]}))
-        assert maintenance.canonical_path(theirs.location()) == maintenance.canonical_path(mine.location())
+        assert storage_paths.canonical_path(theirs.location()) == storage_paths.canonical_path(mine.location())
         twin_files = files_under(mine.location()) - before
         assert any(p.suffix == ".parquet" for p in twin_files) and any(p.name.endswith(".metadata.json")
                                                                        for p in twin_files)

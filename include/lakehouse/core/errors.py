@@ -349,7 +349,7 @@ class NotADescendantError(PublishError):
     would make readers lose data they have already seen."""
 
 
-# --- maintenance and supervision (lakehouse.upkeep.maintenance, lakehouse.ops.supervision) -----------------
+# --- maintenance and supervision (lakehouse.upkeep.maintenance and .ownership, lakehouse.ops.supervision) -
 
 class MaintenanceError(LakehouseError, RuntimeError):
     """A maintenance step on one table failed (after retries) or broke an invariant; says which and why."""

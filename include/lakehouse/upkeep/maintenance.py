@@ -1,4 +1,4 @@
-"""Table maintenance: compaction, manifest rewrite, snapshot expiry and orphan removal, with receipts.
+"""Table maintenance, the runner: compaction, manifest rewrite, snapshot expiry and orphan removal.
 
 `run(spec)` maintains every table of a pipeline (data tables, the tombstone ledger of an
 upsert pipeline and the dead-letter table), one after the other, while ingestion keeps
@@ -20,7 +20,7 @@ committing:
              land meanwhile are newer than anything named, so they are kept too;
 5. orphans   files no snapshot references and older than
              `maintenance.orphan_safety_window` (a commit in flight is never that old), but only
-             once the table is proven to own its folder (`OwnershipCheck`): its location is the one
+             once the table is proven to own its folder (`lakehouse.upkeep.ownership`): its location is the one
              its catalog assigns it (the catalog's warehouse, or its namespace's location, plus
              namespace/table as that catalog type lays tables out), its `write.data.path`,
              `write.metadata.path`, `write.object-storage.path` and `write.folder-storage.path` lie
@@ -38,7 +38,8 @@ fails it, and it is retried from the new head up to COMMIT_ATTEMPTS times; after
 the table's receipt says `failed` and why. A table whose maintenance fails in any way (a
 step out of retries, a refused orphan removal, unreadable metadata, a Py4J error) gets a
 `failed` receipt and the run goes on with the next table. Each table gets one `maintenance`
-event on the ops timeline with the receipt's numbers as metrics.
+event on the ops timeline with the receipt's numbers as metrics (the receipts, their text and
+their reading back from the timeline are `lakehouse.upkeep.maintenance_receipts`).
 
 A dry run (`run(..., dry_run=True)`, `lakehouse maintain --dry-run`) rewrites, expires and
 deletes nothing: each table's receipt lists the data files compaction would rewrite (Iceberg's
@@ -52,28 +53,31 @@ like a run's, so that a preview is audited and the DAG can show it.
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from pathlib import Path
 from typing import TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
-from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from lakehouse.core import config, errors, events, offsets, retry, sparkenv
-from lakehouse.core import spec as spec_module
 from lakehouse.core.adapters import pyspark_internals
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import MaintenanceError, OwnershipError
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.core.table_properties import IcebergProperties
+from lakehouse.upkeep.maintenance_receipts import (
+    MAX_LISTED,
+    CompactionCommit,
+    Content,
+    MaintenanceReceipt,
+    TableReceipt,
+)
+from lakehouse.upkeep.ownership import GC_ENABLED, LOCATION_PROVIDER_PROPERTIES, PATH_PROPERTIES, OwnershipCheck
+from lakehouse.upkeep.storage_paths import canonical_path
 
 log = logging.getLogger("lakehouse.maintenance")
 COMMIT_ATTEMPTS = 4
@@ -83,126 +87,7 @@ EXPIRE_CHUNK = 500
 TIMELINE_SNAPSHOT_AGE = timedelta(hours=1)
 # summary keys only a data-file or delete-file rewrite writes (rewrite_manifests writes neither)
 _REWRITE_KEYS = ("deleted-data-files", "removed-delete-files", "removed-position-delete-files")
-# file paths and snapshots a receipt lists (its counts are exact): a receipt is a timeline event and an XCom
-MAX_LISTED = 500
-# Table properties that put a table's files somewhere else than <location>/data and <location>/metadata
-# (Iceberg's Java names; write.folder-storage.path is the older name of write.data.path).
-PATH_PROPERTIES = (IcebergProperties.WRITE_DATA_LOCATION, IcebergProperties.WRITE_METADATA_LOCATION,
-                   IcebergProperties.OBJECT_STORE_PATH, IcebergProperties.WRITE_FOLDER_STORAGE_LOCATION)
-# A location provider of the table's own (Java or pyiceberg) may place files anywhere.
-LOCATION_PROVIDER_PROPERTIES = (IcebergProperties.WRITE_LOCATION_PROVIDER_IMPL,
-                                IcebergProperties.WRITE_PY_LOCATION_PROVIDER_IMPL)
-GC_ENABLED = IcebergProperties.GC_ENABLED
-# The catalogs listed to prove that no other table shares a table's folder: at most this many tables,
-# loaded this many at a time, within this many seconds; beyond either bound nothing is proven.
-INVENTORY_MAX_TABLES = 5000
-INVENTORY_THREADS = 8
-INVENTORY_TIMEOUT_S = 300.0
-_NAMESPACE_DEPTH = 8  # nested namespaces listed this deep
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Content:
-    """Row count and order-independent content hash of one snapshot."""
-
-    rows: int
-    checksum: str  # exact decimal sum of xxhash64 over all columns of every row
-
-
-@dataclass
-class CompactionCommit:
-    """One rewrite commit and the snapshot it was applied to, with their content."""
-
-    snapshot_id: int
-    parent_id: int
-    before: Content
-    after: Content
-
-
-@dataclass
-class TableReceipt:
-    """What maintenance did to one table. Files, bytes and content are measured on the snapshot the
-    first compaction replaced (before) and on the last compaction commit (after), so rows that
-    ingestion appended meanwhile do not blur the comparison; without compaction both are the head.
-
-    A dry run fills the `would_*` fields instead and changes nothing: files and bytes are the head's
-    before and after, rows and checksums are not computed. Lists hold at most MAX_LISTED entries;
-    the counts beside them are exact."""
-
-    table: str
-    status: str = "ok"  # ok | skipped (table missing or empty; a dry run) | failed
-    message: str = ""
-    dry_run: bool = False
-    data_files_before: int = 0
-    data_files_after: int = 0
-    delete_files_before: int = 0
-    delete_files_after: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
-    rows_before: int = 0
-    rows_after: int = 0
-    checksum_before: str = "0"
-    checksum_after: str = "0"
-    rewritten_data_files: int = 0
-    added_data_files: int = 0
-    rewritten_delete_files: int = 0
-    compaction_attempts: int = 0
-    compactions: list[CompactionCommit] = field(default_factory=list)
-    manifests_rewritten: int = 0
-    snapshots_expired: int = 0
-    expire_older_than: str | None = None
-    kept_for_resume: int = 0  # snapshots older than the window kept because resume or an audit walks them
-    positions_snapshot_id: int | None = None
-    expired_snapshot_ids: list[int] = field(default_factory=list)
-    orphans_removed: int = 0
-    removed_orphan_files: list[str] = field(default_factory=list)
-    orphan_older_than: str | None = None
-    orphans_refused: str | None = None  # why orphan removal was refused (OwnershipError), if it was
-    # dry run: what a run would do
-    would_rewrite_data_files: int = 0
-    would_rewrite_bytes: int = 0
-    would_rewrite_groups: int = 0
-    would_rewrite_delete_files: int = 0
-    would_expire_count: int = 0
-    would_expire: list[dict] = field(default_factory=list)  # {"snapshot_id", "timestamp"}, oldest first
-    would_delete_orphans_count: int = 0
-    would_delete_orphans: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def content_unchanged(self) -> bool:
-        return all(c.before == c.after for c in self.compactions)
-
-    def metrics(self) -> dict[str, float]:
-        """The numbers for the ops timeline (checksums are in the details: a double cannot hold them)."""
-        keys = ("data_files_before", "data_files_after", "delete_files_before", "delete_files_after",
-                "bytes_before", "bytes_after", "rows_before", "rows_after", "rewritten_data_files",
-                "added_data_files", "rewritten_delete_files", "manifests_rewritten", "snapshots_expired",
-                "orphans_removed", "would_rewrite_data_files", "would_rewrite_delete_files", "would_expire_count",
-                "would_delete_orphans_count", "seconds")
-        return {**{k: float(getattr(self, k)) for k in keys},
-                "content_unchanged": float(self.content_unchanged), "dry_run": float(self.dry_run),
-                "orphans_refused": float(self.orphans_refused is not None)}
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "content_unchanged": self.content_unchanged}
-
-
-@dataclass
-class MaintenanceReceipt:
-    pipeline: str
-    run_id: str
-    tables: list[TableReceipt] = field(default_factory=list)
-    dry_run: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return all(t.status != "failed" for t in self.tables)
-
-    def to_json(self) -> dict:
-        return {"pipeline": self.pipeline, "run_id": self.run_id, "ok": self.ok, "dry_run": self.dry_run,
-                "tables": [t.to_json() for t in self.tables]}
 
 
 def retrying(what: str, fn: Callable[[], T]) -> tuple[T, int]:
@@ -299,379 +184,6 @@ def snapshots_to_keep(table: Table, pipeline: str | None) -> set[int]:
         if ref.snapshot_id in chain:
             keep.update(chain[:chain.index(ref.snapshot_id) + 1])
     return keep
-
-
-# ---------------------------------------------------------------------------- what a table owns
-
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(.*)", re.DOTALL)  # two letters at least: C:/ is a drive
-# Schemes that name the same objects: Iceberg's S3FileIO (s3) and Hadoop's S3A (s3a, and the older s3n).
-_SAME_SCHEME = {"s3a": "s3", "s3n": "s3"}
-
-
-@dataclass(frozen=True)
-class StoragePath:
-    """A folder or file of a filesystem or object store, compared segment by segment: `s3://b/wh/t` holds
-    `s3a://b/wh/t/data/x.parquet` but not `s3://b/wh/t_dlq` (a prefix of the text is not a folder)."""
-
-    scheme: str
-    authority: str
-    segments: tuple[str, ...]
-
-    def within(self, other: StoragePath) -> bool:
-        """Whether this is `other` or lies inside it."""
-        return ((self.scheme, self.authority) == (other.scheme, other.authority)
-                and self.segments[:len(other.segments)] == other.segments)
-
-    def __str__(self) -> str:
-        return f"{self.scheme}://{self.authority}/{'/'.join(self.segments)}"
-
-
-def _split(uri: str) -> tuple[str, str, str] | None:
-    """(scheme, authority, path) of `uri` read literally, or None for a relative path. A bare absolute path
-    is a file: path; s3a and s3n are s3; a file: URI's `localhost` authority is none."""
-    found = _SCHEME.fullmatch(uri)
-    if found is None:
-        if not uri.startswith("/"):
-            return None
-        scheme, rest = "file", uri
-    else:
-        scheme, rest = found.group(1).lower(), found.group(2)
-    scheme = _SAME_SCHEME.get(scheme, scheme)
-    authority = ""
-    if rest.startswith("//"):
-        authority, slash, path = rest[2:].partition("/")
-        rest = slash + path
-    authority = authority.lower()
-    if scheme == "file" and authority == "localhost":
-        authority = ""
-    return scheme, authority, rest
-
-
-def canonical_path(uri: str) -> StoragePath | None:
-    """`uri` as the one place every client takes it for, or None when clients may disagree about it: a
-    relative path, `.` or `..` segments (an object store keeps them as key characters, a filesystem
-    resolves them), an empty segment (`a//b`), a query, fragment or percent-escape (some clients cut or
-    decode them, others do not), a backslash or a control character, or an opaque `scheme:path` whose path
-    does not start at a root (`a0:0`: a folder "0" to one client, the root to another). A table is proven to
-    own only a location of this plain form."""
-    if not uri or any(c in uri for c in "?#%\\") or any(ord(c) < 32 or ord(c) == 127 for c in uri):
-        return None
-    parts = _split(uri)
-    if parts is None:
-        return None
-    scheme, authority, path = parts
-    if path and not path.startswith("/"):
-        return None
-    segments = path.rstrip("/").split("/")[1:] if path.rstrip("/") else []
-    if any(s in ("", ".", "..") for s in segments):
-        return None
-    return StoragePath(scheme, authority, tuple(segments))
-
-
-def _resolved(segments: Iterable[str]) -> tuple[str, ...]:
-    """`segments` with `.` dropped and `..` taking the one before it, as a filesystem resolves them."""
-    out: list[str] = []
-    for segment in segments:
-        if segment == "..":
-            if out:
-                out.pop()
-        elif segment != ".":
-            out.append(segment)
-    return tuple(out)
-
-
-def readings(uri: str) -> set[StoragePath]:
-    """Every place some client may take `uri` for: read literally or with its query and fragment cut off,
-    percent-escapes kept or decoded, backslashes kept or taken as slashes, `.` and `..` segments kept (an
-    object store's key) or resolved (a filesystem), empty segments dropped. Empty for a relative path.
-    Another table's paths are checked in every reading, so that no spelling of them hides an overlap."""
-    texts = {uri, re.split(r"[?#]", uri, maxsplit=1)[0]}
-    texts |= {unquote(text) for text in texts}
-    texts |= {text.replace("\\", "/") for text in texts}
-    found = set()
-    for text in texts:
-        parts = _split(text)
-        if parts is None:
-            continue
-        scheme, authority, path = parts
-        segments = [s for s in path.split("/") if s]
-        found.add(StoragePath(scheme, authority, tuple(segments)))
-        found.add(StoragePath(scheme, authority, _resolved(segments)))
-    return found
-
-
-def assigned_locations(kind: str, warehouse: str | None, namespace: tuple[str, ...], name: str,
-                       namespace_location: str | None) -> list[str]:
-    """Where a catalog of type `kind` puts table `namespace`.`name` when nobody names a location: inside
-    the namespace's `location` when it has one (pyiceberg's catalogs; a REST server over Iceberg's
-    JdbcCatalog reports its default there), and inside the warehouse as that type lays tables out:
-    `<warehouse>/<ns>/<table>` for JDBC and REST (Iceberg's JdbcCatalog and pyiceberg's SqlCatalog alike),
-    `<warehouse>/<ns>.db/<table>` for Hive and Glue."""
-    found = []
-    if namespace_location:
-        found.append(f"{namespace_location.rstrip('/')}/{name}")
-    if warehouse:
-        base = warehouse.rstrip("/")
-        if kind in ("hive", "glue"):
-            found.append(f"{base}/{'.'.join(namespace)}.db/{name}")
-        else:
-            found.append(f"{base}/{'/'.join(namespace)}/{name}")
-    return list(dict.fromkeys(found))
-
-
-def catalog_server(settings: config.CatalogConfig) -> tuple:
-    """Which catalog `settings` opens, so that one table listed under two names is known as one: a JDBC
-    catalog is its database and its name (Iceberg keys a JDBC catalog's tables by catalog name, so two
-    names are two catalogs), any other catalog the service it talks to (two names of one REST server list
-    the same tables; they are told apart by their tables' UUIDs)."""
-    if settings.type == "jdbc":
-        return ("jdbc", settings.uri, settings.name)
-    return (settings.type, settings.uri, settings.properties.get("prefix", ""))
-
-
-@dataclass(frozen=True)
-class TableFiles:
-    """Where one table keeps its files, as its current metadata says: its location, the file-placing
-    properties it sets (PATH_PROPERTIES, LOCATION_PROVIDER_PROPERTIES, GC_ENABLED) and the files its
-    metadata names without reading further (the metadata file, the earlier ones it logs, each snapshot's
-    manifest list). `catalog` is the name it was listed under, `server` which catalog that is
-    (`catalog_server`); `unreadable` says why nothing else is known."""
-
-    catalog: str
-    server: tuple
-    identifier: str  # namespace.table
-    uuid: str = ""
-    location: str = ""
-    properties: Mapping[str, str] = field(default_factory=dict)
-    files: tuple[tuple[str, str], ...] = ()  # (what, URI)
-    unreadable: str | None = None
-
-    @property
-    def name(self) -> str:
-        return f"{self.catalog}.{self.identifier}"
-
-    def is_same_table(self, other: TableFiles) -> bool:
-        return (self.server, self.identifier, self.uuid) == (other.server, other.identifier, other.uuid)
-
-    def folders(self) -> list[tuple[str, str]]:
-        """(what, URI) of each folder the table writes files into: its location and the path properties set."""
-        return [("location", self.location),
-                *((key, self.properties[key]) for key in PATH_PROPERTIES if self.properties.get(key))]
-
-    @classmethod
-    def of(cls, catalog: str, server: tuple, identifier: str, table: Table) -> TableFiles:
-        metadata = table.metadata
-        files = [("metadata file", table.metadata_location),
-                 *(("earlier metadata file", entry.metadata_file) for entry in metadata.metadata_log),
-                 *((f"manifest list of snapshot {snap.snapshot_id}", snap.manifest_list)
-                   for snap in metadata.snapshots if snap.manifest_list)]
-        placing = (*PATH_PROPERTIES, *LOCATION_PROVIDER_PROPERTIES, GC_ENABLED)
-        return cls(catalog=catalog, server=server, identifier=identifier, uuid=str(metadata.table_uuid),
-                   location=table.location(),
-                   properties={k: str(v) for k, v in table.properties.items() if k in placing},
-                   files=tuple((what, uri) for what, uri in files if uri))
-
-
-@dataclass
-class Inventory:
-    """The tables of the catalogs listed (`take_inventory`) and what kept any of them from being listed."""
-
-    tables: list[TableFiles] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-
-def _first_line(exc: BaseException) -> str:
-    return sparkenv.describe_error(exc).splitlines()[0][:300]
-
-
-def _overlaps(own: StoragePath, other: TableFiles) -> list[str]:
-    """How `other` keeps files inside `own` (or holds it inside a folder of its own), as phrases; [] for none."""
-    if other.unreadable is not None:
-        return [(f"{other.name} could not be read ({other.unreadable}), so where its files lie is unknown; "
-                 f"repair or drop it")]
-    found = [f"{other.name} places its files with a location provider of its own ({key}={other.properties[key]})"
-             for key in LOCATION_PROVIDER_PROPERTIES if other.properties.get(key)]
-    for what, uri in other.folders():
-        seen = readings(uri)
-        if not seen:
-            found.append(f"{other.name}'s {what} {uri!r} is a relative path, which lies anywhere")
-        elif any(place.within(own) for place in seen):
-            found.append(f"{other.name}'s {what} {uri} lies inside it")
-        elif any(own.within(place) for place in seen):
-            found.append(f"it lies inside {other.name}'s {what} {uri}")
-    for what, uri in other.files:
-        if any(place.within(own) for place in readings(uri)):
-            found.append(f"{other.name}'s {what} {uri} lies inside it")
-            break  # one of its files tells enough
-    return found
-
-
-def ownership_refusal(subject: TableFiles, assigned: list[str], inventory: Inventory) -> str | None:
-    """Why orphan removal must not run on `subject`, or None when it owns every file under its location:
-    the location is plain (`canonical_path`) and inside one of the `assigned` ones (`assigned_locations`),
-    GC is enabled, no location provider of its own places files, each path property lies inside the
-    location, every catalog was listed, and no other table of `inventory` keeps a folder or a file inside
-    the location or holds it inside a folder of its own. The reason names the offending table or setting
-    and what to do."""
-    own = canonical_path(subject.location)
-    if own is None:
-        return (f"its location {subject.location!r} is not a plain absolute URI (it is relative or holds '.', "
-                f"'..', '//', a query, a fragment, a percent-escape or a backslash), which clients may take for "
-                f"different places; recreate the table at the location its catalog assigns")
-    homes = [home for home in (canonical_path(a) for a in assigned) if home is not None]
-    if not any(own.within(home) for home in homes):
-        where = " or ".join(assigned) or "none: the catalog names no warehouse and the namespace no location"
-        return (f"its location {subject.location} is not where catalog {subject.catalog!r} puts the table (it "
-                f"assigns {where}), so files of others may share that folder; recreate the table at its "
-                f"assigned location, or remove orphan files by hand after checking the folder")
-    props = subject.properties
-    if props.get(GC_ENABLED, "true").strip().lower() == "false":
-        return (f"the table sets {GC_ENABLED}=false: its files may be shared with another table (a snapshot or "
-                f"a migrated table); set it to true only once the table owns all its files")
-    for key in LOCATION_PROVIDER_PROPERTIES:
-        if props.get(key):
-            return (f"the table sets {key}={props[key]}: a location provider of its own may place files "
-                    f"anywhere; unset it (ALTER TABLE ... UNSET TBLPROPERTIES ('{key}'))")
-    for key in PATH_PROPERTIES:
-        value = props.get(key)
-        if value:
-            place = canonical_path(value)
-            if place is None or not place.within(own):
-                return (f"the table sets {key}={value}, which is not a plain path inside its location "
-                        f"{subject.location}: files there may be another table's, and the table's own files "
-                        f"there are never listed; unset it (ALTER TABLE ... UNSET TBLPROPERTIES ('{key}')) and "
-                        f"rewrite the table's files into its location")
-    if inventory.problems:
-        more = f" (and {len(inventory.problems) - 3} more)" if len(inventory.problems) > 3 else ""
-        return ("it cannot be proven that no other table keeps files inside its location: "
-                + "; ".join(inventory.problems[:3]) + more)
-    conflicts = [c for other in inventory.tables if not other.is_same_table(subject) for c in _overlaps(own, other)]
-    if conflicts:
-        more = f"; and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
-        return (f"its location {subject.location} is shared: " + "; ".join(conflicts[:5]) + more
-                + ". Give each table a folder of its own (drop or recreate one of them at its assigned location, "
-                  "or unset the path property that points into the other), then run maintenance again")
-    return None
-
-
-class _TooManyTables(Exception):
-    pass
-
-
-def _list_tables(catalog, deadline: float, budget: int) -> list[tuple[str, ...]]:
-    """Every table identifier of `catalog`, nested namespaces down to _NAMESPACE_DEPTH levels. Raises
-    _TooManyTables past `budget` tables, TimeoutError past `deadline` (time.monotonic())."""
-    found: list[tuple[str, ...]] = []
-    queue: list[tuple[str, ...]] = [()]
-    seen: set[tuple[str, ...]] = set()
-    while queue:
-        if time.monotonic() > deadline:
-            raise TimeoutError("listing took too long")
-        parent = queue.pop()
-        for child in (catalog.list_namespaces(parent) if parent else catalog.list_namespaces()):
-            child = tuple(child)
-            if (child not in seen and len(parent) < len(child) <= _NAMESPACE_DEPTH
-                    and child[:len(parent)] == parent):
-                seen.add(child)
-                queue.append(child)
-        if parent:
-            try:
-                found.extend(tuple(t) for t in catalog.list_tables(parent))
-            except NoSuchNamespaceError:  # dropped meanwhile
-                continue
-            if len(found) > budget:
-                raise _TooManyTables
-    return found
-
-
-def take_inventory(platform: config.PlatformConfig, names: Iterable[str], max_tables: int = INVENTORY_MAX_TABLES,
-                   timeout_s: float = INVENTORY_TIMEOUT_S) -> Inventory:
-    """Every table of catalogs `names`, with where it keeps its files (TableFiles), loaded INVENTORY_THREADS at
-    a time. Never raises: a catalog that cannot be opened or listed, more than `max_tables` tables or more
-    than `timeout_s` seconds is a problem in the result; a table that cannot be read is in it as unreadable;
-    one dropped meanwhile is left out. Each catalog service is listed once."""
-    deadline = time.monotonic() + timeout_s
-    inventory = Inventory()
-    pending: dict = {}
-    listed: set[tuple] = set()
-    pool = ThreadPoolExecutor(INVENTORY_THREADS, thread_name_prefix="lakehouse-inventory")
-    try:
-        for name in sorted(set(names)):
-            try:
-                server = catalog_server(platform.catalog(name))
-                if server in listed:
-                    continue
-                listed.add(server)
-                catalog = open_catalog(platform, name)
-                identifiers = _list_tables(catalog, deadline, max_tables - len(pending))
-            except _TooManyTables:
-                inventory.problems.append(f"the configured catalogs hold more than {max_tables} tables, more than "
-                                          f"maintenance lists to prove it (maintenance.INVENTORY_MAX_TABLES)")
-                return inventory
-            except Exception as exc:  # noqa: BLE001 - TimeoutError among them: the catalog stays unproven
-                inventory.problems.append(f"catalog {name!r} could not be opened or listed ({_first_line(exc)}); "
-                                          f"check that it is reachable, or take it out of the configuration")
-                continue
-            for identifier in identifiers:
-                pending[pool.submit(catalog.load_table, identifier)] = (name, server, ".".join(identifier))
-        try:
-            for future in as_completed(pending, timeout=max(deadline - time.monotonic(), 0)):
-                name, server, identifier = pending[future]
-                try:
-                    inventory.tables.append(TableFiles.of(name, server, identifier, future.result()))
-                except NoSuchTableError:
-                    continue  # dropped meanwhile
-                except Exception as exc:  # noqa: BLE001 - corrupt or missing metadata, a refusal, ...
-                    inventory.tables.append(TableFiles(name, server, identifier, unreadable=_first_line(exc)))
-        except TimeoutError:  # concurrent.futures' is the builtin since 3.11
-            inventory.problems.append(f"reading {len(pending)} tables' metadata took more than {timeout_s:g} s "
-                                      f"(maintenance.INVENTORY_TIMEOUT_S)")
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    inventory.tables.sort(key=lambda t: t.name)
-    return inventory
-
-
-class OwnershipCheck:
-    """Proves, before orphan removal, that a table of `spec` owns every file under its location
-    (`ownership_refusal`). The catalogs are listed once per maintenance run, at its first proof: the
-    pipeline's catalog, every catalog named in pyiceberg's configuration, those of the valid specs in the
-    spec's folder and in the pipelines folder."""
-
-    def __init__(self, platform: config.PlatformConfig, spec: PipelineSpec):
-        self.platform = platform
-        self.spec = spec
-        self._inventory: Inventory | None = None
-
-    def catalog_names(self) -> list[str]:
-        names = {self.spec.catalog, *self.platform.catalog_settings}
-        for folder in {Path(self.spec.path).parent, config.pipelines_dir()}:
-            if folder.is_dir():
-                names.update(s.catalog for s in spec_module.load_all(folder).values())
-        return sorted(names)
-
-    def inventory(self) -> Inventory:
-        if self._inventory is None:
-            self._inventory = take_inventory(self.platform, self.catalog_names())
-        return self._inventory
-
-    def prove(self, catalog, table_name: str, table: Table) -> TableFiles:
-        """`table` (`table_name` of the pipeline's catalog, opened as `catalog`) as proven to own every file
-        under its location; raises OwnershipError saying why not."""
-        settings = self.platform.catalog(self.spec.catalog)
-        *namespace, name = table_name.split(".")
-        try:
-            namespace_location = catalog.load_namespace_properties(tuple(namespace)).get("location")
-        except NoSuchNamespaceError:
-            namespace_location = None
-        warehouse = catalog.properties.get("warehouse") or settings.warehouse
-        assigned = assigned_locations(settings.type, warehouse, tuple(namespace), name, namespace_location)
-        subject = TableFiles.of(self.spec.catalog, catalog_server(settings), table_name, table)
-        reason = ownership_refusal(subject, assigned, self.inventory())
-        if reason is not None:
-            raise OwnershipError(f"orphan removal of {self.spec.catalog}.{table_name} refused, nothing deleted: "
-                                 f"{reason}")
-        return subject
 
 
 class TableMaintenance:
@@ -990,39 +502,3 @@ def run(spec: PipelineSpec, platform: config.PlatformConfig | None = None, spark
                                       f"({sparkenv.describe_error(exc).splitlines()[0]})")
             log.error("%s", table_receipt.message)
     return receipt
-
-
-def render(receipt: MaintenanceReceipt) -> str:
-    """The receipt as text: a line per table and, for a dry run, the snapshots it would expire and the
-    orphan files it would delete (at most MAX_LISTED of each)."""
-    lines = [f"dry run of {receipt.pipeline}'s maintenance: nothing was rewritten, expired or deleted"] \
-        if receipt.dry_run else []
-    for table in receipt.tables:
-        lines.append(f"{table.status:<8} {table.message}")
-        if not table.dry_run:
-            continue
-        if table.would_expire_count:
-            lines.append(f"  snapshots that would expire ({table.would_expire_count}):")
-            lines += [f"    {s['snapshot_id']}  {s['timestamp']}" for s in table.would_expire]
-            if table.would_expire_count > len(table.would_expire):
-                lines.append(f"    ... and {table.would_expire_count - len(table.would_expire)} more")
-        if table.would_delete_orphans_count:
-            lines.append(f"  orphan files that would be deleted ({table.would_delete_orphans_count}, older than "
-                         f"{table.orphan_older_than}):")
-            lines += [f"    {path}" for path in table.would_delete_orphans]
-            if table.would_delete_orphans_count > len(table.would_delete_orphans):
-                lines.append(f"    ... and {table.would_delete_orphans_count - len(table.would_delete_orphans)} more")
-    return "\n".join(lines)
-
-
-def receipt_from_events(pipeline: str, run_id: str, since: datetime | None = None,
-                        platform: config.PlatformConfig | None = None, catalog: str = "lake") -> dict:
-    """The receipt of maintenance run `run_id` as its `maintenance` events recorded it (one per table),
-    in the shape of `MaintenanceReceipt.to_json()`; `tables` is empty when the run recorded nothing."""
-    rows = events.recent(pipeline, "maintenance", since=since, limit=1000, platform=platform, catalog=catalog)
-    tables = [row["details"] for row in reversed(rows) if row["details"].get("run_id") == run_id]
-    for table in tables:
-        for audit_only in ("run_id", "parameters", "actor"):
-            table.pop(audit_only, None)
-    return {"pipeline": pipeline, "run_id": run_id, "ok": all(t["status"] != "failed" for t in tables),
-            "dry_run": any(t.get("dry_run") for t in tables), "tables": tables}

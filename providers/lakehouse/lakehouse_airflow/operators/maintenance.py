@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from lakehouse.core import config, lineage
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.upkeep import maintenance
+from lakehouse.upkeep import maintenance_receipts
 from lakehouse_airflow.audit import actor_of
 from lakehouse_airflow.hooks import KAFKA_CONN_ID, LakehouseHook
 from lakehouse_airflow.lineage import openlineage_enabled
@@ -68,8 +68,8 @@ class MaintenanceOperator(SparkSubmitOperator):
 
     @staticmethod
     def _receipt(lakehouse: LakehouseHook, run_id: str, since: datetime) -> dict:
-        return maintenance.receipt_from_events(lakehouse.pipeline, run_id, since=since,
-                                               platform=lakehouse.platform, catalog=lakehouse.spec.catalog)
+        return maintenance_receipts.receipt_from_events(lakehouse.pipeline, run_id, since=since,
+                                                        platform=lakehouse.platform, catalog=lakehouse.spec.catalog)
 
     @staticmethod
     def datasets(spec: PipelineSpec, platform: config.PlatformConfig, maintained: list[dict]) -> tuple[list, list]:

@@ -1,4 +1,4 @@
-"""Orphan removal deletes only what the table owns: the proof it runs first (lakehouse.upkeep.maintenance's
+"""Orphan removal deletes only what the table owns: the proof it runs first (lakehouse.upkeep.ownership's
 `ownership_refusal`, over what the catalogs say), and how a dry run is asked for and shown.
 
 Unit layer: the proof is a pure function of the table's location and properties, the locations its catalog
@@ -20,18 +20,9 @@ from hypothesis import strategies as st
 from lakehouse import cli
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
-from lakehouse.upkeep.maintenance import (
-    Inventory,
-    MaintenanceReceipt,
-    TableFiles,
-    TableReceipt,
-    assigned_locations,
-    canonical_path,
-    ownership_refusal,
-    readings,
-    render,
-    take_inventory,
-)
+from lakehouse.upkeep.maintenance_receipts import MaintenanceReceipt, TableReceipt, render
+from lakehouse.upkeep.ownership import Inventory, TableFiles, ownership_refusal, take_inventory
+from lakehouse.upkeep.storage_paths import assigned_locations, canonical_path, readings
 
 LAKE = ("jdbc", "sqlite:////srv/catalog.db", "lake")  # catalog_server of catalog `lake`
 TWIN = ("jdbc", "sqlite:////srv/catalog.db", "twin")  # another name in the same database: another catalog
@@ -295,4 +286,4 @@ def test_the_inventory_lists_every_table_and_says_what_it_could_not(own_home, mo
 
     capped = take_inventory(platform, ["lake"], max_tables=1)
     assert capped.problems == [("the configured catalogs hold more than 1 tables, more than maintenance lists "
-                                "to prove it (maintenance.INVENTORY_MAX_TABLES)")]
+                                "to prove it (ownership.INVENTORY_MAX_TABLES)")]
