@@ -1,5 +1,5 @@
 """Orphan removal deletes only what the table owns: the proof it runs first (lakehouse.upkeep.ownership's
-`ownership_refusal`, over what the catalogs say), and how a dry run is asked for and shown.
+`ownership_refusal`, over what the catalogs say, listed by `take_inventory`).
 
 Unit layer: the proof is a pure function of the table's location and properties, the locations its catalog
 assigns and the other tables' places, so every spelling of an overlap can be tried here; the end-to-end
@@ -8,21 +8,18 @@ tests (test_maintenance.py) show the same refusals keep another table's files on
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakehouse import cli
 from lakehouse.core import config
 from lakehouse.core.catalog import open_catalog
-from lakehouse.upkeep.maintenance_receipts import MaintenanceReceipt, TableReceipt, render
 from lakehouse.upkeep.ownership import Inventory, TableFiles, ownership_refusal, take_inventory
-from lakehouse.upkeep.storage_paths import assigned_locations, canonical_path, readings
+from lakehouse.upkeep.storage_paths import assigned_locations, canonical_path
 
 LAKE = ("jdbc", "sqlite:////srv/catalog.db", "lake")  # catalog_server of catalog `lake`
 TWIN = ("jdbc", "sqlite:////srv/catalog.db", "twin")  # another name in the same database: another catalog
@@ -189,15 +186,6 @@ def test_without_a_warehouse_or_namespace_location_nothing_is_assigned():
     assert "it assigns none" in refusal(orders(), assigned=())
 
 
-def test_each_catalog_type_assigns_its_own_layout():
-    assert assigned_locations("jdbc", "file:///srv/wh/lake/", ("raw",), "orders", None) == ["file:///srv/wh/lake/raw/orders"]
-    assert assigned_locations("rest", "s3://b/wh", ("a", "b"), "t", "s3://b/rest/a/b/") == \
-        ["s3://b/rest/a/b/t", "s3://b/wh/a/b/t"]
-    assert assigned_locations("hive", "s3://b/wh", ("raw",), "orders", None) == ["s3://b/wh/raw.db/orders"]
-    assert assigned_locations("glue", "s3://b/wh", ("raw",), "orders", "s3://b/glue/raw") == \
-        ["s3://b/glue/raw/orders", "s3://b/wh/raw.db/orders"]
-
-
 def test_spark_and_pyiceberg_spellings_of_one_folder_are_one_place():
     # Spark's JdbcCatalog writes file:/..., pyiceberg's warehouse says file:///...; S3FileIO s3, Hadoop s3a
     assert canonical_path("file:/srv/wh/lake/raw/orders") == canonical_path("file:///srv/wh/lake/raw/orders/") \
@@ -205,56 +193,6 @@ def test_spark_and_pyiceberg_spellings_of_one_folder_are_one_place():
     assert canonical_path("s3a://Bucket/wh/t") == canonical_path("s3://bucket/wh/t/")
     assert canonical_path("s3://bucket/wh/t") != canonical_path("gs://bucket/wh/t")
     assert refusal(orders("file:/srv/wh/lake/raw/orders"), assigned=("file:///srv/wh/lake/raw/orders",)) is None
-
-
-@settings(max_examples=200, deadline=None)
-@given(text=st.text(max_size=60))
-@example(text="A0:0")  # an opaque path: no plain form (it was the root to canonical_path, a folder to readings)
-def test_any_text_is_read_without_error_and_a_canonical_path_is_among_its_readings(text):
-    place = canonical_path(text)
-    found = readings(text)
-    if place is not None:
-        assert place in found
-
-
-# ---------------------------------------------------------------------------- the dry run, asked and shown
-
-@pytest.mark.parametrize("argv, dry_run", [
-    ([], False), (["--dry-run"], True), (["--dry-run", "--json"], True), (["--dry-run=True"], True),
-    (["--dry-run=False"], False), (["--dry-run", "false"], False), (["--dry-run=TRUE"], True),
-])
-def test_dry_run_is_a_switch_or_the_true_or_false_the_dag_renders(argv, dry_run):
-    args = cli.parse_args(["maintain", "--pipeline", "orders", *argv])
-    assert args.dry_run is dry_run and args.fn is cli.cmd_maintain
-
-
-@pytest.mark.parametrize("value", ["yes", "1", "", "True; rm -rf /"])
-def test_a_dry_run_value_other_than_true_or_false_exits_2(value, capsys):
-    with pytest.raises(SystemExit) as info:
-        cli.main(["maintain", "--pipeline", "orders", f"--dry-run={value}"])
-    assert info.value.code == 2
-    assert re.search(r"argument --dry-run: expected true or false, got '.*'", capsys.readouterr().err)
-
-
-def test_a_dry_run_receipt_shows_what_would_expire_and_be_deleted():
-    table = TableReceipt(table="lake.raw.orders", status="skipped", dry_run=True,
-                         message="dry run: lake.raw.orders: compaction would rewrite 4 data files",
-                         orphan_older_than="2026-11-20T10:00:00+00:00",
-                         would_expire_count=3, would_expire=[{"snapshot_id": 11, "timestamp": "2026-11-20T09:00:00"},
-                                                             {"snapshot_id": 12, "timestamp": "2026-11-20T09:01:00"}],
-                         would_delete_orphans_count=1, would_delete_orphans=["file:/wh/raw/orders/data/x.parquet"])
-    text = render(MaintenanceReceipt("orders", "r1", [table, TableReceipt("lake.raw.orders_dlq", status="skipped",
-                                                                          dry_run=True, message="table has no "
-                                                                                                "snapshot yet")],
-                                     dry_run=True))
-    lines = text.splitlines()
-    assert lines[0] == "dry run of orders's maintenance: nothing was rewritten, expired or deleted"
-    assert "skipped  dry run: lake.raw.orders: compaction would rewrite 4 data files" in lines
-    assert "    11  2026-11-20T09:00:00" in lines and "    12  2026-11-20T09:01:00" in lines
-    assert "    ... and 1 more" in lines
-    assert "  orphan files that would be deleted (1, older than 2026-11-20T10:00:00+00:00):" in lines
-    assert "    file:/wh/raw/orders/data/x.parquet" in lines
-    assert lines[-1] == "skipped  table has no snapshot yet"
 
 
 # ---------------------------------------------------------------------------- listing the catalogs
