@@ -7,7 +7,7 @@ and `takes_future_timestamps` tells whether a topic does.
 
 from __future__ import annotations
 
-from lakehouse.core import config, errors
+from lakehouse.core import config, errors, retry
 from lakehouse.core.spec import PipelineSpec
 from lakehouse_dev.defects import MAX_SENDABLE_BYTES
 from lakehouse_dev.record_formats import ProduceError
@@ -30,13 +30,23 @@ def accept_any_timestamp(topic: str, platform: config.PlatformConfig) -> None:
     """Let `topic` keep producers' timestamps however far ahead (message.timestamp.after.max.ms at its maximum,
     Apache Kafka's default before 4.0; 4.x refuses a whole batch holding a record more than an hour ahead):
     what a cluster configured so delivers, for the benchmark's and the tests' `bad_kafka_timestamp` records
-    (the reader's own checks of Kafka timestamps)."""
+    (the reader's own checks of Kafka timestamps). Returns once the topic's configuration reads back so: Apache
+    Kafka answers the change when the controller has it, and a describe right after may still see the old bound."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
     admin = AdminClient(platform.kafka())
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[ConfigEntry(
         "message.timestamp.after.max.ms", str(2 ** 63 - 1), incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+
+    def applied(_attempt: int) -> None:
+        if not takes_future_timestamps(topic, platform):
+            raise errors.RetryableError(f"topic {topic}: the brokers do not show the new timestamp bound yet")
+
+    retry.transient(f"topic {topic}'s message.timestamp.after.max.ms", deadline_s=30, first_wait_s=0.05,
+                    max_wait_s=0.5, error=ProduceError,
+                    next_step="the controller took the change but no broker shows it yet: check the brokers' logs",
+                    ).run(applied)
 
 
 def takes_future_timestamps(topic: str, platform: config.PlatformConfig) -> bool:

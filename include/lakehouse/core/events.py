@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
@@ -63,9 +64,10 @@ STATUSES = ("ok", "warn", "failed", "skipped")
 COMMIT_ATTEMPTS = 10
 # One commit per event call: merge manifests as they pile up and keep only recent metadata files,
 # so appends and scans stay cheap between maintenance runs (which compact files and expire snapshots).
-PROPERTIES = {IcebergProperties.FORMAT_VERSION: "2", IcebergProperties.MANIFEST_MERGE_ENABLED: "true",
-              IcebergProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
-              IcebergProperties.METADATA_PREVIOUS_VERSIONS_MAX: "20"}
+# Read-only: pyiceberg's create_table pops format-version out of the mapping it is given, so it gets a copy.
+PROPERTIES = MappingProxyType({IcebergProperties.FORMAT_VERSION: "2", IcebergProperties.MANIFEST_MERGE_ENABLED: "true",
+                               IcebergProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+                               IcebergProperties.METADATA_PREVIOUS_VERSIONS_MAX: "20"})
 
 SCHEMA = Schema(
     NestedField(1, "event_id", StringType(), required=True),
@@ -192,7 +194,8 @@ def events_table(platform: config.PlatformConfig | None = None, catalog: str = "
     except NamespaceAlreadyExistsError:
         pass
     try:
-        return cat.create_table(EVENTS_TABLE, schema=SCHEMA, partition_spec=PARTITIONING, properties=PROPERTIES)
+        return cat.create_table(EVENTS_TABLE, schema=SCHEMA, partition_spec=PARTITIONING,
+                                properties=dict(PROPERTIES))
     except TableAlreadyExistsError:  # another process created it meanwhile
         return _with_actor(cat.load_table(EVENTS_TABLE))
 
