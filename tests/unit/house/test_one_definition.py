@@ -378,10 +378,16 @@ def test_the_platforms_keys_are_spelled_in_the_table_properties_module_only():
 def _spelled_outside_the_one_module(scan) -> list[str]:
     """What `scan` (source -> [(line, text)]) finds in the scanned roots outside lakehouse.core.table_properties,
     as path:line: text."""
+    return _found_outside({THE_ONE_MODULE}, lambda source: [(line, repr(text)) for line, text in scan(source)])
+
+
+def _found_outside(homes: set, scan) -> list[str]:
+    """What `scan` (source -> [(line, what)]) finds in the Python files of the scanned roots but `homes` (which
+    must be among them), as path:line: what."""
     files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
-    assert THE_ONE_MODULE in files and len(files) > 100, "the source was not found"
-    return [f"{path.relative_to(REPO)}:{line}: {text!r}" for path in files if path != THE_ONE_MODULE
-            for line, text in scan(path.read_text())]
+    assert homes <= set(files) and len(files) > 100, "the source was not found"
+    return [f"{path.relative_to(REPO)}:{line}: {what}" for path in files if path not in homes
+            for line, what in scan(path.read_text())]
 
 
 def test_the_key_scan_finds_a_key_spelled_elsewhere_and_leaves_names_of_code_alone():
@@ -520,11 +526,7 @@ def _internals_touched(source: str) -> list[tuple[int, str]]:
 def test_third_party_internals_are_touched_by_their_adapter_only():
     """A library's private module, function or attribute is used in its adapter and nowhere else, so that an
     upgrade has one module to check (and tests/test_adapters.py fails until someone has)."""
-    files = sorted(f for root in SCANNED if (REPO / root).is_dir() for f in (REPO / root).rglob("*.py"))
-    adapters = {REPO / path for path in ADAPTERS}
-    assert adapters <= set(files), "an adapter was not found"
-    found = [f"{path.relative_to(REPO)}:{line}: {what}" for path in files if path not in adapters
-             for line, what in _internals_touched(path.read_text())]
+    found = _found_outside({REPO / path for path in ADAPTERS}, _internals_touched)
     assert not found, "third-party internals touched outside their adapter:\n" + "\n".join(found)
 
 
