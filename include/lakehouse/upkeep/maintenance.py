@@ -264,15 +264,24 @@ class TableMaintenance:
         """The options of `rewrite_data_files` (and of Iceberg's bin-pack planner, which a dry run asks)."""
         options: dict[str, object] = {"min-input-files": self.spec.maintenance.min_input_files,
                                       "target-file-size-bytes": self.spec.target.target_file_size_bytes}
-        if self.upsert:
-            options["delete-file-threshold"] = self.spec.maintenance.min_input_files
+        if self.upsert:  # fold every delete back: a data file with any delete file is rewritten with them applied
+            options["delete-file-threshold"] = 1
         return options
+
+    @staticmethod
+    def delete_compaction_options() -> dict[str, object]:
+        """The options of an upsert table's `rewrite_position_delete_files`: every delete file, so that
+        entries for data files compaction replaced are dropped (those `remove-dangling-deletes` keeps: the
+        newest deletes share the rewritten files' starting sequence number) and the rest are packed."""
+        return {"rewrite-all": "true"}
 
     def compact(self, receipt: TableReceipt, head_id: int) -> None:
         """Rewrite small data files (and, for upsert tables, files with deletes and the delete files),
         then check each rewrite commit left the content of the snapshot it replaced unchanged."""
         since_ms = int(time.time() * 1000) - 1000  # rewrite commits are stamped by this process' clock
         options = self.compaction_options()
+        if self.upsert:  # then the delete files that apply to no live data file leave the table (a second commit)
+            options["remove-dangling-deletes"] = "true"
         rows, receipt.compaction_attempts = retrying(f"compaction of {receipt.table}", lambda: self._call(
             "rewrite_data_files", options=self._options(options), **self.compaction_scope()))
         receipt.rewritten_data_files = int(rows[0]["rewritten_data_files_count"])
@@ -280,7 +289,7 @@ class TableMaintenance:
         if self.upsert:
             rows, _ = retrying(f"delete-file compaction of {receipt.table}", lambda: self._call(
                 "rewrite_position_delete_files",
-                options=self._options({"min-input-files": self.spec.maintenance.min_input_files})))
+                options=self._options(self.delete_compaction_options())))
             receipt.rewritten_delete_files = int(rows[0]["rewritten_delete_files_count"])
 
         table = self.catalog.load_table(self.table)
@@ -439,7 +448,7 @@ class TableMaintenance:
             receipt.would_rewrite_bytes += int(group.inputFilesSizeInBytes())
         if self.upsert:
             planner = actions.BinPackRewritePositionDeletePlanner(iceberg_table, self.compaction_filter(jvm), True)
-            planner.init(_java_map(jvm, {"min-input-files": self.spec.maintenance.min_input_files}))
+            planner.init(_java_map(jvm, self.delete_compaction_options()))
             receipt.would_rewrite_delete_files = sum(int(g.inputFileNum()) for g in _each(planner.plan().groups()))
 
 
