@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse.audit.verify_model import Findings, Problem
-from lakehouse.core.newer import LATEST_ORDER, SOURCE_ORDER, Coordinates, is_newer
+from lakehouse.core.newer import SOURCE_ORDER, Coordinates, is_newer
 from lakehouse.core.spec import PipelineSpec
+from lakehouse.ingest.newest import COORDINATES, ROW, ranked
 
 # ---------------------------------------------------------------------------- upsert: each key's table key
 
@@ -111,52 +111,19 @@ NEWEST = pa.schema([("key", pa.string()), ("partition", pa.int32()), ("offset", 
 
 
 def newest_per_key(records: pa.Table) -> pa.Table:
-    """The newest record of each key among `records` (KAFKA_RECORDS or NEWEST rows): within a partition the
-    highest offset, across partitions the latest source position, then source time (change streams), then
-    the latest Kafka timestamp, then the highest partition (the order of the ingest job's
-    `latest_per_key`). Records without a key are left out. Pure."""
+    """The newest record of each key among `records` (KAFKA_RECORDS or NEWEST rows), in key order, as the
+    ingest job ranks a batch's records (lakehouse.ingest.newest), a tombstone with the source order it
+    inherits. Records without a key are left out. Pure."""
     for name in SOURCE_ORDER:
         if name not in records.column_names:
             records = records.append_column(name, pa.nulls(records.num_rows, NEWEST.field(name).type))
     records = records.filter(pc.is_valid(records.column("key"))).select(NEWEST.names).cast(NEWEST)
-    if not records.num_rows:
-        return NEWEST.empty_table()
-    records = _inherit_source_order(records.sort_by([("key", "ascending"), ("partition", "ascending"),
-                                                     ("offset", "ascending")]))
-    per_partition = _first_of_each(records.sort_by([("key", "ascending"), ("partition", "ascending"),
-                                                    ("offset", "descending")]), ("key", "partition"))
-    across = [({"timestamp": "timestamp_ms"}.get(name, name), "descending") for name in LATEST_ORDER]
-    return _first_of_each(per_partition.sort_by([("key", "ascending"), *across]), ("key",))
-
-
-def _inherit_source_order(ordered: pa.Table) -> pa.Table:
-    """`ordered` (by key, partition, offset) with each record lacking a source position and time (a
-    tombstone) given those of the newest earlier record of its key in its partition, as the ingest job's
-    `latest_per_key` orders a change stream's tombstone with the delete Debezium writes before it."""
-    if not ordered.num_rows:
-        return ordered
-    starts = np.zeros(ordered.num_rows, dtype=bool)
-    starts[0] = True
-    for name in ("key", "partition"):
-        values = ordered.column(name).to_numpy(zero_copy_only=False)
-        starts[1:] |= values[1:] != values[:-1]
-    rows = np.arange(ordered.num_rows)
+    coordinates = {name: records.column({"timestamp": "timestamp_ms"}.get(name, name)) for name in COORDINATES}
+    newest = ranked([records.column("key")], coordinates)
+    chosen = records.take(newest.column(ROW))
     for name in SOURCE_ORDER:
-        column = ordered.column(name)
-        # each row's source: itself when it has a value or starts its group, else the last such row before it
-        source = np.maximum.accumulate(np.where(pc.is_valid(column).to_numpy(zero_copy_only=False) | starts, rows, 0))
-        ordered = ordered.set_column(ordered.schema.get_field_index(name), name, column.take(pa.array(source)))
-    return ordered
-
-
-def _first_of_each(ordered: pa.Table, columns: tuple[str, ...]) -> pa.Table:
-    """The first row of each run of equal `columns` values in `ordered` (sorted by them first)."""
-    first = np.zeros(ordered.num_rows, dtype=bool)
-    first[0] = True
-    for name in columns:
-        values = ordered.column(name).to_numpy(zero_copy_only=False)
-        first[1:] |= values[1:] != values[:-1]
-    return ordered.filter(pa.array(first))
+        chosen = chosen.set_column(chosen.schema.get_field_index(name), name, newest.column(name))
+    return chosen
 
 
 def newer(a: tuple, b: tuple, by_source: bool = False) -> bool:

@@ -220,22 +220,30 @@ class BatchCommitter:
 
     def _merge_staged(self, state: BatchState, table: str, summary: dict[str, str], loaded: Table,
                       tp: TableProgress, attempt: int) -> tuple[float, Snapshot]:
-        """An upsert table's commit: Spark MERGEs the rows the tasks staged, as a staged (WAP) snapshot that
-        lakehouse.ingest.committer makes the head of `main`. Returns the MERGE's Spark seconds and the snapshot."""
+        """An upsert table's commit: Spark MERGEs the newest of the rows the tasks staged for each key (ranked on
+        the driver: lakehouse.ingest.newest), as a staged (WAP) snapshot that lakehouse.ingest.committer makes
+        the head of `main`. Returns the MERGE's Spark seconds and the snapshot."""
         spec = state.spec
         tables.require_staging(loaded, table)
         upserts = Upserts(self.spark, spec)
-        rows = upserts.staged_rows(table, state.written.staged.get(table, []))
-        ledger = spec.tombstone_table
-        if table == spec.target.table and ledger:
-            upserts.record_tombstones(rows, ledger)
         group = f"lakehouse-{spec.name}-{state.batch_id}-{table}-{attempt}"
         wap_id = f"{state.batch_id}-{attempt}-{table}"
-        with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
-            self.fault("concurrent_commit", upsert=True, spark=self.spark, table=lambda: loaded,
-                       key=spec.target.key[0] if spec.target.key else None)
-            # a change stream's key deleted in an earlier batch stays deleted against older changes
-            upserts.merge(table, rows, summary, respect_tombstones=spec.is_cdc)
+        paths = state.written.staged.get(table, [])
+        into = f"{paths[0].rsplit('/', 1)[0]}/{wap_id}-newest.parquet" if paths else ""
+        try:
+            # each key's newest record, ranked once for the ledger's MERGE and the table's
+            latest = upserts.staged_rows(table, upserts.newest_staged(loaded.io, paths, into))
+            ledger = spec.tombstone_table
+            if table == spec.target.table and ledger:
+                upserts.record_tombstones(latest, ledger)
+            with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
+                self.fault("concurrent_commit", upsert=True, spark=self.spark, table=lambda: loaded,
+                           key=spec.target.key[0] if spec.target.key else None)
+                # a change stream's key deleted in an earlier batch stays deleted against older changes
+                upserts.merge_latest(table, latest, summary, respect_tombstones=spec.is_cdc)
+        finally:
+            if into:
+                drop_staging(loaded, [into])
         staged = committer.staged_snapshot(self.catalog.load_table(table), wap_id)
         if staged is None:
             raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "

@@ -33,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.io import FileIO
 
 from lakehouse.core import errors, sparkenv
 from lakehouse.core.adapters import pyiceberg_internals
@@ -210,13 +211,20 @@ def _with_struct_leaves(plan: dict, schema, properties) -> dict:
 def _stage(staging: str, target: TableTarget, rows: pa.Table, write_uuid: uuid.UUID, task_id: int) -> list[str]:
     """An upsert table's rows (with `_op`) as one staging Parquet file in `staging` (`target.staging`), which
     the driver merges."""
-    import pyarrow.parquet as pq
     from pyiceberg.io import load_file_io
 
     path = f"{staging.rstrip('/')}/{write_uuid}-{task_id:05d}.parquet"
-    with load_file_io(target.io_properties, path).new_output(path).create(overwrite=True) as stream:
-        pq.write_table(rows, stream, compression="zstd")
+    write_staging(load_file_io(target.io_properties, path), path, rows)
     return [path]
+
+
+def write_staging(io: FileIO, path: str, rows: pa.Table) -> None:
+    """`rows` as the staging Parquet file `path` (a task's share of an upsert table, or the driver's newest
+    rows of a batch: lakehouse.ingest.upserts)."""
+    import pyarrow.parquet as pq
+
+    with io.new_output(path).create(overwrite=True) as stream:
+        pq.write_table(rows, stream, compression="zstd")
 
 
 def make_task_writer(spec: PipelineSpec, kafka_conf: dict, quarantined: frozenset[str], ingested_at_us: int,

@@ -12,12 +12,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
 from lakehouse.core import newer, sparkenv
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest import taskwriter
+from lakehouse.ingest import newest, taskwriter
 
 log = logging.getLogger("lakehouse.ingest")
 
@@ -90,13 +92,16 @@ class Upserts:
                 .drop("_rn", *[f"_order_{name}" for name in inherited]))
 
     def merge(self, table: str, rows, summary: dict[str, str], respect_tombstones: bool = False) -> None:
-        """Upsert: the latest record per key wins, within the batch and against the table.
+        """Upsert: the latest record per key wins, within the batch and against the table (`merge_latest`)."""
+        self.merge_latest(table, self.latest_per_key(rows), summary, respect_tombstones)
+
+    def merge_latest(self, table: str, latest, summary: dict[str, str], respect_tombstones: bool = False) -> None:
+        """Upsert `latest` (one record per key, `latest_per_key`): the newer record wins against the table.
 
         With `respect_tombstones` (replays; every batch of a change stream), records older than their key's
         newest tombstone in the pipeline's ledger are left out, so that replaying old records, or an older
         change from another partition, cannot bring back a deleted key.
         """
-        latest = self.latest_per_key(rows)
         ledger = self.spec.tombstone_table
         if respect_tombstones and ledger:
             latest = self.after_tombstones(latest, ledger)
@@ -113,9 +118,10 @@ class Upserts:
                        f"WHEN MATCHED AND s._op = 'upsert' AND {newer_sql} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
 
-    def record_tombstones(self, rows, ledger: str) -> None:
-        """Keep the batch's tombstones (key, coordinates) in the pipeline's ledger `ledger`, newest per key
-        in Kafka's order (a tombstone carries no source position).
+    def record_tombstones(self, latest, ledger: str) -> None:
+        """Keep the batch's tombstones (key, coordinates) in the pipeline's ledger `ledger`: the deletes of
+        `latest` (one record per key, `latest_per_key`), newer than the key's tombstone there in Kafka's order
+        (a tombstone carries no source position).
 
         Runs before the data table's commit: after a crash in between, the ledger knows of a delete the
         table has not applied yet, which only makes replays skip records that are older anyway.
@@ -123,7 +129,7 @@ class Upserts:
         from pyspark.sql import functions as F
 
         keys = list(self.spec.target.key)
-        dead = self.latest_per_key(rows).where(F.col("_op") == "delete") \
+        dead = latest.where(F.col("_op") == "delete") \
             .select(*keys, "_kafka", F.current_timestamp().alias("_deleted_at"))
         if dead.isEmpty():
             return
@@ -147,6 +153,22 @@ class Upserts:
         joined = latest.join(tombs, on=[latest[k] == tombs[f"_tomb_{k}"] for k in keys], how="left")
         kept = F.col("_tomb").isNull() | F.expr(newer.sql("_kafka", "_tomb")) | (F.col("_op") == "delete")
         return joined.where(kept).drop("_tomb", *[f"_tomb_{k}" for k in keys])
+
+    def newest_staged(self, io: FileIO, paths: list[str], into: str) -> list[str]:
+        """The newest of the rows the tasks staged at `paths` for each key (lakehouse.ingest.newest, on the
+        driver: Spark's windows over the staged files took seconds a batch), as the staging file `into`
+        (none when nothing was staged): the one file an upsert batch's MERGE reads."""
+        import pyarrow.parquet as pq
+
+        if not paths:
+            return []
+        staged = []
+        for path in paths:
+            with io.new_input(path).open() as stream:
+                staged.append(pq.read_table(stream))
+        rows = pa.concat_tables(staged, promote_options="default")
+        taskwriter.write_staging(io, into, newest.newest_rows(rows, self.spec.target.key))
+        return [into]
 
     def staged_rows(self, table: str, paths: list[str]):
         """The rows the tasks staged for an upsert `table` (its columns and `_op`) as a DataFrame."""

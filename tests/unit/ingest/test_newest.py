@@ -1,0 +1,110 @@
+"""Each key's newest record of an upsert batch, as its MERGE applies it (lakehouse.ingest.newest): the order
+lakehouse.core.newer defines, on the rows the tasks staged."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import given
+from hypothesis import strategies as st
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
+from lakehouse.ingest.layout import CDC_STRUCT, KAFKA_STRUCT
+from lakehouse.ingest.newest import newest_rows
+from lakehouse.ingest.taskwriter import write_staging
+from lakehouse.ingest.upserts import Upserts
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def staged(records: list[tuple]) -> pa.Table:
+    """Staged rows of records (region, id, partition, offset, timestamp s, position, source_ts s), `_op`
+    delete for a change without a source position (a tombstone)."""
+    def at(seconds):
+        return None if seconds is None else EPOCH + timedelta(seconds=seconds)
+
+    return pa.table({
+        "region": pa.array([r[0] for r in records], pa.string()),
+        "id": pa.array([r[1] for r in records], pa.int64()),
+        "_op": pa.array(["upsert" if r[5] is not None else "delete" for r in records]),
+        "_kafka": pa.array([{"topic": "t", "partition": r[2], "offset": r[3], "timestamp": at(r[4]), "key": None}
+                            for r in records], KAFKA_STRUCT),
+        "_cdc": pa.array([None if r[5] is None and r[6] is None else
+                          {"op": "u", "source_ts": at(r[6]), "position": None if r[5] is None else Decimal(r[5])}
+                          for r in records], CDC_STRUCT)})
+
+
+def expected_newest(records: list[tuple]) -> dict[tuple, tuple]:
+    """The documented order, written out: in each key's partition the highest offset, a record without a
+    source position or time taking those of the record before it there; across partitions the latest source
+    position, then source time, then Kafka timestamp, then partition, unknown values last."""
+    by_group: dict[tuple, list[tuple]] = {}
+    for record in sorted(records, key=lambda r: r[3]):
+        by_group.setdefault(((record[0], record[1]), record[2]), []).append(record)
+    lasts: dict[tuple, list[tuple]] = {}
+    for (key, _), group in by_group.items():
+        position = source_ts = None
+        for record in group:
+            position = record[5] if record[5] is not None else position
+            source_ts = record[6] if record[6] is not None else source_ts
+        lasts.setdefault(key, []).append((group[-1], position, source_ts))
+
+    def order(item):
+        record, position, source_ts = item
+        return (position is not None, position or 0, source_ts is not None, source_ts or 0, record[4], record[2])
+
+    return {key: max(items, key=order)[0] for key, items in lasts.items()}
+
+
+RECORDS = st.lists(st.tuples(st.sampled_from(["eu", "us"]), st.integers(0, 2), st.integers(0, 2),
+                             st.integers(0, 40), st.integers(0, 5), st.one_of(st.none(), st.integers(0, 9)),
+                             st.one_of(st.none(), st.integers(0, 3))),
+                   max_size=40, unique_by=lambda r: (r[2], r[3]))
+
+
+@given(RECORDS)
+def test_each_key_keeps_the_record_the_documented_order_makes_newest(records):
+    found = newest_rows(staged(records), ["region", "id"])
+    chosen = {(row["region"], row["id"]): (row["_kafka"]["partition"], row["_kafka"]["offset"])
+              for row in found.to_pylist()}
+    assert found.num_rows == len(chosen)  # one row per key
+    assert chosen == {key: (r[2], r[3]) for key, r in expected_newest(records).items()}
+    assert found.schema == staged(records).schema  # whole rows, as staged
+
+
+def test_a_tombstone_after_its_delete_stays_newest_against_an_older_change_from_another_partition():
+    # the key's update (position 5) from partition 1 was read in the same batch as partition 0's delete
+    # (position 7) and the tombstone after it, which carries no source position of its own
+    records = [("eu", 1, 0, 10, 1, 7, 3), ("eu", 1, 0, 11, 1, None, None), ("eu", 1, 1, 3, 4, 5, 2)]
+    found = newest_rows(staged(records), ["region", "id"]).to_pylist()
+    assert [(r["_kafka"]["partition"], r["_kafka"]["offset"], r["_op"]) for r in found] == [(0, 11, "delete")]
+
+
+def test_rows_whose_key_has_a_null_are_one_key():
+    rows = staged([("eu", 1, 0, 1, 0, 1, 0), ("eu", 1, 0, 2, 0, 2, 0), ("us", 2, 0, 3, 0, 3, 0)])
+    rows = rows.set_column(0, "region", pa.array([None, None, "us"], pa.string()))
+    found = newest_rows(rows, ["region", "id"]).to_pylist()
+    assert [(r["region"], r["_kafka"]["offset"]) for r in found] == [("us", 3), (None, 2)]
+
+
+def test_the_tasks_staged_files_become_one_file_of_each_keys_newest_row(make_spec, tmp_path):
+    """What an upsert batch's MERGE reads: one staging file, whatever the tasks staged."""
+    spec = make_spec(fields=[{"name": "region", "type": "string", "required": True},
+                             {"name": "id", "type": "long", "required": True}],
+                     mode="upsert", table_key=["region", "id"], partition_by=None, key={"field": None})
+    io = PyArrowFileIO()
+    records = [("eu", 1, 0, 1, 0, 1, 0), ("eu", 2, 0, 2, 0, 2, 0), ("eu", 1, 1, 7, 9, 3, 0), ("us", 1, 1, 8, 0, 4, 0)]
+    paths = []
+    for task, share in enumerate((records[:2], records[2:])):
+        paths.append(str(tmp_path / f"task-{task}.parquet"))
+        write_staging(io, paths[-1], staged(share).drop_columns(["_cdc"]))
+    into = str(tmp_path / "newest.parquet")
+
+    assert Upserts(None, spec).newest_staged(io, paths, into) == [into]
+    rows = pq.read_table(into).to_pylist()
+    assert [(r["region"], r["id"], r["_kafka"]["offset"]) for r in rows] == [("eu", 1, 7), ("eu", 2, 2), ("us", 1, 8)]
+    assert Upserts(None, spec).newest_staged(io, [], str(tmp_path / "none.parquet")) == []
+    assert not (tmp_path / "none.parquet").exists()
