@@ -37,8 +37,17 @@ _CATEGORY_CHARS = {
 }
 
 
-def _from_pattern(pattern: str, rng: Random) -> str:
-    """A random string built from the pattern's syntax tree (a candidate: the caller verifies it).
+def _parsed(pattern: str):
+    """The pattern's syntax tree (raises _PatternUnsupported)."""
+    try:
+        return parse_pattern(pattern)
+    except Exception as exc:  # noqa: BLE001 - the spec validated it with re.compile; be safe anyway
+        raise _PatternUnsupported(str(exc)) from None
+
+
+def _from_pattern(tree, rng: Random, classes: dict[int, str]) -> str:
+    """A random string built from a pattern's syntax tree `tree` (`_parsed`; a candidate: the caller verifies
+    it); `classes` keeps the characters of each class of the tree (by the id of its items) between calls.
 
     Covers literals, classes, ranges, categories, alternation, groups, back
     references and repeats; raises _PatternUnsupported for lookarounds.
@@ -46,6 +55,12 @@ def _from_pattern(pattern: str, rng: Random) -> str:
     groups: dict[int, str] = {}
 
     def chars_of(items) -> str:
+        known = classes.get(id(items))
+        if known is None:
+            known = classes[id(items)] = class_chars(items)
+        return known
+
+    def class_chars(items) -> str:
         negate = False
         pool: list[str] = []
         for op, av in items:
@@ -99,10 +114,6 @@ def _from_pattern(pattern: str, rng: Random) -> str:
                 raise _PatternUnsupported(str(op))
         return "".join(out)
 
-    try:
-        tree = parse_pattern(pattern)
-    except Exception as exc:  # noqa: BLE001 - the spec validated it with re.compile; be safe anyway
-        raise _PatternUnsupported(str(exc)) from None
     return walk(tree)
 
 
@@ -113,11 +124,15 @@ def matching(pattern: str, max_length: int | None, rng: Random, where: str) -> C
     cannot walk (a lookaround) or when TRIES candidates all miss the pattern or the length.
     """
     compiled = re.compile(pattern)
+    tree: list = []  # the pattern's syntax tree, parsed at the first call
+    classes: dict[int, str] = {}
 
     def one() -> str:
         for _ in range(TRIES):
             try:
-                value = _from_pattern(pattern, rng)
+                if not tree:
+                    tree.append(_parsed(pattern))
+                value = _from_pattern(tree[0], rng, classes)
             except _PatternUnsupported as exc:
                 raise ProduceError(f"{where}: cannot generate values for pattern {pattern!r} ({exc})") from None
             if compiled.fullmatch(value) and (max_length is None or len(value) <= max_length):
