@@ -514,23 +514,27 @@ def _cdc(results: Mapping[str, Any]) -> list[str]:
     runs = {fmt: e for fmt, e in found.items() if isinstance(e, dict)}
     if not runs:
         return []
+    batch = (results.get("config") or {}).get("batch_size")
     rows = []
     for fmt, e in runs.items():
         m = e.get("maintenance") or {}
+        receipt = m.get("receipt") or {}
         ops = e.get("by_op") or {}
         rows.append((fmt, num(e.get("records")), ", ".join(f"{op} {num(n)}" for op, n in sorted(ops.items())),
                      num(e.get("steady_records_per_s")), num(e.get("wall_records_per_s")),
                      f"{num(e.get('rows'))} ({'= the source' if e.get('table_matches_source') else '**not the source**'})",
                      f"{num(m.get('files_before'))} -> {num(m.get('files_after'))}",
+                     f"{num(receipt.get('delete_files_before'))} -> {num(receipt.get('delete_files_after'))}",
                      f"{secs(m.get('scan_median_before'))} -> {secs(m.get('scan_median_after'))}"))
     return ["## Change streams (mode cdc)", "",
             f"Debezium change events of one source table (a snapshot, then {pct(found.get('updates'))} updates and "
             f"{pct(found.get('deletes'))} deletes, each delete followed by its tombstone, the rest creates), keyed by "
-            f"product_id, through `lakehouse ingest --once` into a merge-on-read table (updates and deletes become "
-            f"delete files, no data file is rewritten per batch); then `lakehouse maintain` folds the delete files "
-            f"back. The table is compared with the source's final rows key by key.", "",
+            f"product_id, through `lakehouse ingest --once` in batches of {num(batch)} records (the append runs' "
+            f"size) into a merge-on-read table (updates and deletes become delete files, no data file is rewritten "
+            f"per batch); then `lakehouse maintain` folds the delete files back. The table is compared with the "
+            f"source's final rows key by key.", "",
             table(["envelope", "records", "ops", "rec/s steady", "rec/s end to end", "rows", "data files",
-                   "full scan before -> after maintenance"], rows), ""]
+                   "delete files", "full scan before -> after maintenance"], rows), ""]
 
 
 def _audit(results: Mapping[str, Any]) -> list[str]:

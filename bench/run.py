@@ -32,7 +32,8 @@ Knobs (flags, or environment variables for `make bench`):
   --phase-seconds / BENCH_PHASE_SECONDS          seconds per produce rate (default 15)
   --drain-seconds / BENCH_DRAIN_SECONDS          bound on the drain after the last phase (default 30)
   --trace-rows / BENCH_TRACE_ROWS    rows of the table the trace latency is measured on (default 10,000,000)
-  --cdc-records / BENCH_CDC_RECORDS  change events per envelope format of the cdc section (default 30,000)
+  --cdc-records / BENCH_CDC_RECORDS  change events per envelope format of the cdc section (default: --records),
+                                     in batches of the append runs' size
   --audit-rows / BENCH_AUDIT_ROWS    rows of the publish audit's window in the audit section (default 10,000,000)
   --rates, --triggers, --port, --out, --sections   (e.g. --sections ceilings,pipeline skips the peers)
   --peer-triggers, --peer-rates      the peers' freshness runs (default 1,10 s and 10k,50k msg/s)
@@ -66,7 +67,6 @@ SECTIONS = ("ceilings", "pipeline", "formats", "cdc", "scaling", "small_batches"
 WIDE_PARTITIONS, WIDE_PER_PARTITION = 1_000, 20  # the partitions section: 1,000 partitions, 20 records each
 WIRE_FORMATS = ("avro", "protobuf")  # end to end beside JSON (the formats section)
 CDC_UPDATES, CDC_DELETES = 0.20, 0.05  # the change streams' shares of updates and deletes (the rest: creates)
-CDC_RECORDS = 30_000  # change events per envelope format (a MERGE per batch: far slower than appends)
 TRACE_ROWS = 10_000_000
 AUDIT_ROWS = 10_000_000  # the publish gate's audit window of the audit section
 TRACE_LOOKUPS = 20
@@ -133,8 +133,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="rows of the table trace latency is measured on (default %(default)s)")
     parser.add_argument("--audit-rows", type=int, default=int(_env_number("BENCH_AUDIT_ROWS", AUDIT_ROWS)),
                         help="rows of the publish audit's window in the audit section (default %(default)s)")
-    parser.add_argument("--cdc-records", type=int, default=int(_env_number("BENCH_CDC_RECORDS", CDC_RECORDS)),
-                        help="change events per envelope format of the cdc section (default %(default)s)")
+    parser.add_argument("--cdc-records", type=int, default=None,
+                        help="change events per envelope format of the cdc section (default: --records)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--port", type=int, default=int(_env_number("BENCH_BROKER_PORT", DEFAULT_BROKER_PORT)),
                         help="the scratch broker's port")
@@ -150,6 +150,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--records must be at least 3000 (three batches of at least 1000)")
     if args.audit_rows < 200_000:
         parser.error("--audit-rows must be at least 200000 (two of the table builder's commits)")
+    if args.cdc_records is None:
+        args.cdc_records = int(_env_number("BENCH_CDC_RECORDS", args.records))
     if args.cdc_records < 3_000:
         parser.error("--cdc-records must be at least 3000")
     if args.trace_rows < 3_000:
@@ -375,7 +377,8 @@ class Bench:
         out: dict[str, Any] = {"updates": CDC_UPDATES, "deletes": CDC_DELETES}
         for fmt in ("json", "avro"):
             count = self.args.cdc_records
-            spec = self.stack.write_cdc_spec(f"bench_cdc_{fmt}", f"bench-cdc-{fmt}", 3, max(1_000, count // 3), fmt)
+            # the append runs' batch size: a batch's fixed costs (its MERGE) weigh the same on both sides
+            spec = self.stack.write_cdc_spec(f"bench_cdc_{fmt}", f"bench-cdc-{fmt}", 3, self.batch_size, fmt)
             records, summary = workloads.change_backlog(spec, count, self.args.seed, CDC_UPDATES, CDC_DELETES)
             loaded = workloads.load_topic(spec, platform, records)
             per_record = sum(len(r.value or b"") for r in records) / len(records)

@@ -1153,8 +1153,8 @@ def maintenance_effect(stack: BenchStack, spec: PipelineSpec, repeats: int) -> d
         "maintain_wall_s": round(maintain_s, 2), "maintain_exit_code": done.returncode,
         "maintain_error": tail(done.stderr or done.stdout) if done.returncode != 0 else None,
         "receipt": {k: data_receipt.get(k) for k in ("status", "message", "rewritten_data_files", "added_data_files",
-                                                     "data_files_before", "data_files_after", "seconds",
-                                                     "content_unchanged")},
+                                                     "data_files_before", "data_files_after", "delete_files_before",
+                                                     "delete_files_after", "seconds", "content_unchanged")},
     }
 
 

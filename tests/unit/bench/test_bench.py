@@ -550,7 +550,8 @@ def test_the_change_stream_targets_compare_with_the_same_formats_appends_and_com
                                 "by_op": {"c": 200_000, "u": 60_000, "d": 15_000, "tombstone": 15_000, "r": 5_000},
                                 "rows": 190_000, "table_matches_source": True,
                                 "maintenance": {"files_before": 40, "files_after": 8, "scan_median_before": 0.6,
-                                                "scan_median_after": 0.5}},
+                                                "scan_median_after": 0.5,
+                                                "receipt": {"delete_files_before": 16, "delete_files_after": 0}}},
                        "avro": {"steady_records_per_s": 4_000.0, "rows": 10, "table_matches_source": False,
                                 "maintenance": {"scan_median_before": 0.9, "scan_median_after": 0.5}}}}
     by_name = {t.name: t for t in stats.evaluate_targets(report.target_inputs(results))}
@@ -562,7 +563,7 @@ def test_the_change_stream_targets_compare_with_the_same_formats_appends_and_com
         by_name[stats.T_CDC_READ].measured
     text = report.render(results)
     assert "| json | 300,000 | c 200,000, d 15,000, r 5,000, tombstone 15,000, u 60,000 | 7,000 | 5,000 | " \
-           "190,000 (= the source) | 40 -> 8 | 0.60 s -> 0.50 s |" in text
+           "190,000 (= the source) | 40 -> 8 | 16 -> 0 | 0.60 s -> 0.50 s |" in text
     assert "10 (**not the source**)" in text
 
 
