@@ -32,8 +32,8 @@ Knobs (flags, or environment variables for `make bench`):
   --phase-seconds / BENCH_PHASE_SECONDS          seconds per produce rate (default 15)
   --drain-seconds / BENCH_DRAIN_SECONDS          bound on the drain after the last phase (default 30)
   --trace-rows / BENCH_TRACE_ROWS    rows of the table the trace latency is measured on (default 10,000,000)
-  --cdc-records / BENCH_CDC_RECORDS  change events per envelope format of the cdc section (default: --records),
-                                     in batches of the append runs' size
+  --cdc-records / BENCH_CDC_RECORDS  change events per envelope format of the cdc section, in batches of the
+                                     append runs' size (default: two batches, the first one cold)
   --audit-rows / BENCH_AUDIT_ROWS    rows of the publish audit's window in the audit section (default 10,000,000)
   --rates, --triggers, --port, --out, --sections   (e.g. --sections ceilings,pipeline skips the peers)
   --peer-triggers, --peer-rates      the peers' freshness runs (default 1,10 s and 10k,50k msg/s)
@@ -89,6 +89,11 @@ class Progress:
         print(f"[{self.elapsed:6.1f}s] {message}", flush=True)
 
 
+def batch_size(records: int) -> int:
+    """The pipelines' max_records_per_batch for a backlog of `records`: a third of it."""
+    return max(1_000, records // 3)
+
+
 def _env_number(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if not raw:
@@ -134,7 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--audit-rows", type=int, default=int(_env_number("BENCH_AUDIT_ROWS", AUDIT_ROWS)),
                         help="rows of the publish audit's window in the audit section (default %(default)s)")
     parser.add_argument("--cdc-records", type=int, default=None,
-                        help="change events per envelope format of the cdc section (default: --records)")
+                        help="change events per envelope format of the cdc section (default: two batches)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--port", type=int, default=int(_env_number("BENCH_BROKER_PORT", DEFAULT_BROKER_PORT)),
                         help="the scratch broker's port")
@@ -151,7 +156,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.audit_rows < 200_000:
         parser.error("--audit-rows must be at least 200000 (two of the table builder's commits)")
     if args.cdc_records is None:
-        args.cdc_records = int(_env_number("BENCH_CDC_RECORDS", args.records))
+        args.cdc_records = int(_env_number("BENCH_CDC_RECORDS", 2 * batch_size(args.records)))
     if args.cdc_records < 3_000:
         parser.error("--cdc-records must be at least 3000")
     if args.trace_rows < 3_000:
@@ -169,7 +174,7 @@ class Bench:
         self.say = progress
         self.out: Path = args.out
         self.stack = BenchStack(self.out / "stack", args.port)
-        self.batch_size = max(1_000, args.records // 3)
+        self.batch_size = batch_size(args.records)
         self.results: dict[str, Any] = {
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": {
