@@ -117,7 +117,8 @@ def target_inputs(results: Mapping[str, Any]) -> stats.TargetInputs:
                    if isinstance(entry, dict)},
         cdc_scans={fmt: ((entry.get("maintenance") or {}).get("scan_median_before"),
                          (entry.get("maintenance") or {}).get("scan_median_after"))
-                   for fmt, entry in (results.get("cdc") or {}).items() if isinstance(entry, dict)},
+                   for fmt, entry in (results.get("cdc") or {}).items() if isinstance(entry, dict)
+                   and entry.get("maintenance")},
         records_per_cpu_s={system: entry.get("steady_records_per_cpu_s") or entry.get("records_per_cpu_s")
                            for system, entry in ((results.get("peers") or {}).get("backlog") or {}).items()},
         peer_p95={(run["system"], phase.get("rate"), float(run.get("trigger_s", 0))): phase.get("p95")
@@ -531,8 +532,9 @@ def _cdc(results: Mapping[str, Any]) -> list[str]:
             f"{pct(found.get('deletes'))} deletes, each delete followed by its tombstone, the rest creates), keyed by "
             f"product_id, through `lakehouse ingest --once` in batches of {num(batch)} records (the append runs' "
             f"size) into a merge-on-read table (updates and deletes become delete files, no data file is rewritten "
-            f"per batch); then `lakehouse maintain` folds the delete files back. The table is compared with the "
-            f"source's final rows key by key.", "",
+            f"per batch); then `lakehouse maintain` folds the delete files back (on the JSON envelopes' table: the "
+            f"Avro one holds the same rows from the same batches). The table is compared with the source's final "
+            f"rows key by key.", "",
             table(["envelope", "records", "ops", "rec/s steady", "rec/s end to end", "rows", "data files",
                    "delete files", "full scan before -> after maintenance"], rows), ""]
 
