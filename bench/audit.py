@@ -42,8 +42,8 @@ AUDIT_TIMEOUT_S = 3600.0
 
 def audit_at_scale(stack: BenchStack, spec: PipelineSpec, rows: int, pandas_rows: int = PANDAS_ROWS,
                    progress=lambda line: None, built: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Build `spec`'s table with `rows` orders (unless `built`, build_table's numbers, says it holds them
-    already) and audit it in a child process per run; the run over all
+    """Build `spec`'s table with `rows` orders (unless `built`: build_table's numbers of it, built already
+    with `rows`) and audit it in a child process per run; the run over all
     `rows` (the Spark path at the spec's threshold, or pandas if `rows` is below it) as
     {"rows", "path", "seconds", "peak_rss_mb", "peak_by_role_mb", "success"}, plus "runs": that run and the
     comparison runs (a window of `pandas_rows` on both paths, half of it on pandas), and "build": the
@@ -54,7 +54,7 @@ def audit_at_scale(stack: BenchStack, spec: PipelineSpec, rows: int, pandas_rows
     # windows are whole commits: the readers' branch is set at a commit's snapshot
     pandas_rows = max(ROWS_PER_COMMIT, min(pandas_rows, rows) // ROWS_PER_COMMIT * ROWS_PER_COMMIT)
     half = max(ROWS_PER_COMMIT, pandas_rows // 2 // ROWS_PER_COMMIT * ROWS_PER_COMMIT)
-    if built is None or built.get("rows") != rows:
+    if built is None:
         built = build_table(catalog, spec, rows, progress)
     plan = [(rows, spec.publish.spark_audit_rows), (pandas_rows, 0), (pandas_rows, rows + 1), (half, rows + 1)]
     runs = []
