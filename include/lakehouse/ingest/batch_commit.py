@@ -130,7 +130,7 @@ class BatchCommitter:
                     raise IngestError(f"commit to {table} failed: {sparkenv.describe_error(exc)}") from exc
                 raise
             if upsert:
-                drop_staging(loaded, written.staged.get(table, []))
+                drop_staging(loaded.io, written.staged.get(table, []))
             return TableCommit(table, state.rows(table), snapshot_id, number, files=added[0], bytes=added[1],
                                seconds=time.monotonic() - started, write_seconds=merge_s)
 
@@ -228,13 +228,12 @@ class BatchCommitter:
         upserts = Upserts(self.spark, spec)
         group = f"lakehouse-{spec.name}-{state.batch_id}-{table}-{attempt}"
         wap_id = f"{state.batch_id}-{attempt}-{table}"
-        paths = state.written.staged.get(table, [])
-        into = f"{paths[0].rsplit('/', 1)[0]}/{wap_id}-newest.parquet" if paths else ""
+        # each key's newest record, ranked once for the ledger's MERGE and the table's
+        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id)
         try:
-            # each key's newest record, ranked once for the ledger's MERGE and the table's
-            latest = upserts.staged_rows(table, upserts.newest_staged(loaded.io, paths, into))
+            latest = upserts.staged_rows(table, newest.paths)
             ledger = spec.tombstone_table
-            if table == spec.target.table and ledger:
+            if table == spec.target.table and ledger and newest.deletes:
                 upserts.record_tombstones(latest, ledger)
             with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
                 self.fault("concurrent_commit", upsert=True, spark=self.spark, table=lambda: loaded,
@@ -242,8 +241,7 @@ class BatchCommitter:
                 # a change stream's key deleted in an earlier batch stays deleted against older changes
                 upserts.merge_latest(table, latest, summary, respect_tombstones=spec.is_cdc)
         finally:
-            if into:
-                drop_staging(loaded, [into])
+            drop_staging(loaded.io, newest.paths)
         staged = committer.staged_snapshot(self.catalog.load_table(table), wap_id)
         if staged is None:
             raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.io import FileIO
-from pyiceberg.table import Table
 
 from lakehouse.core import newer, sparkenv
 from lakehouse.core.offsets import TableProgress
@@ -22,6 +22,18 @@ from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest import newest, taskwriter
 
 log = logging.getLogger("lakehouse.ingest")
+
+
+@dataclass(frozen=True)
+class NewestStaged:
+    """An upsert batch's staging file of each key's newest row (`Upserts.newest_staged`)."""
+
+    path: str  # "" when nothing was staged
+    deletes: int  # keys whose newest record is a delete
+
+    @property
+    def paths(self) -> list[str]:
+        return [self.path] if self.path else []
 
 
 @dataclass(frozen=True)
@@ -124,15 +136,14 @@ class Upserts:
         (a tombstone carries no source position).
 
         Runs before the data table's commit: after a crash in between, the ledger knows of a delete the
-        table has not applied yet, which only makes replays skip records that are older anyway.
+        table has not applied yet, which only makes replays skip records that are older anyway. A batch
+        without deletes needs no call (`NewestStaged.deletes`): the MERGE would change nothing.
         """
         from pyspark.sql import functions as F
 
         keys = list(self.spec.target.key)
         dead = latest.where(F.col("_op") == "delete") \
             .select(*keys, "_kafka", F.current_timestamp().alias("_deleted_at"))
-        if dead.isEmpty():
-            return
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
         sparkenv.merge(self.spark, dead,
                        f"MERGE INTO {self.spec.qualified(ledger)} t "
@@ -154,21 +165,28 @@ class Upserts:
         kept = F.col("_tomb").isNull() | F.expr(newer.sql("_kafka", "_tomb")) | (F.col("_op") == "delete")
         return joined.where(kept).drop("_tomb", *[f"_tomb_{k}" for k in keys])
 
-    def newest_staged(self, io: FileIO, paths: list[str], into: str) -> list[str]:
+    def newest_staged(self, io: FileIO, paths: list[str], name: str) -> NewestStaged:
         """The newest of the rows the tasks staged at `paths` for each key (lakehouse.ingest.newest, on the
-        driver: Spark's windows over the staged files took seconds a batch), as the staging file `into`
-        (none when nothing was staged): the one file an upsert batch's MERGE reads."""
+        driver: Spark's windows over the staged files took seconds a batch), as one staging file beside
+        them named after `name` (none when nothing was staged): the one file an upsert batch's MERGE reads.
+        The caller deletes it once merged (`drop_staging`); a crash leaves it to orphan removal."""
         import pyarrow.parquet as pq
 
         if not paths:
-            return []
+            return NewestStaged("", 0)
         staged = []
         for path in paths:
             with io.new_input(path).open() as stream:
                 staged.append(pq.read_table(stream))
-        rows = pa.concat_tables(staged, promote_options="default")
-        taskwriter.write_staging(io, into, newest.newest_rows(rows, self.spec.target.key))
-        return [into]
+        rows = newest.newest_rows(pa.concat_tables(staged, promote_options="default"), self.spec.target.key)
+        into = f"{paths[0].rsplit('/', 1)[0]}/{name}-newest.parquet"
+        try:
+            taskwriter.write_staging(io, into, rows)
+        except BaseException:
+            drop_staging(io, [into])
+            raise
+        deletes = pc.sum(pc.equal(rows.column(taskwriter.UPSERT_OP), "delete")).as_py() or 0
+        return NewestStaged(into, int(deletes))
 
     def staged_rows(self, table: str, paths: list[str]):
         """The rows the tasks staged for an upsert `table` (its columns and `_op`) as a DataFrame."""
@@ -182,10 +200,10 @@ class Upserts:
                              taskwriter.UPSERT_OP)
 
 
-def drop_staging(table: Table, paths: list[str]) -> None:
+def drop_staging(io: FileIO, paths: list[str]) -> None:
     """Delete an upsert's staging files once merged (left behind by a crash, maintenance removes them)."""
     for path in paths:
         try:
-            table.io.delete(path)
+            io.delete(path)
         except Exception as exc:  # noqa: BLE001 - an orphan, not an error
             log.warning("could not delete staging file %s: %s", path, exc)

@@ -96,15 +96,21 @@ def test_the_tasks_staged_files_become_one_file_of_each_keys_newest_row(make_spe
                              {"name": "id", "type": "long", "required": True}],
                      mode="upsert", table_key=["region", "id"], partition_by=None, key={"field": None})
     io = PyArrowFileIO()
-    records = [("eu", 1, 0, 1, 0, 1, 0), ("eu", 2, 0, 2, 0, 2, 0), ("eu", 1, 1, 7, 9, 3, 0), ("us", 1, 1, 8, 0, 4, 0)]
+    # ("us", 2) is deleted last; ("eu", 2)'s delete in another partition is older by Kafka timestamp
+    records = [("eu", 1, 0, 1, 0, 1, 0), ("eu", 2, 0, 2, 5, 2, 0), ("us", 2, 0, 3, 0, None, None),
+               ("eu", 1, 1, 7, 9, 3, 0), ("us", 1, 1, 8, 0, 4, 0), ("eu", 2, 1, 1, 0, None, None)]
     paths = []
-    for task, share in enumerate((records[:2], records[2:])):
+    for task, share in enumerate((records[:3], records[3:])):
         paths.append(str(tmp_path / f"task-{task}.parquet"))
         write_staging(io, paths[-1], staged(share).drop_columns(["_cdc"]))
-    into = str(tmp_path / "newest.parquet")
 
-    assert Upserts(None, spec).newest_staged(io, paths, into) == [into]
-    rows = pq.read_table(into).to_pylist()
-    assert [(r["region"], r["id"], r["_kafka"]["offset"]) for r in rows] == [("eu", 1, 7), ("eu", 2, 2), ("us", 1, 8)]
-    assert Upserts(None, spec).newest_staged(io, [], str(tmp_path / "none.parquet")) == []
-    assert not (tmp_path / "none.parquet").exists()
+    found = Upserts(None, spec).newest_staged(io, paths, "batch-7")
+    assert found.paths == [str(tmp_path / "batch-7-newest.parquet")]
+    rows = pq.read_table(found.path).to_pylist()
+    assert [(r["region"], r["id"], r["_kafka"]["offset"], r["_op"]) for r in rows] == [
+        ("eu", 1, 7, "upsert"), ("eu", 2, 2, "upsert"), ("us", 1, 8, "upsert"), ("us", 2, 3, "delete")]
+    assert found.deletes == 1
+    nothing = Upserts(None, spec).newest_staged(io, [], "batch-8")
+    assert (nothing.paths, nothing.deletes) == ([], 0)
+    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == [
+        "batch-7-newest.parquet", "task-0.parquet", "task-1.parquet"]
