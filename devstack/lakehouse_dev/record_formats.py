@@ -34,6 +34,7 @@ import uuid as uuid_module
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from random import Random
+from collections.abc import Callable
 from typing import Any, Iterable
 
 import msgspec
@@ -355,43 +356,67 @@ def _avro_primitive(kind: str, node: dict, value: Any, f: FieldSpec | None) -> A
     return value
 
 
-def render_avro(node: Any, value: Any, f: FieldSpec | None, names: dict[str, Any], namespace: str = "") -> Any:
-    """`value` (of contract field `f`, or None when the contract does not describe it) in the form fastavro
-    writes for Avro schema `node` (parsed JSON): datetimes, dates, Decimals, bytes where the writer's types
-    ask for them. `names` holds the schema's named types (avro_names); those met are added to it."""
-    if value is None:
-        return None
+def avro_renderer(node: Any, f: FieldSpec | None, names: dict[str, Any], namespace: str = "") -> Callable[[Any], Any]:
+    """A function giving a value (of contract field `f`, or None when the contract does not describe it) in
+    the form fastavro writes for Avro schema `node` (parsed JSON): datetimes, dates, Decimals, bytes where
+    the writer's types ask for them. The schema is walked once, here, not for every value. `names` holds
+    the schema's named types (avro_names); those met are added to it; a reference to one is compiled when
+    first used (a recursive type refers to itself)."""
     if isinstance(node, list):  # a union: the first branch that is not null
         members = [m for m in node if m != "null"]
-        return render_avro(members[0], value, f, names, namespace) if members else value
+        if not members:
+            return _as_is
+        return _unless_none(avro_renderer(members[0], f, names, namespace))
     if isinstance(node, str):
         found = names.get(node) or names.get(f"{namespace}.{node}")
         if found is not None:
-            return render_avro(found, value, f, names, namespace)
-        return _avro_primitive(node, {}, value, f)
+            compiled: list[Callable[[Any], Any]] = []
+
+            def named(value: Any) -> Any:
+                if not compiled:
+                    compiled.append(avro_renderer(found, f, names, namespace))
+                return compiled[0](value)
+            return _unless_none(named)
+        return _unless_none(lambda value: _avro_primitive(node, {}, value, f))
     kind = node.get("type")
     if isinstance(kind, (list, dict)):
-        return render_avro(kind, value, f, names, namespace)
+        return _unless_none(avro_renderer(kind, f, names, namespace))
     if kind in ("record", "enum", "fixed"):
         space = node.get("namespace", namespace)
         full = node["name"] if "." in node["name"] else f"{space}.{node['name']}" if space else node["name"]
         names[full] = names[node["name"]] = node
         namespace = space
     if kind == "record":
-        if not isinstance(value, dict):
-            return value
         children = {c.name: c for c in f.fields} if f is not None and f.type == "struct" else {}
-        return {fld["name"]: render_avro(fld["type"], value[fld["name"]], children.get(fld["name"]), names, namespace)
-                for fld in node["fields"] if fld["name"] in value}
+        fields = [(fld["name"], avro_renderer(fld["type"], children.get(fld["name"]), names, namespace))
+                  for fld in node["fields"]]
+
+        def record(value: Any) -> Any:
+            if not isinstance(value, dict):
+                return value
+            return {name: render(value[name]) for name, render in fields if name in value}
+        return _unless_none(record)
     if kind == "array":
-        items = f.items if f is not None and f.type == "list" else None
-        return [render_avro(node["items"], v, items, names, namespace) for v in value] \
-            if isinstance(value, list) else value
+        item = avro_renderer(node["items"], f.items if f is not None and f.type == "list" else None, names,
+                             namespace)
+        return _unless_none(lambda value: [item(v) for v in value] if isinstance(value, list) else value)
     if kind == "map":
-        values = f.values if f is not None and f.type == "map" else None
-        return {k: render_avro(node["values"], v, values, names, namespace) for k, v in value.items()} \
-            if isinstance(value, dict) else value
-    return _avro_primitive(kind, node, value, f)
+        entry = avro_renderer(node["values"], f.values if f is not None and f.type == "map" else None, names,
+                              namespace)
+        return _unless_none(lambda value: {k: entry(v) for k, v in value.items()} if isinstance(value, dict)
+                            else value)
+    if f is None:
+        return _as_is
+    return _unless_none(lambda value: _avro_primitive(kind, node, value, f))
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _unless_none(render: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`render`, None left None."""
+    return lambda value: None if value is None else render(value)
 
 
 # protobuf's FieldDescriptor.TYPE_* numbers of the integer types
@@ -400,7 +425,7 @@ _PROTO_INTEGERS = frozenset({3, 4, 5, 6, 7, 13, 15, 16, 17, 18})
 
 def avro_names(node: Any, names: dict[str, Any] | None = None, namespace: str = "") -> dict[str, Any]:
     """Every named type (record, enum, fixed) of Avro schema `node`, by full and short name, so that
-    `render_avro` resolves a reference met before the definition was rendered (a null `before`)."""
+    `avro_renderer` resolves a reference met before its definition."""
     names = {} if names is None else names
     if isinstance(node, list):
         for member in node:
@@ -568,10 +593,10 @@ class AvroWriter(WireWriter):
         super().__init__(schema_id, text, fields)
         self.node = json.loads(text)
         self.parsed = schema_store.parse_schema(text)
-        self.names = avro_names(self.node)
+        self.render = avro_renderer(self.node, self.struct, avro_names(self.node))
 
     def encode(self, record: dict) -> bytes:
-        return wire.wire_value(self.schema_id, self.parsed, render_avro(self.node, record, self.struct, self.names))
+        return wire.wire_value(self.schema_id, self.parsed, self.render(record))
 
     def corrupt(self, good: bytes, rng: Random) -> bytes:
         # cut short (the record's last bytes lost), or trailing bytes after a complete record
