@@ -75,6 +75,11 @@ logger.worker.level = INFO
 """
 
 
+# the Connect sink's consumer group session timeout in the kill -9 runs: the broker's smallest by default
+# (group.min.session.timeout.ms), so that the worker started again waits 6 s, not 45, for its partitions
+KILL_SESSION_TIMEOUT_MS = 6_000
+
+
 def plugin_lib(part: str) -> Path:
     """A peer's jars (bench/jvm/<part>/lib); BenchError naming the set-up command when missing."""
     lib = BENCH_JVM / part / "lib"
@@ -199,10 +204,17 @@ class ConnectPeer(Peer):
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
 
-    def start(self, topic: str, table: str, trigger_s: float, run: str, backlog: bool) -> subprocess.Popen:
+    def start(self, topic: str, table: str, trigger_s: float, run: str, backlog: bool,
+              session_timeout_ms: int = 0) -> subprocess.Popen:
+        """`session_timeout_ms`: the group session timeout of the sink's consumers and of the Iceberg committers'
+        control-topic consumers (Kafka's default, 45 s, when 0). A worker started again after kill -9 gets its
+        partitions, and its coordinator the committers' answers, only once the dead members' sessions expired."""
         platform = self.stack.platform()
         folder = self.workdir / run
         folder.mkdir(parents=True, exist_ok=True)
+        # for the sink's consumers and the Iceberg committers' own (the control topic's)
+        session = {"session.timeout.ms": str(session_timeout_ms),
+                   "heartbeat.interval.ms": str(max(1_000, session_timeout_ms // 3))} if session_timeout_ms else {}
         plugins = folder / "plugins"
         plugins.mkdir(exist_ok=True)
         link = plugins / "iceberg"
@@ -219,10 +231,14 @@ class ConnectPeer(Peer):
             "value.converter.schemas.enable": "false",
             "offset.storage.file.filename": str(folder / "connect.offsets"),
             "plugin.path": str(plugins),
+            # the Iceberg sink's jars carry ServiceLoader manifests: without this, the worker scans every
+            # class of its 49 jars (100 MB) by reflection at each start: 13 s here, and its log advises this
+            "plugin.discovery": "service_load",
             "listeners": f"http://127.0.0.1:{free_port()}",
             "consumer.isolation.level": "read_committed",
             "consumer.auto.offset.reset": "earliest",
             "offset.flush.interval.ms": interval_ms,
+            **{f"consumer.{k}": v for k, v in session.items()},
         })
         catalog_props = {k: v for k, v in platform.catalog("lake").spark_properties().items()
                          if k and k != "cache-enabled"}
@@ -232,6 +248,7 @@ class ConnectPeer(Peer):
             "iceberg.catalog": "lake", **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
             "iceberg.control.topic": control, "iceberg.control.commit.interval-ms": interval_ms,
             "iceberg.control.commit.timeout-ms": "30000", "iceberg.kafka.bootstrap.servers": bootstrap,
+            **{f"iceberg.kafka.{k}": v for k, v in session.items()},
             "transforms": "kafka",
             "transforms.kafka.type": "org.apache.iceberg.connect.transforms.KafkaMetadataTransform",
             "transforms.kafka.nested": "true", "transforms.kafka.field_name": "_kafka",
@@ -510,9 +527,9 @@ def peer_freshness(peer: Peer, stack: BenchStack, spec: PipelineSpec, records: S
 def kill_and_resume(start: Callable[[], subprocess.Popen], table: Callable[[], Any], ends: dict[int, int],
                     what: str, log_tail: Callable[[], str], timeout: float = 300.0) -> dict[str, Any]:
     """Start, kill -9 (the whole process group) once the first commit landed and before the last, start
-    again, wait for the rest (or give up after `timeout`, or 60 s without a new row), then count each
-    offset's rows. `table` returns the table (None until it exists). A peer that loses or duplicates is
-    a finding, not a failure of the run."""
+    again, wait for the rest (or give up after `timeout`, or 60 s without a new row; `resumed_s`: from
+    the second start until every row was in), then count each offset's rows. `table` returns the table
+    (None until it exists). A peer that loses or duplicates is a finding, not a failure of the run."""
     expected = sum(ends.values())
     proc = start()
     killed_at = None
@@ -534,9 +551,11 @@ def kill_and_resume(start: Callable[[], subprocess.Popen], table: Callable[[], A
     outcome: dict[str, Any] = {"killed_after_rows": killed_at}
     if killed_at is None:
         outcome["note"] = "not killed: the backlog landed in one commit"
+    restarted = time.monotonic()
     resumed = start()
     try:
         wait_rows(table, expected, resumed, timeout, f"{what} (resumed)", stall_s=60)
+        outcome["resumed_s"] = round(time.monotonic() - restarted, 1)
     except BenchError as exc:
         outcome["resume_error"] = str(exc)
     finally:

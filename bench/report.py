@@ -705,6 +705,7 @@ def _peers(results: Mapping[str, Any]) -> list[str]:
                         rows), ""]
     kill = found.get("kill") or {}
     if kill:
+        session = ((kill.get("connect") or {}).get("settings") or {}).get("session_timeout_ms")
         rows = []
         for system in PEER_ORDER:
             k = kill.get(system)
@@ -713,14 +714,18 @@ def _peers(results: Mapping[str, Any]) -> list[str]:
             verdict = "–" if k.get("exactly_once") is None else ("yes" if k["exactly_once"] else "**no**")
             rows.append((backlog.get(system, {}).get("label", system), num(k.get("killed_after_rows")),
                          num(k.get("rows")), num(k.get("duplicates")), num(k.get("missing")), verdict,
-                         k.get("note") or k.get("resume_error") or ""))
+                         secs(k.get("resumed_s")), k.get("note") or k.get("resume_error") or ""))
         lines += ["### Exactly once after kill -9", "",
                   "Each system over the same backlog into a fresh table, its whole process group killed with "
                   "SIGKILL once its first commit is visible, then started again with the same state (connector "
                   "name and offsets, checkpoint, pipeline). Duplicates and losses are counted per (partition, "
-                  "offset) from the rows' coordinates. A peer that duplicates or loses is a finding.", "",
-                  table(["system", "killed after rows", "rows", "duplicates", "missing", "exactly once", "note"],
-                        rows), ""]
+                  "offset) from the rows' coordinates. A peer that duplicates or loses is a finding. Resumed in: "
+                  "from the second start until every row was in" + (
+                      f" (the Connect worker's consumer group session timeout set to "
+                      f"{num(session / 1000, 0)} s for this run: with Kafka's default of 45 s, the worker started "
+                      f"again waits that long for its partitions)." if session else "."), "",
+                  table(["system", "killed after rows", "rows", "duplicates", "missing", "exactly once",
+                         "resumed in", "note"], rows), ""]
     broken = found.get("broken") or {}
     if broken:
         lines += ["### Broken records", "",

@@ -642,11 +642,15 @@ class Bench:
         for system, peer in running.items():
             name = f"{system}_kill"
             peers.create_table(catalog, name)
-            extra = {"max_offsets": kill_spec.trigger.max_records_per_batch} if system == "sss" else {}
+            # the Connect worker started again gets its partitions once its killed consumer's group session
+            # expired (peers.KILL_SESSION_TIMEOUT_MS)
+            extra = {"max_offsets": kill_spec.trigger.max_records_per_batch} if system == "sss" else \
+                {"session_timeout_ms": peers.KILL_SESSION_TIMEOUT_MS}
             out["kill"][system] = peers.kill_and_resume(
                 lambda: peer.start(kill_spec.source.topic, name, 1.0, name, backlog=True, **extra),
                 lambda: peers.load_or_none(catalog, f"{peers.NAMESPACE}.{name}"), ends, peers.LABELS[system],
                 lambda: peer.log_tail(name))
+            out["kill"][system]["settings"] = extra
         out["kill"]["baseline"] = {"exactly_once": None, "note": "keeps no position: a restart reads its "
                                    "assignment from the start again (every committed record duplicated)"}
         for system, found in out["kill"].items():

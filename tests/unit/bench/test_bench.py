@@ -418,7 +418,7 @@ PEERS = {
     "kill": {"pipeline": {"killed_after_rows": 5_000, "rows": 300_000, "duplicates": 0, "missing": 0,
                           "exactly_once": True},
              "connect": {"killed_after_rows": 1_000, "rows": 300_010, "duplicates": 10, "missing": 0,
-                         "exactly_once": False}},
+                         "exactly_once": False, "resumed_s": 12.5, "settings": {"session_timeout_ms": 6_000}}},
     "broken": {"records": 300_000, "broken": 2_700,
                "connect": {"rows": 1_000, "dead_letter_topic_records": 900, "stopped": "DataException: bad time"},
                "sss": {"rows": 300_000, "rows_all_null": 1_500, "rows_null_event_time": 2_100, "stopped": None},
@@ -481,7 +481,8 @@ def test_the_report_puts_the_peers_side_by_side_with_their_findings(tmp_path):
            "broker 17 % | 1,400 | 12 | 3 |" in section
     assert "| Kafka Connect sink | 1 s | 10,000 | 1.30 s | 2.30 s | 0 | yes | 4,800 |" in section
     assert "| this pipeline | 1 s | 10,000 | 9.00 s | 14.00 s | 0 | yes | – |" in section
-    assert "| Kafka Connect sink | 1,000 | 300,010 | 10 | 0 | **no** |" in section
+    assert "| Kafka Connect sink | 1,000 | 300,010 | 10 | 0 | **no** | 12.50 s |" in section
+    assert "consumer group session timeout set to 6 s for this run" in section
     assert "the task stopped and does not recover without a restart: `DataException: bad time`" in section
     assert "1,500 are all-null rows" in section and "2,700 records in the dead-letter table" in section
     written = report.plot({**RESULTS, "peers": PEERS}, tmp_path)
