@@ -31,10 +31,10 @@ import base64
 import json
 import re
 import uuid as uuid_module
+from collections.abc import Callable
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from random import Random
-from collections.abc import Callable
 from typing import Any, Iterable
 
 import msgspec
