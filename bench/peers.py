@@ -75,8 +75,9 @@ logger.worker.level = INFO
 """
 
 
-# the Connect sink's consumer group session timeout in the kill -9 runs: the broker's smallest by default
-# (group.min.session.timeout.ms), so that the worker started again waits 6 s, not 45, for its partitions
+# the group session timeout of the Connect sink's consumers and of the Iceberg committers' control-topic
+# consumers in the kill -9 runs: the broker's smallest by default (group.min.session.timeout.ms), so that the
+# worker started again waits 6 s, not 45, for its partitions, and its coordinator for the committers' answers
 KILL_SESSION_TIMEOUT_MS = 6_000
 
 

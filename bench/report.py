@@ -721,9 +721,10 @@ def _peers(results: Mapping[str, Any]) -> list[str]:
                   "name and offsets, checkpoint, pipeline). Duplicates and losses are counted per (partition, "
                   "offset) from the rows' coordinates. A peer that duplicates or loses is a finding. Resumed in: "
                   "from the second start until every row was in" + (
-                      f" (the Connect worker's consumer group session timeout set to "
-                      f"{num(session / 1000, 0)} s for this run: with Kafka's default of 45 s, the worker started "
-                      f"again waits that long for its partitions)." if session else "."), "",
+                      f" (the group session timeout of the Connect worker's sink consumers and of the Iceberg "
+                      f"committers' control-topic consumers set to {num(session / 1000, 0)} s for this run: with "
+                      f"Kafka's default of 45 s, the worker started again waits that long for its partitions)."
+                      if session else "."), "",
                   table(["system", "killed after rows", "rows", "duplicates", "missing", "exactly once",
                          "resumed in", "note"], rows), ""]
     broken = found.get("broken") or {}

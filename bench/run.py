@@ -642,8 +642,8 @@ class Bench:
         for system, peer in running.items():
             name = f"{system}_kill"
             peers.create_table(catalog, name)
-            # the Connect worker started again gets its partitions once its killed consumer's group session
-            # expired (peers.KILL_SESSION_TIMEOUT_MS)
+            # the Connect worker started again gets its partitions, and its coordinator the committers' answers,
+            # once the killed members' group sessions expired (peers.KILL_SESSION_TIMEOUT_MS)
             extra = {"max_offsets": kill_spec.trigger.max_records_per_batch} if system == "sss" else \
                 {"session_timeout_ms": peers.KILL_SESSION_TIMEOUT_MS}
             out["kill"][system] = peers.kill_and_resume(

@@ -482,7 +482,7 @@ def test_the_report_puts_the_peers_side_by_side_with_their_findings(tmp_path):
     assert "| Kafka Connect sink | 1 s | 10,000 | 1.30 s | 2.30 s | 0 | yes | 4,800 |" in section
     assert "| this pipeline | 1 s | 10,000 | 9.00 s | 14.00 s | 0 | yes | – |" in section
     assert "| Kafka Connect sink | 1,000 | 300,010 | 10 | 0 | **no** | 12.50 s |" in section
-    assert "consumer group session timeout set to 6 s for this run" in section
+    assert "control-topic consumers set to 6 s for this run" in section
     assert "the task stopped and does not recover without a restart: `DataException: bad time`" in section
     assert "1,500 are all-null rows" in section and "2,700 records in the dead-letter table" in section
     written = report.plot({**RESULTS, "peers": PEERS}, tmp_path)
