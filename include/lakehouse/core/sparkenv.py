@@ -16,6 +16,7 @@ import time
 import uuid
 import zipimport
 from collections.abc import Iterable
+from concurrent.futures import Future
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -143,6 +144,8 @@ def spark_conf(platform: PlatformConfig, catalogs: Iterable[str], app_name: str)
         # by Maven coordinates (Ivy resolves them from ~/.m2, filled by `make setup`, then from Central)
         "spark.jars.packages": ",".join(platform.spark_packages),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        # PySpark's daemon, with the reader's modules imported once before it forks the workers
+        "spark.python.daemon.module": "lakehouse.core.python_daemon",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": os.environ.get("LAKEHOUSE_SHUFFLE_PARTITIONS", "4"),
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
@@ -434,18 +437,33 @@ def _import_modules(modules: tuple[str, ...], items) -> list[int]:
     return [os.getpid() for _ in items]  # the input consumed: Spark reuses the worker afterwards
 
 
-def warm_python_workers(spark, modules: tuple[str, ...]) -> None:
-    """Start a Python worker on every task slot and import `modules` there, once per SparkContext.
+def warm_python_workers(spark, modules: tuple[str, ...]) -> Future[None]:
+    """Start a Python worker on every task slot and import `modules` there, once per SparkContext, in a
+    background thread; the future is done (with the Spark job's error, if any) when the workers are.
 
     A worker imports pyiceberg, pyarrow and the reader the first time it runs a task (1-2 s here):
     without this, the first batch large enough for a second task stalls that long mid-stream.
     """
+    from pyspark import InheritableThread
+
+    done: Future[None] = Future()
     sc = spark.sparkContext
     if sc.applicationId in _WARMED:
-        return
-    slots = sc.defaultParallelism
-    sc.parallelize(range(slots), slots).mapPartitions(lambda items: _import_modules(modules, items)).collect()
-    _WARMED.add(sc.applicationId)
+        done.set_result(None)
+        return done
+
+    def warm() -> None:
+        try:
+            slots = sc.defaultParallelism
+            sc.parallelize(range(slots), slots).mapPartitions(lambda items: _import_modules(modules, items)).collect()
+            _WARMED.add(sc.applicationId)
+            done.set_result(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the warm-up
+            done.set_exception(exc)
+
+    # a daemon thread: a driver that fails before it waits does not wait for the warm-up at exit
+    InheritableThread(target=warm, name="lakehouse-warm-python-workers", daemon=True).start()
+    return done
 
 
 class _SteadyZipImporter(zipimport.zipimporter):

@@ -99,6 +99,7 @@ class IngestJob:
         self.spec = spec
         self.accept_gap = accept_gap
         self.spark = spark or sparkenv.session(self.platform, [spec.catalog], f"lakehouse-ingest-{spec.name}")
+        warming = sparkenv.warm_python_workers(self.spark, ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow"))
         self.catalog = open_catalog(self.platform, spec.catalog)
         self.kafka_conf = self.platform.kafka()
         # Writer schemas of a wire format (none at all is said now, not in every task). Only the driver talks
@@ -113,7 +114,7 @@ class IngestJob:
         self.quarantined = tables.ensure_tables(self.spark, self.catalog, self.spec, self._layout_changed)
         self._writer: committer.Writer | None = None  # claimed before the first commit
         self._start_new_tables()
-        sparkenv.warm_python_workers(self.spark, ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow"))
+        warming.result()
         self._stop = threading.Event()
         # task seconds spent reading and decoding, summed over every task of the job (a stage clock)
         self._task_clock = (self.spark.sparkContext.accumulator(0.0), self.spark.sparkContext.accumulator(0.0))

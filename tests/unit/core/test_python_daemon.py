@@ -1,0 +1,48 @@
+"""Spark's Python workers are forked from a daemon that imported the reader's modules once
+(`spark.python.daemon.module` = lakehouse.core.python_daemon): each worker starts with pyarrow, pyiceberg and
+the reader imported and their objects frozen out of the cyclic GC's way, instead of importing them itself.
+
+Unit layer: what the daemon imports before it forks, and the property that names it (the user's own wins).
+The end-to-end half (a task's worker is such a fork) is tests/e2e/test_python_daemon_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from lakehouse.core import config, python_daemon, sparkenv
+
+
+def _preloaded_in_a_fresh_interpreter(modules: tuple[str, ...]) -> dict:
+    code = ("import gc, json, sys; from lakehouse.core import python_daemon; "
+            f"python_daemon.preload({modules!r}); "
+            f"print(json.dumps({{'imported': [m for m in {modules!r} if m in sys.modules], "
+            "'frozen': gc.get_freeze_count()}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_daemon_imports_what_a_reader_task_needs_and_freezes_it_before_forking():
+    found = _preloaded_in_a_fresh_interpreter(python_daemon.PRELOADED)
+    assert found["imported"] == list(python_daemon.PRELOADED)
+    assert "lakehouse.ingest.taskwriter" in found["imported"] and "pyiceberg.io.pyarrow" in found["imported"]
+    assert found["frozen"] > 10_000  # the modules' objects: out of every forked worker's collections
+
+
+def test_a_module_the_daemon_cannot_import_is_left_to_the_task_that_needs_it():
+    found = _preloaded_in_a_fresh_interpreter(("lakehouse.no_such_module", "json"))
+    assert found["imported"] == ["json"]  # the daemon starts anyway; the task's own import says why it fails
+
+
+def test_spark_forks_its_python_workers_from_the_lakehouse_daemon_unless_the_user_says_otherwise(monkeypatch,
+                                                                                                tmp_path):
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
+    monkeypatch.delenv("LAKEHOUSE_SPARK_CONF", raising=False)
+    conf = sparkenv.spark_conf(config.load(fresh=True), ["lake"], "app")
+    assert conf["spark.python.daemon.module"] == "lakehouse.core.python_daemon"
+    monkeypatch.setenv("LAKEHOUSE_SPARK_CONF", '{"spark.python.daemon.module": "pyspark.daemon"}')
+    conf = sparkenv.spark_conf(config.load(fresh=True), ["lake"], "app")
+    assert conf["spark.python.daemon.module"] == "pyspark.daemon"  # PySpark's own, when a cluster wants it
