@@ -320,6 +320,10 @@ class ChangeStream:
         self.values = self._writer(platform, fmt, "value", envelope_fields(row_fields), self.value_schema)
         self.keys = self._writer(platform, key_fmt, "key", key_fields, self.key_schema)
         self.validator = reader_validator(spec, platform)
+        # what `_row` does to every row, worked out once: its columns, the zoned timestamps among them
+        self.columns = tuple(f.name for f in row_fields)
+        self.zoned_columns = tuple(f.name for f in row_fields if f.type == "timestamp" and f.unit is None)
+        self.text_decimals = fmt != "avro"  # decimal.handling.mode string
         self.content_type = CONTENT_TYPES[fmt]
         # the source database: rows by primary key; the table as the valid changes leave it
         self.source = KeyedRows()
@@ -353,12 +357,12 @@ class ChangeStream:
         string; precise for Avro), zoned timestamps in UTC with a Z."""
         if row is None:
             return None
-        out = {f.name: row.get(f.name) for f in self.spec.contract.fields}  # every column, null or not
-        for f in self.spec.contract.fields:
-            value = out.get(f.name)
-            if f.type == "timestamp" and f.unit is None and isinstance(value, str) and value.endswith("+00:00"):
-                out[f.name] = value[:-6] + "Z"
-        return out if self.spec.source.value_format == "avro" else decimals_as_text(out)
+        out = {name: row.get(name) for name in self.columns}  # every column, null or not
+        for name in self.zoned_columns:
+            value = out[name]
+            if isinstance(value, str) and value.endswith("+00:00"):
+                out[name] = value[:-6] + "Z"
+        return decimals_as_text(out) if self.text_decimals else out
 
     def _event(self, op: str, before: dict | None, after: dict | None, source: dict) -> dict:
         ts_ms = source["ts_ms"] + self.rng.randint(1, 200)  # the connector saw it a moment after the commit

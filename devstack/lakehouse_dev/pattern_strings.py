@@ -1,7 +1,8 @@
 """Strings for a contract's regular-expression `pattern`: ones that match it, and plausible ones that do not.
 
-`matching(pattern, max_length, rng, where)` makes a generator of matching strings by walking the pattern's
-parse tree (lakehouse_dev.re_internals), each candidate verified with `re` before it is handed out;
+`matching(pattern, max_length, rng, where)` makes a generator of matching strings from the pattern's parse tree
+(lakehouse_dev.re_internals), compiled once into a tree of functions, each candidate verified with `re` before
+it is handed out;
 `mismatching(...)` picks a near miss for the `pattern_mismatch` defect; `pattern_core` strips the anchors so
 callers can recognise the common patterns (a currency, a country, an e-mail address) and draw realistic
 values for them instead.
@@ -26,6 +27,11 @@ class _PatternUnsupported(Exception):
     pass
 
 
+# a compiled piece of a pattern: the groups matched so far (number -> text) -> a random string for the piece
+_Node = Callable[[dict[int, str]], str]
+_REPEATS = (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, getattr(sre_c, "POSSESSIVE_REPEAT", None))
+
+
 _PRINTABLE = string.ascii_letters + string.digits + "-_.+@#/ "
 _CATEGORY_CHARS = {
     sre_c.CATEGORY_DIGIT: string.digits,
@@ -45,76 +51,121 @@ def _parsed(pattern: str):
         raise _PatternUnsupported(str(exc)) from None
 
 
-def _from_pattern(tree, rng: Random, classes: dict[int, str]) -> str:
-    """A random string built from a pattern's syntax tree `tree` (`_parsed`; a candidate: the caller verifies
-    it); `classes` keeps the characters of each class of the tree (by the id of its items) between calls.
+def _unsupported(reason: str) -> _Node:
+    """A node that refuses when it is reached (as walking the tree did: a lookaround in a branch never taken
+    does not stop the others)."""
+    def refuse(groups: dict[int, str]) -> str:
+        raise _PatternUnsupported(reason)
+    return refuse
 
-    Covers literals, classes, ranges, categories, alternation, groups, back
-    references and repeats; raises _PatternUnsupported for lookarounds.
+
+def _class_chars(items) -> str:
+    """The characters a class (`[...]`, the IN opcode's items) draws from; raises _PatternUnsupported."""
+    negate = False
+    pool: list[str] = []
+    for op, av in items:
+        if op is sre_c.NEGATE:
+            negate = True
+        elif op is sre_c.LITERAL:
+            pool.append(chr(av))
+        elif op is sre_c.RANGE:
+            lo, hi = av
+            pool.extend(chr(c) for c in range(lo, min(hi, lo + 200) + 1))
+        elif op is sre_c.CATEGORY:
+            pool.extend(_CATEGORY_CHARS.get(av, ""))
+        else:
+            raise _PatternUnsupported(str(op))
+    if negate:
+        excluded = set(pool)
+        pool = [c for c in _PRINTABLE if c not in excluded]
+    if not pool:
+        raise _PatternUnsupported("empty character class")
+    return "".join(pool)
+
+
+def _pool(op, av) -> str | list[str] | None:
+    """The characters one token of a single character draws from (rng.choice of them), None for any other
+    token; raises _PatternUnsupported for a class it cannot draw from."""
+    if op is sre_c.NOT_LITERAL:
+        return [c for c in string.ascii_letters if ord(c) != av]
+    if op is sre_c.ANY:
+        return string.ascii_letters
+    if op is sre_c.IN:
+        return _class_chars(av)
+    if op is sre_c.CATEGORY:
+        return _CATEGORY_CHARS.get(av) or string.ascii_letters
+    return None
+
+
+def _compile(tokens, rng: Random) -> _Node:
+    """A generator of candidates for the tokens of a pattern's syntax tree (`_parsed`): a function of the
+    groups matched so far (number -> text, filled as it goes) that returns a random string. The tree is
+    walked once, here; the function draws from `rng` what a walk of the tree for every string drew, in the
+    same order, so a seed gives the same strings.
+
+    Covers literals, classes, ranges, categories, alternation, groups, back references and repeats; a
+    lookaround (or a class it cannot draw from) compiles to a node that raises _PatternUnsupported when
+    reached.
     """
-    groups: dict[int, str] = {}
-
-    def chars_of(items) -> str:
-        known = classes.get(id(items))
-        if known is None:
-            known = classes[id(items)] = class_chars(items)
-        return known
-
-    def class_chars(items) -> str:
-        negate = False
-        pool: list[str] = []
-        for op, av in items:
-            if op is sre_c.NEGATE:
-                negate = True
-            elif op is sre_c.LITERAL:
-                pool.append(chr(av))
-            elif op is sre_c.RANGE:
-                lo, hi = av
-                pool.extend(chr(c) for c in range(lo, min(hi, lo + 200) + 1))
-            elif op is sre_c.CATEGORY:
-                pool.extend(_CATEGORY_CHARS.get(av, ""))
+    parts: list[str | _Node] = []
+    for op, av in tokens:
+        if op is sre_c.AT:
+            continue  # anchors and word boundaries add no characters
+        if op is sre_c.LITERAL:
+            if parts and isinstance(parts[-1], str):
+                parts[-1] += chr(av)
             else:
-                raise _PatternUnsupported(str(op))
-        if negate:
-            excluded = set(pool)
-            pool = [c for c in _PRINTABLE if c not in excluded]
-        if not pool:
-            raise _PatternUnsupported("empty character class")
-        return "".join(pool)
+                parts.append(chr(av))
+            continue
+        parts.append(_token(op, av, rng))
+    if not parts:
+        return lambda groups: ""
+    if len(parts) == 1:
+        only = parts[0]
+        if isinstance(only, str):
+            return lambda groups: only
+        return only
+    nodes = [(lambda groups, text=part: text) if isinstance(part, str) else part for part in parts]
+    return lambda groups: "".join([node(groups) for node in nodes])
 
-    def walk(tokens) -> str:
-        out: list[str] = []
-        for op, av in tokens:
-            if op is sre_c.LITERAL:
-                out.append(chr(av))
-            elif op is sre_c.NOT_LITERAL:
-                out.append(rng.choice([c for c in string.ascii_letters if ord(c) != av]))
-            elif op is sre_c.ANY:
-                out.append(rng.choice(string.ascii_letters))
-            elif op is sre_c.IN:
-                out.append(rng.choice(chars_of(av)))
-            elif op is sre_c.CATEGORY:
-                out.append(rng.choice(_CATEGORY_CHARS.get(av) or string.ascii_letters))
-            elif op is sre_c.BRANCH:
-                out.append(walk(rng.choice(av[1])))
-            elif op is sre_c.SUBPATTERN:
-                text = walk(av[-1])
-                if av[0] is not None:
-                    groups[av[0]] = text
-                out.append(text)
-            elif op is sre_c.GROUPREF:
-                out.append(groups.get(av, ""))
-            elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, getattr(sre_c, "POSSESSIVE_REPEAT", None)):
-                lo, hi, sub = av
-                hi = lo + 8 if hi is sre_c.MAXREPEAT else min(hi, lo + 8)
-                out.extend(walk(sub) for _ in range(rng.randint(lo, hi)))
-            elif op is sre_c.AT:
-                continue  # anchors and word boundaries add no characters
-            else:
-                raise _PatternUnsupported(str(op))
-        return "".join(out)
 
-    return walk(tree)
+def _token(op, av, rng: Random) -> _Node:
+    """The node of one token other than a literal or an anchor."""
+    choice = rng.choice
+    try:
+        pool = _pool(op, av)
+    except _PatternUnsupported as exc:
+        return _unsupported(str(exc))
+    if pool is not None:
+        return lambda groups: choice(pool)
+    if op is sre_c.BRANCH:
+        branches = [_compile(branch, rng) for branch in av[1]]
+        return lambda groups: choice(branches)(groups)
+    if op is sre_c.SUBPATTERN:
+        inner, number = _compile(av[-1], rng), av[0]
+        if number is None:
+            return inner
+
+        def group(groups: dict[int, str]) -> str:
+            text = groups[number] = inner(groups)
+            return text
+        return group
+    if op is sre_c.GROUPREF:
+        return lambda groups: groups.get(av, "")
+    if op in _REPEATS:
+        lo, hi, sub = av
+        hi = lo + 8 if hi is sre_c.MAXREPEAT else min(hi, lo + 8)
+        randint = rng.randint
+        if len(sub) == 1 and sub[0][0] is not sre_c.LITERAL:
+            try:
+                chars = _pool(*sub[0])
+            except _PatternUnsupported:
+                chars = None
+            if chars is not None:  # the common case, a class repeated: [A-Z]{3}, \d+
+                return lambda groups: "".join([choice(chars) for _ in range(randint(lo, hi))])
+        item = _compile(sub, rng)
+        return lambda groups: "".join([item(groups) for _ in range(randint(lo, hi))])
+    return _unsupported(str(op))
 
 
 def matching(pattern: str, max_length: int | None, rng: Random, where: str) -> Callable[[], str]:
@@ -124,15 +175,14 @@ def matching(pattern: str, max_length: int | None, rng: Random, where: str) -> C
     cannot walk (a lookaround) or when TRIES candidates all miss the pattern or the length.
     """
     compiled = re.compile(pattern)
-    tree: list = []  # the pattern's syntax tree, parsed at the first call
-    classes: dict[int, str] = {}
+    candidates: list[_Node] = []  # the pattern's candidate generator, compiled at the first call
 
     def one() -> str:
         for _ in range(TRIES):
             try:
-                if not tree:
-                    tree.append(_parsed(pattern))
-                value = _from_pattern(tree[0], rng, classes)
+                if not candidates:
+                    candidates.append(_compile(_parsed(pattern), rng))
+                value = candidates[0]({})
             except _PatternUnsupported as exc:
                 raise ProduceError(f"{where}: cannot generate values for pattern {pattern!r} ({exc})") from None
             if compiled.fullmatch(value) and (max_length is None or len(value) <= max_length):

@@ -377,7 +377,7 @@ def avro_renderer(node: Any, f: FieldSpec | None, names: dict[str, Any], namespa
                     compiled.append(avro_renderer(found, f, names, namespace))
                 return compiled[0](value)
             return _unless_none(named)
-        return _unless_none(lambda value: _avro_primitive(node, {}, value, f))
+        return _primitive_renderer(node, {}, f)
     kind = node.get("type")
     if isinstance(kind, (list, dict)):
         return _unless_none(avro_renderer(kind, f, names, namespace))
@@ -390,11 +390,13 @@ def avro_renderer(node: Any, f: FieldSpec | None, names: dict[str, Any], namespa
         children = {c.name: c for c in f.fields} if f is not None and f.type == "struct" else {}
         fields = [(fld["name"], avro_renderer(fld["type"], children.get(fld["name"]), names, namespace))
                   for fld in node["fields"]]
+        plain = [(name, render is _as_is, render) for name, render in fields]  # most values go as they are
 
         def record(value: Any) -> Any:
             if not isinstance(value, dict):
                 return value
-            return {name: render(value[name]) for name, render in fields if name in value}
+            return {name: value[name] if as_is else render(value[name]) for name, as_is, render in plain
+                    if name in value}
         return _unless_none(record)
     if kind == "array":
         item = avro_renderer(node["items"], f.items if f is not None and f.type == "list" else None, names,
@@ -405,7 +407,17 @@ def avro_renderer(node: Any, f: FieldSpec | None, names: dict[str, Any], namespa
                               namespace)
         return _unless_none(lambda value: {k: entry(v) for k, v in value.items()} if isinstance(value, dict)
                             else value)
-    if f is None:
+    return _primitive_renderer(kind, node, f)
+
+
+# the contract types `_avro_primitive` converts; it passes a value of any other type on as it is
+_CONVERTED_TYPES = frozenset({"timestamp", "date", "decimal", "binary", "uuid"})
+
+
+def _primitive_renderer(kind: str, node: dict, f: FieldSpec | None) -> Callable[[Any], Any]:
+    """`_avro_primitive` of Avro primitive `kind` for field `f`, or the value as it is where that would not
+    change it (no contract field, a type it does not convert: most of an envelope's values)."""
+    if f is None or f.type not in _CONVERTED_TYPES:
         return _as_is
     return _unless_none(lambda value: _avro_primitive(kind, node, value, f))
 
@@ -416,6 +428,8 @@ def _as_is(value: Any) -> Any:
 
 def _unless_none(render: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """`render`, None left None."""
+    if render is _as_is:
+        return _as_is
     return lambda value: None if value is None else render(value)
 
 
@@ -653,13 +667,17 @@ class JsonSchemaWriter(WireWriter, JsonWriter):
         return self.header() + payload
 
 
+_HOLDING_DECIMALS = (Decimal, dict, list)  # the values decimals_as_text changes; any other stays as it is
+
+
 def decimals_as_text(value: Any) -> Any:
+    """`value` (JSON-like) with every Decimal in it as its text; dicts and lists new, all the way down."""
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, dict):
-        return {k: decimals_as_text(v) for k, v in value.items()}
+        return {k: decimals_as_text(v) if isinstance(v, _HOLDING_DECIMALS) else v for k, v in value.items()}
     if isinstance(value, list):
-        return [decimals_as_text(v) for v in value]
+        return [decimals_as_text(v) if isinstance(v, _HOLDING_DECIMALS) else v for v in value]
     return value
 
 

@@ -62,3 +62,12 @@ def test_a_pattern_no_string_within_the_max_length_matches_is_refused():
                                                (r"\A\d+\z", r"\d+"), ("a@b", "a@b")])
 def test_the_core_of_a_pattern_is_it_without_its_anchors(pattern, core):
     assert pattern_core(pattern) == core
+
+
+def test_a_seed_gives_the_strings_it_always_gave():
+    """Benches and tests replay a seed and expect the same records: the strings below are what walking the
+    pattern's tree for every string gave before the tree was compiled once."""
+    one = matching(r"^(EU|US|APAC)-\w{2,5}(-[a-z]\d?)?$", None, Random(7), "f")
+    assert [one() for _ in range(6)] == ["US-zPd", "APAC-xL", "APAC-cfB-c", "EU-d0Kh8", "APAC-KL-b", "EU-sAj"]
+    again = matching(r"^(ab|cd)\1x?$", None, Random(3), "f")
+    assert [again() for _ in range(6)] == ["abab", "cdcdx", "abab", "cdcdx", "abab", "cdcdx"]
