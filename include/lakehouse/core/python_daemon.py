@@ -19,6 +19,7 @@ PRELOADED = ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow")
 
 
 def preload(modules: tuple[str, ...] = PRELOADED) -> None:
+    """Import `modules` (those that import at all), then freeze every object alive out of the cyclic GC."""
     for name in modules:
         with contextlib.suppress(Exception):
             importlib.import_module(name)

@@ -442,7 +442,9 @@ def warm_python_workers(spark, modules: tuple[str, ...]) -> Future[None]:
     background thread; the future is done (with the Spark job's error, if any) when the workers are.
 
     A worker imports pyiceberg, pyarrow and the reader the first time it runs a task (1-2 s here):
-    without this, the first batch large enough for a second task stalls that long mid-stream.
+    without this, the first batch large enough for a second task stalls that long mid-stream. Started
+    with the session, the warm-up runs while the driver checks its tables (with lakehouse.core.python_daemon,
+    the workers are forked with the modules imported already).
     """
     from pyspark import InheritableThread
 

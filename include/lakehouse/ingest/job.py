@@ -43,7 +43,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
-from lakehouse.core import config, errors, events, hooks, lineage, offsets, retry, sparkenv
+from lakehouse.core import config, errors, events, hooks, lineage, offsets, python_daemon, retry, sparkenv
 from lakehouse.core.catalog import open_catalog
 from lakehouse.core.errors import IngestError
 from lakehouse.core.offsets import TableProgress
@@ -99,7 +99,7 @@ class IngestJob:
         self.spec = spec
         self.accept_gap = accept_gap
         self.spark = spark or sparkenv.session(self.platform, [spec.catalog], f"lakehouse-ingest-{spec.name}")
-        warming = sparkenv.warm_python_workers(self.spark, ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow"))
+        warming = sparkenv.warm_python_workers(self.spark, python_daemon.PRELOADED)
         self.catalog = open_catalog(self.platform, spec.catalog)
         self.kafka_conf = self.platform.kafka()
         # Writer schemas of a wire format (none at all is said now, not in every task). Only the driver talks
