@@ -6,6 +6,7 @@ are in each forked worker already (shared, copy-on-write) instead of being impor
 one import per executor rather than one per task slot (about 1.5 s of CPU each here). The objects they
 created are frozen out of the cyclic GC's way (`gc.freeze`): a worker's collections do not walk them, nor
 dirty their shared pages. A module that fails to import is left to the task that needs it, which then says why.
+The zip archives on `sys.path` are read once here too (`sparkenv.steady_zip_imports`), not again at each task.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ PRELOADED = ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow")
 
 
 def preload(modules: tuple[str, ...] = PRELOADED) -> None:
-    """Import `modules` (those that import at all), then freeze every object alive out of the cyclic GC."""
+    """Import `modules` (those that import at all) and make the zip importers steady, then freeze every object
+    alive out of the cyclic GC."""
     for name in modules:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    from lakehouse.core import sparkenv
+
+    sparkenv.steady_zip_imports()
     gc.collect()
     gc.freeze()
 
