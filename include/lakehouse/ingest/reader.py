@@ -364,17 +364,17 @@ class _PartitionRead:
     compacted ones).
     """
 
-    __slots__ = ("partition", "ranges", "index", "position", "poison", "since")
+    __slots__ = ("partition", "ranges", "index", "position", "poison", "since", "range", "end")
 
     def __init__(self, partition: int, ranges: list[OffsetRange], poison: dict[int, str], now: float):
         self.partition, self.ranges, self.index = partition, ranges, 0
         self.position = ranges[0].start
         self.poison = poison
         self.since = now  # when a record of this partition last came (or the read began)
-
-    @property
-    def range(self) -> OffsetRange:
-        return self.ranges[min(self.index, len(self.ranges) - 1)]
+        # the range being read (the last one once all are complete) and its end: attributes, not properties, as
+        # the read loop asks for them at every record
+        self.range: OffsetRange = ranges[0]
+        self.end: int = ranges[0].end
 
     @property
     def halfway(self) -> int:
@@ -388,6 +388,8 @@ class _PartitionRead:
         ranges = self.ranges
         while self.index < len(ranges) and ranges[self.index].end <= offset:
             self.index += 1
+        self.range = ranges[min(self.index, len(ranges) - 1)]
+        self.end = self.range.end
         if self.index == len(ranges):
             return True
         self.position = max(self.position, ranges[self.index].start)
@@ -501,7 +503,7 @@ def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBui
                     if err.code() == KafkaError._PARTITION_EOF:
                         eof = msg.offset()
                         # the range ends in offsets that deliver no record (transactions)
-                        if eof is not None and eof >= read.range.end:
+                        if eof is not None and eof >= read.end:
                             progressed, read.since = True, moment
                             if read.reach(eof):
                                 finished.append(waiting.pop(read.partition))
@@ -516,7 +518,7 @@ def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBui
                 if offset is None or offset < read.position:  # read already, or fetched before a seek
                     continue
                 at = offset
-                if offset >= read.range.end:  # its range is complete: the record is the next range's, or none's
+                if offset >= read.end:  # its range is complete: the record is the next range's, or none's
                     progressed, read.since = True, moment
                     if read.reach(offset):
                         finished.append(waiting.pop(read.partition))
@@ -538,7 +540,7 @@ def read_ranges(consumer: Consumer, ranges: list[OffsetRange], builder: BatchBui
                 progressed, read.since = True, moment
                 if fault is not None and offset == read.halfway and offset not in poison:  # where a record is decoded
                     fault("during_read")
-                if offset + 1 >= read.range.end:  # the range's last offset: complete
+                if offset + 1 >= read.end:  # the range's last offset: complete
                     if read.reach(offset + 1):
                         finished.append(waiting.pop(read.partition))
                     elif offset + 1 < read.position:  # the partition's next range starts further on
