@@ -81,9 +81,10 @@ def wire_value(schema_id: int, parsed_schema: Any, record: dict) -> bytes:
 
 def wire_protobuf(schema_id: int, message: Any, indexes: tuple[int, ...] = (0,)) -> bytes:
     """A protobuf `message` in the wire format with writer schema `schema_id`, its message selected by
-    `indexes` in the schema's file (for producers and tests)."""
+    `indexes` in the schema's file (for producers and tests). Map entries are written in key order
+    (`deterministic`), so the same message is the same bytes in every process."""
     head = b"\x00" if indexes == (0,) else _zigzag(len(indexes)) + b"".join(_zigzag(i) for i in indexes)
-    body: bytes = message.SerializeToString()
+    body: bytes = message.SerializeToString(deterministic=True)
     return HEADER.pack(MAGIC, schema_id) + head + body
 
 
