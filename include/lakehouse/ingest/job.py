@@ -52,7 +52,7 @@ from lakehouse.ingest import committer, tables, taskwriter
 from lakehouse.ingest.batch_commit import BatchCommitter
 from lakehouse.ingest.batch_state import BatchState, Written
 from lakehouse.ingest.layout import batch_schema
-from lakehouse.ingest.plan import BatchPlan, plan_batch, split_for_tasks, task_groups, topic_state_for
+from lakehouse.ingest.plan import AdminSession, BatchPlan, plan_batch, split_for_tasks, task_groups, topic_state_for
 from lakehouse.ingest.reader import make_reader
 from lakehouse.ingest.receipts import BatchReceipt
 from lakehouse.ingest.schema_follower import Evolution, SchemaFollower
@@ -113,7 +113,10 @@ class IngestJob:
         self.spec = self.schemas.prefetch(spec)
         self.quarantined = tables.ensure_tables(self.spark, self.catalog, self.spec, self._layout_changed)
         self._writer: committer.Writer | None = None  # claimed before the first commit
-        self._group: Consumer | None = None  # commits the consumer group's offsets while a run lasts (_commit_group)
+        # Kafka clients kept while a run lasts (closed by _close_clients at its end): the topic probes' admin
+        # client and the consumer that commits the group's offsets (_commit_group)
+        self._admin = AdminSession(self.kafka_conf)
+        self._group: Consumer | None = None
         self._start_new_tables()
         warming.result()
         self._stop = threading.Event()
@@ -242,7 +245,7 @@ class IngestJob:
                     on_batch(receipt)
                 state = self.topic_state()
         finally:
-            self._close_group()
+            self._close_clients()
         return receipts
 
     def run_continuous(self, interval_s: float | None = None, on_batch=None, max_batches: int | None = None) -> int:
@@ -267,7 +270,7 @@ class IngestJob:
                     break
                 self._stop.wait(max(0.0, interval - (time.monotonic() - started)))
         finally:
-            self._close_group()
+            self._close_clients()
         return batches
 
     # -- one batch ---------------------------------------------------------------------------
@@ -276,7 +279,7 @@ class IngestJob:
         """The topic's partitions (earliest offset, log end) and id, probed from where the tables stand
         (`progress`, read now when not given) and checked against the topic id they recorded."""
         return topic_state_for(self.kafka_conf, self.spec.source.topic,
-                               progress if progress is not None else self.progress())
+                               progress if progress is not None else self.progress(), session=self._admin)
 
     def _tables(self) -> list[str]:
         return list(self.spec.positioned_tables)
@@ -575,7 +578,7 @@ class IngestJob:
     def _commit_group(self, positions: dict[int, int]) -> None:
         """Consumer-group offsets follow the tables, for lag monitors; never read back for resume.
 
-        Committed (and waited for) by one consumer kept while a run lasts (`_close_group` at its end): its
+        Committed (and waited for) by one consumer kept while a run lasts (`_close_clients` at its end): its
         connection to the group's coordinator serves every batch. A consumer made for each batch, which found
         the coordinator again, cost a batch 0.06-0.2 s."""
         try:
@@ -587,8 +590,9 @@ class IngestJob:
         except Exception as exc:  # noqa: BLE001 - monitoring only: never fail a committed batch over it
             log.warning("consumer group commit for %s failed: %s", self.spec.consumer_group, exc)
 
-    def _close_group(self) -> None:
-        """Close the consumer that commits the group's offsets (a later batch makes another)."""
+    def _close_clients(self) -> None:
+        """Close the Kafka clients kept while a run lasts (a later batch makes others)."""
+        self._admin.close()
         group, self._group = self._group, None
         if group is not None:
             try:

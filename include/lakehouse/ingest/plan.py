@@ -103,20 +103,53 @@ def kafka_consumer(kafka_conf: dict, group: str, **extra) -> Consumer:
     return Consumer(conf)
 
 
+class AdminSession:
+    """An AdminClient (and the ErrorWatch of its logins) for the topic probes of one run of a job: each
+    batch's `topic_state` then asks over the connections the last one opened instead of opening new ones
+    (a client per batch also cost a batch of 1,000 partitions about 30 ms here, and a broker behind TLS and
+    SASL a handshake per batch). A probe that fails drops the client: the next one starts afresh, as a
+    new client per probe did."""
+
+    def __init__(self, kafka_conf: dict):
+        self.kafka_conf = kafka_conf
+        self._client: tuple[AdminClient, kafka_security.ErrorWatch] | None = None
+
+    def client(self) -> tuple[AdminClient, kafka_security.ErrorWatch]:
+        """The kept client, or a new one; its watch holds only the login errors of the probe about to ask."""
+        if self._client is None:
+            watched_conf, watch = kafka_security.watched(self.kafka_conf)
+            self._client = (AdminClient(watched_conf), watch)
+        self._client[1].errors.clear()
+        return self._client
+
+    def close(self) -> None:
+        self._client = None
+
+
 def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = None,
-                timeout: float = 15.0, expected_id: str | None = None) -> TopicState:
+                timeout: float = 15.0, expected_id: str | None = None,
+                session: AdminSession | None = None) -> TopicState:
     """Earliest offset and log end of every partition of `topic`, plus its topic id.
 
     `starts` (partition -> offset) are where the tables stand: a partition whose start is past its
     last stable offset is fetched from there, and a start beyond the log's end raises
     TopicRecreatedError, and so does a topic id other than `expected_id` (checked before any fetch).
     A cluster that refuses the credentials or the TLS handshake raises KafkaAuthError at once (not
-    after `timeout`).
+    after `timeout`). With a `session`, its client asks (and is dropped when anything fails);
+    without, a client of its own.
     """
+    session = session if session is not None else AdminSession(kafka_conf)
+    try:
+        return _topic_state(kafka_conf, topic, starts, timeout, expected_id, *session.client())
+    except BaseException:
+        session.close()
+        raise
+
+
+def _topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None, timeout: float,
+                 expected_id: str | None, admin: AdminClient, watch: kafka_security.ErrorWatch) -> TopicState:
     from confluent_kafka import TopicCollection
 
-    watched_conf, watch = kafka_security.watched(kafka_conf)
-    admin = AdminClient(watched_conf)
     try:
         future = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic]
         described = kafka_security.wait_future(future, admin, watch, timeout)
@@ -154,7 +187,7 @@ def topic_state(kafka_conf: dict, topic: str, starts: dict[int, int] | None = No
 
 
 def topic_state_for(kafka_conf: dict, topic: str, progress: Iterable[TableProgress],
-                    timeout: float = 15.0) -> TopicState:
+                    timeout: float = 15.0, session: AdminSession | None = None) -> TopicState:
     """`topic_state` probed from where the tables stand, checked against the topic id they recorded."""
     progress = list(progress)
     starts: dict[int, int] = {}
@@ -162,7 +195,7 @@ def topic_state_for(kafka_conf: dict, topic: str, progress: Iterable[TableProgre
         for p, pos in tp.positions.items():
             starts[p] = max(starts.get(p, 0), pos)
     expected = next((tp.topic_id for tp in progress if tp.topic_id), None)
-    return topic_state(kafka_conf, topic, starts, timeout=timeout, expected_id=expected)
+    return topic_state(kafka_conf, topic, starts, timeout=timeout, expected_id=expected, session=session)
 
 
 # Errors of a partition the broker just described that say the client does not know where it lives yet: a

@@ -155,3 +155,25 @@ def test_a_probe_start_beyond_the_log_is_a_recreated_topic(broker, code):
     broker(Consumer({0: (0, 10), 1: (0, 4)}, batches=[[message(1, 9, code)]]))
     with pytest.raises(errors.TopicRecreatedError, match="partition 1: the committed position 9 is beyond"):
         plan.topic_state({"bootstrap.servers": "127.0.0.1:9"}, TOPIC, starts={1: 9}, timeout=2)
+
+
+def test_a_running_job_probes_with_one_admin_client_and_a_new_one_after_a_probe_failed(broker, monkeypatch):
+    """A job's session (plan.AdminSession) keeps its admin client from batch to batch: no new connections, nor a
+    TLS and SASL handshake, per batch. A probe that fails leaves nothing of its client to the next."""
+    made = []
+    fake = plan.AdminClient
+    monkeypatch.setattr(plan, "AdminClient", lambda conf: made.append(fake(conf)) or made[-1])
+    conf = {"bootstrap.servers": "127.0.0.1:9"}
+    session = plan.AdminSession(conf)
+    broker(Consumer({0: (0, 10), 1: (5, 7)}))
+    for _ in range(3):
+        assert plan.topic_state(conf, TOPIC, timeout=5, session=session).partitions[1].end == 7
+    assert len(made) == 1
+    broker(Consumer({0: (0, 10), 1: KafkaError._TIMED_OUT}))
+    with pytest.raises(errors.BrokerUnavailableError):
+        plan.topic_state(conf, TOPIC, timeout=0.2, session=session)
+    broker(Consumer({0: (0, 12), 1: (5, 9)}))
+    assert plan.topic_state(conf, TOPIC, timeout=5, session=session).partitions[1].end == 9
+    assert len(made) == 2
+    plan.topic_state(conf, TOPIC, timeout=5)  # without a session: a client of its own
+    assert len(made) == 3
