@@ -15,6 +15,8 @@ import contextlib
 import gc
 import importlib
 
+from lakehouse.core import sparkenv
+
 # what a reader task imports (lakehouse.ingest.taskwriter's task function, pyiceberg's Parquet writer)
 PRELOADED = ("lakehouse.ingest.taskwriter", "pyiceberg.io.pyarrow")
 
@@ -25,8 +27,6 @@ def preload(modules: tuple[str, ...] = PRELOADED) -> None:
     for name in modules:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
-    from lakehouse.core import sparkenv
-
     sparkenv.steady_zip_imports()
     gc.collect()
     gc.freeze()

@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from lakehouse.core import config, python_daemon, sparkenv
 
 
@@ -19,8 +21,7 @@ def _preloaded_in_a_fresh_interpreter(modules: tuple[str, ...]) -> dict:
     code = ("import gc, json, sys; from lakehouse.core import python_daemon; "
             f"python_daemon.preload({modules!r}); "
             f"print(json.dumps({{'imported': [m for m in {modules!r} if m in sys.modules], "
-            "'frozen': gc.get_freeze_count(), "
-            "'zip_hook': [getattr(h, '__name__', '') for h in sys.path_hooks if 'Zip' in getattr(h, '__name__', '')]}))")
+            "'frozen': gc.get_freeze_count()}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
@@ -31,7 +32,6 @@ def test_the_daemon_imports_what_a_reader_task_needs_and_freezes_it_before_forki
     assert found["imported"] == list(python_daemon.PRELOADED)
     assert "lakehouse.ingest.taskwriter" in found["imported"] and "pyiceberg.io.pyarrow" in found["imported"]
     assert found["frozen"] > 10_000  # the modules' objects: out of every forked worker's collections
-    assert found["zip_hook"] == ["_SteadyZipImporter"]  # no forked worker re-reads a zip archive at its tasks' start
 
 
 def test_a_module_the_daemon_cannot_import_is_left_to_the_task_that_needs_it():
@@ -53,7 +53,7 @@ def test_spark_forks_its_python_workers_from_the_lakehouse_daemon_unless_the_use
 
 _ZIP_PROBE = """
 import importlib, json, sys, zipfile, zipimport
-from lakehouse.core import sparkenv
+from lakehouse.core import python_daemon, sparkenv
 
 def archive(path, package):
     with zipfile.ZipFile(path, "w") as z:
@@ -62,28 +62,33 @@ def archive(path, package):
     sys.path.insert(0, path)
     return path
 
+def directories():
+    return {path: zipimport._zip_directory_cache[path] for path in (first, later)}
+
 first = archive(sys.argv[1] + "/first.zip", "zipped_first")
-import zipped_first  # a task's import from a zip on sys.path, before the archives are made steady
-sparkenv.steady_zip_imports()
-import zipped_first.sub  # after: a package folder inside the archive, whose importer the path hook makes
-directory = zipimport._zip_directory_cache[first]
-importlib.invalidate_caches()  # what PySpark's worker calls at each task's start
+import zipped_first  # imported from a zip on sys.path before the archives are made steady
+if sys.argv[2] == "daemon":
+    python_daemon.preload(())  # before the daemon forks a worker
+else:
+    sparkenv.steady_zip_imports()  # at a task's start, under PySpark's own daemon
+import zipped_first.sub  # a package folder inside the archive: a zip importer made afterwards
 later = archive(sys.argv[1] + "/later.zip", "zipped_later")  # an archive shipped afterwards (addPyFile)
 import zipped_later.sub
+read = directories()
+importlib.invalidate_caches()  # what PySpark's worker calls at each task's start
 print(json.dumps({
-    "reread": zipimport._zip_directory_cache[first] is not directory,
-    "importers": sorted(type(f).__name__ for p, f in sys.path_importer_cache.items() if p.startswith(sys.argv[1])),
+    "reread": sorted(path.rsplit("/", 1)[1] for path, found in directories().items() if found is not read[path]),
     "values": [zipped_first.sub.VALUE, zipped_later.sub.VALUE]}))
 """
 
 
-def test_the_zip_archives_of_a_worker_are_read_once_not_again_at_each_task(tmp_path):
+@pytest.mark.parametrize("made_steady_by", ["daemon", "task"])
+def test_the_zip_archives_of_a_worker_are_read_once_not_again_at_each_task(tmp_path, made_steady_by):
     # PySpark's worker invalidates the import caches at each task's start; a zip importer then re-reads its
     # archive (pyspark.zip: 0.2-0.4 s), also those a task made for the packages it imported from a zip
-    done = subprocess.run([sys.executable, "-c", _ZIP_PROBE, str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", _ZIP_PROBE, str(tmp_path), made_steady_by], capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.splitlines()[-1])
-    assert found["reread"] is False
-    assert found["importers"] == ["_SteadyZipImporter"] * 4  # each archive and the package folder inside it
+    assert found["reread"] == []  # neither the archive read before nor the one shipped after
     assert found["values"] == [42, 42]  # imports from the archives, old and new, still work
