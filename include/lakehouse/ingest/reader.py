@@ -19,9 +19,9 @@ import itertools
 import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
-from operator import itemgetter
 from typing import Any
 
+import numpy
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -42,6 +42,10 @@ MAX_KAFKA_TIMESTAMP_MS = MAX_TIMESTAMP_US // 1000
 _DETAIL_CHARS = 2000  # error_detail is for people; an exception can quote a whole value
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MILLISECOND = timedelta(milliseconds=1)
+# a record's coordinates, route and op as BatchBuilder keeps them (`_records`)
+_RECORD_TYPE = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                          ("timestamp", pa.timestamp("ms", tz="UTC")), ("key", pa.string()), ("route", pa.string()),
+                          ("op", pa.string())])
 
 
 # Messages asked of consume() at a time. A Message is a GC-tracked object: a chunk of thousands
@@ -149,9 +153,9 @@ def _readable_headers(headers: Any) -> tuple[list[dict], list[str]]:
 class BatchBuilder:
     """Decodes records and emits them as Arrow record batches of `batch_schema(spec)`.
 
-    A record is kept as two tuples (its contract values; its coordinates, route, op and
-    raw value), dead letters on the side, and columns are built at flush: two list appends
-    per record instead of one per column.
+    A record is kept as two tuples (its contract values; its coordinates, route and op) and
+    its raw value, dead letters on the side; at flush each list of tuples becomes one Arrow
+    struct array whose fields are the columns (a list per column cost about twice as much).
 
     No record can fail the batch. Every value kept is one Arrow, Spark and Python can hold
     (the validator checks contract values; `add` checks the Kafka timestamp), `add`
@@ -175,11 +179,17 @@ class BatchBuilder:
         self._route_index = self.contract.index(fanout.field) if fanout else None
         self.routes = fanout.routes if fanout else {}
         self.ingested_at = ingested_at_us
+        self._ingested_at = pa.scalar(ingested_at_us, self.schema.field("_ingested_at").type)
+        row_names = [*self.contract, "_cdc"] if self._cdc else self.contract
+        self._row_type = pa.struct([self.schema.field(name) for name in row_names])
         self.reset()
 
     def reset(self) -> None:
         self._rows: list[tuple] = []     # contract values, all None for a dead letter
-        self._records: list[tuple] = []  # (topic, partition, offset, timestamp ms, key text, route, op, value)
+        self._records: list[tuple] = []  # (topic, partition, offset, timestamp ms, key text, route, op)
+        # raw values, apart: only a record Arrow refuses needs its value, and copying every value into Arrow
+        # with the records would cost time and as much memory as the batch's values again
+        self._values: list[bytes | None] = []
         self._dead: list[tuple] = []     # (position, key, value, headers, error kind, error detail)
 
     @property
@@ -228,7 +238,8 @@ class BatchBuilder:
                         f"the reader failed on this record: {_describe(exc)}")
             return
         self._rows.append(row)
-        self._records.append((topic, partition, offset, ts_ms, key_text, route, op, value))
+        self._records.append((topic, partition, offset, ts_ms, key_text, route, op))
+        self._values.append(value)
 
     def reject(self, topic: str, partition: int, offset: int, ts_ms: int | None,
                key: bytes | None, value: bytes | None, headers, kind: str, detail: str) -> None:
@@ -250,7 +261,8 @@ class BatchBuilder:
         detail = "; ".join([detail, *notes, *header_notes])
         self._dead.append((len(self._records), raw_key, raw_value, kept_headers, _utf8(str(kind)), _utf8(detail)))
         self._rows.append(self._null_row)
-        self._records.append((topic, partition, offset, ts_ms, _key_text(key), None, None, raw_value))
+        self._records.append((topic, partition, offset, ts_ms, _key_text(key), None, None))
+        self._values.append(raw_value)
 
     def flush(self) -> pa.RecordBatch:
         """The records added since the last flush as one Arrow batch; the builder starts empty again.
@@ -258,7 +270,7 @@ class BatchBuilder:
         A record whose values Arrow refuses (none should be) becomes a `reader_failure`
         dead letter; an error no single record causes is raised.
         """
-        rows, records, dead = self._rows, self._records, self._dead
+        rows, records, values, dead = self._rows, self._records, self._values, self._dead
         self.reset()
         try:
             return self._arrow(rows, records, dead)
@@ -266,36 +278,27 @@ class BatchBuilder:
             refused = self._refused(rows, records, dead, 0, len(records))
             if not refused:
                 raise
-            return self._arrow(*self._without(rows, records, dead, refused))
+            return self._arrow(*self._without(rows, records, values, dead, refused))
 
     def _arrow(self, rows: list[tuple], records: list[tuple], dead: list[tuple]) -> pa.RecordBatch:
         n = len(records)
-
-        def column(items: list[tuple], i: int) -> list:
-            # not zip(*items): that makes one iterator per row, enough to set off full GC passes
-            return list(map(itemgetter(i), items))
-
-        columns: dict[str, Any] = {name: column(rows, i) for i, name in enumerate(self.contract)}
-        if self._cdc:
-            columns["_cdc"] = column(rows, len(self.contract))
-        columns["_route"] = column(records, 5)
-        columns["_op"] = column(records, 6)
-        columns["_ingested_at"] = [self.ingested_at] * n
-        columns.update((name, [None] * n) for name in DEAD_LETTER_BATCH_COLUMNS)
-        for position, *values in dead:
-            for name, value in zip(DEAD_LETTER_BATCH_COLUMNS, values, strict=True):
-                columns[name][position] = value
-        columns["_kafka"] = pa.StructArray.from_arrays([
-            pa.array(column(records, 0), pa.string()),
-            pa.array(column(records, 1), pa.int32()),
-            pa.array(column(records, 2), pa.int64()),
-            # Kafka gives milliseconds, checked to fit, so the cast to microseconds cannot overflow
-            pa.array(column(records, 3), pa.timestamp("ms", tz="UTC")).cast(KAFKA_STRUCT.field("timestamp").type),
-            pa.array(column(records, 4), pa.string()),
-        ], fields=list(KAFKA_STRUCT))
-        arrays = [values if isinstance(values := columns[f.name], pa.Array) else pa.array(values, type=f.type)
-                  for f in self.schema]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        columns: dict[str, Any] = dict(zip(self._row_type.names, pa.array(rows, self._row_type).flatten(), strict=True))
+        topic, partition, offset, timestamp, key, route, op = pa.array(records, _RECORD_TYPE).flatten()
+        columns["_route"], columns["_op"] = route, op
+        # Kafka gives milliseconds, checked to fit, so the cast to microseconds cannot overflow
+        columns["_kafka"] = pa.StructArray.from_arrays(
+            [topic, partition, offset, timestamp.cast(KAFKA_STRUCT.field("timestamp").type), key],
+            fields=list(KAFKA_STRUCT))
+        columns["_ingested_at"] = pa.repeat(self._ingested_at, n)
+        if dead:  # a few rows each: each column is taken from its dead letters' values, null elsewhere
+            picks = numpy.full(n, len(dead), numpy.int64)
+            picks[[position for position, *_ in dead]] = numpy.arange(len(dead))
+            for i, name in enumerate(DEAD_LETTER_BATCH_COLUMNS, 1):
+                values = pa.array([letter[i] for letter in dead] + [None], self.schema.field(name).type)
+                columns[name] = values.take(picks)
+        else:
+            columns.update((name, pa.nulls(n, self.schema.field(name).type)) for name in DEAD_LETTER_BATCH_COLUMNS)
+        return pa.RecordBatch.from_arrays([columns[f.name] for f in self.schema], schema=self.schema)
 
     def _refused(self, rows: list[tuple], records: list[tuple], dead: list[tuple], lo: int, hi: int) -> dict[int, str]:
         """Positions in [lo, hi) whose records Arrow refuses, with its error, found by halving the range."""
@@ -309,7 +312,7 @@ class BatchBuilder:
         middle = (lo + hi) // 2
         return {**self._refused(rows, records, dead, lo, middle), **self._refused(rows, records, dead, middle, hi)}
 
-    def _without(self, rows: list[tuple], records: list[tuple], dead: list[tuple],
+    def _without(self, rows: list[tuple], records: list[tuple], values: list[bytes | None], dead: list[tuple],
                  refused: dict[int, str]) -> tuple[list[tuple], list[tuple], list[tuple]]:
         """The batch with each refused record replaced by a bare `reader_failure` dead letter.
 
@@ -319,7 +322,8 @@ class BatchBuilder:
         letters = {entry[0]: entry for entry in dead}
         dead = [entry for entry in dead if entry[0] not in refused]
         for position, error in refused.items():
-            topic, partition, offset, ts_ms, key_text, _, _, value = records[position]
+            topic, partition, offset, ts_ms, key_text, _, _ = records[position]
+            value = values[position]
             if position in letters:
                 _, key, value, _, kind, detail = letters[position]
                 why = f"Arrow refused this dead letter ({kind}: {detail}): {error}; headers left out"
@@ -329,7 +333,7 @@ class BatchBuilder:
             key, value = (v if type(v) is bytes else None for v in (key, value))
             rows[position] = self._null_row
             records[position] = (topic, partition, offset, ts_ms if _in_range_ms(ts_ms) else None,
-                                 _key_text(key), None, None, value)
+                                 _key_text(key), None, None)
             dead.append((position, key, value, [], "reader_failure", _utf8(why)))
         return rows, records, dead
 
