@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import numpy
+import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -291,8 +291,8 @@ class BatchBuilder:
             fields=list(KAFKA_STRUCT))
         columns["_ingested_at"] = pa.repeat(self._ingested_at, n)
         if dead:  # a few rows each: each column is taken from its dead letters' values, null elsewhere
-            picks = numpy.full(n, len(dead), numpy.int64)
-            picks[[position for position, *_ in dead]] = numpy.arange(len(dead))
+            picks = np.full(n, len(dead), np.int64)
+            picks[[position for position, *_ in dead]] = np.arange(len(dead))
             for i, name in enumerate(DEAD_LETTER_BATCH_COLUMNS, 1):
                 letters = pa.array([letter[i] for letter in dead] + [None], self.schema.field(name).type)
                 columns[name] = letters.take(picks)
