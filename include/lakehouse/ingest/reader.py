@@ -178,7 +178,6 @@ class BatchBuilder:
         fanout = spec.target.fanout
         self._route_index = self.contract.index(fanout.field) if fanout else None
         self.routes = fanout.routes if fanout else {}
-        self.ingested_at = ingested_at_us
         self._ingested_at = pa.scalar(ingested_at_us, self.schema.field("_ingested_at").type)
         row_names = [*self.contract, "_cdc"] if self._cdc else self.contract
         self._row_type = pa.struct([self.schema.field(name) for name in row_names])

@@ -112,6 +112,18 @@ def assert_sound(batch: pa.RecordBatch, offsets: list[int]) -> list[dict]:
     return rows
 
 
+def contract_values(batch: pa.RecordBatch) -> list[tuple]:
+    """Each row's contract values in the validator's form (timestamps as epoch microseconds, dates as epoch
+    days), to compare with `RecordValidator.check_row`."""
+    columns = []
+    for name in SPEC.contract.names:
+        column = batch.column(name)
+        if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+            column = column.cast(pa.int64() if pa.types.is_timestamp(column.type) else pa.int32())
+        columns.append(column.to_pylist())
+    return list(zip(*columns, strict=True))
+
+
 # ---------------------------------------------------------------------------- hostile input
 
 # Text with lone surrogates: what json.loads makes of "\ud800"
@@ -232,11 +244,18 @@ def test_every_record_comes_out_once_as_a_row_or_a_dead_letter(records):
     built = builder()
     for offset, (ts_ms, key, value, headers) in enumerate(records):
         built.add(TOPIC, 0, offset, ts_ms, key, value, headers)
-    rows = assert_sound(built.flush(), list(range(len(records))))
-    for row, (ts_ms, key, value, _) in zip(sorted(rows, key=lambda r: r["_kafka"]["offset"]), records):
+    batch = built.flush()
+    rows = assert_sound(batch, list(range(len(records))))
+    assert batch.column("_ingested_at").cast(pa.int64()).to_pylist() == [INGESTED_AT] * len(records)
+    reference = RecordValidator(SPEC)
+    by_offset = sorted(zip(rows, contract_values(batch), strict=True), key=lambda r: r[0]["_kafka"]["offset"])
+    for (row, values), (ts_ms, key, value, _) in zip(by_offset, records, strict=True):
         if row["_route"] is None:  # dead letters keep the raw record, and say precisely what is wrong
             assert (row["_dlq_key"], row["_dlq_value"]) == (key, value)
             assert row["_dlq_error_kind"] != "reader_failure", row["_dlq_error_detail"]
+        elif row["_op"] == "upsert":  # a row holds the reference's verdict, and goes where its `size` routes it
+            assert values == reference.check_row(reference.check_key(key), value)
+            assert row["_route"] == ("raw.hostile_small" if row["size"] == "S" else SPEC.target.table)
         in_range = ts_ms is not None and MIN_KAFKA_TIMESTAMP_MS <= ts_ms <= MAX_KAFKA_TIMESTAMP_MS
         assert (row["_dlq_error_kind"] == "bad_kafka_timestamp") == (ts_ms is not None and not in_range)
         expected = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ts_ms) if in_range else None
