@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import Decimal, DecimalException
 from typing import Protocol
 
 from lakehouse.core.spec import PipelineSpec
@@ -42,6 +42,8 @@ class JsonDecoder:
             raise
         except RecursionError:
             raise Rejected("malformed_json", "value nests too deeply") from None
+        except DecimalException:  # read exactly (`decimals`), a number like 1e99999999999999999999 is no decimal
+            raise Rejected("out_of_range", "a number's exponent is beyond what a decimal holds") from None
         except ValueError as exc:
             raise Rejected("malformed_json", str(exc)[:200]) from None
         if not isinstance(obj, dict):

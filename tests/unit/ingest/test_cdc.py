@@ -101,6 +101,7 @@ def test_creates_reads_and_updates_are_rows_and_deletes_and_tombstones_are_keys(
     (b'"1"', event("c", None, row(1)), "bad_key", ""),
     (None, event("c", None, row(1)), "null_key", ""),
     (key(1), event("c", None, row(1, balance="1.234")), "out_of_range", "more than 2 decimal places"),
+    (key(1), event("c", None, row(1)).replace(b'"1.50"', b"1e99999999999999999999"), "out_of_range", "exponent"),
 ])
 def test_what_is_not_a_row_change_is_a_dead_letter_of_its_own_kind(cdc_spec, record_key, value, kind, detail):
     with pytest.raises(Rejected) as info:
