@@ -21,7 +21,8 @@ def unwrap(obj: Any) -> Any:
     return obj
 
 
-def _epoch_ms_to_us(ms: Any) -> int | None:
+def epoch_ms_to_us(ms: Any) -> int | None:
+    """A source's commit time `ts_ms` (epoch millis) as epoch micros; None for anything else or out of range."""
     if type(ms) is int and MIN_TIMESTAMP_US <= ms * 1000 <= MAX_TIMESTAMP_US:
         return ms * 1000
     return None
@@ -73,6 +74,6 @@ def change_meta(event: Any) -> tuple[str, dict]:
     source = event.get("source")
     if not isinstance(source, dict):
         source = {}
-    return op, {"op": op, "source_ts": _epoch_ms_to_us(source.get("ts_ms", event.get("ts_ms"))),
+    return op, {"op": op, "source_ts": epoch_ms_to_us(source.get("ts_ms", event.get("ts_ms"))),
                 "position": source_position(source)}
 

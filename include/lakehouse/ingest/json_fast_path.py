@@ -138,6 +138,30 @@ class JsonFastPath:
             return None
 
 
+def reads_alike(max_bytes: int) -> Callable[[bytes], bool]:
+    """Whether msgspec and the reference's json read a value of bytes alike (so that msgspec may decide
+    for it), as far as the bytes show: at most `max_bytes` of them, valid UTF-8 everywhere (msgspec checks
+    only the strings it keeps), nesting no deeper than _MAX_FAST_NESTING and no integer literal longer than
+    Python's digit limit (json refuses it, msgspec reads it)."""
+    digit_limit = sys.get_int_max_str_digits() or math.inf
+    long_digit_run = re.compile(rb"(?<![0-9])[0-9]{%d}" % (digit_limit + 1)) if digit_limit < math.inf else None
+
+    def alike(value: bytes) -> bool:
+        size = len(value)
+        if size > max_bytes:
+            return False
+        if not value.isascii():
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+        return size <= 2 * _MAX_FAST_NESTING or not (
+            value.count(b"[") + value.count(b"{") > _MAX_FAST_NESTING
+            or long_digit_run is not None and size > digit_limit and long_digit_run.search(value))
+
+    return alike
+
+
 def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns: list[tuple[int, Callable]],
                         timestamps: list[int], dates: list[int], key_index: int | None,
                         key_is_text: bool) -> Callable[[str | None, bytes | None], tuple | None]:
@@ -148,25 +172,11 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
     min_us, max_us = MIN_TIMESTAMP_US, MAX_TIMESTAMP_US
     # Up to 1024 short values per field that matched are remembered (e.g. currency codes) to skip the regex.
     matching: list[tuple[int, Callable, set[str]]] = [(i, fullmatch, set()) for i, fullmatch in patterns]
-    # json turns integer literals longer than Python's digit limit into errors; msgspec does not
-    digit_limit = sys.get_int_max_str_digits() or math.inf
-    long_digit_run = re.compile(rb"(?<![0-9])[0-9]{%d}" % (digit_limit + 1)) if digit_limit < math.inf else None
+    alike = reads_alike(max_bytes)
 
     def decode_row(key_text: str | None, value: bytes | None) -> tuple | None:
         """The row the reference would return for this record, or None to ask the reference."""
-        if value is None:
-            return None
-        size = len(value)
-        if size > max_bytes:
-            return None
-        if not value.isascii():
-            try:  # the reference rejects invalid UTF-8 anywhere; msgspec only in strings it keeps
-                value.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-        if size > 2 * _MAX_FAST_NESTING and (
-                value.count(b"[") + value.count(b"{") > _MAX_FAST_NESTING
-                or long_digit_run is not None and size > digit_limit and long_digit_run.search(value)):
+        if value is None or not alike(value):
             return None
         try:
             values = astuple(decode(value))

@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.change_events import change_meta, unwrap
+from lakehouse.ingest.change_fast_path import ChangeFastPath
 from lakehouse.ingest.checks import field_checker
 from lakehouse.ingest.compiled_rows import RowContract
 from lakehouse.ingest.json_decode import DECODERS, Decoder, JsonDecoder
@@ -105,7 +106,12 @@ class RecordValidator:
         self.fast_path = JsonFastPath.for_spec(spec) \
             if json_values and self.key_decoder is None and not quarantined else None
         self._fast_row = None if self.fast_path is None else self.fast_path.decode_row
-        self.fallbacks = 0  # records check_row's fast paths left to the reference (or a writer schema's row plan)
+        # ... and of change events in plain JSON (check_change)
+        self.change_path = ChangeFastPath.for_spec(spec) \
+            if spec.is_cdc and type(self.decoder) is JsonDecoder and not quarantined else None
+        # a change event's primary key: its columns' places in a row
+        self._primary = [self.names.index(name) for name in spec.target.key] if spec.is_cdc else []
+        self.fallbacks = 0  # records the fast paths left to the reference (or a writer schema's row plan)
 
     def _decoder(self, fmt: str, store, gate, what: str) -> Decoder:
         if fmt == "json":
@@ -231,15 +237,29 @@ class RecordValidator:
         op, the source's commit time (epoch micros) and its position in the source's log (see
         `source_position`), which order changes of one key across Kafka partitions. Kafka Connect's JSON
         envelopes with schemas ({"schema": ..., "payload": ...}) are unwrapped. Raises Rejected."""
-        key_text = self.check_key(key)
-        if self.key_record is None:  # a key that is not a record holding the primary key
-            raise Rejected("bad_key", "a change event's key must be a record holding the primary key columns")
-        keys = self._key_values(self.key_record)
-        key_row = tuple(keys.get(name) for name in self.names)
+        fast = self.change_path
+        known = None if fast is None or key is None else fast.decode_key(key)
+        if known is None:
+            key_text = self.check_key(key)
+            if self.key_record is None:  # a key that is not a record holding the primary key
+                raise Rejected("bad_key", "a change event's key must be a record holding the primary key columns")
+            keys = self._key_values(self.key_record)
+            key_row = tuple(keys.get(name) for name in self.names)
+        else:
+            key_text, key_row = known
         if value is None:  # the tombstone after a delete: the key stays deleted
             return key_text, (*key_row, {"op": "d", "source_ts": None, "position": None}), "delete"
         if len(value) > self.max_value_bytes:
             raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
+        if fast is not None:
+            found = fast.decode(value)
+            if found is not None:
+                op, values, meta = found
+                if values is None:
+                    return key_text, (*key_row, meta), "delete"
+                if all(values[index] == key_row[index] for index in self._primary):
+                    return key_text, (*values, meta), "upsert"
+            self.fallbacks += 1  # the reference names what is wrong (a key mismatch too)
         plan = None
         if self._wire is not None:  # Avro, Protobuf: the writer schema's row plan checks the `after` row
             writer, event = self._wire.decode_with_writer(value)
@@ -257,9 +277,9 @@ class RecordValidator:
             else:
                 row = self.check_fields(after)
                 values = tuple(row[name] for name in self.names)
-            for index, value_in_key in self._key_positions(keys):
-                if values[index] != value_in_key:
-                    raise Rejected("key_mismatch", f"the key's {self.names[index]} {show(value_in_key)} differs "
+            for index in self._primary:
+                if values[index] != key_row[index]:
+                    raise Rejected("key_mismatch", f"the key's {self.names[index]} {show(key_row[index])} differs "
                                                    f"from the row's {show(values[index])}")
             return key_text, (*values, meta), "upsert"
         return key_text, (*key_row, meta), "delete"  # op d: change_meta admits nothing else
@@ -305,10 +325,6 @@ class RecordValidator:
             head, row = compiled
             self._wire_head = len(head)
             self._wire_rows[head] = row
-
-    def _key_positions(self, keys: dict) -> list[tuple[int, Any]]:
-        """(contract position, value) of each primary-key column in `keys`."""
-        return [(self.names.index(name), value) for name, value in keys.items()]
 
     def _key_values(self, record: dict) -> dict:
         """The primary-key columns (target.key) of a change event's key record, checked."""

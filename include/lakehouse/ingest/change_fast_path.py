@@ -1,0 +1,203 @@
+"""The change events' fast path: `ChangeFastPath.for_spec(spec).decode(value)` reads, a few times faster, the
+value of a Debezium change event in plain JSON that the reference (`RecordValidator.check_change`: JsonDecoder,
+`change_meta`, then the contract's checks of its `after`) accepts, into (op, the contract values of its `after`,
+None for a delete, its `_cdc` value); for anything else it returns None, "ask the reference". `decode_key(key)`
+does the same for the key record: (its text as `_kafka.key` shows it, its primary-key columns at their places in
+a row of Nones).
+
+One msgspec Struct holds the envelope: the op (c, r, u or d), the `after` row, the few `source` fields the
+`_cdc` value is made of, the event's own `ts_ms`; `before`, `transaction` and whatever else the envelope
+carries are skipped without being built. In the row, msgspec checks what lakehouse.ingest.json_fast_path
+mirrors exactly (types, bounds, enums, max_length; a pattern is matched afterwards); every other field
+(decimals, timestamps, dates and the rest) is read as its JSON value (numbers with a fraction as Decimal where
+the reference does) and checked by the reference's own checker.
+
+Any doubt goes to the reference. Kafka Connect's envelope with schemas ({"schema": ..., "payload": ...}) has no
+`op` of its own, so msgspec refuses it; an `after` row with schemas reads as a row without its primary key,
+which then differs from the key's (check_change compares them). The reference unwraps both.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, Literal
+
+import msgspec
+
+from lakehouse.core.spec import PipelineSpec, contract_pattern
+from lakehouse.ingest.change_events import MAX_POSITION, epoch_ms_to_us, source_position
+from lakehouse.ingest.checks import field_checker
+from lakehouse.ingest.json_fast_path import _fast_type, _NotMirrored, reads_alike
+
+UNSET = msgspec.UNSET
+# what of `source` the `_cdc` value reads (change_events.change_meta, source_position)
+SOURCE_FIELDS = ("ts_ms", "lsn", "file", "pos", "row", "change_lsn", "event_serial_no", "scn", "sec", "ord")
+
+Change = tuple[str, tuple | None, dict]
+# a key record's field names and text values that compact JSON writes as they are
+_BARE_NAME = re.compile(r"[A-Za-z0-9_]+").fullmatch
+
+
+def _msgspec_type(f) -> Any:
+    """The msgspec type of the field's non-null values when msgspec checks it exactly as the reference
+    does; Any (the JSON value, for the reference's checker) otherwise."""
+    if f.type in ("timestamp", "date"):
+        return Any
+    try:
+        return _fast_type(f)
+    except _NotMirrored:
+        return Any
+
+
+class ChangeFastPath:
+    """Decodes, a few times faster, the JSON change events `RecordValidator.check_change` accepts (see the
+    module's docstring); `decode(value)` returns (op, values, `_cdc` value) or None, never a rejection."""
+
+    def __init__(self, spec: PipelineSpec):
+        """Raises _NotMirrored when the contract has a required field no value of which can pass."""
+        fields = spec.contract.fields
+        names = [f.name for f in fields]
+        struct_fields: list[tuple] = []
+        checked: list[tuple[int, bool, Callable[[Any], Any]]] = []
+        patterns = [(i, contract_pattern(f.pattern)) for i, f in enumerate(fields)
+                    if f.type == "string" and f.pattern and not f.enum]  # msgspec bounds their length
+        for i, f in enumerate(fields):
+            kind = _msgspec_type(f)
+            if kind is Any:  # takes null too: a required one is checked in decode
+                checked.append((i, f.required, field_checker(f)))
+            elif kind is None:  # no value can pass
+                if f.required:
+                    raise _NotMirrored(f"{f.name} accepts no value")
+                kind = type(None)
+            if f.required:
+                struct_fields.append((f"f{i}", kind))
+            else:
+                struct_fields.append((f"f{i}", kind if kind in (Any, type(None)) else kind | None, None))
+        # gc=False: JSON makes no reference cycles
+        row = msgspec.defstruct("ChangeRow", struct_fields, kw_only=True, gc=False,
+                                rename={f"f{i}": name for i, name in enumerate(names)})
+        # a missing field reads as null (source_position reads `.get`s), but for ts_ms: the event's stands in
+        source = msgspec.defstruct("ChangeSource", [(name, Any, UNSET if name == "ts_ms" else None)
+                                                    for name in SOURCE_FIELDS], kw_only=True, gc=False)
+        envelope = msgspec.defstruct("ChangeEnvelope", [
+            ("op", Literal["c", "r", "u", "d"]), ("after", row | None, None), ("source", source | None, None),
+            ("ts_ms", Any, None)], kw_only=True, gc=False)
+        decoder = msgspec.json.Decoder(envelope, float_hook=Decimal if spec.contract.has_decimals else None)
+        self.decode = _compile_decode(decoder.decode, reads_alike(spec.source.max_value_bytes), checked, patterns)
+        primary = [(name, names.index(name), field_checker(spec.contract.field(name))) for name in spec.target.key]
+        self.decode_key = _compile_decode_key(msgspec.json.Decoder().decode, reads_alike(sys.maxsize), len(fields),
+                                              primary)
+
+    @classmethod
+    def for_spec(cls, spec: PipelineSpec) -> ChangeFastPath | None:
+        """The fast path for `spec`'s change events, or None when it cannot mirror the reference exactly."""
+        try:
+            return cls(spec)
+        except _NotMirrored:
+            return None
+
+
+def _compile_decode(decode: Callable[[bytes], Any], alike: Callable[[bytes], bool],
+                    checked: list[tuple[int, bool, Callable[[Any], Any]]],
+                    patterns: list[tuple[int, Callable]]) -> Callable[[bytes], Change | None]:
+    """`ChangeFastPath.decode` for one contract: a closure, since locals are cheaper than attributes."""
+    astuple, asdict = msgspec.structs.astuple, msgspec.structs.asdict
+    unset = UNSET
+    max_position = MAX_POSITION
+    # up to 1024 short values per field that matched are remembered (e.g. currency codes) to skip the regex
+    matching: list[tuple[int, Callable, set[str]]] = [(i, fullmatch, set()) for i, fullmatch in patterns]
+
+    def decode_change(value: bytes) -> Change | None:
+        """(op, values or None for a delete, `_cdc` value) as the reference reads `value`, or None to ask it."""
+        if not alike(value):
+            return None
+        try:
+            event = decode(value)
+        except Exception:  # noqa: BLE001 - any decode or validation error: the reference names the reason
+            return None
+        op = event.op
+        values: tuple | None = None
+        if op != "d":  # the reference reads no row of a delete
+            after = event.after
+            if after is None:
+                return None
+            found = astuple(after)
+            for i, fullmatch, known in matching:
+                text = found[i]
+                if text is not None and text not in known:
+                    if not fullmatch(text):
+                        return None
+                    if len(known) < 1024 and len(text) <= 64:
+                        known.add(text)
+            if checked:
+                row = list(found)
+                try:
+                    for i, required, check in checked:
+                        v = row[i]
+                        if v is None:
+                            if required:
+                                return None
+                        else:
+                            row[i] = check(v)
+                except Exception:  # noqa: BLE001 - rejected (or worse): the reference says how
+                    return None
+                values = tuple(row)
+            else:
+                values = found
+        source = event.source
+        if source is None:
+            return op, values, {"op": op, "source_ts": epoch_ms_to_us(event.ts_ms), "position": None}
+        ts_ms = source.ts_ms
+        lsn = source.lsn  # PostgreSQL's: source_position's first case, without a dict
+        if isinstance(lsn, int):
+            position = Decimal(lsn) if 0 <= lsn <= max_position else None
+        else:
+            position = source_position(asdict(source))
+        return op, values, {"op": op, "source_ts": epoch_ms_to_us(event.ts_ms if ts_ms is unset else ts_ms),
+                            "position": position}
+
+    return decode_change
+
+
+def _compile_decode_key(decode: Callable[[bytes], Any], alike: Callable[[bytes], bool], width: int,
+                        primary: list[tuple[str, int, Callable[[Any], Any]]]) -> Callable[[bytes], tuple | None]:
+    """`ChangeFastPath.decode_key`: a key record whose field names are bare words and whose values are integers
+    or plain ASCII text (what Debezium's keys mostly are), read by msgspec and written as compact sorted JSON by
+    hand (lakehouse.ingest.validator.canonical_key would write the same); None for any other key."""
+    bare = _BARE_NAME
+
+    def decode_key(key: bytes) -> tuple | None:
+        if not alike(key):
+            return None
+        try:
+            record = decode(key)
+        except Exception:  # noqa: BLE001 - the reference names the reason
+            return None
+        if type(record) is not dict or len(record) == 2 and "schema" in record and "payload" in record:
+            return None
+        parts = []
+        for name in sorted(record):
+            v = record[name]
+            if bare(name) is None:
+                return None
+            if type(v) is int:
+                parts.append(f'"{name}":{v}')
+            elif type(v) is str and v.isascii() and v.isprintable() and '"' not in v and "\\" not in v:
+                parts.append(f'"{name}":"{v}"')
+            else:
+                return None
+        row: list[Any] = [None] * width
+        for name, index, check in primary:
+            v = record.get(name)
+            if v is None:
+                return None
+            try:
+                row[index] = check(v)
+            except Exception:  # noqa: BLE001 - the reference names the reason
+                return None
+        return "{" + ",".join(parts) + "}", tuple(row)
+
+    return decode_key
