@@ -27,10 +27,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from lakehouse.core.spec import PipelineSpec, contract_pattern
+from lakehouse.core.spec import FieldSpec, PipelineSpec, contract_pattern
 from lakehouse.ingest.change_events import MAX_POSITION, epoch_ms_to_us, source_position
 from lakehouse.ingest.checks import field_checker
-from lakehouse.ingest.json_fast_path import _fast_type, _NotMirrored, reads_alike
+from lakehouse.ingest.json_fast_path import checked_type, reads_alike
 
 UNSET = msgspec.UNSET
 # what of `source` the `_cdc` value reads (change_events.change_meta, source_position)
@@ -41,36 +41,28 @@ Change = tuple[str, tuple | None, dict]
 _BARE_NAME = re.compile(r"[A-Za-z0-9_]+").fullmatch
 
 
-def _msgspec_type(f) -> Any:
-    """The msgspec type of the field's non-null values when msgspec checks it exactly as the reference
-    does; Any (the JSON value, for the reference's checker) otherwise."""
-    if f.type in ("timestamp", "date"):
-        return Any
-    try:
-        return _fast_type(f)
-    except _NotMirrored:
-        return Any
+def _msgspec_type(f: FieldSpec) -> Any:
+    """The msgspec type of the field's non-null values when msgspec checks them exactly as the reference does
+    (None when no value can pass); Any (the JSON value, for the reference's checker) otherwise."""
+    return Any if f.type in ("timestamp", "date") else checked_type(f)
 
 
 class ChangeFastPath:
     """Decodes, a few times faster, the JSON change events `RecordValidator.check_change` accepts (see the
     module's docstring); `decode(value)` returns (op, values, `_cdc` value) or None, never a rejection."""
 
-    def __init__(self, spec: PipelineSpec):
-        """Raises _NotMirrored when the contract has a required field no value of which can pass."""
+    def __init__(self, spec: PipelineSpec, kinds: list[Any]):
+        """`kinds`: each contract field's `_msgspec_type`."""
         fields = spec.contract.fields
         names = [f.name for f in fields]
         struct_fields: list[tuple] = []
         checked: list[tuple[int, bool, Callable[[Any], Any]]] = []
         patterns = [(i, contract_pattern(f.pattern)) for i, f in enumerate(fields)
                     if f.type == "string" and f.pattern and not f.enum]  # msgspec bounds their length
-        for i, f in enumerate(fields):
-            kind = _msgspec_type(f)
+        for i, (f, kind) in enumerate(zip(fields, kinds, strict=True)):
             if kind is Any:  # takes null too: a required one is checked in decode
                 checked.append((i, f.required, field_checker(f)))
-            elif kind is None:  # no value can pass
-                if f.required:
-                    raise _NotMirrored(f"{f.name} accepts no value")
+            elif kind is None:  # no value can pass: only null
                 kind = type(None)
             if f.required:
                 struct_fields.append((f"f{i}", kind))
@@ -93,11 +85,12 @@ class ChangeFastPath:
 
     @classmethod
     def for_spec(cls, spec: PipelineSpec) -> ChangeFastPath | None:
-        """The fast path for `spec`'s change events, or None when it cannot mirror the reference exactly."""
-        try:
-            return cls(spec)
-        except _NotMirrored:
+        """The fast path for `spec`'s change events, or None when no row can pass (a required field no value of
+        which passes): every event then needs the reference's reason."""
+        kinds = [_msgspec_type(f) for f in spec.contract.fields]
+        if any(kind is None and f.required for f, kind in zip(spec.contract.fields, kinds, strict=True)):
             return None
+        return cls(spec, kinds)
 
 
 def _compile_decode(decode: Callable[[bytes], Any], alike: Callable[[bytes], bool],

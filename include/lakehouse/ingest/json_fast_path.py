@@ -77,6 +77,15 @@ def _fast_type(f: FieldSpec) -> Any:
     raise _NotMirrored(f.type)  # pragma: no cover - spec validation rejects unknown types
 
 
+def checked_type(f: FieldSpec) -> Any:
+    """`_fast_type` of `f`, or Any where msgspec does not mirror the field's rules: the value as JSON gives it,
+    for the reference's own check (lakehouse.ingest.change_fast_path)."""
+    try:
+        return _fast_type(f)
+    except _NotMirrored:
+        return Any
+
+
 class JsonFastPath:
     """Decodes, a few times faster, the JSON values the reference `RecordValidator.check` accepts.
 

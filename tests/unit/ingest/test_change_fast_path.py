@@ -258,3 +258,16 @@ def test_arbitrary_change_events_get_the_reference_verdicts(cdc_spec, op, row, s
 def test_a_quarantine_or_an_append_pipeline_has_no_change_fast_path(cdc_spec, make_spec):
     assert RecordValidator(cdc_spec, quarantined=frozenset({"email"})).change_path is None
     assert RecordValidator(make_spec()).change_path is None  # no change stream
+
+
+def test_a_contract_no_row_can_pass_takes_the_reference_path(make_spec):
+    spec = make_spec(fields=[*FIELDS, {"name": "code", "type": "string", "required": True, "enum": ["LONG"],
+                                       "max_length": 2}],
+                     mode="cdc", table_key=["id"], partition_by=None, source={"key": {"field": None},
+                                                                              "value_format": "json"},
+                     publish={"view": None})
+    validator = RecordValidator(spec)
+    assert validator.change_path is None
+    with pytest.raises(Rejected) as info:
+        validator.check_change(KEY, with_row(code="LONG"))
+    assert info.value.kind == "too_long"
