@@ -29,6 +29,8 @@ def epoch_ms_to_us(ms: Any) -> int | None:
 
 
 MAX_POSITION = 10 ** 38 - 1  # the `_cdc.position` column is a decimal(38,0)
+# the fields of an event's `source` its `_cdc` value reads (`change_meta`: the commit time and `source_position`)
+SOURCE_FIELDS = ("ts_ms", "lsn", "file", "pos", "row", "change_lsn", "event_serial_no", "scn", "sec", "ord")
 
 
 def source_position(source: dict) -> Decimal | None:

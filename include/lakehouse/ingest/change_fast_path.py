@@ -28,13 +28,11 @@ from typing import Any, Literal
 import msgspec
 
 from lakehouse.core.spec import FieldSpec, PipelineSpec, contract_pattern
-from lakehouse.ingest.change_events import MAX_POSITION, epoch_ms_to_us, source_position
+from lakehouse.ingest.change_events import MAX_POSITION, SOURCE_FIELDS, epoch_ms_to_us, source_position
 from lakehouse.ingest.checks import field_checker
 from lakehouse.ingest.json_fast_path import checked_type, reads_alike
 
 UNSET = msgspec.UNSET
-# what of `source` the `_cdc` value reads (change_events.change_meta, source_position)
-SOURCE_FIELDS = ("ts_ms", "lsn", "file", "pos", "row", "change_lsn", "event_serial_no", "scn", "sec", "ord")
 
 Change = tuple[str, tuple | None, dict]
 # a key record's field names and text values that compact JSON writes as they are

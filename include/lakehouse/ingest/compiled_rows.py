@@ -31,6 +31,7 @@ from typing import Any
 from lakehouse.core import schemas
 from lakehouse.core.errors import SchemaTranslationError
 from lakehouse.core.spec import FieldSpec
+from lakehouse.ingest.change_events import SOURCE_FIELDS, epoch_ms_to_us, source_position
 from lakehouse.ingest.checks import (
     FLOAT32_MAX,
     INT32,
@@ -144,6 +145,21 @@ def _compile_row(src: _Source, contract: RowContract, read: Callable[[_Source, i
     src.add(0, "def row(key_text, value):", "    try:", f"        if len(value) > {contract.max_bytes!r}:",
             "            return None")
     read(src, 2)
+    values = _contract_values(src, 2, contract, fields)
+    if contract.key_index is not None:
+        var, kind, _ = fields.get(contract.fields[contract.key_index].name, ("None", None, True))
+        expected = "key_text" if contract.key_of is None else f"{src.const(contract.key_of)}(key_text)"
+        got = var if kind == "text" else f"str({var})"  # a str is its own str()
+        src.add(2, "if key_text is not None:", f"    if {expected} != {got}:", "        return None")
+    src.add(2, f"return ({''.join(v + ', ' for v in values)})")
+    src.add(1, "except Exception:", "    return None")
+
+
+def _contract_values(src: _Source, depth: int, contract: RowContract,
+                     fields: dict[str, tuple[str, str | None, bool]]) -> list[str]:
+    """Code checking each contract field read into `fields` (its name -> variable, writer kind, whether it may be
+    null) and turning it into its contract value, returning None where the reference would reject it; the
+    expressions of the row's values, in contract order."""
     values = []
     for j, (f, check) in enumerate(zip(contract.fields, contract.checks, strict=True)):
         if f.name not in fields:
@@ -153,29 +169,23 @@ def _compile_row(src: _Source, contract: RowContract, read: Callable[[_Source, i
             continue
         var, kind, nullable = fields[f.name]
         if f.name in contract.quarantined:
-            src.add(2, f"if {var} is not None:", "    return None")
+            src.add(depth, f"if {var} is not None:", "    return None")
             values.append("None")
             continue
         out = var
         if j == contract.key_index:  # the key compares the value as written
             out = f"c{j}"
-            src.add(2, f"{out} = {var}")
+            src.add(depth, f"{out} = {var}")
         values.append(out)
         if nullable and f.required:
-            src.add(2, f"if {out} is None:", "    return None")
+            src.add(depth, f"if {out} is None:", "    return None")
         elif nullable:
-            src.add(2, f"if {out} is not None:")
-            if _convert(src, 3, out, f, src.const(check), kind) == 0:
+            src.add(depth, f"if {out} is not None:")
+            if _convert(src, depth + 1, out, f, src.const(check), kind) == 0:
                 src.lines.pop()  # nothing to check: no `if`
             continue
-        _convert(src, 2, out, f, src.const(check), kind)
-    if contract.key_index is not None:
-        var, kind, _ = fields.get(contract.fields[contract.key_index].name, ("None", None, True))
-        expected = "key_text" if contract.key_of is None else f"{src.const(contract.key_of)}(key_text)"
-        got = var if kind == "text" else f"str({var})"  # a str is its own str()
-        src.add(2, "if key_text is not None:", f"    if {expected} != {got}:", "        return None")
-    src.add(2, f"return ({''.join(v + ', ' for v in values)})")
-    src.add(1, "except Exception:", "    return None")
+        _convert(src, depth, out, f, src.const(check), kind)
+    return values
 
 
 # ---- Avro
@@ -325,6 +335,123 @@ def _avro_row(writer: WriterSchema, contract: RowContract) -> Callable[[str | No
     return src.function(f"avro row of writer schema {writer.schema_id}")
 
 
+# ---- Avro change events (Debezium's envelope)
+
+def _avro_node(node: Any, named: dict) -> Any:
+    """Avro type `node` of a parsed schema with a name resolved: a dict, or a list for a union."""
+    if isinstance(node, str):
+        if node in _AVRO_PRIMITIVES:
+            return {"type": node}
+        if node not in named:
+            raise _Unsupported(f"Avro type {node[:80]}")
+        return named[node]
+    return node
+
+
+def _avro_any(src: _Source, depth: int, node: Any, var: str, named: dict,
+              records: tuple[str, ...] = ()) -> dict[str, str]:
+    """Code reading one value of `node` at `at` as fastavro reads it (logical types converted), into `var`: a
+    primitive, enum or fixed as its value; a record as 1, its fields into `{var}_{j}` (the field names -> their
+    variables are returned); a union's null branch as None. _Unsupported for arrays, maps, a union of two
+    records and a record inside itself."""
+    node = _avro_node(node, named)
+    if isinstance(node, list):
+        index = f"u_{var}"
+        fields: dict[str, str] = {}
+        _avro_varint(src, depth, index)
+        for i, branch in enumerate(node):
+            src.add(depth, f"{'if' if i == 0 else 'elif'} {index} == {i}:")
+            found = _avro_any(src, depth + 1, branch, var, named, records)
+            if found and fields:
+                raise _Unsupported("a union of two records")
+            fields = fields or found
+        src.add(depth, "else:", "    return None")
+        return fields
+    if not isinstance(node, dict):
+        raise _Unsupported(f"Avro type {str(node)[:80]}")
+    if node.get("type") == "record" and isinstance(node.get("fields"), list):
+        name = str(node.get("name"))
+        if name in records:
+            raise _Unsupported(f"record {name} inside itself")
+        fields = {}
+        for j, f in enumerate(node["fields"]):
+            fields[f["name"]] = f"{var}_{j}"
+            _avro_any(src, depth, f["type"], f"{var}_{j}", named, (*records, name))
+        src.add(depth, f"{var} = 1")
+        return fields
+    _avro_branches(node, named)  # a primitive, enum or fixed, else _Unsupported
+    _avro_read(src, depth, node, var, False)
+    return {}
+
+
+def _avro_record_of(node: Any, named: dict) -> tuple[dict | None, bool]:
+    """(the record among `node`'s branches, whether null is one of them); (None, ...) when there is none."""
+    branches = [_avro_node(b, named) for b in (node if isinstance(node, list) else [node])]
+    records = [b for b in branches if isinstance(b, dict) and b.get("type") == "record"]
+    others = [b for b in branches if b not in records and not (isinstance(b, dict) and b.get("type") == "null")]
+    if len(records) != 1 or others:
+        return None, True
+    return records[0], len(branches) > 1
+
+
+def _avro_change(writer: WriterSchema, contract: RowContract) -> Callable[[bytes], tuple | None]:
+    """The compiled change of Avro writer schema `writer`, a Debezium envelope: (op, the contract values of its
+    `after` or None for a delete, its `_cdc` value) as RecordValidator.check_change reads a value of it, or None
+    where that would reject it or could read it otherwise. _Unsupported for an envelope it does not read."""
+    schema = writer.parsed
+    if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list):
+        raise _Unsupported("not a record schema")
+    named = schema.get("__named_schemas") or {}
+    types = {f["name"]: f["type"] for f in schema["fields"]}
+    if len(types) != len(schema["fields"]) or "op" not in types or "after" not in types:
+        raise _Unsupported("no envelope: a field name twice, or no op or after")
+    wrapper = {"schema", "payload"}  # Kafka Connect's JSON with schemas, which the reference unwraps
+    value, _ = _avro_record_of(types["after"], named)
+    source, _ = _avro_record_of(types["source"], named) if "source" in types else (None, True)
+    if set(types) == wrapper or value is None or {f["name"] for f in value["fields"]} == wrapper \
+            or ("source" in types and source is None):
+        raise _Unsupported("not an envelope the compiled change reads")
+    # what the `_cdc` value reads must be plain values (a record would read as 1 here, a dict there)
+    plain = [types["op"], *([types["ts_ms"]] if "ts_ms" in types else []),
+             *[f["type"] for f in (source or {}).get("fields", []) if f["name"] in SOURCE_FIELDS]]
+    for node in plain:
+        _avro_branches(node, named)
+    src = _Source()
+    src.add(0, "def row(value):", "    try:", f"        if len(value) > {contract.max_bytes!r}:",
+            "            return None", "        at = 5")
+    found: dict[str, dict] = {}
+    for i, f in enumerate(schema["fields"]):
+        found[f["name"]] = _avro_any(src, 2, f["type"], f"e{i}", named)
+    envelope = {f["name"]: f"e{i}" for i, f in enumerate(schema["fields"])}
+    src.add(2, "if at != len(value):", "    return None", f"op = {envelope['op']}")
+    # the `_cdc` value: the source's commit time (else the event's) and its position in the source's log
+    event_ts = envelope.get("ts_ms", "None")
+    if source is None:
+        src.add(2, f"meta = {{'op': op, 'source_ts': {src.const(epoch_ms_to_us)}({event_ts}), 'position': None}}")
+    else:
+        kept = found["source"]
+        given = "{" + ", ".join(f"{name!r}: {kept[name]}" for name in SOURCE_FIELDS if name in kept) + "}"
+        src.add(2, f"if {envelope['source']} is None:",
+                f"    meta = {{'op': op, 'source_ts': {src.const(epoch_ms_to_us)}({event_ts}), 'position': None}}",
+                "else:",
+                f"    meta = {{'op': op, 'source_ts': {src.const(epoch_ms_to_us)}({kept.get('ts_ms', event_ts)}), "
+                f"'position': {src.const(source_position)}({given})}}")
+    src.add(2, "if op == 'd':", "    return (op, None, meta)",
+            "if not (op == 'c' or op == 'r' or op == 'u'):", "    return None",
+            f"if {envelope['after']} is None:", "    return None")
+    after = found["after"]
+    fields: dict[str, tuple[str, str | None, bool]] = {}
+    for f in value["fields"]:
+        branches = _avro_branches(f["type"], named)
+        kinds = {_avro_kind(b, _avro_logical(b), False) for b in branches if b["type"] != "null"}
+        fields[f["name"]] = (after[f["name"]], kinds.pop() if len(kinds) == 1 else None,
+                             any(b["type"] == "null" for b in branches))
+    values = _contract_values(src, 2, contract, fields)
+    src.add(2, f"return (op, ({''.join(v + ', ' for v in values)}), meta)")
+    src.add(1, "except Exception:", "    return None")
+    return src.function(f"avro change of writer schema {writer.schema_id}")
+
+
 # ---- Protobuf
 
 _PROTO_KINDS = {1: "real", 2: "real", 3: "integer", 4: "integer", 5: "integer", 6: "integer", 7: "integer",
@@ -426,6 +553,19 @@ def avro_row(writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callab
         return None
     except Exception:  # a bug here costs speed, never a record
         log.exception("the row of Avro writer schema %d did not compile; its records take the row plan",
+                      writer.schema_id)
+        return None
+
+
+def avro_change(writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:
+    """(the header each value of Avro writer schema `writer` starts with, its compiled change), or None when its
+    change events take the reference path only."""
+    try:
+        return HEADER.pack(MAGIC, writer.schema_id), _avro_change(writer, contract)
+    except _Unsupported:
+        return None
+    except Exception:  # a bug here costs speed, never a record
+        log.exception("the change of Avro writer schema %d did not compile; its events take the reference path",
                       writer.schema_id)
         return None
 

@@ -99,6 +99,7 @@ class RecordValidator:
         # ... and the compiled rows of those whose values it reads straight into rows, by the bytes their
         # values start with (a header, Protobuf's message indexes), all of one length (WireDecoder.compile_row)
         self._wire_rows: dict[bytes, Callable[[str | None, bytes], tuple | None]] = {}
+        self._wire_changes: dict[bytes, Callable[[bytes], tuple | None]] = {}  # of a change stream (check_change)
         self._wire_head = 0
         # the JSON fast path: plain JSON values (or JSON Schema's payloads) with text keys, no quarantine
         self._payload = getattr(self.decoder, "payload", None)
@@ -251,15 +252,20 @@ class RecordValidator:
             return key_text, (*key_row, {"op": "d", "source_ts": None, "position": None}), "delete"
         if len(value) > self.max_value_bytes:
             raise Rejected("oversize", f"value has {len(value)} bytes, at most {self.max_value_bytes} allowed")
-        if fast is not None:
+        found = None
+        if fast is not None:  # plain JSON
             found = fast.decode(value)
-            if found is not None:
-                op, values, meta = found
-                if values is None:
-                    return key_text, (*key_row, meta), "delete"
-                if all(values[index] == key_row[index] for index in self._primary):
-                    return key_text, (*values, meta), "upsert"
-            self.fallbacks += 1  # the reference names what is wrong (a key mismatch too)
+        elif self._wire_changes and type(value) is bytes:  # Avro: the writer schema's compiled change
+            compiled = self._wire_changes.get(value[:self._wire_head])
+            found = None if compiled is None else compiled(value)
+        if found is not None:
+            op, values, meta = found
+            if values is None:
+                return key_text, (*key_row, meta), "delete"
+            if all(values[index] == key_row[index] for index in self._primary):
+                return key_text, (*values, meta), "upsert"
+        if fast is not None or self._wire is not None:
+            self.fallbacks += 1  # the reference names what is wrong (a key mismatch too), or compiles the change
         plan = None
         if self._wire is not None:  # Avro, Protobuf: the writer schema's row plan checks the `after` row
             writer, event = self._wire.decode_with_writer(value)
@@ -312,19 +318,20 @@ class RecordValidator:
 
     def _compile_row(self, writer) -> None:
         """Keep the compiled row of admitted writer schema `writer` (lakehouse.ingest.compiled_rows: its values read
-        straight into rows, None where it cannot vouch for `check`'s verdict), if the decoder has one."""
-        if self.spec.source.envelope is not None or (self.key_field is not None and self.key_field not in self.names):
+        straight into rows, None where it cannot vouch for `check`'s verdict), if the decoder has one; of a change
+        stream, its compiled change (for `check_change`)."""
+        if self.key_field is not None and self.key_field not in self.names:
             return
         contract = RowContract(
             self.spec.contract.fields, tuple(check for _, _, check in self.fields), self.quarantined,
             None if self.key_field is None else self.names.index(self.key_field),
             None if self.key_decoder is None else self._key_value, self.max_value_bytes)
-        compile_row = getattr(self.decoder, "compile_row", None)
+        compile_row = getattr(self.decoder, "compile_change" if self.spec.is_cdc else "compile_row", None)
         compiled = None if compile_row is None else compile_row(writer, contract)
         if compiled is not None:
             head, row = compiled
             self._wire_head = len(head)
-            self._wire_rows[head] = row
+            (self._wire_changes if self.spec.is_cdc else self._wire_rows)[head] = row
 
     def _key_values(self, record: dict) -> dict:
         """The primary-key columns (target.key) of a change event's key record, checked."""

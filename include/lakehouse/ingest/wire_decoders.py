@@ -97,6 +97,11 @@ class WireDecoder:
         path only."""
         return None
 
+    def compile_change(self, writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:
+        """`compile_row` for a change stream's values (Debezium envelopes): a compiled change for
+        RecordValidator.check_change, or None."""
+        return None
+
 
 _BUFFER_NAME = re.compile(r" from <_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
@@ -126,6 +131,9 @@ class AvroDecoder(WireDecoder):
 
     def compile_row(self, writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:
         return compiled_rows.avro_row(writer, contract)
+
+    def compile_change(self, writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:
+        return compiled_rows.avro_change(writer, contract)
 
 
 class ProtobufDecoder(WireDecoder):

@@ -1,14 +1,16 @@
-"""The change events' fast path is an optimisation, never a second opinion.
+"""The change events' fast paths are an optimisation, never a second opinion.
 
-For every change event in plain JSON, `RecordValidator.check_change` (msgspec first, the reference on any
-doubt) gives exactly what the reference alone gives: the same key text, the same row values down to their
-types, the same `_cdc` value and op, or the same rejection kind and detail. Valid events take the fast path.
+For every change event, `RecordValidator.check_change` (msgspec for plain JSON, a compiled change per Avro writer
+schema; the reference on any doubt) gives exactly what the reference alone gives: the same key text, the same
+row values down to their types, the same `_cdc` value and op, or the same rejection kind and detail. Valid
+events take the fast path.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from decimal import Decimal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +18,9 @@ from hypothesis import strategies as st
 
 from lakehouse.core.spec import load_pipeline
 from lakehouse.ingest.rejects import Rejected
+from lakehouse.ingest.schema_store import parse_schema
 from lakehouse.ingest.validator import RecordValidator
+from lakehouse.ingest.wire import wire_value
 
 # Every type the fast path checks itself or hands to the reference's checker, required and optional
 FIELDS = [{"name": "id", "type": "long", "required": True},
@@ -271,3 +275,126 @@ def test_a_contract_no_row_can_pass_takes_the_reference_path(make_spec):
     with pytest.raises(Rejected) as info:
         validator.check_change(KEY, with_row(code="LONG"))
     assert info.value.kind == "too_long"
+
+
+# ---- Avro: Debezium's envelope as Confluent's AvroConverter writes it, the contract from the writer schema
+
+AVRO_VALUE = {"type": "record", "name": "Value", "namespace": "shop.public.accounts", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "email", "type": ["null", "string"], "default": None},
+    {"name": "size", "type": ["null", {"type": "enum", "name": "Size", "symbols": ["S", "M"]}], "default": None},
+    {"name": "qty", "type": ["null", "int"], "default": None},
+    {"name": "weight", "type": ["null", "double"], "default": None},
+    {"name": "active", "type": ["null", "boolean"], "default": None},
+    {"name": "balance", "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}],
+     "default": None},
+    {"name": "updated_at", "type": ["null", {"type": "long", "connect.name": "io.debezium.time.MicroTimestamp"}],
+     "default": None},
+    {"name": "seen_at", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}], "default": None}]}
+AVRO_SOURCE = {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql", "fields": [
+    {"name": "version", "type": "string"}, {"name": "connector", "type": "string"},
+    {"name": "ts_ms", "type": "long"}, {"name": "snapshot", "type": ["string", "null"], "default": "false"},
+    {"name": "lsn", "type": ["null", "long"], "default": None},
+    {"name": "file", "type": ["null", "string"], "default": None},
+    {"name": "pos", "type": ["null", "long"], "default": None}]}
+AVRO_ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "shop.public.accounts", "fields": [
+    {"name": "before", "type": ["null", AVRO_VALUE], "default": None},
+    {"name": "after", "type": ["null", "shop.public.accounts.Value"], "default": None},
+    {"name": "source", "type": AVRO_SOURCE},
+    {"name": "transaction", "type": ["null", {"type": "record", "name": "block", "namespace": "event", "fields": [
+        {"name": "id", "type": "string"}, {"name": "total_order", "type": "long"}]}], "default": None},
+    {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+AVRO_KEY = {"type": "record", "name": "Key", "namespace": "shop.public.accounts",
+            "fields": [{"name": "id", "type": "long"}]}
+AVRO_ROW = {"id": 7, "email": "a@x", "size": "M", "qty": 3, "weight": 1.5, "active": True,
+            "balance": Decimal("1.50"), "updated_at": 1_764_000_000_000_123, "seen_at": 1_764_000_000_000}
+AVRO_SOURCE_VALUES = {"version": "2.7.0.Final", "connector": "postgresql", "ts_ms": 1_764_000_000_000,
+                      "snapshot": "false", "lsn": 24023128, "file": None, "pos": None}
+
+
+@pytest.fixture
+def avro_spec(make_spec):
+    folder = make_spec.directory / "schemas"
+    folder.mkdir(exist_ok=True)
+    (folder / "1.avsc").write_text(json.dumps(AVRO_KEY))
+    (folder / "2.avsc").write_text(json.dumps(AVRO_ENVELOPE))
+    return make_spec(mode="cdc", table_key=["id"], partition_by=None,
+                     contract={"fields": None, "from": "writer_schema"},
+                     source={"value_format": "avro", "schemas": "schemas", "key": {"field": None}},
+                     publish={"view": None})
+
+
+def avro_key(i: int = 7) -> bytes:
+    return wire_value(1, parse_schema(json.dumps(AVRO_KEY)), {"id": i})
+
+
+def avro_event(op: str = "c", after: dict | None = ..., before: dict | None = None, **top) -> bytes:
+    if after is ...:
+        after = None if op == "d" else AVRO_ROW
+    return wire_value(2, parse_schema(json.dumps(AVRO_ENVELOPE)), {
+        "before": before, "after": after, "source": {**AVRO_SOURCE_VALUES, **top.pop("source", {})},
+        "transaction": top.pop("transaction", None), "op": op, "ts_ms": top.pop("ts_ms", 1_764_000_000_100)})
+
+
+def assert_avro_reference_verdicts(spec, records) -> RecordValidator:
+    """Each record's verdict with the compiled changes is the reference's; returns the validator with them."""
+    fast, reference = RecordValidator(spec), RecordValidator(spec)
+    reference.decoder.compile_change = lambda writer, contract: None  # the reference alone
+    for key, value in records:
+        assert verdict(fast, key, value) == verdict(reference, key, value), (key, value)
+    return fast
+
+
+def test_valid_avro_change_events_take_the_compiled_change(avro_spec):
+    events = [(avro_key(), avro_event(op)) for op in ("c", "r", "u", "d")] + [
+        (avro_key(), avro_event("u", before=AVRO_ROW, transaction={"id": "t1", "total_order": 2})),
+        (avro_key(), avro_event("c", after={**AVRO_ROW, **dict.fromkeys(list(AVRO_ROW)[1:])})),
+        (avro_key(), avro_event("c", source={"lsn": None, "file": "mysql-bin.000003", "pos": 154})),
+        (avro_key(), None)]
+    validator = assert_avro_reference_verdicts(avro_spec, events * 2)
+    assert validator.fallbacks == 1  # the first event of the writer schema, which the reference reads
+
+
+AVRO_HOSTILE = [
+    ("a truncate", avro_event("t")),
+    ("an unknown op", avro_event("x")),
+    ("an empty op", avro_event("")),
+    ("a create without an after row", avro_event("c", after=None)),
+    ("a key that differs from the row", avro_event("c", after={**AVRO_ROW, "id": 8})),
+    ("a negative source position", avro_event("c", source={"lsn": -1})),
+    ("a ts_ms past year 9999", avro_event("c", source={"ts_ms": 10 ** 15})),
+    ("a timestamp past year 9999", avro_event("c", after={**AVRO_ROW, "updated_at": 10 ** 18})),
+    ("a byte left over", avro_event("c") + b"\x00"),
+    ("a byte short", avro_event("c")[:-1]),
+    ("no payload", avro_event("c")[:5]),
+    ("an unknown schema id", b"\x00\x00\x00\x00\x09" + avro_event("c")[5:]),
+    ("a union index out of range", avro_event("c")[:5] + b"\x06" + avro_event("c")[6:]),
+]
+
+
+@pytest.mark.parametrize("value", [case[1] for case in AVRO_HOSTILE], ids=[case[0] for case in AVRO_HOSTILE])
+def test_a_hostile_avro_change_event_gets_the_reference_verdict(avro_spec, value):
+    assert_avro_reference_verdicts(avro_spec, [(avro_key(), avro_event("c")), (avro_key(), value)])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(op=st.sampled_from(["c", "r", "u", "d", "t", "", "é"]),
+       after=st.none() | st.fixed_dictionaries({
+           "id": st.sampled_from([7, 8, -1, 2 ** 63 - 1]), "email": st.none() | st.text(max_size=4),
+           "size": st.none() | st.sampled_from(["S", "M"]), "qty": st.none() | st.integers(-2 ** 31, 2 ** 31 - 1),
+           "weight": st.none() | st.floats(allow_nan=True, allow_infinity=True),
+           "active": st.none() | st.booleans(),
+           "balance": st.none() | st.decimals(min_value=-10 ** 7, max_value=10 ** 7, places=2, allow_nan=False),
+           "updated_at": st.none() | st.integers(-2 ** 63, 2 ** 63 - 1),
+           "seen_at": st.none() | st.integers(-10 ** 14, 10 ** 14)}),
+       source=st.fixed_dictionaries({}, optional={
+           "ts_ms": st.integers(-2 ** 63, 2 ** 63 - 1), "lsn": st.none() | st.integers(-2 ** 63, 2 ** 63 - 1),
+           "file": st.none() | st.text(max_size=12), "pos": st.none() | st.integers(-5, 2 ** 40)}),
+       ts_ms=st.none() | st.integers(-2 ** 63, 2 ** 63 - 1), mutation=st.none() | st.tuples(
+           st.integers(5, 200), st.integers(0, 3), st.binary(max_size=3)))
+def test_arbitrary_avro_change_events_get_the_reference_verdicts(avro_spec, op, after, source, ts_ms, mutation):
+    value = avro_event(op, after=after, before=after, source=source, ts_ms=ts_ms)
+    if mutation is not None:  # bytes cut out and put in: what a broken producer or a bit flip makes of it
+        at, cut, put = mutation
+        value = value[:at] + put + value[at + cut:]
+    assert_avro_reference_verdicts(avro_spec, [(avro_key(), avro_event("c")), (avro_key(), value)])
