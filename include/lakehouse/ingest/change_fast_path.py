@@ -77,9 +77,8 @@ class ChangeFastPath:
             ("ts_ms", Any, None)], kw_only=True, gc=False)
         decoder = msgspec.json.Decoder(envelope, float_hook=Decimal if spec.contract.has_decimals else None)
         self.decode = _compile_decode(decoder.decode, reads_alike(spec.source.max_value_bytes), checked, patterns)
-        primary = [(name, names.index(name), field_checker(spec.contract.field(name))) for name in spec.target.key]
-        self.decode_key = _compile_decode_key(msgspec.json.Decoder().decode, reads_alike(sys.maxsize), len(fields),
-                                              primary)
+        self.decode_key = _compile_decode_key(msgspec.json.Decoder().decode, reads_alike(sys.maxsize),
+                                              key_of_record(spec))
 
     @classmethod
     def for_spec(cls, spec: PipelineSpec) -> ChangeFastPath | None:
@@ -153,22 +152,17 @@ def _compile_decode(decode: Callable[[bytes], Any], alike: Callable[[bytes], boo
     return decode_change
 
 
-def _compile_decode_key(decode: Callable[[bytes], Any], alike: Callable[[bytes], bool], width: int,
-                        primary: list[tuple[str, int, Callable[[Any], Any]]]) -> Callable[[bytes], tuple | None]:
-    """`ChangeFastPath.decode_key`: a key record whose field names are bare words and whose values are integers
-    or plain ASCII text (what Debezium's keys mostly are), read by msgspec and written as compact sorted JSON by
-    hand (lakehouse.ingest.validator.canonical_key would write the same); None for any other key."""
-    bare = _BARE_NAME
+def key_of_record(spec: PipelineSpec) -> Callable[[dict], tuple | None]:
+    """For `spec`'s change events, a decoded key record (a dict, not wrapped in Kafka Connect's schemas) as
+    (its text as `_kafka.key` shows it, its primary-key columns checked, at their places in a row of Nones), as
+    RecordValidator.check_key and its key checks make them, for a record whose field names are bare words and
+    whose values are integers or plain ASCII text (what Debezium's keys mostly are): the compact sorted JSON is
+    written by hand (lakehouse.ingest.validator.canonical_key would write the same). None for any other record."""
+    names = spec.contract.names
+    width, bare = len(names), _BARE_NAME
+    primary = [(name, names.index(name), field_checker(spec.contract.field(name))) for name in spec.target.key]
 
-    def decode_key(key: bytes) -> tuple | None:
-        if not alike(key):
-            return None
-        try:
-            record = decode(key)
-        except Exception:  # noqa: BLE001 - the reference names the reason
-            return None
-        if type(record) is not dict or len(record) == 2 and "schema" in record and "payload" in record:
-            return None
+    def key_of(record: dict) -> tuple | None:
         parts = []
         for name in sorted(record):
             v = record[name]
@@ -190,5 +184,23 @@ def _compile_decode_key(decode: Callable[[bytes], Any], alike: Callable[[bytes],
             except Exception:  # noqa: BLE001 - the reference names the reason
                 return None
         return "{" + ",".join(parts) + "}", tuple(row)
+
+    return key_of
+
+
+def _compile_decode_key(decode: Callable[[bytes], Any], alike: Callable[[bytes], bool],
+                        key_of: Callable[[dict], tuple | None]) -> Callable[[bytes], tuple | None]:
+    """`ChangeFastPath.decode_key`: a JSON key record read by msgspec, then `key_of_record`'s."""
+
+    def decode_key(key: bytes) -> tuple | None:
+        if not alike(key):
+            return None
+        try:
+            record = decode(key)
+        except Exception:  # noqa: BLE001 - the reference names the reason
+            return None
+        if type(record) is not dict or len(record) == 2 and "schema" in record and "payload" in record:
+            return None
+        return key_of(record)
 
     return decode_key

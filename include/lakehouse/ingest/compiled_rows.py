@@ -394,6 +394,27 @@ def _avro_record_of(node: Any, named: dict) -> tuple[dict | None, bool]:
     return records[0], len(branches) > 1
 
 
+def _avro_record(writer: WriterSchema) -> Callable[[bytes], dict | None]:
+    """The compiled record of Avro writer schema `writer`, a record of plain values (a change event's key): the
+    dict fastavro reads from a value (header included), or None where it would not read one."""
+    schema = writer.parsed
+    if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list):
+        raise _Unsupported("not a record schema")
+    named = schema.get("__named_schemas") or {}
+    names = [f["name"] for f in schema["fields"]]
+    if len(set(names)) != len(names) or set(names) == {"schema", "payload"}:  # the reference would unwrap those
+        raise _Unsupported("a field name twice, or Kafka Connect's schemas")
+    for f in schema["fields"]:
+        _avro_branches(f["type"], named)  # plain values only
+    src = _Source()
+    src.add(0, "def row(value):", "    try:", "        at = 5")
+    fields = _avro_any(src, 2, schema, "k", named)
+    src.add(2, "if at != len(value):", "    return None",
+            "return {" + ", ".join(f"{name!r}: {fields[name]}" for name in names) + "}")
+    src.add(1, "except Exception:", "    return None")
+    return src.function(f"avro record of writer schema {writer.schema_id}")
+
+
 def _avro_change(writer: WriterSchema, contract: RowContract) -> Callable[[bytes], tuple | None]:
     """The compiled change of Avro writer schema `writer`, a Debezium envelope: (op, the contract values of its
     `after` or None for a delete, its `_cdc` value) as RecordValidator.check_change reads a value of it, or None
@@ -566,6 +587,19 @@ def avro_change(writer: WriterSchema, contract: RowContract) -> tuple[bytes, Cal
         return None
     except Exception:  # a bug here costs speed, never a record
         log.exception("the change of Avro writer schema %d did not compile; its events take the reference path",
+                      writer.schema_id)
+        return None
+
+
+def avro_record(writer: WriterSchema) -> tuple[bytes, Callable] | None:
+    """(the header each value of Avro writer schema `writer` starts with, its compiled record), or None when its
+    values take the reference path only."""
+    try:
+        return HEADER.pack(MAGIC, writer.schema_id), _avro_record(writer)
+    except _Unsupported:
+        return None
+    except Exception:  # a bug here costs speed, never a record
+        log.exception("the record of Avro writer schema %d did not compile; its values take the reference path",
                       writer.schema_id)
         return None
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest.change_events import change_meta, unwrap
-from lakehouse.ingest.change_fast_path import ChangeFastPath
+from lakehouse.ingest.change_fast_path import ChangeFastPath, key_of_record
 from lakehouse.ingest.checks import field_checker
 from lakehouse.ingest.compiled_rows import RowContract
 from lakehouse.ingest.json_decode import DECODERS, Decoder, JsonDecoder
@@ -40,6 +40,7 @@ from lakehouse.ingest.json_fast_path import JsonFastPath
 from lakehouse.ingest.rejects import Rejected, quarantined, show
 from lakehouse.ingest.row_plans import row_plan
 from lakehouse.ingest.schema_store import schema_store
+from lakehouse.ingest.wire import HEADER
 from lakehouse.ingest.wire_decoders import wire_decoder
 from lakehouse.ingest.writer_schemas import SchemaGate, WriterSchemas
 
@@ -100,6 +101,11 @@ class RecordValidator:
         # values start with (a header, Protobuf's message indexes), all of one length (WireDecoder.compile_row)
         self._wire_rows: dict[bytes, Callable[[str | None, bytes], tuple | None]] = {}
         self._wire_changes: dict[bytes, Callable[[bytes], tuple | None]] = {}  # of a change stream (check_change)
+        # ... and of a change stream's keys in a wire format, by the bytes their values start with (None: none)
+        self._wire_keys: dict[bytes, Callable[[bytes], dict | None] | None] = {}
+        self._key_wire: Any = self.key_decoder \
+            if spec.is_cdc and getattr(self.key_decoder, "compile_record", None) is not None else None
+        self._key_of = None if self._key_wire is None else key_of_record(spec)
         self._wire_head = 0
         # the JSON fast path: plain JSON values (or JSON Schema's payloads) with text keys, no quarantine
         self._payload = getattr(self.decoder, "payload", None)
@@ -239,13 +245,21 @@ class RecordValidator:
         `source_position`), which order changes of one key across Kafka partitions. Kafka Connect's JSON
         envelopes with schemas ({"schema": ..., "payload": ...}) are unwrapped. Raises Rejected."""
         fast = self.change_path
-        known = None if fast is None or key is None else fast.decode_key(key)
+        known = None
+        if fast is not None:  # plain JSON
+            known = None if key is None else fast.decode_key(key)
+        elif self._key_of is not None and type(key) is bytes:  # Avro: the key schema's compiled record
+            read = self._wire_keys.get(key[:HEADER.size])
+            record = None if read is None else read(key)
+            known = None if record is None else self._key_of(record)
         if known is None:
             key_text = self.check_key(key)
             if self.key_record is None:  # a key that is not a record holding the primary key
                 raise Rejected("bad_key", "a change event's key must be a record holding the primary key columns")
             keys = self._key_values(self.key_record)
             key_row = tuple(keys.get(name) for name in self.names)
+            if self._key_of is not None and type(key) is bytes:
+                self._compile_key(key)
         else:
             key_text, key_row = known
         if value is None:  # the tombstone after a delete: the key stays deleted
@@ -332,6 +346,14 @@ class RecordValidator:
             head, row = compiled
             self._wire_head = len(head)
             (self._wire_changes if self.spec.is_cdc else self._wire_rows)[head] = row
+
+    def _compile_key(self, key: bytes) -> None:
+        """Keep the compiled record of the (admitted) writer schema of change event key `key`, once."""
+        head = key[:HEADER.size]
+        if head not in self._wire_keys:
+            writer, _ = self._key_wire.writer(key)
+            compiled = self._key_wire.compile_record(writer)
+            self._wire_keys[head] = None if compiled is None or compiled[0] != head else compiled[1]
 
     def _key_values(self, record: dict) -> dict:
         """The primary-key columns (target.key) of a change event's key record, checked."""

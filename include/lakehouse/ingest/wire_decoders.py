@@ -102,6 +102,11 @@ class WireDecoder:
         RecordValidator.check_change, or None."""
         return None
 
+    def compile_record(self, writer: WriterSchema) -> tuple[bytes, Callable] | None:
+        """`compile_row` for a change stream's keys: (the bytes each value starts with, a function giving the
+        record a value decodes to, or None where it cannot vouch for it), or None."""
+        return None
+
 
 _BUFFER_NAME = re.compile(r" from <_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
@@ -134,6 +139,9 @@ class AvroDecoder(WireDecoder):
 
     def compile_change(self, writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:
         return compiled_rows.avro_change(writer, contract)
+
+    def compile_record(self, writer: WriterSchema) -> tuple[bytes, Callable] | None:
+        return compiled_rows.avro_record(writer)
 
 
 class ProtobufDecoder(WireDecoder):

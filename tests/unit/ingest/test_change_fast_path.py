@@ -340,6 +340,7 @@ def assert_avro_reference_verdicts(spec, records) -> RecordValidator:
     """Each record's verdict with the compiled changes is the reference's; returns the validator with them."""
     fast, reference = RecordValidator(spec), RecordValidator(spec)
     reference.decoder.compile_change = lambda writer, contract: None  # the reference alone
+    reference.key_decoder.compile_record = lambda writer: None
     for key, value in records:
         assert verdict(fast, key, value) == verdict(reference, key, value), (key, value)
     return fast
@@ -353,6 +354,24 @@ def test_valid_avro_change_events_take_the_compiled_change(avro_spec):
         (avro_key(), None)]
     validator = assert_avro_reference_verdicts(avro_spec, events * 2)
     assert validator.fallbacks == 1  # the first event of the writer schema, which the reference reads
+
+
+AVRO_HOSTILE_KEYS = [
+    ("a key of another row", avro_key(8)),
+    ("a key byte short", avro_key()[:-1]),
+    ("a key byte left over", avro_key() + b"\x00"),
+    ("a key varint past 64 bits", avro_key()[:5] + b"\xff" * 10 + b"\x01"),
+    ("a key of the envelope's schema", avro_event("c")),
+    ("a key of an unknown schema", b"\x00\x00\x00\x00\x09\x0e"),
+    ("a key without the magic byte", b"\x01" + avro_key()[1:]),
+    ("no key bytes", b""),
+]
+
+
+@pytest.mark.parametrize("key", [case[1] for case in AVRO_HOSTILE_KEYS], ids=[case[0] for case in AVRO_HOSTILE_KEYS])
+def test_a_hostile_avro_key_gets_the_reference_verdict(avro_spec, key):
+    assert_avro_reference_verdicts(avro_spec, [(avro_key(), avro_event("c")), (key, avro_event("c")),
+                                               (key, avro_event("d")), (key, None)])
 
 
 AVRO_HOSTILE = [
@@ -390,11 +409,17 @@ def test_a_hostile_avro_change_event_gets_the_reference_verdict(avro_spec, value
        source=st.fixed_dictionaries({}, optional={
            "ts_ms": st.integers(-2 ** 63, 2 ** 63 - 1), "lsn": st.none() | st.integers(-2 ** 63, 2 ** 63 - 1),
            "file": st.none() | st.text(max_size=12), "pos": st.none() | st.integers(-5, 2 ** 40)}),
-       ts_ms=st.none() | st.integers(-2 ** 63, 2 ** 63 - 1), mutation=st.none() | st.tuples(
-           st.integers(5, 200), st.integers(0, 3), st.binary(max_size=3)))
-def test_arbitrary_avro_change_events_get_the_reference_verdicts(avro_spec, op, after, source, ts_ms, mutation):
-    value = avro_event(op, after=after, before=after, source=source, ts_ms=ts_ms)
-    if mutation is not None:  # bytes cut out and put in: what a broken producer or a bit flip makes of it
-        at, cut, put = mutation
-        value = value[:at] + put + value[at + cut:]
-    assert_avro_reference_verdicts(avro_spec, [(avro_key(), avro_event("c")), (avro_key(), value)])
+       ts_ms=st.none() | st.integers(-2 ** 63, 2 ** 63 - 1), key_id=st.integers(-2 ** 63, 2 ** 63 - 1),
+       mutation=st.none() | st.tuples(st.integers(5, 200), st.integers(0, 3), st.binary(max_size=3)),
+       key_mutation=st.none() | st.tuples(st.integers(0, 8), st.integers(0, 2), st.binary(max_size=2)))
+def test_arbitrary_avro_change_events_get_the_reference_verdicts(avro_spec, op, after, source, ts_ms, key_id,
+                                                                 mutation, key_mutation):
+    value, key = avro_event(op, after=after, before=after, source=source, ts_ms=ts_ms), avro_key(key_id)
+    for found, where in ((mutation, "value"), (key_mutation, "key")):
+        if found is not None:  # bytes cut out and put in: what a broken producer or a bit flip makes of it
+            at, cut, put = found
+            if where == "value":
+                value = value[:at] + put + value[at + cut:]
+            else:
+                key = key[:at] + put + key[at + cut:]
+    assert_avro_reference_verdicts(avro_spec, [(avro_key(), avro_event("c")), (key, value)])
