@@ -17,6 +17,8 @@ without the datetime in between.
 
 `avro_row` and `proto_row` give a writer schema's row with the bytes its values start with, or None when its
 values take the reference path only (the wire-format decoders' `compile_row`, lakehouse.ingest.wire_decoders).
+For a change stream, `avro_change` reads a Debezium envelope straight into (op, the `after` row's contract values,
+the `_cdc` value) and `avro_record` a key into the dict fastavro gives (RecordValidator.check_change).
 """
 
 from __future__ import annotations
@@ -384,14 +386,12 @@ def _avro_any(src: _Source, depth: int, node: Any, var: str, named: dict,
     return {}
 
 
-def _avro_record_of(node: Any, named: dict) -> tuple[dict | None, bool]:
-    """(the record among `node`'s branches, whether null is one of them); (None, ...) when there is none."""
+def _avro_record_of(node: Any, named: dict) -> dict | None:
+    """The record `node` is, or the one record of a union of it and null; None for anything else."""
     branches = [_avro_node(b, named) for b in (node if isinstance(node, list) else [node])]
     records = [b for b in branches if isinstance(b, dict) and b.get("type") == "record"]
     others = [b for b in branches if b not in records and not (isinstance(b, dict) and b.get("type") == "null")]
-    if len(records) != 1 or others:
-        return None, True
-    return records[0], len(branches) > 1
+    return records[0] if len(records) == 1 and not others else None
 
 
 def _avro_record(writer: WriterSchema) -> Callable[[bytes], dict | None]:
@@ -427,8 +427,8 @@ def _avro_change(writer: WriterSchema, contract: RowContract) -> Callable[[bytes
     if len(types) != len(schema["fields"]) or "op" not in types or "after" not in types:
         raise _Unsupported("no envelope: a field name twice, or no op or after")
     wrapper = {"schema", "payload"}  # Kafka Connect's JSON with schemas, which the reference unwraps
-    value, _ = _avro_record_of(types["after"], named)
-    source, _ = _avro_record_of(types["source"], named) if "source" in types else (None, True)
+    value = _avro_record_of(types["after"], named)
+    source = _avro_record_of(types["source"], named) if "source" in types else None
     if set(types) == wrapper or value is None or {f["name"] for f in value["fields"]} == wrapper \
             or ("source" in types and source is None):
         raise _Unsupported("not an envelope the compiled change reads")
@@ -565,43 +565,32 @@ def _proto_row(writer: WriterSchema, contract: RowContract) -> Callable[[str | N
 
 # ---- a writer schema's compiled row
 
-def avro_row(writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:
-    """(the header each value of Avro writer schema `writer` starts with, its compiled row), or None when its
-    records take the reference path only."""
+def _avro_compiled(writer: WriterSchema, what: str, make: Callable[[], Callable]) -> tuple[bytes, Callable] | None:
+    """(the header each value of Avro writer schema `writer` starts with, its compiled `what` made by `make`), or
+    None when its values take the reference path only."""
     try:
-        return HEADER.pack(MAGIC, writer.schema_id), _avro_row(writer, contract)
+        return HEADER.pack(MAGIC, writer.schema_id), make()
     except _Unsupported:
         return None
     except Exception:  # a bug here costs speed, never a record
-        log.exception("the row of Avro writer schema %d did not compile; its records take the row plan",
+        log.exception("the %s of Avro writer schema %d did not compile; its values take the reference path", what,
                       writer.schema_id)
         return None
+
+
+def avro_row(writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:
+    """Avro writer schema `writer`'s header and compiled row (`_avro_row`), or None."""
+    return _avro_compiled(writer, "row", lambda: _avro_row(writer, contract))
 
 
 def avro_change(writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:
-    """(the header each value of Avro writer schema `writer` starts with, its compiled change), or None when its
-    change events take the reference path only."""
-    try:
-        return HEADER.pack(MAGIC, writer.schema_id), _avro_change(writer, contract)
-    except _Unsupported:
-        return None
-    except Exception:  # a bug here costs speed, never a record
-        log.exception("the change of Avro writer schema %d did not compile; its events take the reference path",
-                      writer.schema_id)
-        return None
+    """Avro writer schema `writer`'s header and compiled change (`_avro_change`), or None."""
+    return _avro_compiled(writer, "change", lambda: _avro_change(writer, contract))
 
 
 def avro_record(writer: WriterSchema) -> tuple[bytes, Callable] | None:
-    """(the header each value of Avro writer schema `writer` starts with, its compiled record), or None when its
-    values take the reference path only."""
-    try:
-        return HEADER.pack(MAGIC, writer.schema_id), _avro_record(writer)
-    except _Unsupported:
-        return None
-    except Exception:  # a bug here costs speed, never a record
-        log.exception("the record of Avro writer schema %d did not compile; its values take the reference path",
-                      writer.schema_id)
-        return None
+    """Avro writer schema `writer`'s header and compiled record (`_avro_record`), or None."""
+    return _avro_compiled(writer, "record", lambda: _avro_record(writer))
 
 
 def proto_row(writer: WriterSchema, contract: RowContract) -> tuple[bytes, Callable] | None:

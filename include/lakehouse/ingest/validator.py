@@ -21,7 +21,10 @@ everything else (errors, anything it cannot vouch for) to `check`; for Avro and
 Protobuf a row compiled per writer schema reads the value straight into the row
 (lakehouse.ingest.compiled_rows) and hands anything unusual to a row
 plan per writer schema (lakehouse.ingest.row_plans), which leaves out the checks
-the writer's types make moot.
+the writer's types make moot. `check_change` does the same for change events: plain
+JSON envelopes and keys through msgspec (lakehouse.ingest.change_fast_path), Avro
+ones through a change and a key record compiled per writer schema, anything else
+(and any doubt) through its own reference path.
 """
 from __future__ import annotations
 
