@@ -8,9 +8,9 @@ a row of Nones).
 One msgspec Struct holds the envelope: the op (c, r, u or d), the `after` row, the few `source` fields the
 `_cdc` value is made of, the event's own `ts_ms`; `before`, `transaction` and whatever else the envelope
 carries are skipped without being built. In the row, msgspec checks what lakehouse.ingest.json_fast_path
-mirrors exactly (types, bounds, enums, max_length; a pattern is matched afterwards); every other field
-(decimals, timestamps, dates and the rest) is read as its JSON value (numbers with a fraction as Decimal where
-the reference does) and checked by the reference's own checker.
+mirrors exactly (types, bounds, enums, max_length); every other field (decimals, timestamps, dates and the
+rest) is read as its JSON value (numbers with a fraction as Decimal where the reference does), and it and a
+string with a pattern are checked by the reference's own checker (which remembers the values that matched).
 
 Any doubt goes to the reference. Kafka Connect's envelope with schemas ({"schema": ..., "payload": ...}) has no
 `op` of its own, so msgspec refuses it; an `after` row with schemas reads as a row without its primary key,
@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from lakehouse.core.spec import FieldSpec, PipelineSpec, contract_pattern
-from lakehouse.ingest.change_events import MAX_POSITION, SOURCE_FIELDS, epoch_ms_to_us, source_position
+from lakehouse.core.spec import FieldSpec, PipelineSpec
+from lakehouse.ingest.change_events import SOURCE_FIELDS, epoch_ms_to_us, source_position
 from lakehouse.ingest.checks import field_checker
 from lakehouse.ingest.json_fast_path import checked_type, reads_alike
 
@@ -55,10 +55,8 @@ class ChangeFastPath:
         names = [f.name for f in fields]
         struct_fields: list[tuple] = []
         checked: list[tuple[int, bool, Callable[[Any], Any]]] = []
-        patterns = [(i, contract_pattern(f.pattern)) for i, f in enumerate(fields)
-                    if f.type == "string" and f.pattern and not f.enum]  # msgspec bounds their length
         for i, (f, kind) in enumerate(zip(fields, kinds, strict=True)):
-            if kind is Any:  # takes null too: a required one is checked in decode
+            if kind is Any or f.type == "string" and f.pattern and not f.enum:  # Any takes null: checked in decode
                 checked.append((i, f.required, field_checker(f)))
             elif kind is None:  # no value can pass: only null
                 kind = type(None)
@@ -76,7 +74,7 @@ class ChangeFastPath:
             ("op", Literal["c", "r", "u", "d"]), ("after", row | None, None), ("source", source | None, None),
             ("ts_ms", Any, None)], kw_only=True, gc=False)
         decoder = msgspec.json.Decoder(envelope, float_hook=Decimal if spec.contract.has_decimals else None)
-        self.decode = _compile_decode(decoder.decode, reads_alike(spec.source.max_value_bytes), checked, patterns)
+        self.decode = _compile_decode(decoder.decode, reads_alike(spec.source.max_value_bytes), checked)
         self.decode_key = _compile_decode_key(msgspec.json.Decoder().decode, reads_alike(sys.maxsize),
                                               key_of_record(spec))
 
@@ -91,14 +89,10 @@ class ChangeFastPath:
 
 
 def _compile_decode(decode: Callable[[bytes], Any], alike: Callable[[bytes], bool],
-                    checked: list[tuple[int, bool, Callable[[Any], Any]]],
-                    patterns: list[tuple[int, Callable]]) -> Callable[[bytes], Change | None]:
+                    checked: list[tuple[int, bool, Callable[[Any], Any]]]) -> Callable[[bytes], Change | None]:
     """`ChangeFastPath.decode` for one contract: a closure, since locals are cheaper than attributes."""
     astuple, asdict = msgspec.structs.astuple, msgspec.structs.asdict
     unset = UNSET
-    max_position = MAX_POSITION
-    # up to 1024 short values per field that matched are remembered (e.g. currency codes) to skip the regex
-    matching: list[tuple[int, Callable, set[str]]] = [(i, fullmatch, set()) for i, fullmatch in patterns]
 
     def decode_change(value: bytes) -> Change | None:
         """(op, values or None for a delete, `_cdc` value) as the reference reads `value`, or None to ask it."""
@@ -115,13 +109,6 @@ def _compile_decode(decode: Callable[[bytes], Any], alike: Callable[[bytes], boo
             if after is None:
                 return None
             found = astuple(after)
-            for i, fullmatch, known in matching:
-                text = found[i]
-                if text is not None and text not in known:
-                    if not fullmatch(text):
-                        return None
-                    if len(known) < 1024 and len(text) <= 64:
-                        known.add(text)
             if checked:
                 row = list(found)
                 try:
@@ -141,13 +128,8 @@ def _compile_decode(decode: Callable[[bytes], Any], alike: Callable[[bytes], boo
         if source is None:
             return op, values, {"op": op, "source_ts": epoch_ms_to_us(event.ts_ms), "position": None}
         ts_ms = source.ts_ms
-        lsn = source.lsn  # PostgreSQL's: source_position's first case, without a dict
-        if isinstance(lsn, int):
-            position = Decimal(lsn) if 0 <= lsn <= max_position else None
-        else:
-            position = source_position(asdict(source))
         return op, values, {"op": op, "source_ts": epoch_ms_to_us(event.ts_ms if ts_ms is unset else ts_ms),
-                            "position": position}
+                            "position": source_position(asdict(source))}
 
     return decode_change
 

@@ -182,10 +182,13 @@ def _compile_decode_row(decode: Callable[[bytes], Any], max_bytes: int, patterns
     # Up to 1024 short values per field that matched are remembered (e.g. currency codes) to skip the regex.
     matching: list[tuple[int, Callable, set[str]]] = [(i, fullmatch, set()) for i, fullmatch in patterns]
     alike = reads_alike(max_bytes)
+    small = min(max_bytes, 2 * _MAX_FAST_NESTING)  # short ASCII values read alike: no call for them
 
     def decode_row(key_text: str | None, value: bytes | None) -> tuple | None:
         """The row the reference would return for this record, or None to ask the reference."""
-        if value is None or not alike(value):
+        if value is None:
+            return None
+        if (len(value) > small or not value.isascii()) and not alike(value):
             return None
         try:
             values = astuple(decode(value))
