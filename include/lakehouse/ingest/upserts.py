@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io import FileIO
+from pyiceberg.table import Table
 
 from lakehouse.core import newer, sparkenv
 from lakehouse.core.offsets import TableProgress
@@ -23,17 +25,23 @@ from lakehouse.ingest import newest, taskwriter
 
 log = logging.getLogger("lakehouse.ingest")
 
+DELETED_AT = "_deleted_at"  # the tombstone ledger's column: when the pipeline applied the delete
+
 
 @dataclass(frozen=True)
 class NewestStaged:
     """An upsert batch's staging file of each key's newest row (`Upserts.newest_staged`)."""
 
     path: str  # "" when nothing was staged
-    deletes: int  # keys whose newest record is a delete
+    tombstones: pa.Table  # the keys whose newest record is a delete: the key's columns and `_kafka`
 
     @property
     def paths(self) -> list[str]:
         return [self.path] if self.path else []
+
+    @property
+    def deletes(self) -> int:
+        return int(self.tombstones.num_rows)
 
 
 @dataclass(frozen=True)
@@ -130,26 +138,37 @@ class Upserts:
                        f"WHEN MATCHED AND s._op = 'upsert' AND {newer_sql} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
 
-    def record_tombstones(self, latest, ledger: str) -> None:
-        """Keep the batch's tombstones (key, coordinates) in the pipeline's ledger `ledger`: the deletes of
-        `latest` (one record per key, `latest_per_key`), newer than the key's tombstone there in Kafka's order
-        (a tombstone carries no source position).
+    def record_tombstones(self, name: str, ledger: Table, tombstones: pa.Table, latest) -> None:
+        """Keep the batch's tombstones in the pipeline's ledger `name` (`ledger`, as pyiceberg loaded it):
+        `tombstones` (key columns and `_kafka`: `NewestStaged.tombstones`) are the deletes of `latest` (one
+        record per key, `latest_per_key`), each kept when newer than its key's entry there in Kafka's order (a
+        tombstone carries no source position).
+
+        A key the ledger does not hold yet (one deleted once: most) needs no comparison: when it holds none of
+        the batch's keys, the tombstones are appended by pyiceberg, without a Spark job (a MERGE took about a
+        fifth of a change batch). Otherwise Spark's MERGE keeps each key's newer tombstone. Either way the
+        ledger holds one entry per key, and writing the same tombstones again (a batch tried again) changes
+        nothing.
 
         Runs before the data table's commit: after a crash in between, the ledger knows of a delete the
         table has not applied yet, which only makes replays skip records that are older anyway. A batch
-        without deletes needs no call (`NewestStaged.deletes`): the MERGE would change nothing.
+        without deletes needs no call.
         """
         from pyspark.sql import functions as F
 
         keys = list(self.spec.target.key)
+        entries = ledger_entries(ledger, tombstones)
+        if not _holds_any(ledger, entries, keys):
+            ledger.append(entries)
+            return
         dead = latest.where(F.col("_op") == "delete") \
-            .select(*keys, "_kafka", F.current_timestamp().alias("_deleted_at"))
+            .select(*keys, "_kafka", F.current_timestamp().alias(DELETED_AT))
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
         sparkenv.merge(self.spark, dead,
-                       f"MERGE INTO {self.spec.qualified(ledger)} t "
+                       f"MERGE INTO {self.spec.qualified(name)} t "
                        f"USING {{source}} s ON {on} "
                        f"WHEN MATCHED AND {newer.sql('s._kafka', 't._kafka')} "
-                       f"THEN UPDATE SET t._kafka = s._kafka, t._deleted_at = s._deleted_at "
+                       f"THEN UPDATE SET t._kafka = s._kafka, t.{DELETED_AT} = s.{DELETED_AT} "
                        f"WHEN NOT MATCHED THEN INSERT *", {})
 
     def after_tombstones(self, latest, ledger: str):
@@ -173,7 +192,7 @@ class Upserts:
         import pyarrow.parquet as pq
 
         if not paths:
-            return NewestStaged("", 0)
+            return NewestStaged("", pa.table({}))
         staged = []
         for path in paths:
             with io.new_input(path).open() as stream:
@@ -185,8 +204,8 @@ class Upserts:
         except BaseException:
             drop_staging(io, [into])
             raise
-        deletes = pc.sum(pc.equal(rows.column(taskwriter.UPSERT_OP), "delete")).as_py() or 0
-        return NewestStaged(into, int(deletes))
+        dead = rows.filter(pc.equal(rows.column(taskwriter.UPSERT_OP), "delete"))
+        return NewestStaged(into, dead.select([*self.spec.target.key, "_kafka"]))
 
     def staged_rows(self, table: str, paths: list[str]):
         """The rows the tasks staged for an upsert `table` (its columns and `_op`) as a DataFrame."""
@@ -198,6 +217,25 @@ class Upserts:
         staged = self.spark.read.parquet(*paths)
         return staged.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in target.schema.fields],
                              taskwriter.UPSERT_OP)
+
+
+def ledger_entries(ledger: Table, tombstones: pa.Table) -> pa.Table:
+    """`tombstones` (key columns and `_kafka`) as rows of the tombstone ledger `ledger`, applied now."""
+    schema = ledger.schema().as_arrow()
+    deleted_at = pa.array([datetime.now(UTC)] * tombstones.num_rows, schema.field(DELETED_AT).type)
+    return pa.table([deleted_at if f.name == DELETED_AT else tombstones.column(f.name).cast(f.type) for f in schema],
+                    schema=schema)
+
+
+def _holds_any(ledger: Table, entries: pa.Table, keys: list[str]) -> bool:
+    """Whether the ledger holds an entry for any key of `entries` (its key columns read at its head)."""
+    if not entries.num_rows or ledger.current_snapshot() is None:
+        return False
+    held = ledger.scan(selected_fields=tuple(keys)).to_arrow()
+    if not held.num_rows:
+        return False
+    wanted = entries.select(keys)
+    return bool(wanted.join(held.select(keys).cast(wanted.schema), keys, join_type="left semi").num_rows)
 
 
 def drop_staging(io: FileIO, paths: list[str]) -> None:

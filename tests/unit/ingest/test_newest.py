@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import given
 from hypothesis import strategies as st
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from lakehouse.ingest.layout import CDC_STRUCT, KAFKA_STRUCT
@@ -114,3 +115,30 @@ def test_the_tasks_staged_files_become_one_file_of_each_keys_newest_row(make_spe
     assert (nothing.paths, nothing.deletes) == ([], 0)
     assert sorted(p.name for p in tmp_path.glob("*.parquet")) == [
         "batch-7-newest.parquet", "task-0.parquet", "task-1.parquet"]
+
+
+def test_tombstones_of_keys_the_ledger_does_not_hold_are_appended_without_spark(make_spec, tmp_path):
+    """The batch's deletes become ledger entries (key, coordinates, when applied) in one pyiceberg append: no
+    Spark session is given, and none is needed while the ledger holds none of the batch's keys."""
+    spec = make_spec(fields=[{"name": "region", "type": "string", "required": True},
+                             {"name": "id", "type": "long", "required": True}],
+                     mode="upsert", table_key=["region", "id"], partition_by=None, key={"field": None})
+    io = PyArrowFileIO()
+    write_staging(io, str(tmp_path / "task-0.parquet"), staged(
+        [("eu", 1, 0, 1, 0, 1, 0), ("eu", 1, 0, 2, 1, None, None), ("us", 2, 1, 5, 3, None, None),
+         ("us", 3, 1, 6, 4, 6, 0)]).drop_columns(["_cdc"]))
+    newest = Upserts(None, spec).newest_staged(io, [str(tmp_path / "task-0.parquet")], "batch-1")
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=(tmp_path / "wh").as_uri())
+    catalog.create_namespace("raw")
+    ledger = catalog.create_table("raw.ledger", schema=pa.schema([
+        ("region", pa.string()), ("id", pa.int64()), ("_kafka", KAFKA_STRUCT),
+        ("_deleted_at", pa.timestamp("us", tz="UTC"))]))
+    before = datetime.now(UTC)
+
+    Upserts(None, spec).record_tombstones("raw.ledger", ledger, newest.tombstones, latest=None)
+
+    entries = catalog.load_table("raw.ledger").scan().to_arrow().sort_by("id").to_pylist()
+    assert [(e["region"], e["id"], e["_kafka"]["partition"], e["_kafka"]["offset"]) for e in entries] == [
+        ("eu", 1, 0, 2), ("us", 2, 1, 5)]
+    assert all(before <= e["_deleted_at"] <= datetime.now(UTC) for e in entries)
+    assert [s.summary.operation.value for s in catalog.load_table("raw.ledger").snapshots()] == ["append"]
