@@ -231,7 +231,7 @@ class BatchCommitter:
         # each key's newest record, ranked once for the ledger's MERGE and the table's
         newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id)
         try:
-            latest = upserts.staged_rows(table, newest.paths)
+            latest = upserts.staged_rows(table, newest)
             ledger = spec.tombstone_table
             if table == spec.target.table and ledger and newest.deletes:
                 upserts.record_tombstones(ledger, self.catalog.load_table(ledger), newest.tombstones, latest)

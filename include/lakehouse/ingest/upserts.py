@@ -34,6 +34,7 @@ class NewestStaged:
 
     path: str  # "" when nothing was staged
     tombstones: pa.Table  # the keys whose newest record is a delete: the key's columns and `_kafka`
+    schema: pa.Schema | None = None  # the file's, as written
 
     @property
     def paths(self) -> list[str]:
@@ -205,16 +206,24 @@ class Upserts:
             drop_staging(io, [into])
             raise
         dead = rows.filter(pc.equal(rows.column(taskwriter.UPSERT_OP), "delete"))
-        return NewestStaged(into, dead.select([*self.spec.target.key, "_kafka"]))
+        return NewestStaged(into, dead.select([*self.spec.target.key, "_kafka"]), rows.schema)
 
-    def staged_rows(self, table: str, paths: list[str]):
-        """The rows the tasks staged for an upsert `table` (its columns and `_op`) as a DataFrame."""
+    def staged_rows(self, table: str, newest: NewestStaged):
+        """The rows of `newest` (`newest_staged`) for upsert `table`, its columns and `_op`, as a DataFrame.
+        Spark is given the file's schema as written, not left to read it back (a Spark job a batch)."""
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
 
         target = self.spark.table(self.spec.qualified(table))
-        if not paths:
+        if not newest.path:
             return target.limit(0).withColumn(taskwriter.UPSERT_OP, F.lit(None).cast("string"))
-        staged = self.spark.read.parquet(*paths)
+        reader = self.spark.read
+        if newest.schema is not None:
+            try:
+                reader = reader.schema(from_arrow_schema(newest.schema))
+            except TypeError:  # a type PySpark does not map from Arrow: Spark reads the file's own
+                pass
+        staged = reader.parquet(newest.path)
         return staged.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in target.schema.fields],
                              taskwriter.UPSERT_OP)
 
