@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
@@ -159,7 +160,7 @@ class Upserts:
 
         keys = list(self.spec.target.key)
         entries = ledger_entries(ledger, tombstones)
-        if not _holds_any(ledger, entries, keys):
+        if not ledger_holds(ledger, entries, keys):
             ledger.append(entries)
             return
         dead = latest.where(F.col("_op") == "delete") \
@@ -236,11 +237,17 @@ def ledger_entries(ledger: Table, tombstones: pa.Table) -> pa.Table:
                     schema=schema)
 
 
-def _holds_any(ledger: Table, entries: pa.Table, keys: list[str]) -> bool:
-    """Whether the ledger holds an entry for any key of `entries` (its key columns read at its head)."""
+def ledger_holds(ledger: Table, entries: pa.Table, keys: list[str]) -> bool:
+    """Whether the ledger holds an entry for any key of `entries` (its key columns read at its head; the
+    files whose bounds rule out a batch's few integer or string keys are not read)."""
     if not entries.num_rows or ledger.current_snapshot() is None:
         return False
-    held = ledger.scan(selected_fields=tuple(keys)).to_arrow()
+    row_filter: BooleanExpression = AlwaysTrue()
+    for key in keys:
+        column = entries.column(key)
+        if pa.types.is_integer(column.type) or pa.types.is_string(column.type):
+            row_filter = And(row_filter, In(term=key, literals=set(pc.unique(column.drop_null()).to_pylist())))
+    held = ledger.scan(row_filter=row_filter, selected_fields=tuple(keys)).to_arrow()
     if not held.num_rows:
         return False
     wanted = entries.select(keys)

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -16,7 +16,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from lakehouse.ingest.layout import CDC_STRUCT, KAFKA_STRUCT
 from lakehouse.ingest.newest import newest_rows
 from lakehouse.ingest.taskwriter import write_staging
-from lakehouse.ingest.upserts import Upserts
+from lakehouse.ingest.upserts import Upserts, ledger_holds
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -142,3 +142,31 @@ def test_tombstones_of_keys_the_ledger_does_not_hold_are_appended_without_spark(
         ("eu", 1, 0, 2), ("us", 2, 1, 5)]
     assert all(before <= e["_deleted_at"] <= datetime.now(UTC) for e in entries)
     assert [s.summary.operation.value for s in catalog.load_table("raw.ledger").snapshots()] == ["append"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(held=st.lists(st.sets(st.integers(0, 400), max_size=60), min_size=1, max_size=3),
+       batch=st.sets(st.integers(0, 400), min_size=1, max_size=300), region=st.sampled_from(["eu", None]))
+def test_the_ledger_is_asked_whether_it_holds_any_of_a_batchs_keys(tmp_path_factory, held, batch, region):
+    """Whatever the keys' spread over the ledger's files (its bounds let a scan skip files for up to 200
+    values of a column), the answer is whether the ledger holds one of the batch's keys; a key with a null
+    column never matches, as in the MERGE's join."""
+    home = tmp_path_factory.mktemp("ledger")
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{home}/catalog.db", warehouse=(home / "wh").as_uri())
+    catalog.create_namespace("raw")
+    schema = pa.schema([("region", pa.string()), ("id", pa.int64()), ("_kafka", KAFKA_STRUCT),
+                        ("_deleted_at", pa.timestamp("us", tz="UTC"))])
+    ledger = catalog.create_table("raw.ledger", schema=schema)
+
+    def entries(ids, region_of) -> pa.Table:
+        ids = sorted(ids)
+        return pa.table({"region": pa.array([region_of] * len(ids), pa.string()), "id": pa.array(ids, pa.int64()),
+                         "_kafka": pa.array([None] * len(ids), KAFKA_STRUCT),
+                         "_deleted_at": pa.array([EPOCH] * len(ids), pa.timestamp("us", tz="UTC"))}, schema=schema)
+
+    for ids in held:  # one file each
+        if ids:
+            ledger.append(entries(ids, "eu"))
+    ledger = catalog.load_table("raw.ledger")
+    expected = region == "eu" and bool(set().union(*held) & batch)
+    assert ledger_holds(ledger, entries(batch, region), ["region", "id"]) == expected
