@@ -228,7 +228,7 @@ class BatchCommitter:
         upserts = Upserts(self.spark, spec)
         group = f"lakehouse-{spec.name}-{state.batch_id}-{table}-{attempt}"
         wap_id = f"{state.batch_id}-{attempt}-{table}"
-        # each key's newest record, ranked once for the ledger's MERGE and the table's
+        # each key's newest record, ranked once for the ledger and the table's MERGE
         newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id)
         try:
             latest = upserts.staged_rows(table, newest)

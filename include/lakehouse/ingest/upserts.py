@@ -147,8 +147,8 @@ class Upserts:
         tombstone carries no source position).
 
         A key the ledger does not hold yet (one deleted once: most) needs no comparison: when it holds none of
-        the batch's keys, the tombstones are appended by pyiceberg, without a Spark job (a MERGE took about a
-        fifth of a change batch). Otherwise Spark's MERGE keeps each key's newer tombstone. Either way the
+        the batch's keys, the tombstones are appended by pyiceberg, without a Spark job (a MERGE of its own
+        a batch otherwise). Otherwise Spark's MERGE keeps each key's newer tombstone. Either way the
         ledger holds one entry per key, and writing the same tombstones again (a batch tried again) changes
         nothing.
 
