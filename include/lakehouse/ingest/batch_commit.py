@@ -234,7 +234,7 @@ class BatchCommitter:
             latest = upserts.staged_rows(table, newest)
             ledger = spec.tombstone_table
             if table == spec.target.table and ledger and newest.deletes:
-                upserts.record_tombstones(ledger, self.catalog.load_table(ledger), newest.tombstones, latest)
+                upserts.record_tombstones(self.catalog.load_table(ledger), newest.tombstones, latest)
             with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
                 self.fault("concurrent_commit", upsert=True, spark=self.spark, table=lambda: loaded,
                            key=spec.target.key[0] if spec.target.key else None)

@@ -35,7 +35,7 @@ class NewestStaged:
 
     path: str  # "" when nothing was staged
     tombstones: pa.Table  # the keys whose newest record is a delete: the key's columns and `_kafka`
-    schema: pa.Schema | None = None  # the file's, as written
+    schema: pa.Schema  # the file's, as written
 
     @property
     def paths(self) -> list[str]:
@@ -140,8 +140,8 @@ class Upserts:
                        f"WHEN MATCHED AND s._op = 'upsert' AND {newer_sql} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
 
-    def record_tombstones(self, name: str, ledger: Table, tombstones: pa.Table, latest) -> None:
-        """Keep the batch's tombstones in the pipeline's ledger `name` (`ledger`, as pyiceberg loaded it):
+    def record_tombstones(self, ledger: Table, tombstones: pa.Table, latest) -> None:
+        """Keep the batch's tombstones in the pipeline's ledger (`ledger`, as pyiceberg loaded it):
         `tombstones` (key columns and `_kafka`: `NewestStaged.tombstones`) are the deletes of `latest` (one
         record per key, `latest_per_key`), each kept when newer than its key's entry there in Kafka's order (a
         tombstone carries no source position).
@@ -167,7 +167,7 @@ class Upserts:
             .select(*keys, "_kafka", F.current_timestamp().alias(DELETED_AT))
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
         sparkenv.merge(self.spark, dead,
-                       f"MERGE INTO {self.spec.qualified(name)} t "
+                       f"MERGE INTO {self.spec.qualified('.'.join(ledger.name()))} t "
                        f"USING {{source}} s ON {on} "
                        f"WHEN MATCHED AND {newer.sql('s._kafka', 't._kafka')} "
                        f"THEN UPDATE SET t._kafka = s._kafka, t.{DELETED_AT} = s.{DELETED_AT} "
@@ -194,7 +194,7 @@ class Upserts:
         import pyarrow.parquet as pq
 
         if not paths:
-            return NewestStaged("", pa.table({}))
+            return NewestStaged("", pa.table({}), pa.schema([]))
         staged = []
         for path in paths:
             with io.new_input(path).open() as stream:
@@ -218,13 +218,7 @@ class Upserts:
         target = self.spark.table(self.spec.qualified(table))
         if not newest.path:
             return target.limit(0).withColumn(taskwriter.UPSERT_OP, F.lit(None).cast("string"))
-        reader = self.spark.read
-        if newest.schema is not None:
-            try:
-                reader = reader.schema(from_arrow_schema(newest.schema))
-            except TypeError:  # a type PySpark does not map from Arrow: Spark reads the file's own
-                pass
-        staged = reader.parquet(newest.path)
+        staged = self.spark.read.schema(from_arrow_schema(newest.schema)).parquet(newest.path)
         return staged.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in target.schema.fields],
                              taskwriter.UPSERT_OP)
 

@@ -135,7 +135,7 @@ def test_tombstones_of_keys_the_ledger_does_not_hold_are_appended_without_spark(
         ("_deleted_at", pa.timestamp("us", tz="UTC"))]))
     before = datetime.now(UTC)
 
-    Upserts(None, spec).record_tombstones("raw.ledger", ledger, newest.tombstones, latest=None)
+    Upserts(None, spec).record_tombstones(ledger, newest.tombstones, latest=None)
 
     entries = catalog.load_table("raw.ledger").scan().to_arrow().sort_by("id").to_pylist()
     assert [(e["region"], e["id"], e["_kafka"]["partition"], e["_kafka"]["offset"]) for e in entries] == [
