@@ -46,6 +46,28 @@ class NewestStaged:
         return int(self.tombstones.num_rows)
 
 
+def spark_mappable(schema: pa.Schema) -> pa.Schema:
+    """`schema` with its 64-bit-offset types as their 32-bit kin (`large_list` as `list`, `large_string` as
+    `string`, `large_binary` as `binary`, at any depth), which PySpark maps to Spark's types (it maps no
+    `large_list`); Parquet stores both alike, so Spark reads the file the same."""
+    return pa.schema([field.with_type(_mappable(field.type)) for field in schema], metadata=schema.metadata)
+
+
+def _mappable(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_mappable(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_mappable(t.key_type)), t.item_field.with_type(_mappable(t.item_type)),
+                       keys_sorted=t.keys_sorted)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_mappable(f.type)) for f in t])
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    return t
+
+
 @dataclass(frozen=True)
 class Upserts:
     """`spec`'s tables' rows in `spark`; `quarantined`: columns a schema change quarantined, left empty."""
@@ -218,7 +240,7 @@ class Upserts:
         target = self.spark.table(self.spec.qualified(table))
         if not newest.path:
             return target.limit(0).withColumn(taskwriter.UPSERT_OP, F.lit(None).cast("string"))
-        staged = self.spark.read.schema(from_arrow_schema(newest.schema)).parquet(newest.path)
+        staged = self.spark.read.schema(from_arrow_schema(spark_mappable(newest.schema))).parquet(newest.path)
         return staged.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in target.schema.fields],
                              taskwriter.UPSERT_OP)
 

@@ -16,7 +16,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from lakehouse.ingest.layout import CDC_STRUCT, KAFKA_STRUCT
 from lakehouse.ingest.newest import newest_rows
 from lakehouse.ingest.taskwriter import write_staging
-from lakehouse.ingest.upserts import Upserts, ledger_holds
+from lakehouse.ingest.upserts import Upserts, ledger_holds, spark_mappable
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -170,3 +170,33 @@ def test_the_ledger_is_asked_whether_it_holds_any_of_a_batchs_keys(tmp_path_fact
     ledger = catalog.load_table("raw.ledger")
     expected = region == "eu" and bool(set().union(*held) & batch)
     assert ledger_holds(ledger, entries(batch, region), ["region", "id"]) == expected
+
+
+def _type_pairs(leaf):
+    """Arrow types as a staging file may hold them (64-bit-offset kinds among them) beside their 32-bit kin."""
+    def nest(children):
+        return st.one_of(
+            st.tuples(children, st.booleans()).map(
+                lambda c: ((pa.large_list if c[1] else pa.list_)(c[0][0]), pa.list_(c[0][1]))),
+            st.lists(children, min_size=1, max_size=3).map(
+                lambda cs: (pa.struct([(f"f{i}", c[0]) for i, c in enumerate(cs)]),
+                            pa.struct([(f"f{i}", c[1]) for i, c in enumerate(cs)]))),
+            st.tuples(children).map(lambda c: (pa.map_(pa.large_string(), c[0][0]), pa.map_(pa.string(), c[0][1]))))
+    return st.recursive(leaf, nest, max_leaves=6)
+
+
+LEAVES = st.sampled_from([(pa.large_string(), pa.string()), (pa.string(), pa.string()),
+                          (pa.large_binary(), pa.binary()), (pa.int64(), pa.int64()),
+                          (pa.decimal128(38, 9), pa.decimal128(38, 9)),
+                          (pa.timestamp("us", "UTC"), pa.timestamp("us", "UTC"))])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_type_pairs(LEAVES), min_size=1, max_size=4))
+def test_spark_is_given_every_staged_type_as_its_32_bit_kin_maps(pairs):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    staged = pa.schema([(f"c{i}", large) for i, (large, _) in enumerate(pairs)])
+    kin = pa.schema([(f"c{i}", plain) for i, (_, plain) in enumerate(pairs)])
+    assert spark_mappable(staged) == kin
+    assert from_arrow_schema(spark_mappable(staged)) == from_arrow_schema(kin)
