@@ -97,17 +97,6 @@ def commit_summary(pipeline: str, kind: str, topic: str, ranges: Mapping[int, tu
     return summary
 
 
-PART_KEYS = (SnapshotSummary.PIPELINE, SnapshotSummary.KIND, SnapshotSummary.TOPIC, SnapshotSummary.TOPIC_ID,
-             SnapshotSummary.BATCH, SnapshotSummary.WRITER)
-
-
-def part_summary(summary: Mapping[str, str]) -> dict[str, str]:
-    """The summary of the first of two snapshots one commit makes the head of `main` at once (an upsert
-    batch's MERGE, its inserts appended on top: lakehouse.ingest.batch_commit): whose batch it is, without
-    the offsets and positions the last one carries (`summary`), so that one commit of the batch holds them."""
-    return {key: value for key, value in summary.items() if key in PART_KEYS}
-
-
 @dataclass(frozen=True)
 class TableProgress:
     """What one table holds of one pipeline, read from its snapshot history."""

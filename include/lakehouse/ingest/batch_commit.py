@@ -8,8 +8,7 @@ tables together):
 - a table whose positions moved since the plan, or whose partitioning changed since the files were written,
   raises PlanStaleError (the job plans again); a table another job claimed raises WriterFencedError;
 - an append table's files are appended; an upsert table's staged rows are merged by Spark
-  (lakehouse.ingest.upserts) as a staged snapshot that becomes the head of `main`, with the rows of keys
-  the table does not hold yet appended on top of it in the same commit;
+  (lakehouse.ingest.upserts) as a staged snapshot that becomes the head of `main`;
 - a commit losing the catalog's compare-and-set to another writer (compaction, a replay) is tried again on
   the table reloaded, up to COMMIT_ATTEMPTS attempts in all, then IngestError.
 """
@@ -23,6 +22,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
 from lakehouse.core import errors, offsets, retry, sparkenv
 from lakehouse.core.errors import IngestError, PlanStaleError
@@ -30,7 +30,7 @@ from lakehouse.core.offsets import TableProgress
 from lakehouse.ingest import committer, tables
 from lakehouse.ingest.batch_state import BatchState
 from lakehouse.ingest.receipts import BatchReceipt, TableCommit
-from lakehouse.ingest.upserts import Upserts, drop_staging, insert_files
+from lakehouse.ingest.upserts import Upserts, drop_staging
 
 COMMIT_ATTEMPTS = 6
 
@@ -115,7 +115,9 @@ class BatchCommitter:
             added = (len(files), sum(f.file_size_in_bytes for f in files))
             try:
                 if upsert:
-                    merge_s, snapshot_id, added = self._merge_staged(state, table, summary, loaded, tp, number)
+                    merge_s, staged = self._merge_staged(state, table, summary, loaded, tp, number)
+                    snapshot_id, merged = staged.snapshot_id, offsets.summary_properties(staged)
+                    added = (int(merged.get("added-data-files", 0)), int(merged.get("added-files-size", 0)))
                 else:
                     self.fault("concurrent_commit", upsert=False, spark=self.spark,
                                table=lambda: self.catalog.load_table(table), key=None)
@@ -217,56 +219,33 @@ class BatchCommitter:
             max_event_time=state.written.max_event_time, min_kafka_time=state.written.min_kafka_time)
 
     def _merge_staged(self, state: BatchState, table: str, summary: dict[str, str], loaded: Table,
-                      tp: TableProgress, attempt: int) -> tuple[float, int, tuple[int, int]]:
-        """An upsert table's commit of each key's newest staged row (ranked on the driver:
-        lakehouse.ingest.newest). Keys neither the table (as `loaded`) nor a change stream's ledger holds are
-        inserts: their rows are written as data files here, like an append's. The rest go through Spark's MERGE
-        (the newer record wins), as a staged (WAP) snapshot on `loaded`'s head. One commit
-        (lakehouse.ingest.committer) makes both the head of `main`: the MERGE's snapshot, with the appended
-        files on top of it carrying the batch's summary. Returns the MERGE's Spark seconds, the new head and
-        the (data files, bytes) added."""
+                      tp: TableProgress, attempt: int) -> tuple[float, Snapshot]:
+        """An upsert table's commit: Spark MERGEs the newest of the rows the tasks staged for each key (ranked on
+        the driver: lakehouse.ingest.newest), as a staged (WAP) snapshot that lakehouse.ingest.committer makes
+        the head of `main`. Returns the MERGE's Spark seconds and the snapshot."""
         spec = state.spec
         tables.require_staging(loaded, table)
         upserts = Upserts(self.spark, spec)
         group = f"lakehouse-{spec.name}-{state.batch_id}-{table}-{attempt}"
         wap_id = f"{state.batch_id}-{attempt}-{table}"
-        ledger = self.catalog.load_table(spec.tombstone_table) \
-            if table == spec.target.table and spec.tombstone_table else None
-        # each key's newest record, ranked once for the ledger, the table's MERGE and the inserts
-        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id,
-                                       held_by=(loaded, ledger) if ledger is not None and spec.is_cdc else (loaded,))
-        fence = self.writer.fence(tp.snapshot_id)
+        # each key's newest record, ranked once for the ledger and the table's MERGE
+        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id)
         try:
-            files = insert_files(loaded, newest.fresh)
             latest = upserts.staged_rows(table, newest)
-            if ledger is not None and newest.deletes:
-                upserts.record_tombstones(ledger, newest.tombstones, latest)
-            if not newest.merges:
-                self.fault("concurrent_commit", upsert=False, spark=self.spark, table=lambda: loaded, key=None)
-                snapshot_id = committer.append_files(self.catalog, loaded, files, summary, fence)
-                return 0.0, snapshot_id, (len(files), sum(f.file_size_in_bytes for f in files))
+            ledger = spec.tombstone_table
+            if table == spec.target.table and ledger and newest.deletes:
+                upserts.record_tombstones(self.catalog.load_table(ledger), newest.tombstones, latest)
             with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
                 self.fault("concurrent_commit", upsert=True, spark=self.spark, table=lambda: loaded,
                            key=spec.target.key[0] if spec.target.key else None)
                 # a change stream's key deleted in an earlier batch stays deleted against older changes
-                upserts.merge_latest(table, latest, offsets.part_summary(summary) if files else summary,
-                                     respect_tombstones=spec.is_cdc)
+                upserts.merge_latest(table, latest, summary, respect_tombstones=spec.is_cdc)
         finally:
             drop_staging(loaded.io, newest.paths)
-        head = self.catalog.load_table(table)
-        staged = committer.staged_snapshot(head, wap_id)
+        staged = committer.staged_snapshot(self.catalog.load_table(table), wap_id)
         if staged is None:
             raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "
                               f"write.wap.enabled still true on the table?")
-        merged = offsets.summary_properties(staged)
-        added = (int(merged.get("added-data-files", 0)) + len(files),
-                 int(merged.get("added-files-size", 0)) + sum(f.file_size_in_bytes for f in files))
-        merge_s = sparkenv.job_seconds(self.spark, group) or 0.0
-        if not files:
-            committer.commit_staged(self.catalog, head, staged.snapshot_id, staged.parent_snapshot_id, fence)
-            return merge_s, staged.snapshot_id, added
-        if staged.parent_snapshot_id != loaded.metadata.current_snapshot_id:  # the inserts were told on another head
-            raise errors.MainMovedError(f"main of {table} moved from {loaded.metadata.current_snapshot_id} to "
-                                        f"{staged.parent_snapshot_id} while the batch's MERGE was planned")
-        return merge_s, committer.commit_change(self.catalog, committer.appended(head, files, summary, fence,
-                                                                                 on=staged)), added
+        committer.commit_staged(self.catalog, self.catalog.load_table(table), staged.snapshot_id,
+                                staged.parent_snapshot_id, self.writer.fence(tp.snapshot_id))
+        return sparkenv.job_seconds(self.spark, group) or 0.0, staged

@@ -51,8 +51,7 @@ from pyiceberg.catalog.rest import Endpoint, HttpMethod, RestCatalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import CommitTableRequest, Table, TableIdentifier
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRef, SnapshotRefType
-from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import (
     AssertDefaultSpecId,
     AssertRefSnapshotId,
@@ -265,52 +264,27 @@ def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str,
     requires it unchanged (a partition evolution landing meanwhile is a CommitFailedException).
     Manifests of older specs are carried over as they are.
     """
-    return commit_change(catalog, appended(table, files, summary, fence))
-
-
-def commit_change(catalog: Catalog, change: TableChange) -> int:
-    """Commit an append's `change` (`appended`) to its table; returns the snapshot it adds."""
+    change = appended(table, files, summary, fence)
     if change.snapshot_id is None:  # never: an append adds a snapshot, and `appended` names it
-        raise ValueError(f"the append to {change.table.name()} adds no snapshot")
-    catalog.commit_table(change.table, requirements=as_checked_by(catalog, change.table, change.requirements),
+        raise ValueError(f"the append to {table.name()} adds no snapshot")
+    catalog.commit_table(table, requirements=as_checked_by(catalog, table, change.requirements),
                          updates=change.updates)
     return change.snapshot_id
 
 
-def appended(table: Table, files: list, summary: dict[str, str], fence: PipelineFence,
-             on: Snapshot | None = None) -> TableChange:
-    """The change `append_files` commits: pyiceberg writes the new manifests and manifest list now.
-
-    With `on`, a snapshot staged on `main`'s head (Spark's MERGE of the same batch, under a WAP id), the files
-    are appended on top of it instead: the change moves `main` from its head past both snapshots at once, so
-    no reader ever sees one without the other, and requires `main` still at that head."""
+def appended(table: Table, files: list, summary: dict[str, str], fence: PipelineFence) -> TableChange:
+    """The change `append_files` commits: pyiceberg writes the new manifests and manifest list now."""
     spec_id = table.metadata.default_spec_id
     if any(f.spec_id != spec_id for f in files):
         raise ValueError(f"data files of partition specs {sorted({f.spec_id for f in files})} cannot be appended "
                          f"under the table's default spec {spec_id}")
-    head = table.metadata.current_snapshot_id
-    if on is not None and on.parent_snapshot_id != head:
-        raise MainMovedError(f"main moved from {on.parent_snapshot_id} to {head} under the staged snapshot "
-                             f"{on.snapshot_id}")
-    base = table if on is None else _main_at(table, on.snapshot_id)
-    append = base.transaction().update_snapshot(snapshot_properties=summary).fast_append()
+    append = table.transaction().update_snapshot(snapshot_properties=summary).fast_append()
     for data_file in files:
         append.append_data_file(data_file)
     updates, pyicebergs = pyiceberg_internals.snapshot_change(append)
-    if on is not None:  # pyiceberg's own asks for `main` at the staged snapshot, where the catalog's is not
-        pyicebergs = (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head),)
     requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), *pyicebergs,
                     AssertDefaultSpecId(default_spec_id=spec_id), fence)
     return TableChange(table, requirements, updates, append.snapshot_id)
-
-
-def _main_at(table: Table, snapshot_id: int) -> Table:
-    """`table` as if `main` pointed at its snapshot `snapshot_id` (for a snapshot producer's parent)."""
-    refs = {**table.metadata.refs,
-            MAIN_BRANCH: SnapshotRef(snapshot_id=snapshot_id, snapshot_ref_type=SnapshotRefType.BRANCH,
-                                     min_snapshots_to_keep=None, max_snapshot_age_ms=None, max_ref_age_ms=None)}
-    metadata = table.metadata.model_copy(update={"current_snapshot_id": snapshot_id, "refs": refs})
-    return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog)
 
 
 def commits_together(catalog: Catalog) -> TypeGuard[RestCatalog]:

@@ -23,7 +23,7 @@ from pyiceberg.transforms import BucketTransform
 from lakehouse.core import errors, events
 from lakehouse.core.spec import PartitionField, PipelineSpec, SpecError, load_spec
 from lakehouse.core.table_properties import TableProperties
-from lakehouse.ingest import committer, tables, upserts
+from lakehouse.ingest import committer, tables
 from lakehouse.ingest.layout import ARROW_TYPES, KAFKA_STRUCT
 
 
@@ -264,64 +264,3 @@ def test_the_spec_declares_the_target_file_size_once(make_spec):
 # ---------------------------------------------------------------------------- end to end
 
 
-
-
-def test_inserts_appended_on_a_staged_merge_land_with_it_in_one_commit(catalog, make_spec):
-    """An upsert batch's MERGE (staged on main's head) and its inserts (appended on top of it) become main's head
-    together: main moves from the head both were made on past both, the last carrying the batch's summary;
-    a head that moved meanwhile refuses the commit."""
-    spec = make_spec(partition_by=["bucket(4, order_id)"])
-    table = create_as_ingestion_does(catalog, spec)
-    with table.transaction() as tx:
-        tx.set_properties({TableProperties.WRITER_ID: "w"})
-    fence = committer.Writer(spec.name, "w", 1).fence(None)
-    now = datetime.now(timezone.utc)
-
-    def orders(*ids: str) -> pa.Table:
-        return pa.Table.from_pylist([{"order_id": i, "customer_id": "c", "amount": 1.0, "currency": "EUR",
-                                      "status": "created", "event_time": now,
-                                      "_kafka": {"topic": "t", "partition": 0, "offset": n, "timestamp": now,
-                                                 "key": i}, "_ingested_at": now}
-                                     for n, i in enumerate(ids)], schema=arrow_schema(spec))
-
-    catalog.load_table(spec.target.table).append(orders("o-1"))
-    head = catalog.load_table(spec.target.table)
-    # what Spark's MERGE leaves under its WAP id: a snapshot whose parent is main's head, main unmoved
-    head.manage_snapshots().create_branch(head.metadata.current_snapshot_id, "merge").commit()
-    catalog.load_table(spec.target.table).append(orders("o-2"), branch="merge")
-    loaded = catalog.load_table(spec.target.table)
-    merged = loaded.snapshot_by_name("merge")
-    files = upserts.insert_files(loaded, orders("o-3", "o-4", "o-5", "o-6"))
-    assert {f.spec_id for f in files} == {loaded.metadata.default_spec_id} and len(files) >= 2
-
-    snapshot_id = committer.commit_change(catalog, committer.appended(loaded, files, {"lakehouse.test": "1"},
-                                                                      fence, on=merged))
-
-    after = catalog.load_table(spec.target.table)
-    assert after.metadata.current_snapshot_id == snapshot_id
-    assert after.current_snapshot().parent_snapshot_id == merged.snapshot_id
-    assert merged.parent_snapshot_id == head.metadata.current_snapshot_id
-    assert after.current_snapshot().summary["lakehouse.test"] == "1"
-    assert sorted(after.scan().to_arrow().column("order_id").to_pylist()) == ["o-1", "o-2", "o-3", "o-4", "o-5",
-                                                                              "o-6"]
-    # the log of main's heads never names the MERGE's snapshot alone
-    assert merged.snapshot_id not in [entry.snapshot_id for entry in after.metadata.snapshot_log]
-
-    # a MERGE staged on a head main has left since: refused before anything is written
-    after.manage_snapshots().create_branch(snapshot_id, "late").commit()
-    catalog.load_table(spec.target.table).append(orders("o-7"), branch="late")
-    catalog.load_table(spec.target.table).append(orders("o-8"))
-    moved = catalog.load_table(spec.target.table)
-    with pytest.raises(errors.MainMovedError, match="main moved"):
-        committer.appended(moved, files, {}, fence, on=moved.snapshot_by_name("late"))
-    # and one made before main moved is refused by the catalog, neither snapshot landing
-    moved.manage_snapshots().create_branch(moved.metadata.current_snapshot_id, "again").commit()
-    catalog.load_table(spec.target.table).append(orders("o-9"), branch="again")
-    staged = catalog.load_table(spec.target.table)
-    change = committer.appended(staged, upserts.insert_files(staged, orders("o-10")), {}, fence,
-                                on=staged.snapshot_by_name("again"))
-    catalog.load_table(spec.target.table).append(orders("o-11"))
-    with pytest.raises(CommitFailedException):
-        committer.commit_change(catalog, change)
-    landed = catalog.load_table(spec.target.table).scan().to_arrow().column("order_id").to_pylist()
-    assert "o-9" not in landed and "o-10" not in landed and "o-11" in landed
