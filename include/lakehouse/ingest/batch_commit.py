@@ -8,7 +8,8 @@ tables together):
 - a table whose positions moved since the plan, or whose partitioning changed since the files were written,
   raises PlanStaleError (the job plans again); a table another job claimed raises WriterFencedError;
 - an append table's files are appended; an upsert table's staged rows are merged by Spark
-  (lakehouse.ingest.upserts) as a staged snapshot that becomes the head of `main`;
+  (lakehouse.ingest.upserts) as a staged snapshot that becomes the head of `main` (a batch into a table
+  without rows is appended instead);
 - a commit losing the catalog's compare-and-set to another writer (compaction, a replay) is tried again on
   the table reloaded, up to COMMIT_ATTEMPTS attempts in all, then IngestError.
 """
@@ -22,7 +23,6 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot
 
 from lakehouse.core import errors, offsets, retry, sparkenv
 from lakehouse.core.errors import IngestError, PlanStaleError
@@ -30,7 +30,7 @@ from lakehouse.core.offsets import TableProgress
 from lakehouse.ingest import committer, tables
 from lakehouse.ingest.batch_state import BatchState
 from lakehouse.ingest.receipts import BatchReceipt, TableCommit
-from lakehouse.ingest.upserts import Upserts, drop_staging
+from lakehouse.ingest.upserts import Upserts, drop_staging, insert_files
 
 COMMIT_ATTEMPTS = 6
 
@@ -115,9 +115,7 @@ class BatchCommitter:
             added = (len(files), sum(f.file_size_in_bytes for f in files))
             try:
                 if upsert:
-                    merge_s, staged = self._merge_staged(state, table, summary, loaded, tp, number)
-                    snapshot_id, merged = staged.snapshot_id, offsets.summary_properties(staged)
-                    added = (int(merged.get("added-data-files", 0)), int(merged.get("added-files-size", 0)))
+                    merge_s, snapshot_id, added = self._merge_staged(state, table, summary, loaded, tp, number)
                 else:
                     self.fault("concurrent_commit", upsert=False, spark=self.spark,
                                table=lambda: self.catalog.load_table(table), key=None)
@@ -219,22 +217,33 @@ class BatchCommitter:
             max_event_time=state.written.max_event_time, min_kafka_time=state.written.min_kafka_time)
 
     def _merge_staged(self, state: BatchState, table: str, summary: dict[str, str], loaded: Table,
-                      tp: TableProgress, attempt: int) -> tuple[float, Snapshot]:
+                      tp: TableProgress, attempt: int) -> tuple[float, int, tuple[int, int]]:
         """An upsert table's commit: Spark MERGEs the newest of the rows the tasks staged for each key (ranked on
         the driver: lakehouse.ingest.newest), as a staged (WAP) snapshot that lakehouse.ingest.committer makes
-        the head of `main`. Returns the MERGE's Spark seconds and the snapshot."""
+        the head of `main`. A batch into a table without rows (as `loaded`), none of whose upserts' keys a change
+        stream's ledger holds, is all inserts: its rows are written as data files here and appended, like an
+        append's, without Spark.
+        Returns the MERGE's Spark seconds, the new head and the (data files, bytes) added."""
         spec = state.spec
         tables.require_staging(loaded, table)
         upserts = Upserts(self.spark, spec)
         group = f"lakehouse-{spec.name}-{state.batch_id}-{table}-{attempt}"
         wap_id = f"{state.batch_id}-{attempt}-{table}"
-        # each key's newest record, ranked once for the ledger and the table's MERGE
-        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id)
+        ledger = self.catalog.load_table(spec.tombstone_table) \
+            if table == spec.target.table and spec.tombstone_table else None
+        # each key's newest record, ranked once for the ledger and the table's MERGE or append
+        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id,
+                                       held_by=(loaded, ledger) if ledger is not None and spec.is_cdc else (loaded,))
+        fence = self.writer.fence(tp.snapshot_id)
         try:
             latest = upserts.staged_rows(table, newest)
-            ledger = spec.tombstone_table
-            if table == spec.target.table and ledger and newest.deletes:
-                upserts.record_tombstones(self.catalog.load_table(ledger), newest.tombstones, latest)
+            if ledger is not None and newest.deletes:
+                upserts.record_tombstones(ledger, newest.tombstones, latest)
+            if not newest.merges:
+                files = insert_files(loaded, newest.fresh)
+                self.fault("concurrent_commit", upsert=False, spark=self.spark, table=lambda: loaded, key=None)
+                snapshot_id = committer.append_files(self.catalog, loaded, files, summary, fence)
+                return 0.0, snapshot_id, (len(files), sum(f.file_size_in_bytes for f in files))
             with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
                 self.fault("concurrent_commit", upsert=True, spark=self.spark, table=lambda: loaded,
                            key=spec.target.key[0] if spec.target.key else None)
@@ -247,5 +256,7 @@ class BatchCommitter:
             raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "
                               f"write.wap.enabled still true on the table?")
         committer.commit_staged(self.catalog, self.catalog.load_table(table), staged.snapshot_id,
-                                staged.parent_snapshot_id, self.writer.fence(tp.snapshot_id))
-        return sparkenv.job_seconds(self.spark, group) or 0.0, staged
+                                staged.parent_snapshot_id, fence)
+        merged = offsets.summary_properties(staged)
+        return (sparkenv.job_seconds(self.spark, group) or 0.0, staged.snapshot_id,
+                (int(merged.get("added-data-files", 0)), int(merged.get("added-files-size", 0))))

@@ -8,18 +8,21 @@ Used by the ingest job's commit of an upsert table (lakehouse.ingest.batch_commi
 
 from __future__ import annotations
 
+import itertools
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
-from lakehouse.core import newer, sparkenv
+from lakehouse.core import newer, offsets, sparkenv
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import PipelineSpec
 from lakehouse.ingest import newest, taskwriter
@@ -36,6 +39,12 @@ class NewestStaged:
     path: str  # "" when nothing was staged
     tombstones: pa.Table  # the keys whose newest record is a delete: the key's columns and `_kafka`
     schema: pa.Schema  # the file's, as written
+    # with `newest_staged`'s `held_by`, for a batch appended instead of merged: its upserts, left out of the
+    # file (the staged columns without `_op`)
+    fresh: pa.Table
+    # whether the file holds a row the MERGE changes the table with (else, at most deletes of keys the table
+    # does not hold, kept for the ledger's MERGE)
+    merges: bool
 
     @property
     def paths(self) -> list[str]:
@@ -208,28 +217,50 @@ class Upserts:
         kept = F.col("_tomb").isNull() | F.expr(newer.sql("_kafka", "_tomb")) | (F.col("_op") == "delete")
         return joined.where(kept).drop("_tomb", *[f"_tomb_{k}" for k in keys])
 
-    def newest_staged(self, io: FileIO, paths: list[str], name: str) -> NewestStaged:
+    def newest_staged(self, io: FileIO, paths: list[str], name: str,
+                      held_by: tuple[Table, ...] | None = None) -> NewestStaged:
         """The newest of the rows the tasks staged at `paths` for each key (lakehouse.ingest.newest, on the
         driver: Spark's windows over the staged files took seconds a batch), as one staging file beside
-        them named after `name` (none when nothing was staged): the one file an upsert batch's MERGE reads.
-        The caller deletes it once merged (`drop_staging`); a crash leaves it to orphan removal."""
+        them named after `name` (none when nothing is left to stage): the one file an upsert batch's MERGE
+        reads. The caller deletes it once merged (`drop_staging`); a crash leaves it to orphan removal.
+
+        With `held_by` (the upsert table at the snapshot the batch is committed on, then a change stream's
+        tombstone ledger), a batch into a table without rows (an initial load's first batch, a change stream's
+        snapshot) whose upserts' keys the ledger does not hold leaves its upserts out of the file, as
+        `NewestStaged.fresh`: the MERGE would only insert them (no row to compare with, no tombstone to
+        respect), which a plain append of the same rows does without Spark. Any other batch is merged whole:
+        a MERGE's time hardly depends on how many of its rows are inserts (the table's scan and the job's
+        stages are most of it), so looking up a batch's keys in a table that has rows, to append the new ones,
+        spared no warm batch any time (docs/benchmarks.md)."""
         import pyarrow.parquet as pq
 
         if not paths:
-            return NewestStaged("", pa.table({}), pa.schema([]))
+            return NewestStaged("", pa.table({}), pa.schema([]), pa.table({}), merges=False)
         staged = []
         for path in paths:
             with io.new_input(path).open() as stream:
                 staged.append(pq.read_table(stream))
-        rows = newest.newest_rows(pa.concat_tables(staged, promote_options="default"), self.spec.target.key)
-        into = f"{paths[0].rsplit('/', 1)[0]}/{name}-newest.parquet"
+        keys = list(self.spec.target.key)
+        rows = newest.newest_rows(pa.concat_tables(staged, promote_options="default"), keys)
+        upsert = pc.equal(rows.column(taskwriter.UPSERT_OP), "upsert")
+        dead = rows.filter(pc.invert(upsert))
+        fresh = rows.slice(0, 0)
+        merges = bool(rows.num_rows)
+        if held_by is not None:
+            table, *ledgers = held_by
+            merges = holds_rows(table) or any(pc.any(held(ledger, rows.filter(upsert), keys)).as_py()
+                                              for ledger in ledgers)
+            if not merges:
+                fresh, rows = rows.filter(upsert), dead
+        into = f"{paths[0].rsplit('/', 1)[0]}/{name}-newest.parquet" if rows.num_rows else ""
         try:
-            taskwriter.write_staging(io, into, rows)
+            if into:
+                taskwriter.write_staging(io, into, rows)
         except BaseException:
             drop_staging(io, [into])
             raise
-        dead = rows.filter(pc.equal(rows.column(taskwriter.UPSERT_OP), "delete"))
-        return NewestStaged(into, dead.select([*self.spec.target.key, "_kafka"]), rows.schema)
+        return NewestStaged(into, dead.select([*keys, "_kafka"]), rows.schema,
+                            fresh.drop_columns([taskwriter.UPSERT_OP]), merges)
 
     def staged_rows(self, table: str, newest: NewestStaged):
         """The rows of `newest` (`newest_staged`) for upsert `table`, its columns and `_op`, as a DataFrame.
@@ -253,21 +284,56 @@ def ledger_entries(ledger: Table, tombstones: pa.Table) -> pa.Table:
                     schema=schema)
 
 
-def ledger_holds(ledger: Table, entries: pa.Table, keys: list[str]) -> bool:
-    """Whether the ledger holds an entry for any key of `entries` (its key columns read at its head; the
-    files whose bounds rule out a batch's few integer or string keys are not read)."""
-    if not entries.num_rows or ledger.current_snapshot() is None:
-        return False
+def insert_files(table: Table, rows: pa.Table) -> list:
+    """`rows` (staged columns: `NewestStaged.fresh`) as data files of `table` (pyiceberg DataFiles, written
+    as an append task writes them), to be appended; none for no rows."""
+    if not rows.num_rows:
+        return []
+    schema = taskwriter.task_schema(table.metadata)
+    projected = pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
+    files = taskwriter.write_data_files(table.io, table.metadata, projected, uuid.uuid4(), itertools.count())
+    for data_file in files:  # pyiceberg's writer leaves it unset
+        data_file.spec_id = table.metadata.default_spec_id
+    return files
+
+
+def holds_rows(table: Table) -> bool:
+    """Whether `table` has rows at its head (some may be deleted by delete files: a row count that does not
+    say so counts as rows)."""
+    head = table.current_snapshot()
+    return head is not None and int(offsets.summary_properties(head).get("total-records", 1)) > 0
+
+
+IN_PRUNES = 200  # pyiceberg skips a file by its bounds for an `In` of up to this many values
+
+
+def held(table: Table, rows: pa.Table, keys: list[str]) -> pa.BooleanArray:
+    """For each of `rows` (with the key columns `keys`), whether `table` holds a row of its key at its head
+    (its key columns read, position deletes applied; when a batch has few integer or string keys, the files
+    whose bounds rule them out are not read). A key with a null column is held by nothing, as the MERGE's
+    join on equality matches no null."""
+    if not rows.num_rows or table.current_snapshot() is None:
+        return pa.array(np.zeros(rows.num_rows, dtype=bool))
     row_filter: BooleanExpression = AlwaysTrue()
     for key in keys:
-        column = entries.column(key)
-        if pa.types.is_integer(column.type) or pa.types.is_string(column.type):
-            row_filter = And(row_filter, In(term=key, literals=set(pc.unique(column.drop_null()).to_pylist())))
-    held = ledger.scan(row_filter=row_filter, selected_fields=tuple(keys)).to_arrow()
-    if not held.num_rows:
-        return False
-    wanted = entries.select(keys)
-    return bool(wanted.join(held.select(keys).cast(wanted.schema), keys, join_type="left semi").num_rows)
+        column = rows.column(key)
+        values = pc.unique(column.drop_null())
+        if len(values) <= IN_PRUNES and (pa.types.is_integer(column.type) or pa.types.is_string(column.type)):
+            row_filter = And(row_filter, In(term=key, literals=set(values.to_pylist())))
+    found = table.scan(row_filter=row_filter, selected_fields=tuple(keys)).to_arrow()
+    if not found.num_rows:
+        return pa.array(np.zeros(rows.num_rows, dtype=bool))
+    wanted = rows.select(keys)
+    numbered = wanted.append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
+    matched = numbered.join(found.select(keys).cast(wanted.schema), keys, join_type="left semi").column("_row")
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[matched.to_numpy()] = True
+    return pa.array(mask)
+
+
+def ledger_holds(ledger: Table, entries: pa.Table, keys: list[str]) -> bool:
+    """Whether the ledger holds an entry for any key of `entries`."""
+    return bool(pc.any(held(ledger, entries, keys)).as_py())
 
 
 def drop_staging(io: FileIO, paths: list[str]) -> None:

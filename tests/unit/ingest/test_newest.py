@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -200,3 +200,57 @@ def test_spark_is_given_every_staged_type_as_its_32_bit_kin_maps(pairs):
     kin = pa.schema([(f"c{i}", plain) for i, (_, plain) in enumerate(pairs)])
     assert spark_mappable(staged) == kin
     assert from_arrow_schema(spark_mappable(staged)) == from_arrow_schema(kin)
+
+
+KEY_SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int64()), ("_kafka", KAFKA_STRUCT),
+                        ("_deleted_at", pa.timestamp("us", tz="UTC"))])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # one spec
+@given(in_table=st.sets(st.integers(0, 30), max_size=20), gone=st.sets(st.integers(0, 30), max_size=5),
+       in_ledger=st.sets(st.integers(0, 30), max_size=10),
+       batch=st.dictionaries(st.integers(0, 30), st.booleans(), min_size=1, max_size=25))
+def test_a_batch_into_a_table_without_rows_is_appended_unless_the_ledger_holds_its_keys(
+        make_spec, tmp_path_factory, in_table, gone, in_ledger, batch):
+    """A batch into a table without rows (none written, or every one deleted), none of whose upserts' keys
+    the ledger holds, is inserts: its upserts are appended without the MERGE, its deletes kept in the file
+    for the ledger. Any other batch is merged whole."""
+    home = tmp_path_factory.mktemp("split")
+    spec = make_spec(fields=[{"name": "region", "type": "string", "required": True},
+                             {"name": "id", "type": "long", "required": True}],
+                     mode="upsert", table_key=["region", "id"], partition_by=None, key={"field": None})
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{home}/catalog.db", warehouse=(home / "wh").as_uri())
+    catalog.create_namespace("raw")
+
+    def keyed(ids) -> pa.Table:
+        ids = sorted(ids)
+        return pa.table({"region": pa.array(["eu"] * len(ids)), "id": pa.array(ids, pa.int64()),
+                         "_kafka": pa.array([None] * len(ids), KAFKA_STRUCT),
+                         "_deleted_at": pa.array([EPOCH] * len(ids), pa.timestamp("us", tz="UTC"))},
+                        schema=KEY_SCHEMA)
+
+    table = catalog.create_table("raw.rows", schema=KEY_SCHEMA)
+    ledger = catalog.create_table("raw.ledger", schema=KEY_SCHEMA)
+    if in_table:
+        table.append(keyed(in_table))
+        for i in gone & in_table:
+            catalog.load_table("raw.rows").delete(f"id = {i}")
+    if in_ledger:
+        ledger.append(keyed(in_ledger))
+    io = PyArrowFileIO()
+    path = str(home / "task-0.parquet")
+    # (region, id, partition, offset, timestamp, position, source_ts): a position for an upsert, none for a delete
+    write_staging(io, path, staged([("eu", i, 0, n, 0, n if upsert else None, None)
+                                    for n, (i, upsert) in enumerate(sorted(batch.items()))]).drop_columns(["_cdc"]))
+
+    found = Upserts(None, spec).newest_staged(io, [path], "batch-1", held_by=(catalog.load_table("raw.rows"),
+                                                                              catalog.load_table("raw.ledger")))
+
+    merges = bool(in_table - gone) or any(upsert and i in in_ledger for i, upsert in batch.items())
+    fresh = [] if merges else sorted(i for i, upsert in batch.items() if upsert)
+    staged_ids = sorted(i for i, upsert in batch.items() if merges or not upsert)
+    assert found.merges == merges
+    assert sorted(found.fresh.column("id").to_pylist() if fresh else []) == fresh
+    assert "_op" not in found.fresh.column_names
+    assert sorted(pq.read_table(found.path).column("id").to_pylist() if found.path else []) == staged_ids
+    assert found.deletes == sum(not upsert for upsert in batch.values())

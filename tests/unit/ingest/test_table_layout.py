@@ -23,7 +23,7 @@ from pyiceberg.transforms import BucketTransform
 from lakehouse.core import errors, events
 from lakehouse.core.spec import PartitionField, PipelineSpec, SpecError, load_spec
 from lakehouse.core.table_properties import TableProperties
-from lakehouse.ingest import committer, tables
+from lakehouse.ingest import committer, tables, upserts
 from lakehouse.ingest.layout import ARROW_TYPES, KAFKA_STRUCT
 
 
@@ -261,6 +261,29 @@ def test_the_spec_declares_the_target_file_size_once(make_spec):
         make_spec(target={"properties": {"write.target-file-size-bytes": 1024}})
 
 
+def test_an_upsert_batch_of_new_keys_is_appended_as_the_tasks_write_files(catalog, make_spec):
+    """The driver writes an upsert batch that holds only new keys as the table's data files (its partition
+    spec, one file per bucket), which the committer appends like an append task's."""
+    spec = make_spec(partition_by=["bucket(4, order_id)"])
+    table = create_as_ingestion_does(catalog, spec)
+    with table.transaction() as tx:
+        tx.set_properties({TableProperties.WRITER_ID: "w"})
+    now = datetime.now(timezone.utc)
+    ids = [f"o-{i}" for i in range(40)]
+    batch = pa.Table.from_pylist([{"order_id": i, "customer_id": "c", "amount": 1.0, "currency": "EUR",
+                                   "status": "created", "event_time": now,
+                                   "_kafka": {"topic": "t", "partition": 0, "offset": n, "timestamp": now, "key": i},
+                                   "_ingested_at": now} for n, i in enumerate(ids)], schema=arrow_schema(spec))
+    loaded = catalog.load_table(spec.target.table)
+    assert loaded.metadata.default_spec_id != 0  # a spec id the writer would leave unset
+
+    files = upserts.insert_files(loaded, batch)
+    committer.append_files(catalog, loaded, files, {}, committer.Writer(spec.name, "w", 1).fence(None))
+
+    assert {f.spec_id for f in files} == {loaded.metadata.default_spec_id} and len(files) == 4
+    landed = catalog.load_table(spec.target.table).scan().to_arrow()
+    assert sorted(landed.column("order_id").to_pylist()) == sorted(ids)
+    assert upserts.insert_files(loaded, batch.slice(0, 0)) == []
+
+
 # ---------------------------------------------------------------------------- end to end
-
-
