@@ -232,11 +232,11 @@ class BatchCommitter:
         ledger = self.catalog.load_table(spec.tombstone_table) \
             if table == spec.target.table and spec.tombstone_table else None
         # each key's newest record, ranked once for the ledger and the table's MERGE or append
-        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id,
-                                       held_by=(loaded, ledger) if ledger is not None and spec.is_cdc else (loaded,))
+        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id, table=loaded,
+                                       ledger=ledger if spec.is_cdc else None)
         fence = self.writer.fence(tp.snapshot_id)
         try:
-            latest = upserts.staged_rows(table, newest)
+            latest = upserts.staged_rows(table, newest) if newest.merges or newest.deletes else None
             if ledger is not None and newest.deletes:
                 upserts.record_tombstones(ledger, newest.tombstones, latest)
             if not newest.merges:

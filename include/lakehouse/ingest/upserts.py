@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
@@ -39,7 +38,7 @@ class NewestStaged:
     path: str  # "" when nothing was staged
     tombstones: pa.Table  # the keys whose newest record is a delete: the key's columns and `_kafka`
     schema: pa.Schema  # the file's, as written
-    # with `newest_staged`'s `held_by`, for a batch appended instead of merged: its upserts, left out of the
+    # given `newest_staged` the table, for a batch appended instead of merged: its upserts, left out of the
     # file (the staged columns without `_op`)
     fresh: pa.Table
     # whether the file holds a row the MERGE changes the table with (else, at most deletes of keys the table
@@ -217,15 +216,15 @@ class Upserts:
         kept = F.col("_tomb").isNull() | F.expr(newer.sql("_kafka", "_tomb")) | (F.col("_op") == "delete")
         return joined.where(kept).drop("_tomb", *[f"_tomb_{k}" for k in keys])
 
-    def newest_staged(self, io: FileIO, paths: list[str], name: str,
-                      held_by: tuple[Table, ...] | None = None) -> NewestStaged:
+    def newest_staged(self, io: FileIO, paths: list[str], name: str, table: Table | None = None,
+                      ledger: Table | None = None) -> NewestStaged:
         """The newest of the rows the tasks staged at `paths` for each key (lakehouse.ingest.newest, on the
         driver: Spark's windows over the staged files took seconds a batch), as one staging file beside
         them named after `name` (none when nothing is left to stage): the one file an upsert batch's MERGE
         reads. The caller deletes it once merged (`drop_staging`); a crash leaves it to orphan removal.
 
-        With `held_by` (the upsert table at the snapshot the batch is committed on, then a change stream's
-        tombstone ledger), a batch into a table without rows (an initial load's first batch, a change stream's
+        Given the upsert `table` (at the snapshot the batch is committed on) and a change stream's tombstone
+        `ledger`, a batch into a table without rows (an initial load's first batch, a change stream's
         snapshot) whose upserts' keys the ledger does not hold leaves its upserts out of the file, as
         `NewestStaged.fresh`: the MERGE would only insert them (no row to compare with, no tombstone to
         respect), which a plain append of the same rows does without Spark. Any other batch is merged whole:
@@ -246,10 +245,8 @@ class Upserts:
         dead = rows.filter(pc.invert(upsert))
         fresh = rows.slice(0, 0)
         merges = bool(rows.num_rows)
-        if held_by is not None:
-            table, *ledgers = held_by
-            merges = holds_rows(table) or any(pc.any(held(ledger, rows.filter(upsert), keys)).as_py()
-                                              for ledger in ledgers)
+        if table is not None:
+            merges = holds_rows(table) or (ledger is not None and ledger_holds(ledger, rows.filter(upsert), keys))
             if not merges:
                 fresh, rows = rows.filter(upsert), dead
         into = f"{paths[0].rsplit('/', 1)[0]}/{name}-newest.parquet" if rows.num_rows else ""
@@ -304,36 +301,22 @@ def holds_rows(table: Table) -> bool:
     return head is not None and int(offsets.summary_properties(head).get("total-records", 1)) > 0
 
 
-IN_PRUNES = 200  # pyiceberg skips a file by its bounds for an `In` of up to this many values
-
-
-def held(table: Table, rows: pa.Table, keys: list[str]) -> pa.BooleanArray:
-    """For each of `rows` (with the key columns `keys`), whether `table` holds a row of its key at its head
-    (its key columns read, position deletes applied; when a batch has few integer or string keys, the files
-    whose bounds rule them out are not read). A key with a null column is held by nothing, as the MERGE's
-    join on equality matches no null."""
-    if not rows.num_rows or table.current_snapshot() is None:
-        return pa.array(np.zeros(rows.num_rows, dtype=bool))
+def ledger_holds(ledger: Table, entries: pa.Table, keys: list[str]) -> bool:
+    """Whether the ledger holds an entry for any key of `entries` (its key columns read at its head; the
+    files whose bounds rule out a batch's few integer or string keys are not read). A key with a null column
+    matches nothing, as in the MERGE's join on equality."""
+    if not entries.num_rows or ledger.current_snapshot() is None:
+        return False
     row_filter: BooleanExpression = AlwaysTrue()
     for key in keys:
-        column = rows.column(key)
-        values = pc.unique(column.drop_null())
-        if len(values) <= IN_PRUNES and (pa.types.is_integer(column.type) or pa.types.is_string(column.type)):
-            row_filter = And(row_filter, In(term=key, literals=set(values.to_pylist())))
-    found = table.scan(row_filter=row_filter, selected_fields=tuple(keys)).to_arrow()
-    if not found.num_rows:
-        return pa.array(np.zeros(rows.num_rows, dtype=bool))
-    wanted = rows.select(keys)
-    numbered = wanted.append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
-    matched = numbered.join(found.select(keys).cast(wanted.schema), keys, join_type="left semi").column("_row")
-    mask = np.zeros(rows.num_rows, dtype=bool)
-    mask[matched.to_numpy()] = True
-    return pa.array(mask)
-
-
-def ledger_holds(ledger: Table, entries: pa.Table, keys: list[str]) -> bool:
-    """Whether the ledger holds an entry for any key of `entries`."""
-    return bool(pc.any(held(ledger, entries, keys)).as_py())
+        column = entries.column(key)
+        if pa.types.is_integer(column.type) or pa.types.is_string(column.type):
+            row_filter = And(row_filter, In(term=key, literals=set(pc.unique(column.drop_null()).to_pylist())))
+    held = ledger.scan(row_filter=row_filter, selected_fields=tuple(keys)).to_arrow()
+    if not held.num_rows:
+        return False
+    wanted = entries.select(keys)
+    return bool(wanted.join(held.select(keys).cast(wanted.schema), keys, join_type="left semi").num_rows)
 
 
 def drop_staging(io: FileIO, paths: list[str]) -> None:

@@ -243,8 +243,8 @@ def test_a_batch_into_a_table_without_rows_is_appended_unless_the_ledger_holds_i
     write_staging(io, path, staged([("eu", i, 0, n, 0, n if upsert else None, None)
                                     for n, (i, upsert) in enumerate(sorted(batch.items()))]).drop_columns(["_cdc"]))
 
-    found = Upserts(None, spec).newest_staged(io, [path], "batch-1", held_by=(catalog.load_table("raw.rows"),
-                                                                              catalog.load_table("raw.ledger")))
+    found = Upserts(None, spec).newest_staged(io, [path], "batch-1", table=catalog.load_table("raw.rows"),
+                                              ledger=catalog.load_table("raw.ledger"))
 
     merges = bool(in_table - gone) or any(upsert and i in in_ledger for i, upsert in batch.items())
     fresh = [] if merges else sorted(i for i, upsert in batch.items() if upsert)
