@@ -144,7 +144,7 @@ def test_an_append_commits_through_a_concurrent_commit_by_another_writer(platfor
     assert assert_exactly_once(platform, spec) == 1000
 
 
-def test_a_merge_that_conflicts_with_another_writer_is_retried_without_loss(platform, pipeline):
+def test_an_upsert_that_conflicts_with_another_writer_is_retried_without_loss(platform, pipeline):
     # no Iceberg-internal retries, so the conflict reaches the job's own retry loop
     spec = pipeline(mode="upsert", table_key=["order_id"], partition_by=[],
                     target={"properties": {"commit.retry.num-retries": "0"}})
@@ -152,11 +152,11 @@ def test_a_merge_that_conflicts_with_another_writer_is_retried_without_loss(plat
     send(platform, spec.source.topic, first)
     assert ingest_once(spec).returncode == 0
     send(platform, spec.source.topic, [(k, v.replace(b'"created"', b'"paid"')) for k, v in first])
-    # while the MERGE of the update runs, another writer deletes one of the rows it updates
+    # once the update's row delta is written, before it commits, another writer deletes one of the rows it updates
     run = ingest_once(spec, fault="concurrent_commit")
     assert run.returncode == 0, run.stderr[-2000:]
     [receipt] = receipts(run.stdout)
-    assert receipt["commit_retries"] >= 1, "the MERGE should have met a conflicting commit"
+    assert receipt["commit_retries"] >= 1, "the upsert should have met a conflicting commit"
     current = {r["order_id"]: r["status"] for r in rows(platform, spec, spec.target.table)}
     assert len(current) == 2000 and set(current.values()) == {"paid"}
 

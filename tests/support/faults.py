@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -108,25 +107,6 @@ def task_fault(home: Path, pipeline: str) -> TaskFault | None:
     return TaskFault(point, marker_dir(home, pipeline), os.getpid()) if point in TASK_POINTS else None
 
 
-def commit_concurrently(spark, table, key: str | None) -> None:
-    """Another writer commits to `table` (a pyiceberg Table) while this process's write runs.
-
-    Once the write's first Spark stage runs (its snapshot is fixed), it deletes one existing row
-    (a conflicting change for an upsert MERGE), or sets a table property when there is no key or row.
-    """
-    tracker = spark.sparkContext.statusTracker()
-
-    def commit_when_running() -> None:
-        # Runs inside the ingest process (loaded through LAKEHOUSE_TEST_HOOKS, without the tests folder on its
-        # path, so not tests/support/polling.py) and never fails: after 60 s without a stage it commits anyway.
-        deadline = time.monotonic() + 60
-        while not tracker.getActiveStageIds() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        commit_conflicting_change(table, key)
-
-    threading.Thread(target=commit_when_running, daemon=True).start()
-
-
 def commit_conflicting_change(table, key: str | None) -> None:
     """Another writer's commit to `table` (a pyiceberg Table): it deletes one existing row when there
     is a key and a row, else it sets a table property."""
@@ -151,10 +131,8 @@ class InjectedFaults(FaultHook):
             return
         if point != "concurrent_commit":
             kill_process()
-        elif context["upsert"]:
-            commit_concurrently(context["spark"], context["table"](), context["key"])
         else:
-            commit_conflicting_change(context["table"](), None)
+            commit_conflicting_change(context["table"](), context["key"])
 
     def task_probe(self, home: Path, pipeline: str):
         return task_fault(home, pipeline)

@@ -26,8 +26,8 @@ brackets; a subclass has its parent's unless it says otherwise):
       CommitError [1]              a commit could not be made: IngestError > PlanStaleError (also RetryableError),
                                    EpochTakenError, PublishError > NotADescendantError
         WriterFencedError [4]      another ingest job of the pipeline took over its tables
-        commit conflicts           PositionsMovedError, MainMovedError (also pyiceberg's CommitFailedException,
-                                   which the commit loops retry)
+        commit conflicts           PositionsMovedError (also pyiceberg's CommitFailedException, which the
+                                   commit loops retry)
       RetryableError [1]           a transient outage: CatalogUnavailableError, ObjectStoreUnavailableError
       OutageError [1]              a transient failure outlasted the retry budget
       RecordFailureError [1]       a Spark task failed on a record: the batch is read again with it dead-lettered
@@ -334,10 +334,6 @@ class EpochTakenError(CommitError):
 class PositionsMovedError(CommitError, CommitFailedException):
     """Another commit carrying the pipeline's positions landed since the batch was planned (a commit
     conflict: plan again from the table)."""
-
-
-class MainMovedError(CommitError, CommitFailedException):
-    """`main` moved since the staged snapshot was written (a commit conflict: write again on the new head)."""
 
 
 class PublishError(CommitError):

@@ -15,8 +15,8 @@ Points (`FaultHook.reached`), each with the context it is given:
                          reached where the catalog commits a batch's tables together (committer.commits_together)
     before_group_commit  every table is committed, the consumer group is not (home, pipeline)
     concurrent_commit    a table commit is about to start (home, pipeline, spark, table: a function
-                         returning the pyiceberg Table, key: its upsert key or None, upsert: whether
-                         Spark MERGEs the rows)
+                         returning the pyiceberg Table as the commit was built on, key: its upsert key or
+                         None)
 
 `FaultHook.task_probe(home, pipeline)` may return a picklable callable that the Spark tasks call
 with a site name ("task_failure" when a range starts, "during_read" half way through it).

@@ -5,7 +5,7 @@ Two kinds of trouble pass when tried again, and each has a policy:
 
 - `commit_conflicts`: another commit won the catalog's compare-and-set (Iceberg's optimistic
   concurrency). pyiceberg raises CommitFailedException, and so do the lakehouse's own commit
-  requirements (lakehouse.ingest.committer's MainMovedError and PositionsMovedError derive from it);
+  requirements (lakehouse.ingest.committer's PositionsMovedError derives from it);
   through Spark, py4j wraps Iceberg's Java CommitFailedException and ValidationException
   (`is_conflict_in_chain`). An attempt that lost must not be replayed as it was: every attempt after
   the first works on the table reloaded from the catalog (the body is handed its attempt number and

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 import zipimport
 from collections.abc import Iterable
@@ -373,18 +372,6 @@ def merge(spark, source, statement: str, properties: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def staged(spark, wap_id: str):
-    """Within the block, Iceberg writes and MERGEs of this session to tables with
-    `write.wap.enabled=true` commit a *staged* snapshot tagged `wap.id` = `wap_id` instead of moving
-    `main` (write-audit-publish staging); lakehouse.ingest.committer then publishes it with its checks."""
-    spark.conf.set("spark.wap.id", wap_id)
-    try:
-        yield wap_id
-    finally:
-        spark.conf.unset("spark.wap.id")
-
-
-@contextlib.contextmanager
 def job_group(spark, group: str):
     """Run the Spark jobs started inside the block (on this thread) under job group `group`."""
     sc = spark.sparkContext
@@ -393,35 +380,6 @@ def job_group(spark, group: str):
         yield group
     finally:
         pyspark_internals.java_context(spark).clearJobGroup()
-
-
-def job_seconds(spark, group: str, timeout_s: float = 2.0) -> float | None:
-    """Wall seconds from the first submission to the last completion of the jobs of `group`, as the
-    driver's status store recorded them (0.0 when the group ran none); None when the store cannot
-    say within `timeout_s` (its listener bus is asynchronous, so a job that just ended may lag)."""
-    sc = spark.sparkContext
-    ids = sc.statusTracker().getJobIdsForGroup(group)
-    if not ids:
-        return 0.0
-    store = pyspark_internals.java_context(spark).sc().statusStore()
-    deadline = time.monotonic() + timeout_s
-    starts, ends = [], []
-    for job_id in ids:
-        while True:
-            try:
-                job = store.job(job_id)
-                submitted, completed = job.submissionTime(), job.completionTime()
-                if submitted.isDefined() and completed.isDefined():
-                    starts.append(submitted.get().getTime())
-                    ends.append(completed.get().getTime())
-                    break
-            except Exception:  # noqa: BLE001 - not in the store yet (py4j wraps NoSuchElementException)
-                pass
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.02)
-    seconds: float = (max(ends) - min(starts)) / 1000
-    return seconds
 
 
 # SparkContexts (by application id) whose Python workers warm_python_workers has started

@@ -7,9 +7,9 @@ tables together):
 - a table that already holds the plan's positions (a retried or resumed commit) is left as it is;
 - a table whose positions moved since the plan, or whose partitioning changed since the files were written,
   raises PlanStaleError (the job plans again); a table another job claimed raises WriterFencedError;
-- an append table's files are appended; an upsert table's staged rows are merged by Spark
-  (lakehouse.ingest.upserts) as a staged snapshot that becomes the head of `main` (a batch into a table
-  without rows is appended instead);
+- an append table's files are appended; an upsert table's staged rows are applied by the driver as a row
+  delta (lakehouse.ingest.row_deltas: the winning rows appended and the rows they replace deleted by
+  position, in one snapshot);
 - a commit losing the catalog's compare-and-set to another writer (compaction, a replay) is tried again on
   the table reloaded, up to COMMIT_ATTEMPTS attempts in all, then IngestError.
 """
@@ -27,10 +27,10 @@ from pyiceberg.table import Table
 from lakehouse.core import errors, offsets, retry, sparkenv
 from lakehouse.core.errors import IngestError, PlanStaleError
 from lakehouse.core.offsets import TableProgress
-from lakehouse.ingest import committer, tables
+from lakehouse.ingest import committer, row_deltas
 from lakehouse.ingest.batch_state import BatchState
 from lakehouse.ingest.receipts import BatchReceipt, TableCommit
-from lakehouse.ingest.upserts import Upserts, drop_staging, insert_files
+from lakehouse.ingest.upserts import Upserts, after_ledger, drop_staging, insert_files
 
 COMMIT_ATTEMPTS = 6
 
@@ -81,7 +81,7 @@ class BatchCommitter:
         task_s = written.read_s + written.decode_s + written.write_s
         shares = {stage: (getattr(written, f"{stage}_s") / task_s if task_s > 0 else 0.0)
                   for stage in ("read", "decode", "write")}
-        merge = sum(c.write_seconds for c in receipt.commits)  # an upsert's MERGE writes in Spark
+        merge = sum(c.write_seconds for c in receipt.commits)  # an upsert's files, written by the driver
         receipt.timings.update({stage: written.seconds * share for stage, share in shares.items()})
         receipt.timings["write"] += merge
         receipt.timings.update({"commit": sum(c.seconds for c in receipt.commits) - merge,
@@ -115,9 +115,9 @@ class BatchCommitter:
             added = (len(files), sum(f.file_size_in_bytes for f in files))
             try:
                 if upsert:
-                    merge_s, snapshot_id, added = self._merge_staged(state, table, summary, loaded, tp, number)
+                    merge_s, snapshot_id, added = self._apply_upserts(state, table, summary, loaded, tp)
                 else:
-                    self.fault("concurrent_commit", upsert=False, spark=self.spark,
+                    self.fault("concurrent_commit", spark=self.spark,
                                table=lambda: self.catalog.load_table(table), key=None)
                     snapshot_id = committer.append_files(self.catalog, loaded, files, summary,
                                                          self.writer.fence(tp.snapshot_id))
@@ -158,7 +158,7 @@ class BatchCommitter:
                                                     self.summary(state, tp), self.writer.fence(tp.snapshot_id))
             if changes:
                 last = list(changes)[-1]
-                self.fault("concurrent_commit", upsert=False, spark=self.spark,
+                self.fault("concurrent_commit", spark=self.spark,
                            table=lambda name=last: self.catalog.load_table(name), key=None)
                 try:
                     committer.commit_together(catalog, list(changes.values()))
@@ -216,47 +216,32 @@ class BatchCommitter:
             topic_id=plan.topic_id or "", positions=positions, writer=self.writer.writer_id, gaps=plan.gaps,
             max_event_time=state.written.max_event_time, min_kafka_time=state.written.min_kafka_time)
 
-    def _merge_staged(self, state: BatchState, table: str, summary: dict[str, str], loaded: Table,
-                      tp: TableProgress, attempt: int) -> tuple[float, int, tuple[int, int]]:
-        """An upsert table's commit: Spark MERGEs the newest of the rows the tasks staged for each key (ranked on
-        the driver: lakehouse.ingest.newest), as a staged (WAP) snapshot that lakehouse.ingest.committer makes
-        the head of `main`. A batch into a table without rows (as `loaded`), none of whose upserts' keys a change
-        stream's ledger holds, is all inserts: its rows are written as data files here and appended, like an
-        append's, without Spark.
-        Returns the MERGE's Spark seconds, the new head and the (data files, bytes) added."""
+    def _apply_upserts(self, state: BatchState, table: str, summary: dict[str, str], loaded: Table,
+                       tp: TableProgress) -> tuple[float, int, tuple[int, int]]:
+        """An upsert table's commit, on the driver: the newest of the rows the tasks staged for each key (lakehouse.
+        ingest.newest) applied to the table as it is `loaded` as a row delta (lakehouse.ingest.row_deltas: the
+        winning upserts written as data files, the held rows they replace or delete deleted by position), in one
+        fenced commit; a change stream's deletes go to its tombstone ledger first, and upserts older than their
+        key's tombstone there are left out. Returns the seconds spent writing files, the new head and the (data
+        files, bytes) added."""
         spec = state.spec
-        tables.require_staging(loaded, table)
+        keys = list(spec.target.key)
         upserts = Upserts(self.spark, spec)
-        group = f"lakehouse-{spec.name}-{state.batch_id}-{table}-{attempt}"
-        wap_id = f"{state.batch_id}-{attempt}-{table}"
         ledger = self.catalog.load_table(spec.tombstone_table) \
             if table == spec.target.table and spec.tombstone_table else None
-        # each key's newest record, ranked once for the ledger and the table's MERGE or append
-        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []), wap_id, table=loaded,
-                                       ledger=ledger if spec.is_cdc else None)
-        fence = self.writer.fence(tp.snapshot_id)
-        try:
-            latest = upserts.staged_rows(table, newest) if newest.merges or newest.deletes else None
-            if ledger is not None and newest.deletes:
-                upserts.record_tombstones(ledger, newest.tombstones, latest)
-            if not newest.merges:
-                files = insert_files(loaded, newest.fresh)
-                self.fault("concurrent_commit", upsert=False, spark=self.spark, table=lambda: loaded, key=None)
-                snapshot_id = committer.append_files(self.catalog, loaded, files, summary, fence)
-                return 0.0, snapshot_id, (len(files), sum(f.file_size_in_bytes for f in files))
-            with sparkenv.job_group(self.spark, group), sparkenv.staged(self.spark, wap_id):
-                self.fault("concurrent_commit", upsert=True, spark=self.spark, table=lambda: loaded,
-                           key=spec.target.key[0] if spec.target.key else None)
-                # a change stream's key deleted in an earlier batch stays deleted against older changes
-                upserts.merge_latest(table, latest, summary, respect_tombstones=spec.is_cdc)
-        finally:
-            drop_staging(loaded.io, newest.paths)
-        staged = committer.staged_snapshot(self.catalog.load_table(table), wap_id)
-        if staged is None:
-            raise IngestError(f"the write to {table} staged no snapshot (wap.id {wap_id}); is "
-                              f"write.wap.enabled still true on the table?")
-        committer.commit_staged(self.catalog, self.catalog.load_table(table), staged.snapshot_id,
-                                staged.parent_snapshot_id, fence)
-        merged = offsets.summary_properties(staged)
-        return (sparkenv.job_seconds(self.spark, group) or 0.0, staged.snapshot_id,
-                (int(merged.get("added-data-files", 0)), int(merged.get("added-files-size", 0))))
+        newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []))
+        rows = newest.rows
+        if ledger is not None and newest.deletes:
+            upserts.record_tombstones(ledger, newest.tombstones)
+        if ledger is not None and spec.is_cdc and rows.num_rows:
+            # a change stream's key deleted in an earlier batch stays deleted against older changes
+            rows = after_ledger(ledger, rows, keys)
+        started = time.monotonic()
+        delta = row_deltas.plan(loaded, rows, keys) if rows.num_rows else None
+        files = insert_files(loaded, delta.inserts) if delta else []
+        deletes = row_deltas.delete_files(loaded, delta) if delta else []
+        written = time.monotonic() - started
+        self.fault("concurrent_commit", spark=self.spark, table=lambda: self.catalog.load_table(table), key=keys[0])
+        snapshot_id = committer.append_files(self.catalog, loaded, files, summary, self.writer.fence(tp.snapshot_id),
+                                             deletes)
+        return written, snapshot_id, (len(files), sum(f.file_size_in_bytes for f in files))

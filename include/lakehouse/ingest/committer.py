@@ -18,9 +18,10 @@ positions each table records make a batch cut short between two commits resume e
 
 - an append table's commit is `append_files`: the data files the Spark tasks wrote become
   one new snapshot on `main` (pyiceberg writes the manifests; no rows pass through here);
-- an upsert table's MERGE runs in Spark, which writes the result as a *staged* snapshot
-  (Iceberg's write-audit-publish staging: `spark.wap.id`) that no branch references;
-  `commit_staged` then moves `main` to it.
+- an upsert table's commit is the same call with position deletes beside the files
+  (`append_files` with `deletes`): Iceberg's row delta, one `overwrite` snapshot that adds the
+  batch's winning rows and deletes the rows they replace (lakehouse.ingest.row_deltas), written
+  by the driver; the tombstone ledger's own commit is `commit_files`.
 
 Requirements of both:
 - `main` is still where the commit was built on (no other commit landed since; otherwise
@@ -49,15 +50,13 @@ from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import Endpoint, HttpMethod, RestCatalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
-from pyiceberg.table import CommitTableRequest, Table, TableIdentifier
+from pyiceberg.table import CommitTableRequest, Table, TableIdentifier, Transaction
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import (
     AssertDefaultSpecId,
     AssertRefSnapshotId,
     AssertTableUUID,
     SetPropertiesUpdate,
-    SetSnapshotRefUpdate,
     ValidatableTableRequirement,
 )
 from requests import HTTPError
@@ -67,7 +66,6 @@ from lakehouse.core.adapters import pyiceberg_internals
 from lakehouse.core.errors import (
     CommitError,
     EpochTakenError,
-    MainMovedError,
     PositionsMovedError,
     WriterFencedError,
 )
@@ -103,21 +101,6 @@ class AssertEpochBelow(ValidatableTableRequirement):
             raise CommitFailedException("the table is gone")
         if _epoch(base_metadata) >= self.epoch:
             raise EpochTakenError(_epoch(base_metadata), _holder(base_metadata))
-
-
-class AssertMainAt(ValidatableTableRequirement):
-    """`main` points at `snapshot_id` (None: the table has no snapshot yet)."""
-
-    type: Literal["assert-lakehouse-main-at"] = Field(default="assert-lakehouse-main-at")
-    snapshot_id: int | None = None
-
-    # pyiceberg's requirements check themselves in `validate`, an instance method shadowing pydantic's classmethod
-    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]  # pyiceberg's API
-        if base_metadata is None:
-            raise CommitFailedException("the table is gone")
-        if base_metadata.current_snapshot_id != self.snapshot_id:
-            raise MainMovedError(f"main moved from {self.snapshot_id} to {base_metadata.current_snapshot_id} "
-                                 f"since the batch was written")
 
 
 class PipelineFence(ValidatableTableRequirement):
@@ -229,14 +212,6 @@ def _claim_one(catalog: Catalog, name: str, table: Table, epoch: int, properties
                                                        "again.").run(attempt)
 
 
-def staged_snapshot(table: Table, wap_id: str):
-    """The snapshot Spark staged under `spark.wap.id` = `wap_id`, or None."""
-    for snap in reversed(table.metadata.snapshots):
-        if snap.summary is not None and snap.summary.additional_properties.get("wap.id") == wap_id:
-            return snap
-    return None
-
-
 @dataclass(frozen=True)
 class TableChange:
     """One table's share of a commit: the requirements the catalog checks and the updates it applies."""
@@ -248,7 +223,7 @@ class TableChange:
 
 
 def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str, str],
-                 fence: PipelineFence) -> int:
+                 fence: PipelineFence, deletes: list | None = None) -> int:
     """Append the data files the tasks wrote (pyiceberg DataFiles) to `main` of `table` in one snapshot
     whose summary carries `summary`, atomically, only if `main` is still where `table` was loaded and
     `fence` holds; returns the new snapshot's id. An empty `files` still commits (the positions move).
@@ -263,8 +238,12 @@ def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str,
     the files must carry it (ValueError otherwise: the caller writes them again) and the commit
     requires it unchanged (a partition evolution landing meanwhile is a CommitFailedException).
     Manifests of older specs are carried over as they are.
+
+    With position `deletes` (pyiceberg DataFiles of position deletes, each of its data file's spec and
+    partition: lakehouse.ingest.row_deltas), the same commit is Iceberg's row delta: one `overwrite` snapshot
+    that adds the files and the deletes together.
     """
-    change = appended(table, files, summary, fence)
+    change = appended(table, files, summary, fence, deletes)
     if change.snapshot_id is None:  # never: an append adds a snapshot, and `appended` names it
         raise ValueError(f"the append to {table.name()} adds no snapshot")
     catalog.commit_table(table, requirements=as_checked_by(catalog, table, change.requirements),
@@ -272,19 +251,42 @@ def append_files(catalog: Catalog, table: Table, files: list, summary: dict[str,
     return change.snapshot_id
 
 
-def appended(table: Table, files: list, summary: dict[str, str], fence: PipelineFence) -> TableChange:
+def appended(table: Table, files: list, summary: dict[str, str], fence: PipelineFence,
+             deletes: list | None = None) -> TableChange:
     """The change `append_files` commits: pyiceberg writes the new manifests and manifest list now."""
     spec_id = table.metadata.default_spec_id
     if any(f.spec_id != spec_id for f in files):
         raise ValueError(f"data files of partition specs {sorted({f.spec_id for f in files})} cannot be appended "
                          f"under the table's default spec {spec_id}")
-    append = table.transaction().update_snapshot(snapshot_properties=summary).fast_append()
+    append = adding(table.transaction(), table, deletes or [], summary)
     for data_file in files:
         append.append_data_file(data_file)
     updates, pyicebergs = pyiceberg_internals.snapshot_change(append)
     requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), *pyicebergs,
                     AssertDefaultSpecId(default_spec_id=spec_id), fence)
     return TableChange(table, requirements, updates, append.snapshot_id)
+
+
+def adding(transaction: Transaction, table: Table, deletes: list, summary: dict[str, str]):
+    """A pyiceberg snapshot producer on `main` of `table` in `transaction`: a fast append, or with position
+    `deletes` a row delta (an `overwrite` snapshot); the data files are given to its `append_data_file`."""
+    if deletes:
+        return pyiceberg_internals.row_delta(transaction, table.io, deletes, summary)
+    return transaction.update_snapshot(snapshot_properties=summary).fast_append()
+
+
+def commit_files(table: Table, files: list, deletes: list) -> None:
+    """Commit data `files` and position `deletes` to `table` in one snapshot, with pyiceberg's own requirement
+    on `main` only (no fence: a table only the pipeline's own commits change, such as the tombstone ledger);
+    nothing to commit for neither. CommitFailedException when `main` moved since `table` was loaded."""
+    if not files and not deletes:
+        return
+    transaction = table.transaction()
+    producer = adding(transaction, table, deletes, {})
+    for data_file in files:
+        producer.append_data_file(data_file)
+    producer.commit()
+    transaction.commit_transaction()
 
 
 def commits_together(catalog: Catalog) -> TypeGuard[RestCatalog]:
@@ -311,15 +313,3 @@ def commit_together(catalog: RestCatalog, changes: list[TableChange]) -> None:
     except HTTPError as exc:
         pyiceberg_internals.raise_rest_error(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
                                                    502: CommitStateUnknownException, 504: CommitStateUnknownException})
-
-
-def commit_staged(catalog: Catalog, table: Table, staged_id: int, parent_id: int | None,
-                  fence: PipelineFence) -> None:
-    """Move `main` of `table` to the staged snapshot `staged_id`, atomically, only if `main` is still at
-    `parent_id` and `fence` holds. Raises MainMovedError, PositionsMovedError, WriterFencedError, or
-    CommitFailedException when another commit swapped the metadata at the same moment."""
-    requirements = (AssertTableUUID(uuid=table.metadata.table_uuid), AssertMainAt(snapshot_id=parent_id), fence)
-    catalog.commit_table(
-        table, requirements=as_checked_by(catalog, table, requirements),
-        updates=(SetSnapshotRefUpdate(ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=staged_id,
-                                      max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None),))

@@ -11,8 +11,8 @@ One batch, top to bottom:
              descriptions and counts come back;
 4. commit    per table (data tables first), one fenced commit (lakehouse.ingest.batch_commit, of the
              batch's state, lakehouse.ingest.batch_state) whose summary carries the offsets it holds
-             and the new positions: the tasks' files appended, or an upsert's staged rows merged by
-             Spark (lakehouse.ingest.upserts);
+             and the new positions: the tasks' files appended, or an upsert's staged rows applied
+             by the driver as a row delta (lakehouse.ingest.row_deltas);
 5. publish   commit the consumer group's offsets, for monitoring tools only.
 
 A crash anywhere leaves each table either with the whole batch or none of it (files

@@ -4,10 +4,11 @@ time (a change stream's; a tombstone, which has neither, takes those of the chan
 the delete Debezium writes right before it), then the latest Kafka timestamp, then the highest partition;
 unknown values last.
 
-The ingest job ranks an upsert batch's staged rows with it before the batch's MERGE (`newest_rows`), and
-lakehouse.audit a verifier's window of Kafka records (`ranked`): both sides of a check decide alike. Pure:
-pyarrow and numpy, on the driver, so an upsert batch's rows are held there once (max_records_per_batch
-bounds them).
+The ingest job ranks an upsert batch's staged rows with it before applying them (`newest_rows`), and
+lakehouse.audit a verifier's window of Kafka records (`ranked`): both sides of a check decide alike. Which of
+two records is newer, row by row over many pairs, is `newer_than`: the rules of lakehouse.core.newer, as its
+`sql` and `is_newer` evaluate them. Pure: pyarrow and numpy, on the driver, so an upsert batch's rows are held
+there once (max_records_per_batch bounds them).
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakehouse.core.newer import LATEST_ORDER, SOURCE_ORDER
+from lakehouse.core.newer import KAFKA_FIELDS, LATEST_ORDER, RULES, SOURCE_ORDER, Rule
 
 COORDINATES = ("partition", "offset", "timestamp", *SOURCE_ORDER)
 ROW = "row"  # `ranked`'s column: the newest row's number among the rows given
 
 
 Column: TypeAlias = pa.Array | pa.ChunkedArray
+
+# A rule's operator (lakehouse.core.newer's Rule.op) on two columns, row by row: null where either is unknown.
+_COMPARE = {">": pc.greater, ">=": pc.greater_equal}
 
 
 def ranked(keys: Sequence[Column], coordinates: Mapping[str, Column]) -> pa.Table:
@@ -55,12 +59,63 @@ def ranked(keys: Sequence[Column], coordinates: Mapping[str, Column]) -> pa.Tabl
 def newest_rows(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
     """The newest of `rows` (an upsert batch's staged rows: the table's columns, `_kafka` and, in a change
     stream, `_cdc`) for each value of the `keys` columns, in key order."""
-    kafka = rows.column("_kafka").combine_chunks()
-    coordinates = {name: pc.struct_field(kafka, name) for name in ("partition", "offset", "timestamp")}
-    if "_cdc" in rows.column_names:
-        cdc = rows.column("_cdc").combine_chunks()
-        coordinates.update({name: pc.struct_field(cdc, name) for name in SOURCE_ORDER})
+    coordinates = coordinates_of(rows.column("_kafka"), rows.column("_cdc") if "_cdc" in rows.column_names else None)
     return rows.take(ranked([rows.column(k) for k in keys], coordinates).column(ROW))
+
+
+def coordinates_of(kafka: Column, cdc: Column | None = None) -> dict[str, Column]:
+    """The COORDINATES of records from their `_kafka` struct column (fields partition, offset, timestamp) and,
+    in a change stream, their `_cdc` struct column (fields position, source_ts; None when the records carry
+    none): a record whose struct is null has all of that struct's fields unknown (null)."""
+    coordinates = {name: pc.struct_field(_whole(kafka), name) for name in KAFKA_FIELDS}
+    if cdc is not None:
+        coordinates.update({name: pc.struct_field(_whole(cdc), name) for name in SOURCE_ORDER})
+    return coordinates
+
+
+def newer_than(s: Mapping[str, Column], t: Mapping[str, Column]) -> np.ndarray:
+    """Row by row, whether the record with coordinates `s` is newer than the one with `t` (lakehouse.core.newer's
+    rules, exactly `is_newer`, an unknown value deciding nothing as in SQL): a bool per row. `s` and `t` map
+    COORDINATES to columns of equal length (as `coordinates_of` gives them); the source rules (a change
+    stream's) apply when both carry the SOURCE_ORDER columns, as `is_newer`'s `by_source`."""
+    s, t = {name: _whole(column) for name, column in s.items()}, {name: _whole(column) for name, column in t.items()}
+    count = len(s["partition"])
+    if any(len(column) != count for column in (*s.values(), *t.values())):
+        raise ValueError("newer_than: the coordinates' columns are not all of one length")
+    by_source = all(name in s and name in t for name in SOURCE_ORDER)
+
+    def compare(rule: Rule) -> pa.Array:  # `s` against `t` by the rule's operator; null where either is unknown
+        return _COMPARE[rule.op](s[rule.field], t[rule.field])
+
+    same_partition = pc.equal(s["partition"], t["partition"])
+    # SQL's AND of these, true only where each is: the same partition, and every "same" rule holds
+    same = _true(same_partition)
+    for rule in (r for r in RULES if r.partitions == "same"):
+        same &= _true(compare(rule))
+    # across partitions, the first rule that decides a row: a source rule where both values are known and
+    # differ (a change stream's only), else the first other rule, whose verdict may be unknown
+    across = np.zeros(count, dtype=bool)
+    decided = np.zeros(count, dtype=bool)
+    for rule in (r for r in RULES if r.partitions == "across"):
+        if rule.source:
+            if by_source:
+                decides = ~decided & _true(pc.not_equal(s[rule.field], t[rule.field]))
+                across |= decides & _true(compare(rule))
+                decided |= decides
+        else:
+            across |= ~decided & _true(compare(rule))
+            break
+    return same | (_true(pc.invert(same_partition)) & across)
+
+
+def _whole(column: Column) -> pa.Array:
+    """`column` as one array (a chunked array's chunks combined)."""
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _true(condition: Column) -> np.ndarray:
+    """Where a boolean column is true: an unknown (null) value is not, as SQL reads a condition."""
+    return np.asarray(pc.fill_null(condition, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _inherit_source_order(ordered: pa.Table, group: tuple[str, ...]) -> pa.Table:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 #   plan          read the tables' positions, find the log ends, plan the ranges
 #   read, decode, the Spark job whose tasks fetch the records, decode them and write the files, split
 #   write         by the share of task time in consumer.consume (read), decoding and building Arrow
-#                 batches (decode) and routing and writing Parquet (write); plus an upsert's MERGE
+#                 batches (decode) and routing and writing Parquet (write); plus an upsert's files written by the driver
 #   commit        the table commits: manifests, the catalog swap, conflict retries
 #   group_commit  the consumer group's offsets (monitoring only)
 STAGES = ("plan", "read", "decode", "write", "commit", "group_commit")

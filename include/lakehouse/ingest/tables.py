@@ -73,7 +73,7 @@ from pyiceberg.types import (
 )
 
 from lakehouse.core import retry, schemas
-from lakehouse.core.errors import LayoutChangeRefused, SchemaIncompatibleError, TableOwnershipError, TableStateError
+from lakehouse.core.errors import LayoutChangeRefused, SchemaIncompatibleError, TableOwnershipError
 from lakehouse.core.spec import RESERVED_COLUMNS, FieldSpec, PartitionField, PipelineSpec
 from lakehouse.core.table_properties import IcebergProperties, TableProperties
 from lakehouse.ingest.layout import DEAD_LETTER_TABLE, SPARK_CDC_STRUCT, SPARK_KAFKA_STRUCT
@@ -99,16 +99,6 @@ def dead_letter_columns(pipeline: str) -> list:
 
 
 LAYOUT_ATTEMPTS = 5
-
-
-def require_staging(table: Table, name: str) -> None:
-    """Raise TableStateError unless `table` stages Spark writes (else a write would bypass the committer
-    and become visible without its positions)."""
-    staging = TableProperties.STAGING
-    if table.metadata.properties.get(staging) != "true":
-        raise TableStateError(f"table {name} has {staging}={table.metadata.properties.get(staging)!r}: the ingest "
-                              f"job stages its writes and publishes them with their positions; set it back with "
-                              f"ALTER TABLE ... SET TBLPROPERTIES ('{staging}'='true')")
 
 
 @dataclass

@@ -19,7 +19,7 @@ commits. A task
 No file it writes is visible until the driver's committer appends it; the files of a
 failed or retried task, or of a batch that never commits, are orphans for maintenance.
 Upsert tables get a staging Parquet file (the table's columns and `_op`) that the driver
-merges with Spark's MERGE and deletes once committed.
+reads, applies as a row delta (lakehouse.ingest.row_deltas) and deletes once committed.
 """
 
 from __future__ import annotations

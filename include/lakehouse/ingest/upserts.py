@@ -1,9 +1,10 @@
-"""An upsert pipeline's rows in Spark: a batch's rows per table, each key's newest record, the MERGE where the
-newer record wins (lakehouse.core.newer), and the pipeline's ledger of tombstones that keeps a deleted key
-deleted against older records (replays, a change stream's older change from another partition).
+"""An upsert pipeline's rows: in Spark, a replay's rows per table, each key's newest record and the MERGE where
+the newer record wins (lakehouse.core.newer); on the driver, an ingest batch's newest staged row of each key
+(`newest_staged`), written as data files (`insert_files`); and the pipeline's ledger of tombstones that keeps a
+deleted key deleted against older records (replays, a change stream's older change from another partition).
 
-Used by the ingest job's commit of an upsert table (lakehouse.ingest.batch_commit) and by replays
-(lakehouse.recovery.replay).
+Used by the ingest job's commit of an upsert table (lakehouse.ingest.batch_commit, which applies a batch as a
+row delta: lakehouse.ingest.row_deltas) and by replays (lakehouse.recovery.replay).
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
-from lakehouse.core import newer, offsets, sparkenv
+from lakehouse.core import newer, sparkenv
 from lakehouse.core.offsets import TableProgress
 from lakehouse.core.spec import PipelineSpec
-from lakehouse.ingest import newest, taskwriter
+from lakehouse.ingest import committer, newest, row_deltas, taskwriter
 
 log = logging.getLogger("lakehouse.ingest")
 
@@ -33,47 +34,24 @@ DELETED_AT = "_deleted_at"  # the tombstone ledger's column: when the pipeline a
 
 @dataclass(frozen=True)
 class NewestStaged:
-    """An upsert batch's staging file of each key's newest row (`Upserts.newest_staged`)."""
+    """An upsert batch's newest staged row of each key (`Upserts.newest_staged`): the staged columns and `_op`."""
 
-    path: str  # "" when nothing was staged
-    tombstones: pa.Table  # the keys whose newest record is a delete: the key's columns and `_kafka`
-    schema: pa.Schema  # the file's, as written
-    # given `newest_staged` the table, for a batch appended instead of merged: its upserts, left out of the
-    # file (the staged columns without `_op`)
-    fresh: pa.Table
-    # whether the file holds a row the MERGE changes the table with (else, at most deletes of keys the table
-    # does not hold, kept for the ledger's MERGE)
-    merges: bool
+    rows: pa.Table
+    keys: tuple[str, ...]
 
     @property
-    def paths(self) -> list[str]:
-        return [self.path] if self.path else []
+    def tombstones(self) -> pa.Table:
+        """The keys whose newest record is a delete: the key's columns and `_kafka`."""
+        if not self.rows.num_rows:
+            return self.rows
+        return self.rows.filter(pc.invert(self.upserts())).select([*self.keys, "_kafka"])
 
     @property
     def deletes(self) -> int:
-        return int(self.tombstones.num_rows)
+        return int(self.rows.num_rows - pc.sum(self.upserts()).as_py()) if self.rows.num_rows else 0
 
-
-def spark_mappable(schema: pa.Schema) -> pa.Schema:
-    """`schema` with its 64-bit-offset types as their 32-bit kin (`large_list` as `list`, `large_string` as
-    `string`, `large_binary` as `binary`, at any depth), which PySpark maps to Spark's types (it maps no
-    `large_list`); Parquet stores both alike, so Spark reads the file the same."""
-    return pa.schema([field.with_type(_mappable(field.type)) for field in schema], metadata=schema.metadata)
-
-
-def _mappable(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_large_list(t) or pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_mappable(t.value_type)))
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_mappable(t.key_type)), t.item_field.with_type(_mappable(t.item_type)),
-                       keys_sorted=t.keys_sorted)
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_mappable(f.type)) for f in t])
-    if pa.types.is_large_string(t):
-        return pa.string()
-    if pa.types.is_large_binary(t):
-        return pa.binary()
-    return t
+    def upserts(self) -> pa.ChunkedArray:
+        return pc.equal(self.rows.column(taskwriter.UPSERT_OP), "upsert")
 
 
 @dataclass(frozen=True)
@@ -170,38 +148,22 @@ class Upserts:
                        f"WHEN MATCHED AND s._op = 'upsert' AND {newer_sql} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
 
-    def record_tombstones(self, ledger: Table, tombstones: pa.Table, latest) -> None:
+    def record_tombstones(self, ledger: Table, tombstones: pa.Table) -> None:
         """Keep the batch's tombstones in the pipeline's ledger (`ledger`, as pyiceberg loaded it):
-        `tombstones` (key columns and `_kafka`: `NewestStaged.tombstones`) are the deletes of `latest` (one
-        record per key, `latest_per_key`), each kept when newer than its key's entry there in Kafka's order (a
-        tombstone carries no source position).
-
-        A key the ledger does not hold yet (one deleted once: most) needs no comparison: when it holds none of
-        the batch's keys, the tombstones are appended by pyiceberg, without a Spark job (a MERGE of its own
-        a batch otherwise). Otherwise Spark's MERGE keeps each key's newer tombstone. Either way the
-        ledger holds one entry per key, and writing the same tombstones again (a batch tried again) changes
-        nothing.
+        `tombstones` (key columns and `_kafka`: `NewestStaged.tombstones`, one per key), each kept when newer
+        than its key's entry there in Kafka's order (a tombstone carries no source position). Applied on the
+        driver as a row delta (lakehouse.ingest.row_deltas: a held entry an incoming one is newer than is
+        deleted by position), so the ledger holds one entry per key, and writing the same tombstones again (a
+        batch tried again) changes nothing.
 
         Runs before the data table's commit: after a crash in between, the ledger knows of a delete the
         table has not applied yet, which only makes replays skip records that are older anyway. A batch
         without deletes needs no call.
         """
-        from pyspark.sql import functions as F
-
-        keys = list(self.spec.target.key)
         entries = ledger_entries(ledger, tombstones)
-        if not ledger_holds(ledger, entries, keys):
-            ledger.append(entries)
-            return
-        dead = latest.where(F.col("_op") == "delete") \
-            .select(*keys, "_kafka", F.current_timestamp().alias(DELETED_AT))
-        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
-        sparkenv.merge(self.spark, dead,
-                       f"MERGE INTO {self.spec.qualified('.'.join(ledger.name()))} t "
-                       f"USING {{source}} s ON {on} "
-                       f"WHEN MATCHED AND {newer.sql('s._kafka', 't._kafka')} "
-                       f"THEN UPDATE SET t._kafka = s._kafka, t.{DELETED_AT} = s.{DELETED_AT} "
-                       f"WHEN NOT MATCHED THEN INSERT *", {})
+        entries = entries.append_column(taskwriter.UPSERT_OP, pa.array(["upsert"] * entries.num_rows, pa.string()))
+        delta = row_deltas.plan(ledger, entries, list(self.spec.target.key))
+        committer.commit_files(ledger, insert_files(ledger, delta.inserts), row_deltas.delete_files(ledger, delta))
 
     def after_tombstones(self, latest, ledger: str):
         """`latest` without the upserts older than their key's newest tombstone in `ledger` (the batch's own
@@ -216,61 +178,19 @@ class Upserts:
         kept = F.col("_tomb").isNull() | F.expr(newer.sql("_kafka", "_tomb")) | (F.col("_op") == "delete")
         return joined.where(kept).drop("_tomb", *[f"_tomb_{k}" for k in keys])
 
-    def newest_staged(self, io: FileIO, paths: list[str], name: str, table: Table | None = None,
-                      ledger: Table | None = None) -> NewestStaged:
+    def newest_staged(self, io: FileIO, paths: list[str]) -> NewestStaged:
         """The newest of the rows the tasks staged at `paths` for each key (lakehouse.ingest.newest, on the
-        driver: Spark's windows over the staged files took seconds a batch), as one staging file beside
-        them named after `name` (none when nothing is left to stage): the one file an upsert batch's MERGE
-        reads. The caller deletes it once merged (`drop_staging`); a crash leaves it to orphan removal.
-
-        Given the upsert `table` (at the snapshot the batch is committed on) and a change stream's tombstone
-        `ledger`, a batch into a table without rows (an initial load's first batch, a change stream's
-        snapshot) whose upserts' keys the ledger does not hold leaves its upserts out of the file, as
-        `NewestStaged.fresh`: the MERGE would only insert them (no row to compare with, no tombstone to
-        respect), which a plain append of the same rows does without Spark. Any other batch is merged whole:
-        a MERGE's time hardly depends on how many of its rows are inserts (the table's scan and the job's
-        stages are most of it), so looking up a batch's keys in a table that has rows, to append the new ones,
-        spared no warm batch any time (docs/benchmarks.md)."""
+        driver: Spark's windows over the staged files took seconds a batch)."""
         import pyarrow.parquet as pq
 
+        keys = tuple(self.spec.target.key)
         if not paths:
-            return NewestStaged("", pa.table({}), pa.schema([]), pa.table({}), merges=False)
+            return NewestStaged(pa.table({}), keys)
         staged = []
         for path in paths:
             with io.new_input(path).open() as stream:
                 staged.append(pq.read_table(stream))
-        keys = list(self.spec.target.key)
-        rows = newest.newest_rows(pa.concat_tables(staged, promote_options="default"), keys)
-        upsert = pc.equal(rows.column(taskwriter.UPSERT_OP), "upsert")
-        dead = rows.filter(pc.invert(upsert))
-        fresh = rows.slice(0, 0)
-        merges = bool(rows.num_rows)
-        if table is not None:
-            merges = holds_rows(table) or (ledger is not None and ledger_holds(ledger, rows.filter(upsert), keys))
-            if not merges:
-                fresh, rows = rows.filter(upsert), dead
-        into = f"{paths[0].rsplit('/', 1)[0]}/{name}-newest.parquet" if rows.num_rows else ""
-        try:
-            if into:
-                taskwriter.write_staging(io, into, rows)
-        except BaseException:
-            drop_staging(io, [into])
-            raise
-        return NewestStaged(into, dead.select([*keys, "_kafka"]), rows.schema,
-                            fresh.drop_columns([taskwriter.UPSERT_OP]), merges)
-
-    def staged_rows(self, table: str, newest: NewestStaged):
-        """The rows of `newest` (`newest_staged`) for upsert `table`, its columns and `_op`, as a DataFrame.
-        Spark is given the file's schema as written, not left to read it back (a Spark job a batch)."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        target = self.spark.table(self.spec.qualified(table))
-        if not newest.path:
-            return target.limit(0).withColumn(taskwriter.UPSERT_OP, F.lit(None).cast("string"))
-        staged = self.spark.read.schema(from_arrow_schema(spark_mappable(newest.schema))).parquet(newest.path)
-        return staged.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in target.schema.fields],
-                             taskwriter.UPSERT_OP)
+        return NewestStaged(newest.newest_rows(pa.concat_tables(staged, promote_options="default"), keys), keys)
 
 
 def ledger_entries(ledger: Table, tombstones: pa.Table) -> pa.Table:
@@ -282,7 +202,7 @@ def ledger_entries(ledger: Table, tombstones: pa.Table) -> pa.Table:
 
 
 def insert_files(table: Table, rows: pa.Table) -> list:
-    """`rows` (staged columns: `NewestStaged.fresh`) as data files of `table` (pyiceberg DataFiles, written
+    """`rows` (staged columns: `row_deltas.RowDelta.inserts`) as data files of `table` (pyiceberg DataFiles, written
     as an append task writes them), to be appended; none for no rows."""
     if not rows.num_rows:
         return []
@@ -294,29 +214,19 @@ def insert_files(table: Table, rows: pa.Table) -> list:
     return files
 
 
-def holds_rows(table: Table) -> bool:
-    """Whether `table` has rows at its head (some may be deleted by delete files: a row count that does not
-    say so counts as rows)."""
-    head = table.current_snapshot()
-    return head is not None and int(offsets.summary_properties(head).get("total-records", 1)) > 0
-
-
-def ledger_holds(ledger: Table, entries: pa.Table, keys: list[str]) -> bool:
-    """Whether the ledger holds an entry for any key of `entries` (its key columns read at its head; the
-    files whose bounds rule out a batch's few integer or string keys are not read). A key with a null column
-    matches nothing, as in the MERGE's join on equality."""
-    if not entries.num_rows or ledger.current_snapshot() is None:
-        return False
-    row_filter: BooleanExpression = AlwaysTrue()
-    for key in keys:
-        column = entries.column(key)
-        if pa.types.is_integer(column.type) or pa.types.is_string(column.type):
-            row_filter = And(row_filter, In(term=key, literals=set(pc.unique(column.drop_null()).to_pylist())))
-    held = ledger.scan(row_filter=row_filter, selected_fields=tuple(keys)).to_arrow()
-    if not held.num_rows:
-        return False
-    wanted = entries.select(keys)
-    return bool(wanted.join(held.select(keys).cast(wanted.schema), keys, join_type="left semi").num_rows)
+def after_ledger(ledger: Table, rows: pa.Table, keys: list[str]) -> pa.Table:
+    """`rows` (`NewestStaged.rows`) without the upserts older than their key's tombstone in the tombstone
+    `ledger` (Kafka's order: a tombstone carries no source position), as `Upserts.after_tombstones` filters a
+    replay's: an older change from another partition, or an old record replayed, cannot bring a deleted key
+    back. Deletes are kept."""
+    upsert = pc.equal(rows.column(taskwriter.UPSERT_OP), "upsert").to_numpy(zero_copy_only=False)
+    held = row_deltas.held_rows(ledger, keys, rows.filter(pa.array(upsert)).select(keys))
+    pairs = row_deltas.pairs(rows.select(keys), held.rows.select(keys), keys, "inner")
+    row, match = pairs.column("_left").to_numpy(), pairs.column("_right").to_numpy()
+    older = ~newest.newer_than(newest.coordinates_of(rows.column("_kafka").take(row)),
+                               newest.coordinates_of(held.rows.column("_kafka").take(match)))
+    outdated = row[older & upsert[row]]
+    return rows.filter(pa.array(~np.isin(np.arange(rows.num_rows), outdated))) if len(outdated) else rows
 
 
 def drop_staging(io: FileIO, paths: list[str]) -> None:

@@ -129,7 +129,7 @@ def test_an_error_raised_while_handling_a_conflict_is_that_error_and_is_not_retr
     (errors.CatalogUnavailableError("catalog down"), retry.is_conflict, False, False),
     (errors.CatalogUnavailableError("catalog down"), retry.is_conflict_in_chain, True, True),
     (errors.WriterFencedError("another ingest job took over the table"), retry.is_conflict_in_chain, True, False),
-    (errors.MainMovedError("main moved since the batch was written"), retry.is_conflict, False, True),
+    (errors.PositionsMovedError("positions moved since the batch was planned"), retry.is_conflict, False, True),
     (KeyboardInterrupt(), retry.is_conflict_in_chain, True, False),
 ])
 def test_what_a_commit_policy_retries(raised, conflict, outages, retried):

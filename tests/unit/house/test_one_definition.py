@@ -75,7 +75,7 @@ def test_the_dead_letter_table_its_ddl_and_the_tasks_projection_follow_one_mappi
 
 
 # what a loop's `except` names when it catches a commit conflict, or asks whether an error is one or transient
-CONFLICT_OR_OUTAGE = {"CommitFailedException", "MainMovedError", "PositionsMovedError", "EpochTakenError",
+CONFLICT_OR_OUTAGE = {"CommitFailedException", "PositionsMovedError", "EpochTakenError",
                       "commit_conflict", "is_conflict", "is_conflict_in_chain", "transient_cause", "transient_reason"}
 
 

@@ -1,5 +1,6 @@
-"""Each key's newest record of an upsert batch, as its MERGE applies it (lakehouse.ingest.newest): the order
-lakehouse.core.newer defines, on the rows the tasks staged."""
+"""Each key's newest record of an upsert batch, as the batch applies it (lakehouse.ingest.newest): the order
+lakehouse.core.newer defines, on the rows the tasks staged; and which of two records is newer, row by row over
+columns (`newer_than`), exactly as lakehouse.core.newer's `is_newer` decides it."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
+from lakehouse.core.newer import KAFKA_FIELDS, Coordinates, is_newer
 from lakehouse.ingest.layout import CDC_STRUCT, KAFKA_STRUCT
-from lakehouse.ingest.newest import newest_rows
+from lakehouse.ingest.newest import COORDINATES, coordinates_of, newer_than, newest_rows
 from lakehouse.ingest.taskwriter import write_staging
-from lakehouse.ingest.upserts import Upserts, ledger_holds, spark_mappable
+from lakehouse.ingest.upserts import Upserts
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -91,8 +93,117 @@ def test_rows_whose_key_has_a_null_are_one_key():
     assert [(r["region"], r["_kafka"]["offset"]) for r in found] == [("us", 3), (None, 2)]
 
 
-def test_the_tasks_staged_files_become_one_file_of_each_keys_newest_row(make_spec, tmp_path):
-    """What an upsert batch's MERGE reads: one staging file, whatever the tasks staged."""
+# ---------------------------------------------------------------------------- which of two records is newer
+
+# small ranges, so that equal partitions, offsets, timestamps and source positions are frequent, and unknown
+# values in any field, though rarely enough that rows where several rules have a say are frequent too
+small = st.sampled_from([None, 0, 1, 2, 3])
+COORDINATE = st.builds(Coordinates, partition=st.sampled_from([None, 0, 1, 2]), offset=small, timestamp=small,
+                       position=small, source_ts=small)
+PAIRS = st.lists(st.tuples(COORDINATE, COORDINATE), max_size=60)
+
+
+def columns(found: list[Coordinates], by_source: bool, split: int = 0) -> dict[str, pa.ChunkedArray]:
+    """The coordinates' columns (Kafka's partition an int32, as `_kafka` holds it; the source's only for a
+    change stream), each in two chunks split at `split`."""
+    names = COORDINATES if by_source else KAFKA_FIELDS
+    split = min(split, len(found))
+    return {name: pa.chunked_array([pa.array([getattr(c, name) for c in part],
+                                             pa.int32() if name == "partition" else pa.int64())
+                                    for part in (found[:split], found[split:])])
+            for name in names}
+
+
+def verdicts(pairs: list[tuple[Coordinates, Coordinates]], by_source: bool = False) -> list[bool]:
+    """`newer_than` on the pairs' columns: whether each pair's first record is newer than its second."""
+    return newer_than(columns([s for s, _ in pairs], by_source),
+                      columns([t for _, t in pairs], by_source)).tolist()
+
+
+@pytest.mark.parametrize("by_source", [False, True], ids=["kafka", "change stream"])
+@settings(max_examples=200, deadline=None)  # rows where both source rules have a say are a few in a hundred
+@given(pairs=PAIRS, split=st.integers(0, 60))
+def test_newer_than_decides_every_row_as_is_newer_does(by_source, pairs, split):
+    s = columns([s for s, _ in pairs], by_source, split)
+    t = columns([t for _, t in pairs], by_source)  # chunked unlike `s`
+    found = newer_than(s, t)
+    assert found.dtype == bool and found.shape == (len(pairs),)
+    assert found.tolist() == [is_newer(a, b, by_source) for a, b in pairs]
+
+
+RECORD = st.tuples(st.just("eu"), st.just(1), st.sampled_from([None, 0, 1, 2]), small, small, small, small)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(RECORD, RECORD), max_size=30))
+def test_newer_than_decides_staged_rows_by_their_structs_as_is_newer_does(pairs):
+    """On `_kafka` and `_cdc` as a batch stages them (timestamps, decimal positions, a null `_cdc` for a
+    change without a source position or time)."""
+    def coordinates(records):
+        rows = staged(records)
+        return coordinates_of(rows.column("_kafka"), rows.column("_cdc"))
+
+    def as_coordinates(r: tuple) -> Coordinates:
+        return Coordinates(partition=r[2], offset=r[3], timestamp=r[4], position=r[5], source_ts=r[6])
+
+    found = newer_than(coordinates([s for s, _ in pairs]), coordinates([t for _, t in pairs]))
+    assert found.tolist() == [is_newer(as_coordinates(s), as_coordinates(t), by_source=True) for s, t in pairs]
+
+
+def test_a_null_struct_has_every_coordinate_unknown():
+    kafka = pa.array([{"topic": "t", "partition": 0, "offset": 5, "timestamp": EPOCH, "key": None}, None],
+                     KAFKA_STRUCT)
+    cdc = pa.chunked_array([pa.array([None, {"op": "u", "source_ts": EPOCH, "position": Decimal(3)}], CDC_STRUCT)])
+    found = coordinates_of(kafka, cdc)
+    assert set(found) == set(COORDINATES)
+    assert {name: column.to_pylist() for name, column in found.items()} == {
+        "partition": [0, None], "offset": [5, None], "timestamp": [EPOCH, None], "position": [None, Decimal(3)],
+        "source_ts": [None, EPOCH]}
+    assert set(coordinates_of(kafka)) == set(KAFKA_FIELDS)  # no change stream, no source coordinates
+
+
+def test_in_one_partition_the_higher_offset_wins():
+    assert verdicts([(Coordinates(0, 5, 1), Coordinates(0, 4, 9)),  # whatever the Kafka timestamps
+                     (Coordinates(0, 4, 9), Coordinates(0, 5, 1)),
+                     (Coordinates(0, 4, 9), Coordinates(0, 4, 9))]) == [True, False, False]  # not newer than itself
+    # in one partition the source's order does not count
+    assert verdicts([(Coordinates(0, 5, 1, 1, 1), Coordinates(0, 4, 9, 9, 9))], by_source=True) == [True]
+
+
+def test_across_partitions_a_change_streams_later_source_position_wins():
+    pairs = [(Coordinates(1, 0, 1, 8, 1), Coordinates(0, 0, 9, 7, 9)),  # whatever the times
+             (Coordinates(1, 0, 9, 7, 9), Coordinates(0, 0, 1, 8, 1)),
+             (Coordinates(1, 0, 1, 7, 9), Coordinates(0, 0, 9, 7, 1)),  # the same position: the later source time
+             (Coordinates(1, 0, 1, 7, 1), Coordinates(0, 0, 9, 7, 1))]  # the same both: the Kafka timestamp
+    assert verdicts(pairs, by_source=True) == [True, False, True, False]
+    # records that are no change stream's are ordered by their Kafka timestamps alone
+    assert verdicts(pairs) == [False, True, False, False]
+    only_one_side = newer_than(columns([pairs[0][0]], by_source=True), columns([pairs[0][1]], by_source=False))
+    assert only_one_side.tolist() == [False]
+
+
+def test_across_partitions_a_kafka_timestamp_tie_goes_to_the_incoming_record():
+    assert verdicts([(Coordinates(1, 0, 5), Coordinates(0, 9, 5)),
+                     (Coordinates(0, 9, 5), Coordinates(1, 0, 5)),  # either way round
+                     (Coordinates(1, 0, 4), Coordinates(0, 9, 5)),
+                     (Coordinates(1, 0, 6), Coordinates(0, 9, 5))]) == [True, True, False, True]
+
+
+def test_a_null_decides_nothing():
+    assert verdicts([(Coordinates(0, None, 1), Coordinates(0, 4, 1)),  # an unknown offset
+                     (Coordinates(0, 4, 1), Coordinates(0, None, 1)),
+                     (Coordinates(None, 5, 9), Coordinates(0, 4, 1)),  # an unknown partition
+                     (Coordinates(1, 0, None), Coordinates(0, 0, 1)),  # an unknown Kafka timestamp
+                     (Coordinates(1, 0, 1), Coordinates(0, 0, None))]) == [False] * 5
+    # an unknown source position leaves the decision to the source time, then to the Kafka timestamp
+    assert verdicts([(Coordinates(1, 0, 1, None, 9), Coordinates(0, 0, 9, 7, 1)),
+                     (Coordinates(1, 0, 9, 8, None), Coordinates(0, 0, 1, None, None)),
+                     (Coordinates(1, 0, 1, 8, None), Coordinates(0, 0, 9, None, None))], by_source=True) == [
+        True, True, False]
+
+
+def test_the_tasks_staged_files_become_each_keys_newest_row(make_spec, tmp_path):
+    """What an upsert batch applies: one row per key, whatever the tasks staged."""
     spec = make_spec(fields=[{"name": "region", "type": "string", "required": True},
                              {"name": "id", "type": "long", "required": True}],
                      mode="upsert", table_key=["region", "id"], partition_by=None, key={"field": None})
@@ -105,21 +216,19 @@ def test_the_tasks_staged_files_become_one_file_of_each_keys_newest_row(make_spe
         paths.append(str(tmp_path / f"task-{task}.parquet"))
         write_staging(io, paths[-1], staged(share).drop_columns(["_cdc"]))
 
-    found = Upserts(None, spec).newest_staged(io, paths, "batch-7")
-    assert found.paths == [str(tmp_path / "batch-7-newest.parquet")]
-    rows = pq.read_table(found.path).to_pylist()
-    assert [(r["region"], r["id"], r["_kafka"]["offset"], r["_op"]) for r in rows] == [
+    found = Upserts(None, spec).newest_staged(io, paths)
+    assert [(r["region"], r["id"], r["_kafka"]["offset"], r["_op"]) for r in found.rows.to_pylist()] == [
         ("eu", 1, 7, "upsert"), ("eu", 2, 2, "upsert"), ("us", 1, 8, "upsert"), ("us", 2, 3, "delete")]
     assert found.deletes == 1
-    nothing = Upserts(None, spec).newest_staged(io, [], "batch-8")
-    assert (nothing.paths, nothing.deletes) == ([], 0)
-    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == [
-        "batch-7-newest.parquet", "task-0.parquet", "task-1.parquet"]
+    assert [(r["region"], r["id"], r["_kafka"]["offset"]) for r in found.tombstones.to_pylist()] == [("us", 2, 3)]
+    nothing = Upserts(None, spec).newest_staged(io, [])
+    assert (nothing.rows.num_rows, nothing.deletes) == (0, 0)
 
 
-def test_tombstones_of_keys_the_ledger_does_not_hold_are_appended_without_spark(make_spec, tmp_path):
-    """The batch's deletes become ledger entries (key, coordinates, when applied) in one pyiceberg append: no
-    Spark session is given, and none is needed while the ledger holds none of the batch's keys."""
+def test_tombstones_are_kept_in_the_ledger_one_per_key_the_newer_winning_without_spark(make_spec, tmp_path):
+    """The batch's deletes become ledger entries (key, coordinates, when applied) without a Spark session: an
+    append while the ledger holds none of the batch's keys; later, a key's newer tombstone replaces its entry (a
+    row delta) and an older one changes nothing."""
     spec = make_spec(fields=[{"name": "region", "type": "string", "required": True},
                              {"name": "id", "type": "long", "required": True}],
                      mode="upsert", table_key=["region", "id"], partition_by=None, key={"field": None})
@@ -127,7 +236,7 @@ def test_tombstones_of_keys_the_ledger_does_not_hold_are_appended_without_spark(
     write_staging(io, str(tmp_path / "task-0.parquet"), staged(
         [("eu", 1, 0, 1, 0, 1, 0), ("eu", 1, 0, 2, 1, None, None), ("us", 2, 1, 5, 3, None, None),
          ("us", 3, 1, 6, 4, 6, 0)]).drop_columns(["_cdc"]))
-    newest = Upserts(None, spec).newest_staged(io, [str(tmp_path / "task-0.parquet")], "batch-1")
+    newest = Upserts(None, spec).newest_staged(io, [str(tmp_path / "task-0.parquet")])
     catalog = SqlCatalog("lake", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=(tmp_path / "wh").as_uri())
     catalog.create_namespace("raw")
     ledger = catalog.create_table("raw.ledger", schema=pa.schema([
@@ -135,7 +244,7 @@ def test_tombstones_of_keys_the_ledger_does_not_hold_are_appended_without_spark(
         ("_deleted_at", pa.timestamp("us", tz="UTC"))]))
     before = datetime.now(UTC)
 
-    Upserts(None, spec).record_tombstones(ledger, newest.tombstones, latest=None)
+    Upserts(None, spec).record_tombstones(ledger, newest.tombstones)
 
     entries = catalog.load_table("raw.ledger").scan().to_arrow().sort_by("id").to_pylist()
     assert [(e["region"], e["id"], e["_kafka"]["partition"], e["_kafka"]["offset"]) for e in entries] == [
@@ -143,114 +252,13 @@ def test_tombstones_of_keys_the_ledger_does_not_hold_are_appended_without_spark(
     assert all(before <= e["_deleted_at"] <= datetime.now(UTC) for e in entries)
     assert [s.summary.operation.value for s in catalog.load_table("raw.ledger").snapshots()] == ["append"]
 
+    later = staged([("eu", 1, 0, 9, 1, None, None), ("us", 2, 1, 4, 3, None, None)]).drop_columns(["_cdc"])
+    write_staging(io, str(tmp_path / "task-1.parquet"), later)
+    newest = Upserts(None, spec).newest_staged(io, [str(tmp_path / "task-1.parquet")])
+    Upserts(None, spec).record_tombstones(catalog.load_table("raw.ledger"), newest.tombstones)
 
-@settings(max_examples=25, deadline=None)
-@given(held=st.lists(st.sets(st.integers(0, 400), max_size=60), min_size=1, max_size=3),
-       batch=st.sets(st.integers(0, 400), min_size=1, max_size=300), region=st.sampled_from(["eu", None]))
-def test_the_ledger_is_asked_whether_it_holds_any_of_a_batchs_keys(tmp_path_factory, held, batch, region):
-    """Whatever the keys' spread over the ledger's files (its bounds let a scan skip files for up to 200
-    values of a column), the answer is whether the ledger holds one of the batch's keys; a key with a null
-    column never matches, as in the MERGE's join."""
-    home = tmp_path_factory.mktemp("ledger")
-    catalog = SqlCatalog("lake", uri=f"sqlite:///{home}/catalog.db", warehouse=(home / "wh").as_uri())
-    catalog.create_namespace("raw")
-    schema = pa.schema([("region", pa.string()), ("id", pa.int64()), ("_kafka", KAFKA_STRUCT),
-                        ("_deleted_at", pa.timestamp("us", tz="UTC"))])
-    ledger = catalog.create_table("raw.ledger", schema=schema)
-
-    def entries(ids, region_of) -> pa.Table:
-        ids = sorted(ids)
-        return pa.table({"region": pa.array([region_of] * len(ids), pa.string()), "id": pa.array(ids, pa.int64()),
-                         "_kafka": pa.array([None] * len(ids), KAFKA_STRUCT),
-                         "_deleted_at": pa.array([EPOCH] * len(ids), pa.timestamp("us", tz="UTC"))}, schema=schema)
-
-    for ids in held:  # one file each
-        if ids:
-            ledger.append(entries(ids, "eu"))
-    ledger = catalog.load_table("raw.ledger")
-    expected = region == "eu" and bool(set().union(*held) & batch)
-    assert ledger_holds(ledger, entries(batch, region), ["region", "id"]) == expected
-
-
-def _type_pairs(leaf):
-    """Arrow types as a staging file may hold them (64-bit-offset kinds among them) beside their 32-bit kin."""
-    def nest(children):
-        return st.one_of(
-            st.tuples(children, st.booleans()).map(
-                lambda c: ((pa.large_list if c[1] else pa.list_)(c[0][0]), pa.list_(c[0][1]))),
-            st.lists(children, min_size=1, max_size=3).map(
-                lambda cs: (pa.struct([(f"f{i}", c[0]) for i, c in enumerate(cs)]),
-                            pa.struct([(f"f{i}", c[1]) for i, c in enumerate(cs)]))),
-            st.tuples(children).map(lambda c: (pa.map_(pa.large_string(), c[0][0]), pa.map_(pa.string(), c[0][1]))))
-    return st.recursive(leaf, nest, max_leaves=6)
-
-
-LEAVES = st.sampled_from([(pa.large_string(), pa.string()), (pa.string(), pa.string()),
-                          (pa.large_binary(), pa.binary()), (pa.int64(), pa.int64()),
-                          (pa.decimal128(38, 9), pa.decimal128(38, 9)),
-                          (pa.timestamp("us", "UTC"), pa.timestamp("us", "UTC"))])
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(_type_pairs(LEAVES), min_size=1, max_size=4))
-def test_spark_is_given_every_staged_type_as_its_32_bit_kin_maps(pairs):
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    staged = pa.schema([(f"c{i}", large) for i, (large, _) in enumerate(pairs)])
-    kin = pa.schema([(f"c{i}", plain) for i, (_, plain) in enumerate(pairs)])
-    assert spark_mappable(staged) == kin
-    assert from_arrow_schema(spark_mappable(staged)) == from_arrow_schema(kin)
-
-
-KEY_SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int64()), ("_kafka", KAFKA_STRUCT),
-                        ("_deleted_at", pa.timestamp("us", tz="UTC"))])
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # one spec
-@given(in_table=st.sets(st.integers(0, 30), max_size=20), gone=st.sets(st.integers(0, 30), max_size=5),
-       in_ledger=st.sets(st.integers(0, 30), max_size=10),
-       batch=st.dictionaries(st.integers(0, 30), st.booleans(), min_size=1, max_size=25))
-def test_a_batch_into_a_table_without_rows_is_appended_unless_the_ledger_holds_its_keys(
-        make_spec, tmp_path_factory, in_table, gone, in_ledger, batch):
-    """A batch into a table without rows (none written, or every one deleted), none of whose upserts' keys
-    the ledger holds, is inserts: its upserts are appended without the MERGE, its deletes kept in the file
-    for the ledger. Any other batch is merged whole."""
-    home = tmp_path_factory.mktemp("split")
-    spec = make_spec(fields=[{"name": "region", "type": "string", "required": True},
-                             {"name": "id", "type": "long", "required": True}],
-                     mode="upsert", table_key=["region", "id"], partition_by=None, key={"field": None})
-    catalog = SqlCatalog("lake", uri=f"sqlite:///{home}/catalog.db", warehouse=(home / "wh").as_uri())
-    catalog.create_namespace("raw")
-
-    def keyed(ids) -> pa.Table:
-        ids = sorted(ids)
-        return pa.table({"region": pa.array(["eu"] * len(ids)), "id": pa.array(ids, pa.int64()),
-                         "_kafka": pa.array([None] * len(ids), KAFKA_STRUCT),
-                         "_deleted_at": pa.array([EPOCH] * len(ids), pa.timestamp("us", tz="UTC"))},
-                        schema=KEY_SCHEMA)
-
-    table = catalog.create_table("raw.rows", schema=KEY_SCHEMA)
-    ledger = catalog.create_table("raw.ledger", schema=KEY_SCHEMA)
-    if in_table:
-        table.append(keyed(in_table))
-        for i in gone & in_table:
-            catalog.load_table("raw.rows").delete(f"id = {i}")
-    if in_ledger:
-        ledger.append(keyed(in_ledger))
-    io = PyArrowFileIO()
-    path = str(home / "task-0.parquet")
-    # (region, id, partition, offset, timestamp, position, source_ts): a position for an upsert, none for a delete
-    write_staging(io, path, staged([("eu", i, 0, n, 0, n if upsert else None, None)
-                                    for n, (i, upsert) in enumerate(sorted(batch.items()))]).drop_columns(["_cdc"]))
-
-    found = Upserts(None, spec).newest_staged(io, [path], "batch-1", table=catalog.load_table("raw.rows"),
-                                              ledger=catalog.load_table("raw.ledger"))
-
-    merges = bool(in_table - gone) or any(upsert and i in in_ledger for i, upsert in batch.items())
-    fresh = [] if merges else sorted(i for i, upsert in batch.items() if upsert)
-    staged_ids = sorted(i for i, upsert in batch.items() if merges or not upsert)
-    assert found.merges == merges
-    assert sorted(found.fresh.column("id").to_pylist() if fresh else []) == fresh
-    assert "_op" not in found.fresh.column_names
-    assert sorted(pq.read_table(found.path).column("id").to_pylist() if found.path else []) == staged_ids
-    assert found.deletes == sum(not upsert for upsert in batch.values())
+    entries = catalog.load_table("raw.ledger").scan().to_arrow().sort_by("id").to_pylist()
+    assert [(e["region"], e["id"], e["_kafka"]["partition"], e["_kafka"]["offset"]) for e in entries] == [
+        ("eu", 1, 0, 9), ("us", 2, 1, 5)]
+    assert [s.summary.operation.value for s in catalog.load_table("raw.ledger").snapshots()] == [
+        "append", "overwrite"]

@@ -9,6 +9,10 @@
 - `snapshot_change`: a snapshot producer's `_commit()`, the (updates, requirements) a fast append would send
   to the catalog: the committer sends them itself, with its fence beside pyiceberg's requirements, in one
   compare-and-set (or in one multi-table request).
+- `row_delta`: a fast append (`_FastAppendFiles`) that also adds position delete files, in delete manifests
+  (`ManifestWriterV2` with the content "deletes", which pyiceberg 0.12 writes only for data), as an
+  `overwrite` snapshot: Iceberg's row delta, which pyiceberg has no call for. The summary counts the delete
+  files as pyiceberg's collector counts any added file.
 - `rest_session`, `rest_endpoints`, `raise_rest_error`: a REST catalog's HTTP session (`_session`: its
   authentication, headers and TLS), the endpoints its server announced (`_supported_endpoints`) and the
   mapping of an HTTP error to pyiceberg's exceptions (`pyiceberg.catalog.rest.response._handle_non_200_response`),
@@ -35,7 +39,8 @@ if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
 
 WRITTEN_AGAINST = ("pyiceberg", "0.12.0")
-INTERNALS = frozenset({"_dataframe_to_data_files", "compute_statistics_plan", "_commit", "_session",
+INTERNALS = frozenset({"_dataframe_to_data_files", "compute_statistics_plan", "_commit", "_FastAppendFiles",
+                       "_added_data_files", "_manifests", "_summary", "_snapshot_id", "_compression", "_session",
                        "_supported_endpoints", "_handle_non_200_response"})
 
 # a statistics plan (field id -> pyiceberg's StatisticsCollector) as the caller wants it, from pyiceberg's own
@@ -67,6 +72,52 @@ def snapshot_change(producer: Any) -> tuple[tuple, tuple]:
     pyiceberg writes the manifests and the manifest list now; nothing is committed."""
     updates, requirements = producer._commit()
     return updates, requirements
+
+
+def row_delta(transaction: Any, io: FileIO, delete_files: list[DataFile], snapshot_properties: dict[str, str]) -> Any:
+    """A snapshot producer of a pyiceberg `transaction` on `main`: the data files given to its `append_data_file`
+    and the position `delete_files` (each with its spec id and partition) in one `overwrite` snapshot;
+    `snapshot_change` gives its change, its `commit()` applies it to the transaction."""
+    from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestWriterV2
+    from pyiceberg.table.snapshots import Operation
+    from pyiceberg.table.update.snapshot import _FastAppendFiles
+
+    version = transaction.table_metadata.format_version
+    if version != 2:
+        raise ValueError(f"position deletes are written to format-version 2 tables only, not {version}")
+
+    class DeleteManifestWriter(ManifestWriterV2):
+        def content(self) -> ManifestContent:
+            return ManifestContent.DELETES
+
+        @property
+        def _meta(self) -> dict[str, str]:
+            return {**super()._meta, "content": "deletes"}
+
+    class RowDelta(_FastAppendFiles):
+        def _manifests(self):
+            manifests = super()._manifests()
+            for spec_id in sorted({f.spec_id for f in delete_files}):
+                writer = DeleteManifestWriter(self.spec(spec_id), self.schema(), self.new_manifest_output(),
+                                              self._snapshot_id, self._compression)
+                with writer:
+                    for delete_file in (f for f in delete_files if f.spec_id == spec_id):
+                        writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED,
+                                                           snapshot_id=self._snapshot_id, sequence_number=None,
+                                                           file_sequence_number=None, data_file=delete_file))
+                manifests.append(writer.to_manifest_file())
+            return manifests
+
+        def _summary(self, snapshot_properties=None):  # the delete files counted as pyiceberg counts any file
+            added = self._added_data_files
+            self._added_data_files = [*added, *delete_files]
+            try:
+                return super()._summary(snapshot_properties or {})
+            finally:
+                self._added_data_files = added
+
+    return RowDelta(operation=Operation.OVERWRITE, transaction=transaction, io=io,
+                    snapshot_properties=snapshot_properties)
 
 
 def rest_session(catalog: RestCatalog) -> requests.Session:
