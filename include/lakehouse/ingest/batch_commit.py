@@ -227,15 +227,15 @@ class BatchCommitter:
         spec = state.spec
         keys = list(spec.target.key)
         upserts = Upserts(self.spark, spec)
-        ledger = self.catalog.load_table(spec.tombstone_table) \
-            if table == spec.target.table and spec.tombstone_table else None
         newest = upserts.newest_staged(loaded.io, state.written.staged.get(table, []))
         rows = newest.rows
-        if ledger is not None and newest.deletes:
-            upserts.record_tombstones(ledger, newest.tombstones)
-        if ledger is not None and spec.is_cdc and rows.num_rows:
-            # a change stream's key deleted in an earlier batch stays deleted against older changes
-            rows = after_ledger(ledger, rows, keys)
+        if table == spec.target.table and spec.tombstone_table and (newest.deletes or spec.is_cdc and rows.num_rows):
+            ledger = self.catalog.load_table(spec.tombstone_table)
+            held = row_deltas.held_rows(ledger, keys, rows.select(keys))  # read once, for both uses
+            if spec.is_cdc:  # a change stream's key deleted in an earlier batch stays deleted against older changes
+                rows = after_ledger(held, rows, keys)
+            if newest.deletes:
+                upserts.record_tombstones(ledger, newest.tombstones, held)
         started = time.monotonic()
         delta = row_deltas.plan(loaded, rows, keys) if rows.num_rows else None
         files = insert_files(loaded, delta.inserts) if delta else []

@@ -102,10 +102,10 @@ def held_rows(table: Table, keys: Sequence[str], wanted: pa.Table) -> Held:
     return Held(pa.concat_tables(parts, promote_options="permissive"), [task.file for task in tasks])
 
 
-def plan(table: Table, rows: pa.Table, keys: Sequence[str]) -> RowDelta:
+def plan(table: Table, rows: pa.Table, keys: Sequence[str], held: Held | None = None) -> RowDelta:
     """The row delta of `rows` (one per key: the batch's newest staged rows, its columns and `_op`) against
-    `table` at its head (`held_rows`)."""
-    held = held_rows(table, keys, rows.select(keys))
+    `table` at its head: `held`, its `held_rows` for `rows`' keys (or more), read here when not given."""
+    held = held if held is not None else held_rows(table, keys, rows.select(keys))
     matches = pairs(rows.select(keys), held.rows.select(keys), keys, "inner")
     row, match = matches.column("_left").to_numpy(), matches.column("_right").to_numpy()
     matched = held.rows.take(match)

@@ -48,7 +48,7 @@ class NewestStaged:
 
     @property
     def deletes(self) -> int:
-        return int(self.rows.num_rows - pc.sum(self.upserts()).as_py()) if self.rows.num_rows else 0
+        return int(self.tombstones.num_rows)
 
     def upserts(self) -> pa.ChunkedArray:
         return pc.equal(self.rows.column(taskwriter.UPSERT_OP), "upsert")
@@ -148,7 +148,7 @@ class Upserts:
                        f"WHEN MATCHED AND s._op = 'upsert' AND {newer_sql} THEN UPDATE SET {sets} "
                        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({names}) VALUES ({values})", summary)
 
-    def record_tombstones(self, ledger: Table, tombstones: pa.Table) -> None:
+    def record_tombstones(self, ledger: Table, tombstones: pa.Table, held: row_deltas.Held | None = None) -> None:
         """Keep the batch's tombstones in the pipeline's ledger (`ledger`, as pyiceberg loaded it):
         `tombstones` (key columns and `_kafka`: `NewestStaged.tombstones`, one per key), each kept when newer
         than its key's entry there in Kafka's order (a tombstone carries no source position). Applied on the
@@ -158,11 +158,12 @@ class Upserts:
 
         Runs before the data table's commit: after a crash in between, the ledger knows of a delete the
         table has not applied yet, which only makes replays skip records that are older anyway. A batch
-        without deletes needs no call.
+        without deletes needs no call. `held`: the ledger's entries for the tombstones' keys (or more), as
+        `row_deltas.held_rows` read them at `ledger`'s head, when the caller has them.
         """
         entries = ledger_entries(ledger, tombstones)
         entries = entries.append_column(taskwriter.UPSERT_OP, pa.array(["upsert"] * entries.num_rows, pa.string()))
-        delta = row_deltas.plan(ledger, entries, list(self.spec.target.key))
+        delta = row_deltas.plan(ledger, entries, list(self.spec.target.key), held)
         committer.commit_files(ledger, insert_files(ledger, delta.inserts), row_deltas.delete_files(ledger, delta))
 
     def after_tombstones(self, latest, ledger: str):
@@ -214,13 +215,13 @@ def insert_files(table: Table, rows: pa.Table) -> list:
     return files
 
 
-def after_ledger(ledger: Table, rows: pa.Table, keys: list[str]) -> pa.Table:
-    """`rows` (`NewestStaged.rows`) without the upserts older than their key's tombstone in the tombstone
-    `ledger` (Kafka's order: a tombstone carries no source position), as `Upserts.after_tombstones` filters a
-    replay's: an older change from another partition, or an old record replayed, cannot bring a deleted key
-    back. Deletes are kept."""
+def after_ledger(held: row_deltas.Held, rows: pa.Table, keys: list[str]) -> pa.Table:
+    """`rows` (`NewestStaged.rows`) without the upserts older than their key's tombstone in the tombstone ledger
+    (`held`: its entries for `rows`' keys, `row_deltas.held_rows`; Kafka's order: a tombstone carries no source
+    position), as `Upserts.after_tombstones` filters a replay's: an older change from another partition, or an old
+    record replayed, cannot bring a deleted key back. Deletes are kept. The ledger may be read before or after
+    the batch's own tombstones are recorded: a key whose newest record is an upsert has none among them."""
     upsert = pc.equal(rows.column(taskwriter.UPSERT_OP), "upsert").to_numpy(zero_copy_only=False)
-    held = row_deltas.held_rows(ledger, keys, rows.filter(pa.array(upsert)).select(keys))
     pairs = row_deltas.pairs(rows.select(keys), held.rows.select(keys), keys, "inner")
     row, match = pairs.column("_left").to_numpy(), pairs.column("_right").to_numpy()
     older = ~newest.newer_than(newest.coordinates_of(rows.column("_kafka").take(row)),

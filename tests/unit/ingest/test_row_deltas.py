@@ -166,5 +166,5 @@ def test_an_upsert_older_than_its_keys_tombstone_is_left_out(tmp_path_factory, t
         "topic": "t", "partition": 0, "offset": tombstone_offset, "timestamp": EPOCH, "key": None}}],
         schema=ledger.schema().as_arrow()))
     rows = staged([(9, False, 0, 0, None), (1, True, 0, 0, None), (2, True, 0, 0, None)], {0: 0}, 0)
-    found = after_ledger(catalog.load_table("raw.ledger"), rows, KEYS)
+    found = after_ledger(row_deltas.held_rows(catalog.load_table("raw.ledger"), KEYS, rows.select(KEYS)), rows, KEYS)
     assert sorted(found.column("id").to_pylist()) == ([1, 2, 9] if kept else [2, 9])
