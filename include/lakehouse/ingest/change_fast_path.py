@@ -29,7 +29,7 @@ import msgspec
 
 from lakehouse.core.spec import FieldSpec, PipelineSpec
 from lakehouse.ingest.change_events import SOURCE_FIELDS, epoch_ms_to_us, source_position
-from lakehouse.ingest.checks import field_checker
+from lakehouse.ingest.checks import INT32, INT64, field_checker, number_interval
 from lakehouse.ingest.json_fast_path import checked_type, reads_alike
 
 UNSET = msgspec.UNSET
@@ -143,8 +143,21 @@ def key_of_record(spec: PipelineSpec) -> Callable[[dict], tuple | None]:
     names = spec.contract.names
     width, bare = len(names), _BARE_NAME
     primary = [(name, names.index(name), field_checker(spec.contract.field(name))) for name in spec.target.key]
+    # a key of one integer column, the record holding it alone (Debezium's key of a table with a serial id):
+    # the bounds its check has, the text and row around its value
+    only = spec.contract.field(spec.target.key[0]) if len(spec.target.key) == 1 else None
+    interval = None if only is None or only.type not in ("int", "long") or only.enum \
+        else number_interval(only, *(INT32 if only.type == "int" else INT64), integral=True)
+    if interval is not None:
+        lo, hi = interval
+        key_name, index, _ = primary[0]
+        head, tail, text = (None,) * index, (None,) * (width - index - 1), f'{{"{key_name}":'
 
     def key_of(record: dict) -> tuple | None:
+        if interval is not None and len(record) == 1:
+            v = record.get(key_name)
+            if type(v) is int and lo <= v <= hi:
+                return f"{text}{v}}}", (*head, v, *tail)
         parts = []
         for name in sorted(record):
             v = record[name]

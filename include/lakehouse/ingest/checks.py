@@ -213,8 +213,16 @@ def _decimal_checker(f: FieldSpec, name: str) -> Callable[[Any], Decimal]:
     integer_digits = precision - scale
     lo = None if f.min is None else Decimal(repr(f.min))
     hi = None if f.max is None else Decimal(repr(f.max))
+    # plain text with at most P-S integer digits and S decimal places (what Debezium's string mode writes): of the
+    # checks below, only the bounds can fail it
+    plain = re.compile(rf"-?[0-9]{{1,{integer_digits}}}(?:\.[0-9]{{0,{scale}}})?").fullmatch \
+        if integer_digits >= 1 and scale >= 0 else None
 
     def check(v: Any) -> Decimal:
+        if plain is not None and type(v) is str and plain(v) is not None:
+            exact = Decimal(v).quantize(quantum, context=_DECIMAL_CONTEXT)
+            if (lo is None or exact >= lo) and (hi is None or exact <= hi):
+                return exact
         if isinstance(v, bool):
             raise Rejected("wrong_type", f"{name} must be a decimal number, got bool {show(v)}")
         if isinstance(v, Decimal):

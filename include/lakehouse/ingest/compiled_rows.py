@@ -18,12 +18,16 @@ without the datetime in between.
 `avro_row` and `proto_row` give a writer schema's row with the bytes its values start with, or None when its
 values take the reference path only (the wire-format decoders' `compile_row`, lakehouse.ingest.wire_decoders).
 For a change stream, `avro_change` reads a Debezium envelope straight into (op, the `after` row's contract values,
-the `_cdc` value) and `avro_record` a key into the dict fastavro gives (RecordValidator.check_change).
+the `_cdc` value) and `avro_record` a key into the dict fastavro gives (RecordValidator.check_change). What the
+change is not read from (`before`, most of `source`, `transaction`) is skipped, not unread: its strings are still
+decoded, its enum indexes and logical values still checked (the reference's fastavro refuses them), and runs of
+numbers are passed with one regular expression, as a change event holds three times the values an append does.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import struct
 import sys
 from collections.abc import Callable
@@ -32,7 +36,7 @@ from typing import Any
 
 from lakehouse.core import schemas
 from lakehouse.core.errors import SchemaTranslationError
-from lakehouse.core.spec import FieldSpec
+from lakehouse.core.spec import MAX_MATCHED_CHARS, FieldSpec, contract_pattern
 from lakehouse.ingest.change_events import SOURCE_FIELDS, epoch_ms_to_us, source_position
 from lakehouse.ingest.checks import (
     FLOAT32_MAX,
@@ -101,12 +105,6 @@ def _convert(src: _Source, depth: int, var: str, f: FieldSpec, check: str, kind:
     The number of lines added."""
     before = len(src.lines)
     conditions = []
-    if f.type == "string" and kind in ("text", "proto_text") and f.pattern:
-        # the field's check, once per value: up to 1024 short values that passed it (currency codes) are kept
-        known = src.const(set())
-        src.add(depth, f"if {var} not in {known}:", f"    {var} = {check}({var})",
-                f"    if len({known}) < 1024 and len({var}) <= 64:", f"        {known}.add({var})")
-        return len(src.lines) - before
     if f.type == "string" and kind in ("text", "proto_text"):
         if kind == "proto_text":
             conditions.append(f"type({var}) is str and ({var}.isascii() or {src.const(lone_surrogate)}({var}) is None)")
@@ -114,6 +112,14 @@ def _convert(src: _Source, depth: int, var: str, f: FieldSpec, check: str, kind:
             conditions.append(f"{var} in {src.const(frozenset(f.enum))}")
         if f.max_length is not None:
             conditions.append(f"len({var}) <= {f.max_length!r}")
+        if f.pattern:  # the field's check's pattern (RE2), up to MAX_MATCHED_CHARS; once per value: up to 1024
+            # short values that passed (currency codes) are kept
+            known = src.const(set())
+            conditions += [f"len({var}) <= {MAX_MATCHED_CHARS}", f"{src.const(contract_pattern(f.pattern))}({var})"]
+            src.add(depth, f"if {var} not in {known}:", f"    if not ({' and '.join(conditions)}):",
+                    "        return None", f"    if len({known}) < 1024 and len({var}) <= 64:",
+                    f"        {known}.add({var})")
+            return len(src.lines) - before
     elif f.type in ("int", "long") and kind == "integer":
         interval = number_interval(f, *(INT32 if f.type == "int" else INT64), integral=True)
         if interval is None:
@@ -351,11 +357,12 @@ def _avro_node(node: Any, named: dict) -> Any:
 
 
 def _avro_any(src: _Source, depth: int, node: Any, var: str, named: dict,
-              records: tuple[str, ...] = ()) -> dict[str, str]:
+              records: tuple[str, ...] = (), keep: Callable[[str], bool] | None = None) -> dict[str, str]:
     """Code reading one value of `node` at `at` as fastavro reads it (logical types converted), into `var`: a
     primitive, enum or fixed as its value; a record as 1, its fields into `{var}_{j}` (the field names -> their
-    variables are returned); a union's null branch as None. _Unsupported for arrays, maps, a union of two
-    records and a record inside itself."""
+    variables are returned; with `keep`, only the fields it keeps: the others are skipped, `_avro_skip`); a
+    union's null branch as None. _Unsupported for arrays, maps, a union of two records and a record inside
+    itself."""
     node = _avro_node(node, named)
     if isinstance(node, list):
         index = f"u_{var}"
@@ -363,7 +370,7 @@ def _avro_any(src: _Source, depth: int, node: Any, var: str, named: dict,
         _avro_varint(src, depth, index)
         for i, branch in enumerate(node):
             src.add(depth, f"{'if' if i == 0 else 'elif'} {index} == {i}:")
-            found = _avro_any(src, depth + 1, branch, var, named, records)
+            found = _avro_any(src, depth + 1, branch, var, named, records, keep)
             if found and fields:
                 raise _Unsupported("a union of two records")
             fields = fields or found
@@ -376,14 +383,103 @@ def _avro_any(src: _Source, depth: int, node: Any, var: str, named: dict,
         if name in records:
             raise _Unsupported(f"record {name} inside itself")
         fields = {}
+        skipped: list[Any] = []
         for j, f in enumerate(node["fields"]):
+            if keep is not None and not keep(f["name"]):
+                skipped.append(f["type"])
+                continue
+            _avro_skip(src, depth, skipped, named, (*records, name))
+            skipped = []
             fields[f["name"]] = f"{var}_{j}"
             _avro_any(src, depth, f["type"], f"{var}_{j}", named, (*records, name))
+        _avro_skip(src, depth, skipped, named, (*records, name))
         src.add(depth, f"{var} = 1")
         return fields
     _avro_branches(node, named)  # a primitive, enum or fixed, else _Unsupported
     _avro_read(src, depth, node, var, False)
     return {}
+
+
+# a varint as the compiled rows read one: at most 9 bytes (_avro_varint)
+_AVRO_VARINT = rb"[\x80-\xff]{0,8}[\x00-\x7f]"
+_AVRO_PATTERNS = {"null": b"", "boolean": b".", "int": _AVRO_VARINT, "long": _AVRO_VARINT, "float": b".{4}",
+                  "double": b".{8}"}
+
+
+def _avro_flat(nodes: list[Any], named: dict, records: tuple[str, ...]) -> list[Any]:
+    """`nodes` (Avro types, one after another) with each record replaced by its fields' types, at any depth."""
+    flat: list[Any] = []
+    for node in nodes:
+        node = _avro_node(node, named)
+        if isinstance(node, dict) and node.get("type") == "record" and isinstance(node.get("fields"), list):
+            name = str(node.get("name"))
+            if name in records:
+                raise _Unsupported(f"record {name} inside itself")
+            flat.extend(_avro_flat([f["type"] for f in node["fields"]], named, (*records, name)))
+        else:
+            flat.append(node)
+    return flat
+
+
+def _avro_pattern(node: Any, named: dict, records: tuple[str, ...]) -> bytes | None:
+    """A regular expression (DOTALL) matching exactly the encodings of `node` that the compiled rows read without
+    a check that can fail (nulls, booleans, numbers, fixed, records and unions of them, no logical type); None
+    for a node whose reading decides more (strings, bytes, enums, logical types, a union past 63 branches)."""
+    flat = _avro_flat([node], named, records)
+    parts = []
+    for node in flat:
+        if isinstance(node, list):
+            branches = [_avro_pattern(branch, named, records) for branch in node]
+            known = [b for b in branches if b is not None]
+            if len(branches) > 64 or len(known) < len(branches):
+                return None
+            parts.append(b"(?:" + b"|".join(re.escape(bytes([2 * i])) + b for i, b in enumerate(known)) + b")")
+        elif isinstance(node, dict) and _avro_logical(node) is None and node.get("type") in _AVRO_PATTERNS:
+            parts.append(_AVRO_PATTERNS[node["type"]])
+        elif isinstance(node, dict) and node.get("type") == "fixed" and _avro_logical(node) is None:
+            _avro_branches(node, named)
+            parts.append(b".{%d}" % node["size"])
+        else:
+            return None
+    return b"".join(parts)
+
+
+def _avro_skip(src: _Source, depth: int, nodes: list[Any], named: dict, records: tuple[str, ...]) -> None:
+    """Code reading values of `nodes`, one after another, that nothing uses: past them, returning None where
+    fastavro would refuse one (a string not UTF-8, an enum index out of range, a logical value it cannot convert)
+    or could read it otherwise, as `_avro_any`, without keeping a value. Runs of nodes `_avro_pattern` matches
+    are passed with one regular expression (a varint unrolled costs a microsecond where it is long)."""
+    pending: list[bytes] = []
+
+    def flush() -> None:
+        if any(pending):
+            match = src.const(re.compile(b"".join(pending), re.DOTALL).match)
+            src.add(depth, f"skipped = {match}(value, at)", "if skipped is None:", "    return None",
+                    "at = skipped.end()")
+        pending.clear()
+
+    for node in _avro_flat(nodes, named, records):
+        pattern = _avro_pattern(node, named, records)
+        if pattern is not None:
+            pending.append(pattern)
+            continue
+        flush()
+        if isinstance(node, list):
+            _avro_varint(src, depth, "u_skip")
+            for i, branch in enumerate(node):
+                src.add(depth, f"{'if' if i == 0 else 'elif'} u_skip == {i}:")
+                before = len(src.lines)
+                _avro_skip(src, depth + 1, [branch], named, records)
+                if len(src.lines) == before:
+                    src.add(depth + 1, "pass")
+            src.add(depth, "else:", "    return None")
+        elif _avro_logical(node) is None and node.get("type") in ("string", "bytes"):
+            _avro_length(src, depth)
+            src.add(depth, *(["value[at:stop].decode()"] if node["type"] == "string" else []), "at = stop")
+        else:  # an enum, a logical type: read as `_avro_any` does
+            _avro_branches(node, named)
+            _avro_read(src, depth, node, "skipped", False)
+    flush()
 
 
 def _avro_record_of(node: Any, named: dict) -> dict | None:
@@ -440,10 +536,24 @@ def _avro_change(writer: WriterSchema, contract: RowContract) -> Callable[[bytes
     src = _Source()
     src.add(0, "def row(value):", "    try:", f"        if len(value) > {contract.max_bytes!r}:",
             "            return None", "        at = 5")
+    # what the change is read from: the op, the `after` row's contract fields, the source's position fields and
+    # the event's ts_ms where the source's may be missing; the rest (`before`, `transaction`, ...) is skipped
+    wanted = {"op", "after", "source"}
+    if source is None or isinstance(_avro_node(types["source"], named), list) \
+            or "ts_ms" not in {f["name"] for f in source["fields"]}:
+        wanted.add("ts_ms")
+    keeps = {"after": {f.name for f in contract.fields}.__contains__, "source": SOURCE_FIELDS.__contains__}
     found: dict[str, dict] = {}
+    skipped: list[Any] = []
     for i, f in enumerate(schema["fields"]):
-        found[f["name"]] = _avro_any(src, 2, f["type"], f"e{i}", named)
-    envelope = {f["name"]: f"e{i}" for i, f in enumerate(schema["fields"])}
+        if f["name"] not in wanted:
+            skipped.append(f["type"])
+            continue
+        _avro_skip(src, 2, skipped, named, ())
+        skipped = []
+        found[f["name"]] = _avro_any(src, 2, f["type"], f"e{i}", named, keep=keeps.get(f["name"]))
+    _avro_skip(src, 2, skipped, named, ())
+    envelope = {f["name"]: f"e{i}" for i, f in enumerate(schema["fields"]) if f["name"] in wanted}
     src.add(2, "if at != len(value):", "    return None", f"op = {envelope['op']}")
     # the `_cdc` value: the source's commit time (else the event's) and its position in the source's log
     event_ts = envelope.get("ts_ms", "None")
@@ -463,6 +573,8 @@ def _avro_change(writer: WriterSchema, contract: RowContract) -> Callable[[bytes
     after = found["after"]
     fields: dict[str, tuple[str, str | None, bool]] = {}
     for f in value["fields"]:
+        if f["name"] not in after:
+            continue
         branches = _avro_branches(f["type"], named)
         kinds = {_avro_kind(b, _avro_logical(b), False) for b in branches if b["type"] != "null"}
         fields[f["name"]] = (after[f["name"]], kinds.pop() if len(kinds) == 1 else None,

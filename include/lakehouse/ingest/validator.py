@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, Protocol, runtime_checkable
 
 from lakehouse.core.spec import PipelineSpec
@@ -121,6 +122,8 @@ class RecordValidator:
             if spec.is_cdc and type(self.decoder) is JsonDecoder and not quarantined else None
         # a change event's primary key: its columns' places in a row
         self._primary = [self.names.index(name) for name in spec.target.key] if spec.is_cdc else []
+        # ... read from a row at once (a tuple for a key of several columns)
+        self._primary_of: Callable[[tuple], Any] = itemgetter(*self._primary) if self._primary else tuple
         self.fallbacks = 0  # records the fast paths left to the reference (or a writer schema's row plan)
 
     def _decoder(self, fmt: str, store, gate, what: str) -> Decoder:
@@ -279,7 +282,7 @@ class RecordValidator:
             op, values, meta = found
             if values is None:
                 return key_text, (*key_row, meta), "delete"
-            if all(values[index] == key_row[index] for index in self._primary):
+            if self._primary_of(values) == self._primary_of(key_row):
                 return key_text, (*values, meta), "upsert"
         if fast is not None or self._wire is not None:
             self.fallbacks += 1  # the reference names what is wrong (a key mismatch too), or compiles the change

@@ -4,10 +4,10 @@ writer schemas (Avro, JSON Schema, Protobuf) translate into them and differ from
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+from decimal import Context, Decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lakehouse.core import schemas
@@ -104,6 +104,25 @@ def test_a_decimal_that_would_be_rounded_or_does_not_fit_is_out_of_range(value):
 @pytest.mark.parametrize("value", ["NaN", "Infinity", True, [1], "12,50", "0x10", "1" * 101])
 def test_a_decimal_that_is_not_a_decimal_number_is_wrong_type(value):
     assert rejected(checker(type="decimal", precision=10, scale=2), value) == "wrong_type"
+
+
+@settings(max_examples=300)
+@given(precision=st.integers(1, 38), data=st.data())
+def test_a_decimal_as_text_is_kept_exactly_when_it_fits_and_else_out_of_range(precision, data):
+    scale = data.draw(st.integers(0, precision))
+    # lengths around the type's bounds: P-S integer digits, S decimal places
+    whole = data.draw(st.text("0123456789", max_size=precision - scale + 2))
+    fraction = data.draw(st.none() | st.text("0123456789", max_size=scale + 2))
+    assume(whole or fraction)
+    text = data.draw(st.sampled_from(["", "-", "+"])) + whole + ("" if fraction is None else "." + fraction)
+    minimum = data.draw(st.none() | st.sampled_from([0, -5, 10]))
+    check = checker(type="decimal", precision=precision, scale=scale, min=minimum)
+    value = Decimal(text)
+    exact = value.quantize(Decimal(1).scaleb(-scale), context=Context(prec=100))
+    if exact == value and abs(value) < 10 ** (precision - scale) and (minimum is None or value >= minimum):
+        assert check(text) == value
+    else:
+        assert rejected(check, text) == "out_of_range"
 
 
 def test_trailing_zeros_beyond_the_scale_are_not_rounding():

@@ -388,6 +388,14 @@ AVRO_HOSTILE = [
     ("no payload", avro_event("c")[:5]),
     ("an unknown schema id", b"\x00\x00\x00\x00\x09" + avro_event("c")[5:]),
     ("a union index out of range", avro_event("c")[:5] + b"\x06" + avro_event("c")[6:]),
+    # fields the change is not read from are skipped, not unchecked: fastavro refuses them as it reads them
+    ("a source string that is not UTF-8", avro_event("c").replace(b"2.7.0.Final", b"2.7.0.Fin\xffl")),
+    ("a before row's string that is not UTF-8",
+     avro_event("u", before={**AVRO_ROW, "email": "b@y"}).replace(b"b@y", b"b\xffy")),
+    ("a before row's enum index out of range",
+     avro_event("u", before={**AVRO_ROW, "email": "b@y"}).replace(b"b@y\x02\x02", b"b@y\x02\x08")),
+    ("a transaction id that is not UTF-8", avro_event("c", transaction={"id": "tx-1", "total_order": 2})
+     .replace(b"tx-1", b"tx\xff1")),
 ]
 
 
