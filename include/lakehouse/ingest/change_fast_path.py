@@ -143,18 +143,17 @@ def key_of_record(spec: PipelineSpec) -> Callable[[dict], tuple | None]:
     names = spec.contract.names
     width, bare = len(names), _BARE_NAME
     primary = [(name, names.index(name), field_checker(spec.contract.field(name))) for name in spec.target.key]
-    # a key of one integer column, the record holding it alone (Debezium's key of a table with a serial id):
-    # the bounds its check has, the text and row around its value
-    only = spec.contract.field(spec.target.key[0]) if len(spec.target.key) == 1 else None
-    interval = None if only is None or only.type not in ("int", "long") or only.enum \
+    # a key of one integer column, the record holding it alone (Debezium's key of a table with a serial id): read
+    # with its check's bounds, its text and row built around the value; an empty range for any other key
+    key_name, index, _ = primary[0]
+    only = spec.contract.field(key_name)
+    interval = None if len(primary) > 1 or only.type not in ("int", "long") or only.enum \
         else number_interval(only, *(INT32 if only.type == "int" else INT64), integral=True)
-    if interval is not None:
-        lo, hi = interval
-        key_name, index, _ = primary[0]
-        head, tail, text = (None,) * index, (None,) * (width - index - 1), f'{{"{key_name}":'
+    lo, hi = interval or (1, 0)
+    head, tail, text = (None,) * index, (None,) * (width - index - 1), f'{{"{key_name}":'
 
     def key_of(record: dict) -> tuple | None:
-        if interval is not None and len(record) == 1:
+        if len(record) == 1:
             v = record.get(key_name)
             if type(v) is int and lo <= v <= hi:
                 return f"{text}{v}}}", (*head, v, *tail)

@@ -30,7 +30,7 @@ import logging
 import re
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date
 from typing import Any
 
@@ -298,6 +298,16 @@ def _avro_read(src: _Source, depth: int, node: dict, var: str, shortcut: bool) -
         src.add(depth, f"if not {MIN_TIMESTAMP_US} <= {var} <= {MAX_TIMESTAMP_US}:", "    return None")
 
 
+def _avro_union(src: _Source, depth: int, branches: list, index: str, read: Callable[[int, Any], None]) -> None:
+    """Code reading a union's branch index into `index`, then its branch: `read(depth, branch)` under an `if` per
+    branch; an index out of range returns None."""
+    _avro_varint(src, depth, index)
+    for i, branch in enumerate(branches):
+        src.add(depth, f"{'if' if i == 0 else 'elif'} {index} == {i}:")
+        read(depth + 1, branch)
+    src.add(depth, "else:", "    return None")
+
+
 def _avro_row(writer: WriterSchema, contract: RowContract) -> Callable[[str | None, bytes], tuple | None]:
     """The compiled row of Avro writer schema `writer` (see above); _Unsupported for a writer schema with
     records, arrays or maps, which the reference reads."""
@@ -332,11 +342,10 @@ def _avro_row(writer: WriterSchema, contract: RowContract) -> Callable[[str | No
             if not is_union:
                 _avro_read(src, depth, branches[0], var, shortcut)
                 continue
-            _avro_varint(src, depth, "u")
-            for index, branch in enumerate(branches):
-                src.add(depth, f"{'if' if index == 0 else 'elif'} u == {index}:")
-                _avro_read(src, depth + 1, branch, var, shortcut)
-            src.add(depth, "else:", "    return None")
+            def branch(at: int, member: dict, var: str = var, shortcut: bool = shortcut) -> None:
+                _avro_read(src, at, member, var, shortcut)
+
+            _avro_union(src, depth, branches, "u", branch)
         src.add(depth, "if at != len(value):", "    return None")
 
     _compile_row(src, contract, read, fields)
@@ -365,16 +374,16 @@ def _avro_any(src: _Source, depth: int, node: Any, var: str, named: dict,
     itself."""
     node = _avro_node(node, named)
     if isinstance(node, list):
-        index = f"u_{var}"
         fields: dict[str, str] = {}
-        _avro_varint(src, depth, index)
-        for i, branch in enumerate(node):
-            src.add(depth, f"{'if' if i == 0 else 'elif'} {index} == {i}:")
-            found = _avro_any(src, depth + 1, branch, var, named, records, keep)
+
+        def branch(at: int, member: Any) -> None:
+            nonlocal fields
+            found = _avro_any(src, at, member, var, named, records, keep)
             if found and fields:
                 raise _Unsupported("a union of two records")
             fields = fields or found
-        src.add(depth, "else:", "    return None")
+
+        _avro_union(src, depth, node, f"u_{var}", branch)
         return fields
     if not isinstance(node, dict):
         raise _Unsupported(f"Avro type {str(node)[:80]}")
@@ -382,22 +391,33 @@ def _avro_any(src: _Source, depth: int, node: Any, var: str, named: dict,
         name = str(node.get("name"))
         if name in records:
             raise _Unsupported(f"record {name} inside itself")
-        fields = {}
-        skipped: list[Any] = []
-        for j, f in enumerate(node["fields"]):
-            if keep is not None and not keep(f["name"]):
-                skipped.append(f["type"])
-                continue
-            _avro_skip(src, depth, skipped, named, (*records, name))
-            skipped = []
-            fields[f["name"]] = f"{var}_{j}"
-            _avro_any(src, depth, f["type"], f"{var}_{j}", named, (*records, name))
-        _avro_skip(src, depth, skipped, named, (*records, name))
+        kept = _avro_fields(src, depth, node["fields"], var, named, (*records, name),
+                            lambda field: keep is None or keep(field), {})
         src.add(depth, f"{var} = 1")
-        return fields
+        return {name: variable for name, (variable, _) in kept.items()}
     _avro_branches(node, named)  # a primitive, enum or fixed, else _Unsupported
     _avro_read(src, depth, node, var, False)
     return {}
+
+
+def _avro_fields(src: _Source, depth: int, fields: list[dict], var: str, named: dict, records: tuple[str, ...],
+                 wanted: Callable[[str], bool], keeps: Mapping[str, Callable[[str], bool]],
+                 ) -> dict[str, tuple[str, dict[str, str]]]:
+    """Code reading a record's `fields` one after another: those `wanted` keeps into `{var}_{j}` (`_avro_any`,
+    with `keeps`' filter of their own fields where it names them), the others skipped (`_avro_skip`, the ones
+    between two kept fields at once). The kept fields' names -> their variables and, for a record, its fields'."""
+    found: dict[str, tuple[str, dict[str, str]]] = {}
+    skipped: list[Any] = []
+    for j, f in enumerate(fields):
+        if not wanted(f["name"]):
+            skipped.append(f["type"])
+            continue
+        _avro_skip(src, depth, skipped, named, records)
+        skipped = []
+        found[f["name"]] = (f"{var}_{j}", _avro_any(src, depth, f["type"], f"{var}_{j}", named, records,
+                                                      keeps.get(f["name"])))
+    _avro_skip(src, depth, skipped, named, records)
+    return found
 
 
 # a varint as the compiled rows read one: at most 9 bytes (_avro_varint)
@@ -465,14 +485,13 @@ def _avro_skip(src: _Source, depth: int, nodes: list[Any], named: dict, records:
             continue
         flush()
         if isinstance(node, list):
-            _avro_varint(src, depth, "u_skip")
-            for i, branch in enumerate(node):
-                src.add(depth, f"{'if' if i == 0 else 'elif'} u_skip == {i}:")
+            def branch(at: int, member: Any) -> None:
                 before = len(src.lines)
-                _avro_skip(src, depth + 1, [branch], named, records)
+                _avro_skip(src, at, [member], named, records)
                 if len(src.lines) == before:
-                    src.add(depth + 1, "pass")
-            src.add(depth, "else:", "    return None")
+                    src.add(at, "pass")
+
+            _avro_union(src, depth, node, "u_skip", branch)
         elif _avro_logical(node) is None and node.get("type") in ("string", "bytes"):
             _avro_length(src, depth)
             src.add(depth, *(["value[at:stop].decode()"] if node["type"] == "string" else []), "at = stop")
@@ -543,17 +562,9 @@ def _avro_change(writer: WriterSchema, contract: RowContract) -> Callable[[bytes
             or "ts_ms" not in {f["name"] for f in source["fields"]}:
         wanted.add("ts_ms")
     keeps = {"after": {f.name for f in contract.fields}.__contains__, "source": SOURCE_FIELDS.__contains__}
-    found: dict[str, dict] = {}
-    skipped: list[Any] = []
-    for i, f in enumerate(schema["fields"]):
-        if f["name"] not in wanted:
-            skipped.append(f["type"])
-            continue
-        _avro_skip(src, 2, skipped, named, ())
-        skipped = []
-        found[f["name"]] = _avro_any(src, 2, f["type"], f"e{i}", named, keep=keeps.get(f["name"]))
-    _avro_skip(src, 2, skipped, named, ())
-    envelope = {f["name"]: f"e{i}" for i, f in enumerate(schema["fields"]) if f["name"] in wanted}
+    read = _avro_fields(src, 2, schema["fields"], "e", named, (), wanted.__contains__, keeps)
+    envelope = {name: variable for name, (variable, _) in read.items()}
+    found = {name: fields for name, (_, fields) in read.items()}
     src.add(2, "if at != len(value):", "    return None", f"op = {envelope['op']}")
     # the `_cdc` value: the source's commit time (else the event's) and its position in the source's log
     event_ts = envelope.get("ts_ms", "None")
