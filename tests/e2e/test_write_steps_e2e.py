@@ -38,9 +38,10 @@ def test_a_batch_written_in_steps_is_committed_once_per_trigger_exactly_once(pla
             signal.signal(sig, handler)
 
     assert len(receipts) == 2
-    # a step runs at most one task per slot: more tasks than slots in a batch means it was written in steps
-    slots = spark.sparkContext.defaultParallelism
-    assert all(r.tasks > slots for r in receipts), [(r.tasks, r.records) for r in receipts]
+    # a step of fewer than 10,000 records is one task (plan.task_groups): two tasks or more in such a batch
+    # means two steps or more. (The first batch's first step includes the writer's claim: on a slow machine it
+    # can take most of the window, leaving room for one more step only.)
+    assert all(r.tasks >= 2 and r.records < 10_000 for r in receipts), [(r.tasks, r.records) for r in receipts]
     assert receipts[0].dead_letters == len(BROKEN)
     # one commit per table per batch, each holding every step's offsets as one range per partition
     for name in (spec.target.table, spec.dead_letter_table):
