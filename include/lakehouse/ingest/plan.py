@@ -3,8 +3,8 @@
 `topic_state` asks Kafka for each partition's earliest offset and log end; `plan_batch` turns the
 positions committed in the tables (lakehouse.core.offsets) into one `OffsetRange` per partition
 within the batch's record budget, recording ranges that aged out of Kafka as gaps (or stopping on
-them) and stopping on a topic that was deleted and recreated; `task_groups` cuts and packs the
-ranges into the batch's Spark tasks (lakehouse.ingest.reader reads them).
+them) and stopping on a topic that was deleted and recreated; `task_groups` cuts the ranges into
+the batch's Spark tasks, an even share each (lakehouse.ingest.reader reads them).
 
 Every consumer reads committed records only (isolation.level read_committed, as Kafka Connect and
 Spark's Kafka source do), so the end of a partition is its last stable offset: ListOffsets answers it
@@ -388,24 +388,27 @@ def split_for_tasks(ranges: list[OffsetRange] | tuple[OffsetRange, ...], tasks: 
     return pieces
 
 
-def pack_for_tasks(pieces: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
-    """`pieces` packed into at most `tasks` groups of similar record counts (largest first, each to the
-    lightest group), so that 1,000 quiet partitions make `tasks` tasks, not 1,000. Empty pieces are
-    left out; a group's pieces are in partition order."""
-    groups: list[list[OffsetRange]] = [[] for _ in range(max(1, tasks))]
-    load = [0] * len(groups)
-    for piece in sorted((p for p in pieces if p.count > 0), key=lambda p: p.count, reverse=True):
-        lightest = load.index(min(load))
-        groups[lightest].append(piece)
-        load[lightest] += piece.count
-    return [sorted(g, key=lambda p: (p.partition, p.start)) for g in groups if g]
-
-
 def task_groups(ranges: list[OffsetRange] | tuple[OffsetRange, ...], tasks: int,
                 min_records: int = 10_000) -> list[list[OffsetRange]]:
-    """The offset ranges of each task of a batch: large partitions cut so that every one of about
-    `tasks` slots has work (`split_for_tasks`), many small ones packed into few tasks (`pack_for_tasks`),
-    and no more tasks than `min_records` apiece fill (a 10-record batch is one task, one file per table)."""
-    total = sum(r.count for r in ranges)
+    """The offset ranges of each task of a batch: the ranges laid end to end in partition order and cut into
+    about `tasks` even shares (task i holds records total*i//tasks up to total*(i+1)//tasks), a partition's range
+    cut where a share ends. A few large partitions and many quiet ones alike keep every slot equally busy (three
+    partitions on two slots make two tasks of 1.5 partitions, not one of two and one of one), 1,000 quiet
+    partitions make `tasks` tasks, not 1,000, and no more tasks than `min_records` apiece fill (a 10-record batch
+    is one task, one file per table). Empty ranges are left out; a task's ranges are in partition order."""
+    live = sorted((r for r in ranges if r.count > 0), key=lambda r: (r.topic, r.partition, r.start))
+    total = sum(r.count for r in live)
     tasks = max(1, min(tasks, -(-total // min_records)))
-    return pack_for_tasks(split_for_tasks(ranges, tasks, min_records), tasks)
+    ends = [total * (i + 1) // tasks for i in range(tasks)]
+    groups: list[list[OffsetRange]] = [[] for _ in range(tasks)]
+    task, placed = 0, 0  # placed: the records laid before `start`
+    for r in live:
+        start = r.start
+        while start < r.end:
+            while placed >= ends[task]:
+                task += 1
+            end = min(r.end, start + ends[task] - placed)
+            groups[task].append(OffsetRange(r.topic, r.partition, start, end))
+            placed += end - start
+            start = end
+    return [g for g in groups if g]

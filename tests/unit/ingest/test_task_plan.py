@@ -1,7 +1,8 @@
 """How a batch is cut into Spark tasks, and what a task leaves out: no Spark, no broker.
 
 Properties over arbitrary plans: every planned offset is in exactly one task, no more tasks
-than slots, quiet partitions packed together, a tiny batch is one task; a task's rows below a
+than slots, every slot's share of a large batch even, quiet partitions packed together, a tiny
+batch is one task; a task's rows below a
 table's held positions are left out, whatever the partitions.
 """
 
@@ -48,8 +49,23 @@ def test_large_batches_keep_every_slot_busy_and_balanced(plan, slots):
     groups = task_groups(plan, slots)
     assert len(groups) == slots
     loads = [sum(r.count for r in g) for g in groups]
-    largest_piece = max(r.count for g in groups for r in g)
-    assert max(loads) - min(loads) <= largest_piece  # greedy packing: within one piece of even
+    assert max(loads) - min(loads) <= 1  # even shares, whatever the partitions' sizes
+
+
+@settings(deadline=None)
+@given(ranges, st.integers(1, 16))
+def test_a_partition_is_cut_at_most_where_a_task_ends_and_a_task_reads_partitions_in_order(plan, slots):
+    groups = task_groups(plan, slots)
+    pieces = sum(len(g) for g in groups)
+    assert pieces <= sum(1 for r in plan if r.count) + max(0, len(groups) - 1)  # a piece more per boundary at most
+    for g in groups:
+        assert [(r.partition, r.start) for r in g] == sorted((r.partition, r.start) for r in g)
+
+
+def test_three_partitions_on_two_slots_make_two_tasks_of_one_and_a_half_partitions():
+    plan = [OffsetRange("t", p, 0, 33_334 if p == 0 else 33_333) for p in range(3)]
+    assert task_groups(plan, 2) == [[OffsetRange("t", 0, 0, 33_334), OffsetRange("t", 1, 0, 16_666)],
+                                    [OffsetRange("t", 1, 16_666, 33_333), OffsetRange("t", 2, 0, 33_333)]]
 
 
 def test_a_thousand_quiet_partitions_make_as_many_tasks_as_slots_not_a_thousand():
