@@ -2,8 +2,8 @@
 
 Properties over arbitrary plans: every planned offset is in exactly one task, no more tasks
 than slots, every slot's share of a large batch even, quiet partitions packed together, a tiny
-batch is one task; a task's rows below a
-table's held positions are left out, whatever the partitions.
+batch is one task; a task's rows below a table's held positions are left out, whatever the
+partitions.
 """
 
 import pyarrow as pa
