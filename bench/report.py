@@ -174,6 +174,20 @@ def explanations(results: Mapping[str, Any], h: Mapping[str, Any]) -> dict[str, 
         parts.append(f"the pipeline's own decoder (RecordValidator + BatchBuilder, pure Python) runs at "
                      f"{num(decode)} records/s on one core, {num(cap)} records/s on {cores} cores at best "
                      f"({pct(share)} of the consume ceiling), {verdict}")
+    spent, ceiling = _cpu_per_100k(entry), h.get("consume_ceiling")
+    if spent and ceiling:
+        # the machine's bound: every process of the run shares the cores, the broker's and the JVM's included
+        total = sum(spent.values())
+        machine = cores / total * 100_000
+        text = (f"the {key} run spent {total:.2f} CPU seconds per 100k records ({_cpu_split(entry)}), so with "
+                f"all {cores} cores busy it tops out near {num(machine)} records/s ({pct(machine / ceiling)} of the "
+                f"consume ceiling); 80 % of the ceiling leaves {cores / (0.8 * ceiling) * 100_000:.2f} CPU seconds "
+                f"per 100k records for everything")
+        reading = _ceiling_cpu_per_100k(results, key)
+        if reading:
+            text += (f", of which the ceiling's readers and the broker alone spent {sum(reading.values()):.2f} "
+                     f"({', '.join(f'{role} {seconds:.2f} s' for role, seconds in reading.items())})")
+        parts.append(text)
     out[stats.T_CEILING] = "; ".join(parts)
 
     run = next((r for r in results.get("freshness") or [] if abs(r.get("trigger_s", -1) - 1.0) < 1e-9), None)
@@ -254,6 +268,16 @@ def _cpu_per_100k(summary: Mapping[str, Any]) -> dict[str, float]:
     if not cpu or not records:
         return {}
     return {role: seconds * 100_000 / records for role, seconds in cpu.items() if seconds}
+
+
+def _ceiling_cpu_per_100k(results: Mapping[str, Any], key: str | None) -> dict[str, float]:
+    """CPU seconds per role per 100k records of the parallel consume ceiling of topic `key`, over all its runs:
+    its readers (librdkafka's threads included) and the broker. {} when not measured."""
+    parallel = ((results.get("ceilings") or {}).get("parallel_consume") or {}).get(key or "") or {}
+    runs = [r for r in parallel.get("runs") or [] if r.get("cpu_by_role_s") and r.get("records")]
+    records = sum(r["records"] for r in runs)
+    return {role: sum(r["cpu_by_role_s"].get(role, 0.0) for r in runs) * 100_000 / records
+            for role in ("readers", "broker") if any(role in r["cpu_by_role_s"] for r in runs)}
 
 
 def _cpu_split(summary: Mapping[str, Any]) -> str:

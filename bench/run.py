@@ -260,7 +260,8 @@ class Bench:
         parallel: dict[str, Any] = {"processes": slots}
         for key in ("p3", "p12"):
             spec = self.specs[key]
-            runs = [workloads.parallel_consume_ceiling(kafka, spec.source.topic, range(spec.source.partitions), slots)
+            runs = [workloads.parallel_consume_ceiling(kafka, spec.source.topic, range(spec.source.partitions), slots,
+                                                       self.stack.broker_pid())
                     for _ in range(self.args.repeats)]
             parallel[key] = _medians(runs)
             self.say(f"parallel consume ceiling {key} ({slots} processes): "

@@ -181,6 +181,9 @@ class Throughput:
     seconds: float
     first_record_s: float | None = None  # consume only: from consumer creation to the first records
     first_fetch: int = 0  # consume only: records the first non-empty `consume` call returned
+    # the parallel consume ceiling only: CPU seconds of its reader processes (librdkafka's threads included)
+    # and of the broker while they read
+    cpu_by_role_s: dict[str, float] | None = None
 
     @property
     def rate(self) -> float:
@@ -207,6 +210,8 @@ class Throughput:
                         "after_first_records_per_s": None if after is None else round(after, 1),
                         "after_first_mb_per_s": None if after is None else
                         round(after * self.value_bytes / max(1, self.records) / MB, 3)})
+        if self.cpu_by_role_s is not None:
+            out["cpu_by_role_s"] = {role: round(seconds, 3) for role, seconds in self.cpu_by_role_s.items()}
         return out
 
 
@@ -261,10 +266,11 @@ def _parallel_reader(kafka_conf: dict, topic: str, partitions: list[int], barrie
     try:
         expected = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions)
         barrier.wait(60)
-        started = time.time()
+        started, cpu = time.time(), time.process_time()
         count, size, first, first_fetch = _touch_values(consumer, expected, f"parallel reader of {topic}{partitions}",
                                                         time.monotonic())
-        results.put(("ok", count, size, started, time.time(), started + (first or 0.0), first_fetch))
+        results.put(("ok", count, size, started, time.time(), started + (first or 0.0), first_fetch,
+                     time.process_time() - cpu))
     except BenchError as exc:
         results.put(("error", str(exc)))
     finally:
@@ -280,11 +286,13 @@ def task_slots(master: str | None = None) -> int:
     return os.cpu_count() or 2 if match.group(1) == "*" else int(match.group(1))
 
 
-def parallel_consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[int], processes: int) -> Throughput:
+def parallel_consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[int], processes: int,
+                             broker_pid: int | None = None) -> Throughput:
     """`processes` consumer processes over disjoint partitions (round robin), started together: the rate
     the machine can read the topic at with as many readers as the pipeline has task slots (records of
     all / from the first start to the last finish; and after the first fetch, from the first process's
-    first records). Raises BenchError when one of them stalls."""
+    first records), and the CPU seconds the readers and the broker (`broker_pid`, when given) spent on it.
+    Raises BenchError when one of them stalls."""
     import multiprocessing
 
     groups = [list(partitions)[i::processes] for i in range(processes)]
@@ -295,8 +303,10 @@ def parallel_consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[
                for g in groups]
     for worker in workers:
         worker.start()
+    broker_before = _cpu_seconds(broker_pid)  # the readers connect meanwhile: a little more, not less
     try:
         found = [results.get(timeout=STALL_S * 4) for _ in workers]
+        broker_after = _cpu_seconds(broker_pid)
     finally:
         for worker in workers:
             worker.join(timeout=30)
@@ -306,9 +316,13 @@ def parallel_consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[
     if errors:
         raise BenchError(f"parallel consume ceiling: {'; '.join(errors)}")
     start, end = min(f[3] for f in found), max(f[4] for f in found)
+    cpu = {"readers": sum(f[7] for f in found)}
+    if broker_before is not None and broker_after is not None:
+        cpu["broker"] = broker_after - broker_before
     # after the first fetch, as the single consumer's: from the first process's first records to the last end
     return Throughput(sum(f[1] for f in found), sum(f[2] for f in found), end - start,
-                      first_record_s=min(f[5] for f in found) - start, first_fetch=sum(f[6] for f in found))
+                      first_record_s=min(f[5] for f in found) - start, first_fetch=sum(f[6] for f in found),
+                      cpu_by_role_s=cpu)
 
 
 @dataclass

@@ -474,6 +474,27 @@ def test_the_ceiling_is_the_parallel_consumers_when_measured():
     assert "| parallel consume ceiling (p3), after first fetch | 2 consumer processes (one per task slot)" in text
 
 
+def test_the_ceiling_target_is_explained_by_the_cpu_the_machine_has_for_each_record():
+    # 100k records at 300k/s: 80 % of the ceiling on 2 cores leaves 2 / 240k x 100k = 0.83 CPU s per 100k records
+    runs = [{"records": 100_000, "cpu_by_role_s": {"readers": 0.40, "broker": 0.10}},
+            {"records": 100_000, "cpu_by_role_s": {"readers": 0.50, "broker": 0.20}}]
+    pipeline = {**RESULTS["pipeline"]["p3"], "runs": [
+        {"steady_records_per_s": 12_000.0, "records": 150_000,
+         "memory": {"steady_records": 50_000, "steady_cpu_by_role_s": {"jvm": 0.5, "python_workers": 1.5}}}]}
+    results = {**RESULTS, "pipeline": {"p3": pipeline}, "ceilings": {**RESULTS["ceilings"], "parallel_consume": {
+        "processes": 2, "p3": {"median_records_per_s": 300_000.0, "median_mb_per_s": 60.0, "runs": runs}}}}
+    why = report.explanations(results, report.headline(results))[stats.T_CEILING]
+    # 4 CPU s per 100k records: 2 cores run 50,000 records/s at most
+    assert ("the p3 run spent 4.00 CPU seconds per 100k records (jvm 1.0 s, python_workers 3.0 s), so with all 2 "
+            "cores busy it tops out near 50,000 records/s (16.7 % of the consume ceiling); 80 % of the ceiling "
+            "leaves 0.83 CPU seconds per 100k records for everything, of which the ceiling's readers and the broker "
+            "alone spent 0.60 (readers 0.45 s, broker 0.15 s)") in why
+    # without the readers' CPU (an older results.json), the machine's bound is still said
+    del runs[0]["cpu_by_role_s"], runs[1]["cpu_by_role_s"]
+    why = report.explanations(results, report.headline(results))[stats.T_CEILING]
+    assert why.endswith("leaves 0.83 CPU seconds per 100k records for everything")
+
+
 def test_the_report_puts_the_peers_side_by_side_with_their_findings(tmp_path):
     text = report.render({**RESULTS, "peers": PEERS})
     section = text.split("## Beside the peers", 1)[1]
