@@ -15,7 +15,8 @@ reading the ranges one after another guaranteed, on the embedded Apache Kafka br
 - a partition whose planned records do not come stalls the task with BrokerStalledError naming
   that partition and offset, after every record of the other partitions came out;
 - the fault points fire where they did: before any read, and half way through a range;
-- and reading 300 tiny ranges together costs a fraction of reading them one after another.
+- reading 300 tiny ranges together costs a fraction of reading them one after another;
+- and a task's consumer fetches little beyond its ranges (librdkafka's prefetch, bounded).
 
 The end-to-end half; the unit half is tests/unit/ingest/test_task_reads.py.
 """
@@ -330,3 +331,37 @@ def test_reading_300_tiny_ranges_together_costs_a_fraction_of_reading_them_one_a
     assert sorted(coordinates(together)) == sorted(coordinates(one_by_one)) == \
         [(p, o) for p in range(300) for o in range(3)]
     assert at_once * 4 < in_turn, f"together {at_once:.2f}s, one after another {in_turn:.2f}s"
+
+
+def test_a_task_fetches_little_beyond_its_ranges(stack):
+    """librdkafka fetches ahead of a task, and what it brings from beyond the task's ranges the broker sends and
+    the task parses for nothing: a task that reads 10,000 records of a partition holding 100,000 receives (the
+    consumer's own count, librdkafka's `rxmsgs`) its queue's 10,000 messages more and a fetch or two of at most
+    1 MB, where 10 MB fetches and librdkafka's default queue of 100,000 messages brought the whole partition."""
+    platform = config.load()
+    name = create_topic(platform, 1)
+    producer = Producer(platform.kafka(**{"linger.ms": 20}))
+    for i in range(100_000):
+        key, value = order(0, i)
+        while True:
+            try:
+                producer.produce(name, key=key, value=value, partition=0)
+                break
+            except BufferError:  # the local queue is full: deliver some first
+                producer.poll(0.1)
+    assert producer.flush(60) == 0
+    received: list[int] = []
+    settings = platform.kafka(**{"statistics.interval.ms": 100,
+                                 "stats_cb": lambda text: received.append(json.loads(text)["rxmsgs"])})
+    builder = BatchBuilder(SPEC, RecordValidator(SPEC), INGESTED_AT)
+    with reader_consumer(settings, SPEC.name) as (consumer, watch):
+        batches = list(read_ranges(consumer, [OffsetRange(name, 0, 0, 10_000)], builder, 10_000, 20.0, watch=watch))
+        # the task is done here (its consumer closes); paused, the partition is fetched no further, and polls
+        # serve the statistics without taking records off the queue (which librdkafka would fill again)
+        consumer.pause([TopicPartition(name, 0)])
+        count, deadline = len(received), time.monotonic() + 10
+        while len(received) < count + 3 and time.monotonic() < deadline:
+            assert consumer.poll(0.1) is None
+    assert coordinates(batches) == [(0, o) for o in range(10_000)]
+    # 10,000 read, 10,000 queued ahead, and the fetches in flight (about 6,000 of these orders a MB)
+    assert received and received[-1] <= 40_000, received
