@@ -261,12 +261,14 @@ def consume_ceiling(kafka_conf: dict, topic: str, partitions: Sequence[int], exp
 
 def _parallel_reader(kafka_conf: dict, topic: str, partitions: list[int], barrier, results) -> None:
     """One process of the parallel ceiling: its partitions from the start to their high watermarks, every
-    value touched; (records, bytes, start, end) in wall-clock seconds, timed from the common barrier."""
+    value touched; (records, bytes, start, end) in wall-clock seconds, timed from the common barrier, and the
+    process's CPU seconds from its consumer's creation (librdkafka starts fetching at the assignment)."""
+    cpu = time.process_time()
     consumer = _assigned_consumer(kafka_conf, topic, partitions, "bench-parallel-ceiling")
     try:
         expected = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions)
         barrier.wait(60)
-        started, cpu = time.time(), time.process_time()
+        started = time.time()
         count, size, first, first_fetch = _touch_values(consumer, expected, f"parallel reader of {topic}{partitions}",
                                                         time.monotonic())
         results.put(("ok", count, size, started, time.time(), started + (first or 0.0), first_fetch,
