@@ -174,11 +174,9 @@ def explanations(results: Mapping[str, Any], h: Mapping[str, Any]) -> dict[str, 
         parts.append(f"the pipeline's own decoder (RecordValidator + BatchBuilder, pure Python) runs at "
                      f"{num(decode)} records/s on one core, {num(cap)} records/s on {cores} cores at best "
                      f"({pct(share)} of the consume ceiling), {verdict}")
-    spent, ceiling = _cpu_per_100k(entry), h.get("consume_ceiling")
-    if spent and ceiling:
-        # the machine's bound: every process of the run shares the cores, the broker's and the JVM's included
-        total = sum(spent.values())
-        machine = cores / total * 100_000
+    bound, ceiling = _machine_bound(entry, cores), h.get("consume_ceiling")
+    if bound and ceiling:
+        total, machine = bound
         text = (f"the {key} run spent {total:.2f} CPU seconds per 100k records ({_cpu_split(entry)}), so with "
                 f"all {cores} cores busy it tops out near {num(machine)} records/s ({pct(machine / ceiling)} of the "
                 f"consume ceiling); 80 % of the ceiling leaves {cores / (0.8 * ceiling) * 100_000:.2f} CPU seconds "
@@ -216,10 +214,9 @@ def explanations(results: Mapping[str, Any], h: Mapping[str, Any]) -> dict[str, 
 
     scaling = (results.get("scaling") or {}).get("local[1]") or {}
     two = (results.get("pipeline") or {}).get("p3") or {}
-    busy_one, busy_two = _cores_busy(scaling), _cores_busy(two)
-    if busy_one and busy_two:
-        total = sum(_cpu_per_100k(two).values())
-        machine = cores / total * 100_000  # records/s with every core busy at local[2]'s cost per record
+    busy_one, busy_two, bound = _cores_busy(scaling), _cores_busy(two), _machine_bound(two, cores)
+    if busy_one and busy_two and bound:
+        total, machine = bound
         room = stats.ratio(machine, scaling.get("median_steady_records_per_s")) or 0.0
         out[stats.T_SCALING] = (
             f"local[1] is one task slot, not one core: at its steady rate it kept {busy_one:.2f} of the {cores} "
@@ -268,6 +265,14 @@ def _cpu_per_100k(summary: Mapping[str, Any]) -> dict[str, float]:
     if not cpu or not records:
         return {}
     return {role: seconds * 100_000 / records for role, seconds in cpu.items() if seconds}
+
+
+def _machine_bound(summary: Mapping[str, Any], cores: int) -> tuple[float, float] | None:
+    """(CPU seconds per 100k records of a pipeline summary's run, the records/s every core busy at that cost
+    would give): every process of the run shares the cores, the broker's and the JVM's included. None when
+    the CPU was not measured."""
+    total = sum(_cpu_per_100k(summary).values())
+    return (total, cores / total * 100_000) if total else None
 
 
 def _ceiling_cpu_per_100k(results: Mapping[str, Any], key: str | None) -> dict[str, float]:

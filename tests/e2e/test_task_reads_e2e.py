@@ -75,7 +75,12 @@ def send(platform: config.PlatformConfig, topic: str, counts: dict[int, int]) ->
     for p, n in counts.items():
         for i in range(n):
             key, value = order(p, i)
-            producer.produce(topic, key=key, value=value, partition=p)
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value, partition=p)
+                    break
+                except BufferError:  # the local queue is full: deliver some first
+                    producer.poll(0.1)
     assert producer.flush(60) == 0
 
 
@@ -340,16 +345,7 @@ def test_a_task_fetches_little_beyond_its_ranges(stack):
     1 MB, where 10 MB fetches and librdkafka's default queue of 100,000 messages brought the whole partition."""
     platform = config.load()
     name = create_topic(platform, 1)
-    producer = Producer(platform.kafka(**{"linger.ms": 20}))
-    for i in range(100_000):
-        key, value = order(0, i)
-        while True:
-            try:
-                producer.produce(name, key=key, value=value, partition=0)
-                break
-            except BufferError:  # the local queue is full: deliver some first
-                producer.poll(0.1)
-    assert producer.flush(60) == 0
+    send(platform, name, {0: 100_000})
     received: list[int] = []
     settings = platform.kafka(**{"statistics.interval.ms": 100,
                                  "stats_cb": lambda text: received.append(json.loads(text)["rxmsgs"])})

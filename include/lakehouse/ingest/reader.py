@@ -589,14 +589,11 @@ def read_range(consumer: Consumer, rng: OffsetRange, builder: BatchBuilder, batc
 
 # librdkafka settings of the consumers in reader tasks. No long poll: a task reads records known to exist, and
 # a fetch the broker holds open at the end of one range (500 ms by default) would delay the task's next range on
-# the same broker connection. A short prefetch: librdkafka fetches ahead of the application until a partition
-# has queued.min.messages queued (100,000 by default) and each fetch brings up to max.partition.fetch.bytes of
-# a partition, but a task stops at its ranges' ends, and whatever came from beyond them was sent by the broker
-# and parsed by librdkafka for nothing. With 10 MB fetches and librdkafka's queue, a task that read 50,000
-# records of a 3-partition topic received 115,000 (150,000 of a 12-partition one), and half its read CPU went on
-# them; with 1 MB fetches and 10,000 messages queued it received 70,000-78,000 and read in half the time
-# (docs/benchmarks.md). A partition above those marks is fetched again after fetch.queue.backoff.ms
-# (1 s by default, a stall at these marks).
+# the same broker connection. A short prefetch: a task stops at its ranges' ends, and what librdkafka fetched
+# beyond them (it fetches a partition until queued.min.messages are queued, 100,000 by default, each fetch up to
+# max.partition.fetch.bytes) the broker sent and the task parsed for nothing (docs/benchmarks.md, "A short
+# prefetch"). A partition above the marks is fetched again after fetch.queue.backoff.ms: 1 s by default, a
+# stall at marks this low.
 READER_FETCH = {"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 1_048_576,
                 "queued.min.messages": 10_000, "queued.max.messages.kbytes": 262_144, "fetch.queue.backoff.ms": 10,
                 "fetch.wait.max.ms": 10}
